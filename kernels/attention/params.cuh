@@ -1,0 +1,38 @@
+// ferroattn — attention forward kernel parameters.
+//
+// The one struct every attention-forward kernel takes, by value, as its only kernel
+// parameter. Its layout is mirrored exactly by `AttnFwdParams` in src/ops/attention.rs
+// (#[repr(C)]); change both together (a Rust unit test checks size and offsets).
+//
+// Layouts (flash_attn convention, sequence before heads):
+//   padded:  q (b, s_q, h, d), k/v (b, s_k, h_k, d), o like q, lse (b, h, s_q) fp32
+//   varlen:  q (total_q, h, d), k/v (total_k, h_k, d), o like q, lse (h, total_q) fp32,
+//            sequence i occupies rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) of q.
+// Strides are in elements; the last dim of every tensor has stride 1.
+// All strides and offsets are 64-bit: an index may pass 2^31.
+#pragma once
+
+struct AttnFwdParams {
+    const void* __restrict__ q;
+    const void* __restrict__ k;
+    const void* __restrict__ v;
+    void* __restrict__ o;
+    float* __restrict__ lse;
+    const int* __restrict__ cu_seqlens_q;   // nullptr unless varlen, else (batch + 1,) int32
+    const int* __restrict__ cu_seqlens_k;   // nullptr unless varlen, else (batch + 1,) int32
+
+    long long q_batch_stride, q_row_stride, q_head_stride;   // batch stride unused in varlen
+    long long k_batch_stride, k_row_stride, k_head_stride;
+    long long v_batch_stride, v_row_stride, v_head_stride;
+    long long o_batch_stride, o_row_stride, o_head_stride;
+    long long lse_batch_stride, lse_head_stride;              // lse row stride is 1; varlen: batch offset = cu_seqlens_q[b]
+
+    int batch;
+    int num_heads;       // h (query heads)
+    int num_heads_k;     // h_k; query head i reads kv head i / (h / h_k)
+    int head_dim;        // actual head dim (multiple of 8, <= template HeadDim); columns beyond it are masked
+    int seqlen_q;        // padded: s_q; varlen: max_seqlen_q (grid size only)
+    int seqlen_k;        // padded: s_k; varlen: max_seqlen_k
+    float softmax_scale;        // applied to q·k
+    float softmax_scale_log2;   // softmax_scale * log2(e), for exp2
+};

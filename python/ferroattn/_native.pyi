@@ -1,0 +1,88 @@
+"""Type stubs for ferroattn._native, the Rust extension (src/python/).
+
+This file is the contract between the Rust core and the Python layer. Tensors cross the
+boundary through DLPack: any argument typed ``DLPackLike`` may be an object with
+``__dlpack__``/``__dlpack_device__`` (a *detached* torch tensor, a CuPy or numpy array)
+or a DLPack capsule. ``TensorMeta`` describes a tensor without data (for fake/meta tensors):
+``(shape, strides_in_elements, dtype_name, (dl_device_type, device_id))`` where dtype_name is
+one of "float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool"
+and dl_device_type is 1 (CPU) or 2 (CUDA).
+
+Errors are raised as the classes of ferroattn.errors.
+"""
+from typing import Any, Optional, Sequence, Tuple
+
+DLPackLike = Any
+TensorMeta = Tuple[Tuple[int, ...], Tuple[int, ...], str, Tuple[int, int]]
+
+__version__: str
+
+# ---- environment ------------------------------------------------------------------
+def _configure(include_dirs: Sequence[str]) -> None:
+    """Called once by ferroattn._env at import: extra CUDA include directories to search
+    (site-packages nvidia/cu13/include), after $CUDA_HOME/include and /usr/local/cuda/include."""
+def nvrtc_version() -> Optional[Tuple[int, int]]:
+    """(major, minor) of the NVRTC library found, or None when it cannot be loaded."""
+def header_dir() -> Optional[str]:
+    """The CUDA include directory NVRTC is given (holds cuda_fp16.h), or None."""
+def cache_dir() -> str:
+    """The on-disk kernel cache directory ($FERROATTN_CACHE_DIR or ~/.cache/ferroattn)."""
+def cuda_available() -> bool:
+    """True when libcuda loads, cuInit succeeds and at least one GPU exists. Never raises."""
+def device_info(ordinal: int = 0) -> dict:
+    """{name, sm: (major, minor), arch: "sm_90a", sm_count, total_memory_bytes, driver_version}.
+    Raises NoDeviceError when there is no driver/GPU."""
+
+# ---- JIT --------------------------------------------------------------------------
+def precompile(archs: Sequence[str], check_spills: bool = False) -> list[dict]:
+    """Compile every production configuration (src/tuning) for each arch ("sm_80", "sm_90a", ...),
+    no GPU needed. One dict per kernel: {kernel, config, arch, registers, spill_stores,
+    spill_loads, stack_bytes, static_smem_bytes, dynamic_smem_bytes, cubin_bytes,
+    compile_seconds, from_cache}. Raises CompileError on a compile failure; with
+    check_spills=True raises CompileError if any production configuration spills."""
+def jit_stats() -> dict:
+    """Counters of this process: {compiles, compile_seconds, disk_hits, disk_load_seconds,
+    memory_hits, corrupt_rebuilt}."""
+def clear_memory_cache() -> None:
+    """Forget in-process compiled kernels (the disk cache stays); for tests and timing."""
+
+# ---- attention --------------------------------------------------------------------
+def attn_fwd_check(
+    q: TensorMeta, k: TensorMeta, v: TensorMeta,
+    cu_seqlens_q: Optional[TensorMeta], cu_seqlens_k: Optional[TensorMeta],
+    max_seqlen_q: int, max_seqlen_k: int,
+) -> None:
+    """Validate attention-forward arguments from metadata alone (no data touched, usable on
+    fake/meta tensors). Same checks, same errors as attn_fwd."""
+def attn_fwd(
+    q: DLPackLike, k: DLPackLike, v: DLPackLike, out: DLPackLike, softmax_lse: DLPackLike,
+    cu_seqlens_q: Optional[DLPackLike], cu_seqlens_k: Optional[DLPackLike],
+    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, stream: int,
+) -> None:
+    """Launch attention forward on `stream` (raw CUstream; 0 = legacy default) in the primary
+    context of q's device. Writes `out` (q's shape/dtype) and `softmax_lse` (fp32; (b, h, s_q)
+    padded or (h, total_q) varlen). Validates everything before launching; never synchronises.
+    head_dim must already be a multiple of 8 (the Python wrapper pads)."""
+
+# ---- DLPack -----------------------------------------------------------------------
+def dlpack_info(x: DLPackLike) -> dict:
+    """Import x zero-copy and describe it: {data_ptr (data + byte_offset), shape, strides
+    (elements), dtype, device: (type, id), byte_offset, versioned: bool}."""
+
+class Buffer:
+    """A Rust-allocated buffer (host memory or CUDA device memory via cuMemAlloc) exported
+    zero-copy through DLPack; freed by the DLPack deleter when the last consumer drops it."""
+    @staticmethod
+    def empty(shape: Sequence[int], dtype: str, device: str = "cpu") -> "Buffer": ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    def __dlpack__(self, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+
+def live_buffers() -> int:
+    """Number of Rust-allocated buffers not yet freed (for leak tests)."""

@@ -1,0 +1,93 @@
+//! Attention tile-size heuristics: pure functions, unit-tested on CPU.
+//!
+//! `fwd_config` picks the kernel specialisation for one call; `fwd_production_configs`
+//! lists every specialisation `ferroattn precompile` builds and CI checks for spills.
+
+use crate::dtype::DType;
+use crate::jit::Arch;
+
+/// One specialisation of the sm80-family attention forward kernel
+/// (`ferroattn::attn_fwd_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal, T>` in
+/// kernels/attention/fwd_sm80.cuh). It is the single source of truth for that kernel's
+/// template arguments, launch shape and cache key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnFwdConfig {
+    /// Head dim the kernel is instantiated for: a multiple of 32 in 32..=256; the call's
+    /// actual head dim (a multiple of 8, <= this) is masked inside the kernel.
+    pub head_dim: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+    pub num_warps: u32,
+    /// cp.async pipeline depth for K and V tiles.
+    pub stages: u32,
+    pub causal: bool,
+    pub dtype: DType,
+    pub arch: Arch,
+}
+
+impl AttnFwdConfig {
+    pub const KERNEL: &'static str = "ferroattn::attn_fwd_sm80";
+
+    /// The NVRTC name expression that instantiates this specialisation.
+    pub fn name_expression(&self) -> String {
+        format!(
+            "{}<{}, {}, {}, {}, {}, {}, {}>",
+            Self::KERNEL,
+            self.head_dim,
+            self.block_m,
+            self.block_n,
+            self.num_warps,
+            self.stages,
+            self.causal,
+            self.dtype.cuda_type()
+        )
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.num_warps * 32
+    }
+
+    /// Dynamic shared memory in bytes: the Q tile plus `stages` K tiles and `stages` V tiles
+    /// (the formula kernels/attention/fwd_sm80.cuh documents and static_asserts against).
+    pub fn smem_bytes(&self) -> u32 {
+        let elem = 2;
+        (self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim) * elem
+    }
+}
+
+/// Round a (multiple-of-8) head dim up to the kernel head dim it runs on.
+pub fn kernel_head_dim(head_dim: u32) -> u32 {
+    head_dim.div_ceil(32).max(1) * 32
+}
+
+/// Tile shape for a kernel head dim: (block_m, block_n, num_warps, stages).
+/// Chosen as FlashAttention-2 chooses for sm80 (128-row query tiles, a key tile that keeps
+/// K+V stages within the shared memory budget), refined by measurement (bench/NOTES.md).
+pub fn fwd_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
+    let _ = causal;
+    match head_dim {
+        0..=64 => (128, 64, 4, 2),
+        65..=128 => (128, 64, 4, 2),
+        _ => (128, 32, 4, 2),
+    }
+}
+
+/// The configuration one attention-forward call runs with.
+pub fn fwd_config(head_dim: u32, causal: bool, dtype: DType, arch: Arch) -> AttnFwdConfig {
+    let hd = kernel_head_dim(head_dim);
+    let (block_m, block_n, num_warps, stages) = fwd_tile(hd, causal);
+    AttnFwdConfig { head_dim: hd, block_m, block_n, num_warps, stages, causal, dtype, arch }
+}
+
+/// Every configuration `fwd_config` can return for `arch`: what `precompile` builds.
+pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
+    let mut out = Vec::new();
+    for hd in (32..=256).step_by(32) {
+        for causal in [false, true] {
+            for dtype in [DType::F16, DType::BF16] {
+                out.push(fwd_config(hd, causal, dtype, arch));
+            }
+        }
+    }
+    out
+}
