@@ -61,14 +61,20 @@ pub fn kernel_head_dim(head_dim: u32) -> u32 {
 }
 
 /// Tile shape for a kernel head dim: (block_m, block_n, num_warps, stages).
-/// Chosen as FlashAttention-2 chooses for sm80 (128-row query tiles, a key tile that keeps
-/// K+V stages within the shared memory budget), refined by measurement (bench/NOTES.md).
+/// FlashAttention-2-like shapes for the mma.sync kernel: 128-row query tiles; up to d = 128
+/// 4 warps of 32 rows each (every K/V fragment read from shared memory feeds two m16 tiles),
+/// above that 8 warps of 16 rows (the O accumulators would not fit in registers otherwise).
+/// Every tile stays within 163 KiB of shared memory so it also launches on A100; d >= 224
+/// uses one K/V stage for that reason. Measured on H200: bench/NOTES.md.
 pub fn fwd_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
     let _ = causal;
     match head_dim {
-        0..=64 => (128, 64, 4, 2),
-        65..=128 => (128, 64, 4, 2),
-        _ => (128, 32, 4, 2),
+        0..=32 => (128, 128, 4, 2),
+        33..=64 => (128, 64, 4, 2),
+        65..=96 => (128, 64, 4, 2),
+        97..=128 => (128, 64, 4, 2),
+        129..=192 => (128, 64, 8, 2),
+        _ => (128, 64, 8, 1),
     }
 }
 

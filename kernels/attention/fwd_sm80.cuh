@@ -1,0 +1,483 @@
+// ferroattn — attention forward, sm80 family (mma.sync + ldmatrix + cp.async).
+//
+// What: O = softmax(scale * Q K^T [+ causal mask]) V and LSE = logsumexp(scale * Q K^T) per
+// query row (natural log, fp32), FlashAttention-2 semantics: online softmax (FA2 Alg. 1) in
+// base 2 with log2(e) folded into params.softmax_scale_log2, fp32 accumulation, O normalised
+// once at the end. Causal masks are bottom-right aligned: row i sees key j iff
+// j <= i + seqlen_k - seqlen_q (per sequence in varlen). A row that sees no key writes O = 0
+// and LSE = +inf. GQA: query head h reads kv head h / (num_heads / num_heads_k).
+//
+// Layouts (see attention/params.cuh): padded q/o (b, s_q, h, d), k/v (b, s_k, h_k, d),
+// lse (b, h, s_q); varlen q/o (total_q, h, d), k/v (total_k, h_k, d), lse (h, total_q) with
+// sequence b at rows [cu_seqlens_q[b], cu_seqlens_q[b+1]). Strides in elements, last dim
+// contiguous; base pointers and row/head/batch strides must be 16-byte aligned (multiples of
+// 8 elements) because tiles move in 16-byte cp.async / vector stores.
+//
+// Launch: grid (ceil(seqlen_q / BlockM), num_heads, batch), block NumWarps*32 threads,
+// dynamic shared memory attn_fwd_sm80_smem_bytes<...>() =
+// (BlockM*HeadDim + 2*Stages*BlockN*HeadDim) * 2 bytes (the formula of
+// AttnFwdConfig::smem_bytes in src/tuning/attention.rs); above 48 KiB the caller must raise
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. For causal, blockIdx.x is reversed so the
+// heaviest query tiles start first.
+//
+// Template parameters and constraints:
+//   HeadDim  kernel head dim, multiple of 32 in [32, 256]; params.head_dim (multiple of 8,
+//            <= HeadDim) is the real one: other columns load as 0 and are not written.
+//   BlockM   query rows per block; a multiple of 16*NumWarps (each warp owns BlockM/NumWarps
+//            consecutive rows = BlockM/NumWarps/16 m16 tiles).
+//   BlockN   keys per pipeline tile, multiple of 16.
+//   NumWarps warps per block.
+//   Stages   >= 1: K tiles and V tiles each have a ring of Stages shared-memory slots; tile
+//            j+Stages of K is fetched as soon as Q K_j^T is done, of V as soon as P V_j is.
+//   IsCausal bottom-right causal mask.
+//   T        __half or __nv_bfloat16 (q, k, v, o); lse is fp32.
+// Shared memory: Q tile (swizzled, reused to stage O for 16-byte stores), K ring, V ring.
+// Registers: Q fragments are re-read from shared memory each k-step; S/P (BlockM/NumWarps x
+// BlockN per warp) and O (BlockM/NumWarps x HeadDim per warp) stay in registers, and P is
+// repacked from the S accumulators straight into the A operand of the P·V mma.
+//
+// PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans),
+// cp.async.cg (16 B, src-size zero fill), cp.async.commit_group/wait_group, ex2.approx.
+// Needs sm_80 or newer.
+#pragma once
+#include "common/dtype.cuh"
+#include "common/ptx.cuh"
+#include "common/swizzle.cuh"
+#include "attention/params.cuh"
+
+namespace ferroattn {
+
+template <int HeadDim, int BlockM, int BlockN, int Stages>
+__host__ __device__ constexpr int attn_fwd_sm80_smem_bytes() {
+    return (BlockM * HeadDim + 2 * Stages * BlockN * HeadDim) * 2;
+}
+
+namespace attn_detail {
+
+// Asynchronous copier of Rows x HeadDim tiles (global row stride `row_stride` elements)
+// into a swizzled shared tile. Thread `tid` owns chunk column tid % kChunks and rows
+// tid / kChunks + i * kRowsPerPass; threads beyond kRowsPerPass * kChunks stay idle. Rows >=
+// rows_valid and columns >= head_dim are zero-filled (src-size 0: global memory not read).
+template <int Rows, int HeadDim, int Threads, typename T>
+struct TileLoader {
+    static constexpr int kChunks = HeadDim / 8;
+    static constexpr int kRowsPerPass = Threads / kChunks;
+    static constexpr int kPasses = (Rows + kRowsPerPass - 1) / kRowsPerPass;
+    static_assert(kRowsPerPass >= 1, "need at least HeadDim/8 threads");
+    const T* g;         // this thread's element of row 0 of the tensor slice
+    unsigned s_off;     // byte offset of (row r0, chunk c) in the swizzled tile
+    int r0, c;
+    bool active;
+
+    __device__ __forceinline__ TileLoader(const T* base, long long row_stride, int head_dim,
+                                          int tid) {
+        c = tid % kChunks;
+        r0 = tid / kChunks;
+        active = r0 < kRowsPerPass && c * 8 < head_dim;
+        g = base + static_cast<long long>(r0) * row_stride + c * 8;
+        s_off = (r0 * HeadDim + swizzle_chunk<kChunks>(r0, c) * 8) * 2;
+    }
+    // Copy rows [row0, row0 + Rows) of the slice; rows >= rows_valid (relative) read as 0.
+    // row_stride is passed at each call (straight from the kernel parameters) so that no
+    // register holds it across the main loop.
+    __device__ __forceinline__ void load(T* s, int row0, int rows_valid, long long row_stride) const {
+        const T* src = g + static_cast<long long>(row0) * row_stride;
+        const int rows_left = active ? rows_valid - r0 : 0;   // pass i loads iff i*kRowsPerPass < rows_left
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) {
+            const int r = r0 + i * kRowsPerPass;
+            if ((Rows % kRowsPerPass == 0 && Threads % kChunks == 0) ||
+                (r < Rows && r0 < kRowsPerPass)) {
+                // With kRowsPerPass % 8 == 0 every pass keeps r % 8, hence the swizzle: the
+                // shared address is then a compile-time offset from s_off.
+                const unsigned dst = (kRowsPerPass % 8 == 0)
+                    ? smem_u32(s) + s_off + i * kRowsPerPass * HeadDim * 2
+                    : smem_u32(s + r * HeadDim + swizzle_chunk<kChunks>(r, c) * 8);
+                cp_async_16_zfill(dst, src, i * kRowsPerPass < rows_left);
+            }
+            src += kRowsPerPass * row_stride;
+        }
+    }
+};
+
+}  // namespace attn_detail
+
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
+          typename T>
+__global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdParams params) {
+    static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
+                  "HeadDim must be a multiple of 32 in [32, 256]");
+    static_assert(NumWarps >= 1 && BlockM % (16 * NumWarps) == 0,
+                  "BlockM must be a multiple of 16 * NumWarps");
+    static_assert(BlockN % 16 == 0 && BlockN >= 16, "BlockN must be a multiple of 16");
+    static_assert(Stages >= 1, "Stages must be >= 1");
+    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
+    static_assert(attn_fwd_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>() <= 227 * 1024,
+                  "tile does not fit in 227 KiB of shared memory");
+
+    constexpr int kThreads = NumWarps * 32;
+    constexpr int kWarpM = BlockM / NumWarps;
+    constexpr int MT = kWarpM / 16;     // m16 tiles per warp
+    // Keys per online-softmax step: the largest of BlockN, 64, 32, 16 dividing BlockN whose S
+    // accumulators, with O's, stay within kAccBudget fp32 registers per thread (chosen so the
+    // production configs compile without spills; ptxas needs the rest for addresses and
+    // fragments). kSplit: more than one step per K/V tile.
+    constexpr int kAccBudget = 152;
+    constexpr int kSubN =
+        (MT * (HeadDim + BlockN) / 2 <= kAccBudget) ? BlockN
+        : (BlockN % 64 == 0 && MT * (HeadDim + 64) / 2 <= kAccBudget) ? 64
+        : (BlockN % 32 == 0 && MT * (HeadDim + 32) / 2 <= kAccBudget) ? 32 : 16;
+    constexpr bool kSplit = kSubN < BlockN;
+    constexpr int NT = kSubN / 8;       // n8 tiles of S per warp and sub-block
+    constexpr int KT = HeadDim / 16;    // k16 steps of Q K^T
+    constexpr int DT = HeadDim / 8;     // n8 tiles of O
+    constexpr int kChunks = HeadDim / 8;
+    using Tr = DTypeTraits<T>;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);
+    T* sK = sQ + BlockM * HeadDim;
+    T* sV = sK + Stages * BlockN * HeadDim;
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+
+    const int m_block = IsCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                                 : static_cast<int>(blockIdx.x);
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int head_k = head / (params.num_heads / params.num_heads_k);
+
+    int seqlen_q = params.seqlen_q;
+    int seqlen_k = params.seqlen_k;
+    long long q_off, k_off, v_off, o_off, lse_off;
+    if (params.cu_seqlens_q != nullptr) {
+        const int q0 = params.cu_seqlens_q[batch];
+        const int k0 = params.cu_seqlens_k[batch];
+        seqlen_q = params.cu_seqlens_q[batch + 1] - q0;
+        seqlen_k = params.cu_seqlens_k[batch + 1] - k0;
+        q_off = static_cast<long long>(q0) * params.q_row_stride;
+        k_off = static_cast<long long>(k0) * params.k_row_stride;
+        v_off = static_cast<long long>(k0) * params.v_row_stride;
+        o_off = static_cast<long long>(q0) * params.o_row_stride;
+        lse_off = q0;
+    } else {
+        q_off = static_cast<long long>(batch) * params.q_batch_stride;
+        k_off = static_cast<long long>(batch) * params.k_batch_stride;
+        v_off = static_cast<long long>(batch) * params.v_batch_stride;
+        o_off = static_cast<long long>(batch) * params.o_batch_stride;
+        lse_off = static_cast<long long>(batch) * params.lse_batch_stride;
+    }
+    const int m_start = m_block * BlockM;
+    if (m_start >= seqlen_q) return;
+
+    q_off += static_cast<long long>(head) * params.q_head_stride
+           + static_cast<long long>(m_start) * params.q_row_stride;
+    o_off += static_cast<long long>(head) * params.o_head_stride
+           + static_cast<long long>(m_start) * params.o_row_stride;
+    k_off += static_cast<long long>(head_k) * params.k_head_stride;
+    v_off += static_cast<long long>(head_k) * params.v_head_stride;
+    lse_off += static_cast<long long>(head) * params.lse_head_stride + m_start;
+
+    const T* gQ = static_cast<const T*>(params.q) + q_off;   // row m_start of this tile
+    const T* gK = static_cast<const T*>(params.k) + k_off;   // key row 0 of this sequence
+    const T* gV = static_cast<const T*>(params.v) + v_off;
+    T* gO = static_cast<T*>(params.o) + o_off;
+    float* gLse = params.lse + lse_off;
+    const int head_dim = params.head_dim;
+    const int rows_q = min(seqlen_q - m_start, BlockM);
+    const int diag = seqlen_k - seqlen_q;   // row i sees keys j <= i + diag (causal)
+
+    // Keys this tile can see: [0, n_end).
+    int n_end = seqlen_k;
+    if (IsCausal) n_end = min(n_end, m_start + BlockM + diag);
+
+    if (n_end <= 0) {
+        // No row of this tile sees a key: O = 0, LSE = +inf.
+        constexpr int kTotal = BlockM * kChunks;
+        for (int idx = tid; idx < kTotal; idx += kThreads) {
+            const int r = idx / kChunks;
+            const int c = idx % kChunks;
+            if (r < rows_q && c * 8 < head_dim) {
+                *reinterpret_cast<uint4*>(gO + static_cast<long long>(r) * params.o_row_stride
+                                          + c * 8) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        for (int r = tid; r < rows_q; r += kThreads) gLse[r] = FERROATTN_INF;
+        return;
+    }
+    const int n_blocks = (n_end + BlockN - 1) / BlockN;
+
+    const attn_detail::TileLoader<BlockN, HeadDim, kThreads, T> k_loader(gK, params.k_row_stride,
+                                                                         head_dim, tid);
+    const attn_detail::TileLoader<BlockN, HeadDim, kThreads, T> v_loader(gV, params.v_row_stride,
+                                                                         head_dim, tid);
+    auto load_k = [&](int j) {
+        k_loader.load(sK + (j % Stages) * BlockN * HeadDim, j * BlockN, seqlen_k - j * BlockN,
+                      params.k_row_stride);
+    };
+    auto load_v = [&](int j) {
+        v_loader.load(sV + (j % Stages) * BlockN * HeadDim, j * BlockN, seqlen_k - j * BlockN,
+                      params.v_row_stride);
+    };
+
+    // Prologue. Commit groups are, in order, K_0 (+Q), V_0, K_1, V_1, ...: K_i is group 2i
+    // and V_i group 2i+1, so both waits below keep at most 2*Stages-2 groups in flight.
+    {
+        const attn_detail::TileLoader<BlockM, HeadDim, kThreads, T> q_loader(
+            gQ, params.q_row_stride, head_dim, tid);
+        q_loader.load(sQ, 0, rows_q, params.q_row_stride);
+    }
+    load_k(0);
+    cp_async_commit();
+    load_v(0);
+    cp_async_commit();
+#pragma unroll
+    for (int s = 1; s < Stages; ++s) {
+        if (s < n_blocks) load_k(s);
+        cp_async_commit();
+        if (s < n_blocks) load_v(s);
+        cp_async_commit();
+    }
+
+    float acc_o[MT][DT][4];
+    float row_max[MT][2];
+    float row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+        }
+        row_max[mt][0] = row_max[mt][1] = -FERROATTN_INF;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+    const float scale_log2 = params.softmax_scale_log2;
+    const int warp_row0 = warp * kWarpM;   // first tile row of this warp
+    constexpr unsigned kRowBytes = HeadDim * 2;
+    // ldmatrix lane addresses (see LdsmCols). Every operand uses one lane pattern: row
+    // lane%16 of a 16-row block, logical chunk 2*step + lane/16. For Q (A operand) the four
+    // matrices are a0..a3; for K (B operand, 16 keys x 16 dims) they are b0 of keys 0-7, b0 of
+    // keys 8-15, b1 of keys 0-7, b1 of keys 8-15; for V (.trans, 16 keys x 16 dims) b0 and b1
+    // of dims 0-7, then b0 and b1 of dims 8-15. K and V share addresses (constant offset).
+    const LdsmCols<kChunks> q_cols(smem_u32(sQ) + (warp_row0 + (lane % 16)) * kRowBytes, lane,
+                                   lane / 16);
+    const LdsmCols<kChunks> kv_cols(smem_u32(sK) + (lane % 16) * kRowBytes, lane, lane / 16);
+    constexpr unsigned kVOffset = Stages * BlockN * kRowBytes;   // sV - sK in bytes
+
+    for (int j = 0; j < n_blocks; ++j) {
+        const int slot = j % Stages;
+        cp_async_wait<2 * Stages - 2>();
+        __syncthreads();   // K_j visible; every warp is done with P V_{j-1}
+        if (j >= 1) {
+            if (j - 1 + Stages < n_blocks) load_v(j - 1 + Stages);
+            cp_async_commit();
+        }
+        const unsigned slot_bytes = static_cast<unsigned>(slot) * (BlockN * kRowBytes);
+
+        // The tile is processed in sub-blocks of kSubN keys, each a full online-softmax step
+        // (S, mask, softmax, P V): this bounds the live S registers (see kSubN).
+#pragma unroll 1
+        for (int sub = 0; sub < BlockN / kSubN; ++sub) {
+            const unsigned sub_bytes = slot_bytes + static_cast<unsigned>(sub) * (kSubN * kRowBytes);
+            // ---- S = Q K_sub^T ----
+            float acc_s[MT][NT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+
+            // k-steps in groups of 4 (one 8-chunk swizzle group each); the group loop is
+            // kept rolled so the scheduler cannot hoist every fragment load at once.
+            auto qk_step = [&](int kk, unsigned group_bytes) {
+                unsigned qa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4(qa[mt], q_cols.at(kk, mt * 16 * kRowBytes) + group_bytes);
+#pragma unroll
+                for (int nn = 0; nn < NT / 2; ++nn) {
+                    unsigned kb[4];
+                    ldmatrix_x4(kb, kv_cols.at(kk, nn * 16 * kRowBytes) + sub_bytes + group_bytes);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(acc_s[mt][2 * nn], qa[mt], kb[0], kb[2]);
+                        mma_m16n8k16<T>(acc_s[mt][2 * nn + 1], qa[mt], kb[1], kb[3]);
+                    }
+                }
+            };
+            constexpr int kGroups = (kChunks & ~7) / 8;
+#pragma unroll 1
+            for (int grp = 0; grp < kGroups; ++grp) {
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) qk_step(kk, static_cast<unsigned>(grp) << 7);
+            }
+#pragma unroll
+            for (int kk = kGroups * 4; kk < KT; ++kk) qk_step(kk, 0u);
+
+            if (sub == 0) {
+                cp_async_wait<2 * Stages - 2>();
+                __syncthreads();   // V_j visible; without sub-blocks, all warps are done with K_j
+                if constexpr (!kSplit) {
+                    if (j + Stages < n_blocks) load_k(j + Stages);
+                    cp_async_commit();
+                }
+            }
+
+            // ---- mask (key tail, causal) ----
+            const int n_start = j * BlockN + sub * kSubN;
+            const bool need_mask = (n_start + kSubN > seqlen_k) ||
+                                   (IsCausal && n_start + kSubN - 1 > m_start + diag);
+            if (need_mask) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
+                        const int limit = IsCausal ? min(seqlen_k, row + diag + 1) : seqlen_k;
+                        const int lim = limit - n_start - 2 * t;   // keep key nt*8+e iff < lim
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                if (nt * 8 + e >= lim) acc_s[mt][nt][2 * h + e] = -FERROATTN_INF;
+                            }
+                    }
+            }
+
+            // ---- online softmax (base 2) ----
+            float corr[MT][2];
+            bool changed = false;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float mx = row_max[mt][h];
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float m_scaled = (mx == -FERROATTN_INF) ? 0.f : mx * scale_log2;
+                    changed |= mx != row_max[mt][h];
+                    corr[mt][h] = exp2_fast(row_max[mt][h] * scale_log2 - m_scaled);
+                    row_max[mt][h] = mx;
+                    float sum = 0.f;
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float p = exp2_fast(fmaf(acc_s[mt][nt][2 * h + e], scale_log2,
+                                                           -m_scaled));
+                            acc_s[mt][nt][2 * h + e] = p;
+                            sum += p;
+                        }
+                    row_sum[mt][h] = row_sum[mt][h] * corr[mt][h] + sum;
+                }
+            // Rescale O only when some row of this warp raised its max (corr == 1 otherwise;
+            // a row still at -inf has O == 0). Warp-uniform branch.
+            if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int dt = 0; dt < DT; ++dt) {
+                        acc_o[mt][dt][0] *= corr[mt][0];
+                        acc_o[mt][dt][1] *= corr[mt][0];
+                        acc_o[mt][dt][2] *= corr[mt][1];
+                        acc_o[mt][dt][3] *= corr[mt][1];
+                    }
+            }
+
+            // ---- O += P V_sub (P from registers) ----
+#pragma unroll
+            for (int kk = 0; kk < kSubN / 16; ++kk) {
+                unsigned pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    pa[mt][0] = Tr::pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                    pa[mt][1] = Tr::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                    pa[mt][2] = Tr::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = Tr::pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dn = 0; dn < HeadDim / 16; ++dn) {
+                    unsigned vb[4];
+                    ldmatrix_x4_trans(vb, kv_cols.at(dn, kk * 16 * kRowBytes + kVOffset) + sub_bytes);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(acc_o[mt][2 * dn], pa[mt], vb[0], vb[1]);
+                        mma_m16n8k16<T>(acc_o[mt][2 * dn + 1], pa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
+        }
+
+        if constexpr (kSplit) {
+            // K_j is read by every sub-block: only now may K_{j+Stages} overwrite its slot.
+            __syncthreads();
+            if (j + Stages < n_blocks) load_k(j + Stages);
+            cp_async_commit();
+        }
+    }
+    cp_async_wait<0>();   // only empty groups can remain; drain them before exit
+
+    // ---- epilogue: normalise, LSE, stage O in the Q tile, 16-byte stores ----
+    const float scale = params.softmax_scale;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float sum = row_sum[mt][h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const bool empty = !(sum > 0.f);
+            const float inv = empty ? 0.f : 1.f / sum;
+            const int r = warp_row0 + mt * 16 + g + h * 8;
+            if (t == 0 && r < rows_q) {
+                gLse[r] = empty ? FERROATTN_INF : row_max[mt][h] * scale + logf(sum);
+            }
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                acc_o[mt][dt][2 * h] *= inv;
+                acc_o[mt][dt][2 * h + 1] *= inv;
+            }
+        }
+    // Each warp only ever read its own rows of sQ; make sure all its lanes are past them.
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp_row0 + mt * 16 + g + h * 8;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                *reinterpret_cast<unsigned*>(sQ + swizzle_offset<HeadDim>(r, dt * 8 + 2 * t)) =
+                    Tr::pack2(acc_o[mt][dt][2 * h], acc_o[mt][dt][2 * h + 1]);
+            }
+        }
+    __syncthreads();
+    {
+        constexpr int kTotal = BlockM * kChunks;
+#pragma unroll
+        for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+            const int idx = tid + i * kThreads;
+            if (kTotal % kThreads == 0 || idx < kTotal) {
+                const int r = idx / kChunks;
+                const int c = idx % kChunks;
+                if (r < rows_q && c * 8 < head_dim) {
+                    const uint4 val = *reinterpret_cast<const uint4*>(
+                        sQ + r * HeadDim + swizzle_chunk<kChunks>(r, c) * 8);
+                    *reinterpret_cast<uint4*>(gO + static_cast<long long>(r) * params.o_row_stride
+                                              + c * 8) = val;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace ferroattn

@@ -1,0 +1,89 @@
+"""ferroattn: FlashAttention-class attention kernels owned by Rust, JIT-compiled with NVRTC.
+
+Drop-in for flash_attn 2.x (same function names, positional order, defaults and return values):
+
+    from ferroattn import flash_attn_func          # instead of: from flash_attn import flash_attn_func
+    out = flash_attn_func(q, k, v, causal=True)    # q: (b, s_q, h, d) fp16/bf16 on CUDA
+
+or, in transformers, ``ferroattn.integrations.transformers.register()`` then
+``attn_implementation="ferroattn"``.
+
+Importing this package needs neither torch nor a GPU: the torch-dependent names
+(the ``flash_attn_*`` functions, :mod:`ferroattn.bert_padding`, :mod:`ferroattn.testing`) are
+imported on first access.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, List
+
+from . import _env  # noqa: F401  (CUDA include dirs + NVRTC preload; never raises)
+from .errors import (
+    ArgumentError,
+    CompileError,
+    CudaError,
+    DeviceError,
+    DTypeError,
+    FerroattnError,
+    HeadersNotFoundError,
+    NoDeviceError,
+    NvrtcNotFoundError,
+    UnsupportedGpuError,
+)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("ferroattn")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _version()
+
+# name -> module that defines it (imported lazily: these need torch)
+_LAZY_ATTRS = {
+    "flash_attn_func": "flash_attn_interface",
+    "flash_attn_qkvpacked_func": "flash_attn_interface",
+    "flash_attn_kvpacked_func": "flash_attn_interface",
+    "flash_attn_varlen_func": "flash_attn_interface",
+    "flash_attn_varlen_qkvpacked_func": "flash_attn_interface",
+    "flash_attn_varlen_kvpacked_func": "flash_attn_interface",
+    "flash_attn_with_kvcache": "flash_attn_interface",
+}
+_LAZY_MODULES = ("bert_padding", "testing", "flash_attn_interface", "ops", "integrations")
+
+__all__ = [
+    "__version__",
+    *_LAZY_ATTRS,
+    "bert_padding",
+    "FerroattnError",
+    "ArgumentError",
+    "DTypeError",
+    "DeviceError",
+    "CudaError",
+    "NoDeviceError",
+    "UnsupportedGpuError",
+    "NvrtcNotFoundError",
+    "HeadersNotFoundError",
+    "CompileError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_ATTRS:
+        module = importlib.import_module(f".{_LAZY_ATTRS[name]}", __name__)
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    if name in _LAZY_MODULES:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__) | set(_LAZY_MODULES))

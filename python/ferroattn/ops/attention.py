@@ -1,0 +1,301 @@
+"""``torch.ops.ferroattn.attn_fwd``: the attention-forward custom op.
+
+What lives here is what only Python can do (DESIGN §2): allocate the outputs with torch, pick the
+current stream, detach, hand everything to ``ferroattn._native.attn_fwd`` (which validates and
+launches), plus the torch.library registrations that make the op a first-class citizen:
+
+- the real kernel, registered for *every* device type, so a CPU tensor reaches the Rust
+  validation and gets a clear :class:`~ferroattn.errors.DeviceError` (not a dispatcher error);
+- ``register_fake``: runs the same Rust validation on metadata (``_native.attn_fwd_check``) and
+  returns outputs with exact shapes, dtypes and strides; so ``torch.compile(fullgraph=True)``
+  traces it without a graph break and bad inputs fail already at trace time;
+- ``register_autograd``: the op is differentiable in the autograd sense, but its backward raises
+  ``NotImplementedError`` until the training issue lands;
+- a FLOP formula for ``torch.utils.flop_counter.FlopCounterMode``.
+
+CUDA-graph safety: the launch uses ``torch.cuda.current_stream(q.device)`` (the capture stream
+while capturing), outputs come from torch's caching allocator, and nothing synchronises. The only
+host sync is the optional value check of ``cu_seqlens`` (:func:`check_cu_seqlens_values`), which is
+skipped while the stream is being captured.
+
+Sources: FlashAttention-2 (Dao, 2023) §3.1 for the forward pass; flash_attn 2.8
+``flash_attn_interface.py`` for the output conventions (``out = empty_like(q)``, fp32 LSE of shape
+(b, h, s_q) padded or (h, total_q) varlen); torch 2.11 ``torch.library`` docs.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from .. import _env  # noqa: F401  (configures the extension before first use)
+from .. import _native
+from ..errors import ArgumentError
+
+__all__ = ["attn_fwd", "check_cu_seqlens_values", "tensor_meta", "attn_fwd_flops", "causal_pairs"]
+
+#: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
+#: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
+#: Disable with the environment variable ``FERROATTN_CHECK_CU_SEQLENS=0`` or by setting this to
+#: False when the host sync matters more than the check.
+CHECK_CU_SEQLENS_VALUES: bool = os.environ.get("FERROATTN_CHECK_CU_SEQLENS", "1") != "0"
+
+_BACKWARD_MSG = (
+    "ferroattn: attention backward lands with the training issue; this version implements the "
+    "forward pass only (call it under torch.no_grad() / torch.inference_mode(), or use "
+    "torch.nn.functional.scaled_dot_product_attention for training)"
+)
+
+# DLPack device types used in TensorMeta (DLPack spec: kDLCPU = 1, kDLCUDA = 2).
+_DL_CPU, _DL_CUDA = 1, 2
+
+
+# ---------------------------------------------------------------------------------------------
+# metadata for the Rust validation
+# ---------------------------------------------------------------------------------------------
+def _as_int(v) -> int:
+    """A Python int for a size or stride. A symbolic size (torch.SymInt under dynamic shapes) is
+    read through its example value (hint), which adds no guard to the compiled graph."""
+    if isinstance(v, int):
+        return v
+    node = getattr(v, "node", None)
+    hint = getattr(node, "hint", None)
+    if hint is not None:
+        return int(hint)
+    return int(v)
+
+
+def tensor_meta(t: Optional[Tensor]):
+    """``TensorMeta`` of ``_native.pyi`` for a tensor (real, fake or meta), or None for None:
+    ``(shape, strides_in_elements, dtype_name, (dl_device_type, device_index))``.
+
+    Device: CUDA -> (2, index), CPU -> (1, 0). A *meta* tensor is described as CUDA device 0:
+    meta tensors exist for shape propagation (e.g. models built on the meta device), so they are
+    validated as the CUDA tensors they stand for. Any other device type is described as CPU, so
+    the Rust side rejects it as "not a CUDA tensor"."""
+    if t is None:
+        return None
+    dev = t.device
+    if dev.type == "cuda":
+        device = (_DL_CUDA, dev.index if dev.index is not None else 0)
+    elif dev.type == "meta":
+        device = (_DL_CUDA, 0)
+    else:
+        device = (_DL_CPU, 0)
+    shape = tuple(_as_int(s) for s in t.shape)
+    strides = tuple(_as_int(s) for s in t.stride())
+    dtype = str(t.dtype).removeprefix("torch.")
+    return (shape, strides, dtype, device)
+
+
+def _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    """``_native.attn_fwd_check`` on metadata: the Rust validation, no data touched."""
+    _native.attn_fwd_check(
+        tensor_meta(q), tensor_meta(k), tensor_meta(v),
+        tensor_meta(cu_seqlens_q), tensor_meta(cu_seqlens_k),
+        _as_int(max_seqlen_q), _as_int(max_seqlen_k),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# data-dependent cu_seqlens checks (Python: they need the values)
+# ---------------------------------------------------------------------------------------------
+def _values_available(t: Optional[Tensor]) -> bool:
+    """True when reading ``t``'s values is possible and allowed: a real (not fake, not meta)
+    int32, 1-D, contiguous tensor, not on a stream that is being captured into a CUDA graph."""
+    if t is None or not CHECK_CU_SEQLENS_VALUES:
+        return False
+    if isinstance(t, torch._subclasses.fake_tensor.FakeTensor) or t.device.type == "meta":
+        return False
+    # leave dtype / rank / contiguity errors to the Rust validation (they name the argument)
+    if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous() or t.numel() < 1:
+        return False
+    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
+                            max_seqlen: int, max_name: str) -> None:
+    """Check the values of ``cu_seqlens`` (int32, (batch + 1,)): first value >= 0, non-decreasing,
+    last value <= ``rows`` (the number of rows of the packed tensor, e.g. ``q.shape[0]``), and
+    every sequence length <= ``max_seqlen`` (the kernel sizes its grid from ``max_seqlen``; a
+    longer sequence would leave rows unwritten).
+
+    These checks need the data, so they run only on real tensors outside CUDA-graph capture (see
+    :func:`_values_available`); for a CUDA tensor they copy ``batch + 1`` int32 values to the host,
+    which synchronises with the current stream. Raises :class:`~ferroattn.errors.ArgumentError`
+    naming the argument and the offending value."""
+    if not _values_available(cu_seqlens):
+        return
+    vals: List[int] = cu_seqlens.tolist()
+    if vals[0] < 0:
+        raise ArgumentError(f"{name}: expected a first value >= 0, got {vals[0]}")
+    longest = 0
+    for i in range(1, len(vals)):
+        n = vals[i] - vals[i - 1]
+        if n < 0:
+            raise ArgumentError(
+                f"{name}: expected non-decreasing values, got {name}[{i}] = {vals[i]} < "
+                f"{name}[{i - 1}] = {vals[i - 1]}"
+            )
+        longest = max(longest, n)
+    if vals[-1] > rows:
+        raise ArgumentError(
+            f"{name}: expected the last value <= {rows} (the number of rows of the packed "
+            f"tensor), got {vals[-1]}"
+        )
+    if longest > max_seqlen:
+        raise ArgumentError(
+            f"{max_name}: expected >= the longest sequence in {name} ({longest}), got {max_seqlen}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# the op
+# ---------------------------------------------------------------------------------------------
+def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Optional[Tuple[int, ...]]:
+    """fp32 LSE shape: (b, h, s_q) for padded q (b, s_q, h, d); (h, total_q) for varlen q
+    (total_q, h, d). None when q's rank does not fit (the Rust validation names the error)."""
+    if cu_seqlens_q is None and q.dim() == 4:
+        return (q.shape[0], q.shape[2], q.shape[1])
+    if cu_seqlens_q is not None and q.dim() == 3:
+        return (q.shape[1], q.shape[0])
+    return None
+
+
+def _rank_error(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> ArgumentError:
+    expected = 3 if cu_seqlens_q is not None else 4
+    return ArgumentError(f"q: expected rank {expected}, got rank {q.dim()} (shape {tuple(q.shape)})")
+
+
+@torch.library.custom_op("ferroattn::attn_fwd", mutates_args=())
+def attn_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+) -> Tuple[Tensor, Tensor]:
+    """Attention forward, ``softmax(softmax_scale · q kᵀ [+ bottom-right causal mask]) v``.
+
+    Args (flash_attn layout; ``d`` must already be a multiple of 8, the flash_attn wrappers pad):
+        q: (b, s_q, h, d) padded, or (total_q, h, d) varlen; fp16 or bf16, CUDA, stride(-1) == 1.
+        k, v: (b, s_k, h_k, d) or (total_k, h_k, d); q's dtype and device; h % h_k == 0 (GQA:
+            query head i reads kv head i // (h / h_k)).
+        cu_seqlens_q, cu_seqlens_k: None (padded) or int32 (b + 1,) contiguous prefix sums of the
+            sequence lengths (varlen).
+        max_seqlen_q, max_seqlen_k: longest sequence (tokens); used by varlen only.
+        softmax_scale: multiplies the scores before the softmax (usually d ** -0.5).
+        causal: bottom-right aligned causal mask (row i sees keys j <= i + s_k - s_q).
+
+    Returns:
+        out: ``torch.empty_like(q)`` (q's shape, dtype and stride order), fully written.
+        softmax_lse: fp32 natural-log logsumexp of the scaled scores per row, (b, h, s_q) padded
+            or (h, total_q) varlen; +inf for a row that sees no key (its output is 0).
+
+    Raises: the ferroattn.errors classes from the Rust validation (DTypeError, DeviceError,
+    ArgumentError, ...), ArgumentError from :func:`check_cu_seqlens_values`, CUDA/NVRTC errors.
+    """
+    lse_shape = _lse_shape(q, cu_seqlens_q)
+    if lse_shape is None:
+        _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        raise _rank_error(q, cu_seqlens_q)
+    out = torch.empty_like(q)
+    softmax_lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if cu_seqlens_q is not None:
+        check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
+        if k.dim() == 3:
+            check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
+    # Inside the op inputs may still have requires_grad=True: DLPack export needs detached tensors.
+    args = [t.detach() if t is not None else None for t in (q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
+    try:
+        if q.device.type == "cuda":
+            with torch.cuda.device(q.device):
+                stream = torch.cuda.current_stream(q.device).cuda_stream
+                _native.attn_fwd(*args, max_seqlen_q, max_seqlen_k, softmax_scale, causal, stream)
+        else:
+            _native.attn_fwd(*args, max_seqlen_q, max_seqlen_k, softmax_scale, causal, 0)
+    except BufferError:
+        # torch refuses to export a CUDA tensor that is not on the current device; turn that into
+        # the precise error of the Rust validation (e.g. DeviceError naming k) when there is one.
+        _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        raise
+    return out, softmax_lse
+
+
+@attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+    # Same validation as the real op, from metadata (works for fake and meta tensors).
+    _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    lse_shape = _lse_shape(q, cu_seqlens_q)
+    if lse_shape is None:
+        raise _rank_error(q, cu_seqlens_q)
+    out = torch.empty_like(q)
+    softmax_lse = q.new_empty(lse_shape, dtype=torch.float32)
+    return out, softmax_lse
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    # Nothing is saved: the backward is not implemented yet.
+    pass
+
+
+def _backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError(_BACKWARD_MSG)
+
+
+attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------------------------
+def causal_pairs(seqlen_q: int, seqlen_k: int) -> int:
+    """Number of visible (i, j) pairs under the bottom-right causal mask (row i sees keys
+    j <= i + seqlen_k - seqlen_q): ``T(s_k) - T(max(0, s_k - s_q))`` with ``T(n) = n (n + 1) / 2``.
+    E.g. s_q = 2, s_k = 5 -> 4 + 5 = 9; s_q = 5, s_k = 2 -> 0 + 0 + 0 + 1 + 2 = 3."""
+    hidden = max(0, seqlen_k - seqlen_q)
+    return seqlen_k * (seqlen_k + 1) // 2 - hidden * (hidden + 1) // 2
+
+
+def _pairs(seqlen_q, seqlen_k, causal: bool):
+    if seqlen_q <= 0 or seqlen_k <= 0:
+        return 0
+    return causal_pairs(seqlen_q, seqlen_k) if causal else seqlen_q * seqlen_k
+
+
+def _seqlens(cu: Tensor) -> Optional[Sequence[int]]:
+    if not _values_available(cu):
+        return None
+    vals = cu.tolist()
+    return [b - a for a, b in zip(vals[:-1], vals[1:])]
+
+
+def attn_fwd_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                   causal, *args, out_val=None, **kwargs) -> int:
+    """FLOPs of one ``attn_fwd`` call: 2 matmuls (q kᵀ and p v) of 2·d FLOPs per visible (i, j)
+    pair and head, i.e. ``4 · b · h · s_q · s_k · d`` without a mask; with ``causal`` only the
+    visible pairs of the bottom-right mask count (:func:`causal_pairs`). Varlen sums over the
+    sequences when the cu_seqlens values are readable (real tensors), else assumes every
+    sequence has the max lengths. ``d`` is the head dim the op sees (padded to a multiple of 8)."""
+    h, d = q.shape[-2], q.shape[-1]
+    if cu_seqlens_q is None:
+        pairs = q.shape[0] * _pairs(q.shape[1], k.shape[1], causal)
+    else:
+        lens_q, lens_k = _seqlens(cu_seqlens_q), _seqlens(cu_seqlens_k)
+        if lens_q is not None and lens_k is not None and len(lens_q) == len(lens_k):
+            pairs = sum(_pairs(a, b, causal) for a, b in zip(lens_q, lens_k))
+        else:
+            pairs = (cu_seqlens_q.shape[0] - 1) * _pairs(max_seqlen_q, max_seqlen_k, causal)
+    return 4 * h * d * pairs
+
+
+register_flop_formula(torch.ops.ferroattn.attn_fwd, get_raw=True)(attn_fwd_flops)

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Summary of one scripts/gpu_check.sh run: reads what the stages left in the work directory and
+in $OUT, writes ``$OUT/gpu_check.json`` and prints a short table (the last thing gpu_check prints).
+
+Inputs (all optional; a missing one is reported as such, never a crash):
+  WORK/stages.tsv                 "name<TAB>rc<TAB>seconds<TAB>limit" per stage (rc may be "skipped")
+  WORK/logs/info.json             `python -m ferroattn info --json`
+  WORK/logs/precompile.json       cold compile (kernels, spills, errors, jit_stats)
+  WORK/logs/first_call.json       warm-cache first-call figures (scripts/first_call.py)
+  WORK/logs/junit.xml             pytest -m gpu results (else the pytest log's last line)
+  WORK/logs/{memcheck,racecheck}.log   compute-sanitizer output
+  OUT/demo.json                   `python -m ferroattn demo --json`
+  OUT/attention_*.json            the newest raw benchmark JSON
+
+Needs no torch (versions come from importlib.metadata). Exit 0 when every stage exited 0 and
+nothing was skipped, else 1.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def parse_stages(path: Path) -> list[dict]:
+    rows = []
+    for line in _read_text(path).splitlines():
+        parts = line.split("\t")
+        if len(parts) != 4:
+            continue
+        name, rc, secs, limit = parts
+        rows.append({"stage": name, "rc": None if rc == "skipped" else int(rc), "skipped": rc == "skipped",
+                     "seconds": int(secs), "limit": int(limit), "timed_out": rc in ("124", "137")})
+    return rows
+
+
+def parse_junit(path: Path) -> dict | None:
+    """Counts from a pytest junit XML: {tests, passed, failures, errors, skipped, failed_names}."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    c = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    failed = []
+    for s in suites:
+        for k in c:
+            c[k] += int(s.get(k, 0))
+        for case in s.iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed.append(f"{case.get('classname', '')}::{case.get('name', '')}")
+    c["passed"] = c["tests"] - c["failures"] - c["errors"] - c["skipped"]
+    c["failed_names"] = failed[:20]
+    return c
+
+
+_PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
+
+
+def parse_pytest_log(text: str) -> dict | None:
+    """Counts from pytest's final line ('== 3 failed, 10 passed, 2 skipped in 4.2s ==')."""
+    for line in reversed(text.splitlines()):
+        if " in " in line and _PYTEST_COUNT.search(line):
+            counts = {k if not k.startswith("error") else "errors": int(n) for n, k in _PYTEST_COUNT.findall(line)}
+            return counts
+        if "no tests ran" in line:
+            return {"passed": 0}
+    return None
+
+
+def parse_sanitizer(text: str, tool: str) -> dict:
+    """{ran, errors (memcheck) or hazards/errors/warnings (racecheck), cases_line}."""
+    out: dict[str, Any] = {"ran": bool(text.strip())}
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    if m:
+        out["errors"] = int(m.group(1))
+    m = re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text)
+    if m:
+        out.update(hazards=int(m.group(1)), errors=int(m.group(2)), warnings=int(m.group(3)))
+    m = re.search(r"sanitize_attention: (\d+)/(\d+) cases passed", text)
+    if m:
+        out["cases_passed"], out["cases"] = int(m.group(1)), int(m.group(2))
+    if "not found on PATH" in text:
+        out["ran"] = False
+        out["reason"] = "compute-sanitizer not found"
+    out["tool"] = tool
+    return out
+
+
+def newest_bench(out: Path) -> tuple[str | None, dict | None]:
+    files = sorted(glob.glob(str(out / "attention_*.json")), key=os.path.getmtime)
+    if not files:
+        return None, None
+    return os.path.basename(files[-1]), _read_json(Path(files[-1]))
+
+
+def _version(dist: str) -> str | None:
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:
+        return None
+
+
+def build_summary(work: Path, out: Path, elapsed: int | None = None) -> dict:
+    stages = parse_stages(work / "stages.tsv")
+    info = _read_json(work / "logs" / "info.json") or {}
+    gpu = info.get("gpu") or {}
+    pre = _read_json(work / "logs" / "precompile.json")
+    first = _read_json(work / "logs" / "first_call.json")
+    tests = parse_junit(work / "logs" / "junit.xml") or parse_pytest_log(_read_text(work / "logs" / "pytest.log"))
+    demo = _read_json(out / "demo.json")
+    bench_file, bench = newest_bench(out)
+    summary: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": os.environ.get("FERROATTN_COMMIT", "unknown"),
+        "device": gpu.get("name") or (bench or {}).get("meta", {}).get("device"),
+        "driver": gpu.get("driver_version") or (bench or {}).get("meta", {}).get("driver"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "ferroattn": info.get("version"),
+        "nvrtc": info.get("nvrtc_version"),
+        "elapsed_s": elapsed,
+        "stages": stages,
+        "tests": tests,
+        "sanitizer": {t: parse_sanitizer(_read_text(work / "logs" / f"{t}.log"), t) for t in ("memcheck", "racecheck")},
+    }
+    if pre:
+        ks = pre.get("kernels", [])
+        summary["precompile"] = {"archs": pre.get("archs"), "kernels": len(ks), "spilled": pre.get("spilled"),
+                                 "errors": pre.get("errors"),
+                                 "compile_seconds": round(sum(k.get("compile_seconds", 0) for k in ks), 3),
+                                 "max_registers": max((k.get("registers", 0) for k in ks), default=None)}
+    if first:
+        summary["first_call"] = {"calls": first.get("calls"), "jit_stats_after": first.get("jit_stats_after")}
+    if demo:
+        m = demo.get("minilm") or {}
+        llm = demo.get("llm") or {}
+        summary["demo"] = {
+            "ok": demo.get("ok"),
+            "minilm_min_cosine": m.get("min_cosine"),
+            "minilm_ms": {k[3:]: v for k, v in m.items() if k.startswith("ms_")},
+            "minilm_error": demo.get("minilm_error"),
+            "llm": {s: {k: v for k, v in r.items()} for s, r in (llm.get("seqlens") or {}).items()},
+            "llm_error": demo.get("llm_error"),
+        }
+    if bench:
+        summary["bench"] = {"file": bench_file, "summary": bench.get("summary"), "ceilings": bench.get("ceilings"),
+                            "host_cost": bench.get("host_cost"), "elapsed_s": bench.get("config", {}).get("elapsed_s")}
+    summary["ok"] = bool(stages) and all(s["rc"] == 0 for s in stages)
+    return summary
+
+
+def _f(x: Any, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def format_summary(s: dict) -> str:
+    lines = ["", "================ gpu_check summary ================",
+             f"{s.get('device')} | driver {s.get('driver')} | torch {s.get('torch')} | transformers "
+             f"{s.get('transformers')} | ferroattn {s.get('ferroattn')} (NVRTC {s.get('nvrtc')}) | commit {s.get('commit')}",
+             f"{'stage':<11} {'exit':>7} {'seconds':>8} {'limit':>6}"]
+    for st in s["stages"]:
+        rc = "skipped" if st["skipped"] else ("TIMEOUT" if st["timed_out"] else str(st["rc"]))
+        lines.append(f"{st['stage']:<11} {rc:>7} {st['seconds']:>8} {st['limit']:>6}")
+    p = s.get("precompile")
+    if p:
+        lines.append(f"precompile: {p['kernels']} kernels for {','.join(p['archs'] or [])} in {p['compile_seconds']} s, "
+                     f"max {p['max_registers']} regs, {p['spilled']} spilling, {len(p['errors'] or [])} errors")
+    fc = s.get("first_call")
+    if fc and fc.get("calls"):
+        c0 = fc["calls"][0]
+        lines.append(f"warm cache first call: {_f(c0.get('first_ms'), '.1f')} ms (second {_f(c0.get('second_ms'), '.3f')} ms), "
+                     f"jit_stats {fc.get('jit_stats_after')}")
+    t = s.get("tests")
+    lines.append("pytest -m gpu: " + (", ".join(f"{v} {k}" for k, v in t.items() if k != "failed_names" and v)
+                                      if t else "no results"))
+    for tool, r in s["sanitizer"].items():
+        if not r.get("ran"):
+            lines.append(f"{tool}: not run{' (' + r['reason'] + ')' if r.get('reason') else ''}")
+        else:
+            extra = f", hazards {r['hazards']}" if "hazards" in r else ""
+            lines.append(f"{tool}: errors {_f(r.get('errors'), 'd')}{extra}, cases {r.get('cases_passed', '?')}/{r.get('cases', '?')} passed")
+    d = s.get("demo")
+    if d:
+        ms = d.get("minilm_ms") or {}
+        lines.append(f"demo MiniLM: min cosine {_f(d.get('minilm_min_cosine'), '.6f')} | "
+                     + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
+                     + (f" | ERROR {d['minilm_error']}" if d.get("minilm_error") else ""))
+        for sl, r in (d.get("llm") or {}).items():
+            msr = {k[3:]: v for k, v in r.items() if k.startswith("ms_")}
+            lines.append(f"demo Llama-1B s={sl}: rel err {_f(r.get('rel_err'), '.2e')}, max|diff| {_f(r.get('max_abs_diff'), '.3g')}, "
+                         f"argmax {_f(100 * r['argmax_agreement'] if r.get('argmax_agreement') is not None else None, '.2f')}% | "
+                         + ", ".join(f"{k} {v:.2f} ms" for k, v in msr.items()))
+        if d.get("llm_error"):
+            lines.append(f"demo LLM: ERROR {d['llm_error']}")
+        lines.append(f"demo verdict: {'PASS' if d.get('ok') else 'FAIL'}")
+    b = s.get("bench")
+    if b and b.get("summary"):
+        bs, c = b["summary"], b.get("ceilings") or {}
+        mm = (c.get("matmul_bf16") or {}).get("tflops")
+        lines.append(f"bench: median ours/SDPA-{bs['ref_peer']} (d 64 & 128) {_f(bs['median_ratio'], '.3f')}, "
+                     f"min {_f(bs['min_ratio'], '.3f')} at {bs.get('min_ratio_at')}; best {_f(bs.get('best_pct_ceiling'), '.1f')}% "
+                     f"of matmul ceiling {_f(mm, '.0f')} TFLOP/s; {bs['n_measured']}/{bs['n_points']} points")
+        hc = b.get("host_cost") or {}
+        parts = [f"{k} {v['host_us']:.1f} us" for k, v in hc.items() if isinstance(v, dict) and v.get("host_us") is not None]
+        if parts:
+            lines.append("host cost per small call: " + ", ".join(parts))
+    lines.append(f"overall: {'OK' if s['ok'] else 'NOT OK'} in {s.get('elapsed_s')} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="summarise a gpu_check run")
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--elapsed", type=int, default=None)
+    args = ap.parse_args(argv)
+    s = build_summary(args.work, args.out, args.elapsed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_check.json").write_text(json.dumps(s, indent=2, default=str) + "\n")
+    print(format_summary(s))
+    return 0 if s["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

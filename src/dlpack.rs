@@ -1,0 +1,246 @@
+//! DLPack exchange (api-contracts §5) through the `dlpark` crate.
+//!
+//! Import: any DLPack producer or capsule (versioned or legacy) becomes an [`Imported`]
+//! that owns the managed tensor (its deleter runs exactly once when it is dropped; the
+//! capsule is renamed `used_*`) and a [`TensorView`] (strides in elements, NULL strides →
+//! C-contiguous, pointer = data + byte_offset).
+//!
+//! Export: [`Buffer`] is Rust-allocated memory (host, or device via cuMemAlloc) shared by
+//! every capsule exported from it; it is freed when the Buffer and every consumer are gone.
+
+use crate::device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::{fmt_shape, Device, TensorMeta, TensorView, DL_CPU, DL_CUDA};
+use dlpark::ffi::{DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
+use dlpark::metadata::Dynamic;
+use dlpark::python::{from_dlpack, DlpackExporter, ExportRequest, ImportedDlpack};
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// An imported tensor: keeps the producer's memory alive until dropped.
+pub struct Imported {
+    _owner: ImportedDlpack,
+    pub view: TensorView,
+    /// Base data pointer as exported (before byte_offset).
+    pub data: u64,
+    pub byte_offset: u64,
+    /// True for a `dltensor_versioned` capsule.
+    pub versioned: bool,
+}
+
+/// Import `obj` zero-copy (`arg` names it in errors). No stream is negotiated: torch's
+/// producer default (stream=-1) does not synchronise; the caller orders work by launching
+/// on the stream the data was produced on.
+pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
+    let owner = from_dlpack(obj.as_borrowed(), None, None)?;
+    let versioned = matches!(owner, ImportedDlpack::Versioned(_));
+    let t = owner
+        .validate()
+        .map_err(|e| Error::argument(arg, "a valid DLPack tensor", e))?;
+    let triple = (t.dtype().code.0, t.dtype().bits, t.dtype().lanes);
+    let dtype = DType::from_dl_triple(triple).ok_or_else(|| {
+        Error::dtype(
+            arg,
+            "one of float16, bfloat16, float32, float64, int32, int64, uint8, int8, bool",
+            format!("DLPack (code, bits, lanes) = {triple:?}"),
+        )
+    })?;
+    let shape = t.shape().to_vec();
+    let strides = t.strides_or_compact().map_err(|e| Error::argument(arg, "valid strides", e))?.into_owned();
+    let dev = t.device();
+    let data = t.data_ptr() as u64;
+    let byte_offset = t.byte_offset();
+    let view = TensorView {
+        meta: TensorMeta {
+            shape,
+            strides,
+            dtype,
+            device: Device { kind: dev.device_type.0 as i32, id: dev.device_id },
+        },
+        ptr: data.wrapping_add(byte_offset),
+    };
+    Ok(Imported { _owner: owner, view, data, byte_offset, versioned })
+}
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Rust-allocated buffers not yet freed (for leak tests).
+pub fn live_buffers() -> usize {
+    LIVE.load(Ordering::SeqCst)
+}
+
+const HOST_ALIGN: usize = 256;
+
+/// The memory behind a Buffer; freed on drop (from any thread: DLPack deleters may run anywhere).
+struct Allocation {
+    ptr: u64,
+    bytes: usize,
+    device: Device,
+}
+
+impl Allocation {
+    fn new(bytes: usize, device: Device) -> Result<Allocation> {
+        let ptr = match device.kind {
+            DL_CPU => {
+                let layout = std::alloc::Layout::from_size_align(bytes.max(1), HOST_ALIGN)
+                    .map_err(|e| Error::argument("shape", "a size that fits in memory", e))?;
+                // SAFETY: non-zero size layout.
+                let p = unsafe { std::alloc::alloc_zeroed(layout) };
+                if p.is_null() {
+                    return Err(Error::argument("shape", "an allocatable size", format!("{bytes} bytes")));
+                }
+                p as u64
+            }
+            DL_CUDA => device::alloc(device.id, bytes)?,
+            _ => unreachable!("Buffer devices are cpu or cuda"),
+        };
+        LIVE.fetch_add(1, Ordering::SeqCst);
+        Ok(Allocation { ptr, bytes, device })
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        match self.device.kind {
+            DL_CPU => {
+                let layout = std::alloc::Layout::from_size_align(self.bytes.max(1), HOST_ALIGN).unwrap();
+                // SAFETY: allocated in `new` with this layout.
+                unsafe { std::alloc::dealloc(self.ptr as *mut u8, layout) };
+            }
+            _ => {
+                // A failing free (context torn down at exit) cannot be reported from a deleter.
+                let _ = device::free(self.device.id, self.ptr);
+            }
+        }
+        LIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A C-contiguous Rust-allocated tensor exported zero-copy through DLPack.
+#[derive(Clone)]
+pub struct Buffer {
+    alloc: Arc<Allocation>,
+    pub shape: Vec<i64>,
+    pub dtype: DType,
+}
+
+/// Parse "cpu", "cuda", "cuda:N".
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s {
+        "cpu" => Ok(Device::CPU),
+        "cuda" => Ok(Device::cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<i32>().ok())
+            .filter(|n| *n >= 0)
+            .map(Device::cuda)
+            .ok_or_else(|| Error::argument("device", "\"cpu\", \"cuda\" or \"cuda:N\"", format!("{s:?}"))),
+    }
+}
+
+impl Buffer {
+    /// Uninitialised (host memory: zeroed) C-contiguous buffer.
+    pub fn empty(shape: &[i64], dtype: &str, device: &str) -> Result<Buffer> {
+        let dt = DType::from_name(dtype).ok_or_else(|| {
+            Error::dtype("dtype", DType::ALL.map(|d| d.name()).join(", "), format!("{dtype:?}"))
+        })?;
+        if let Some(bad) = shape.iter().find(|&&s| s < 0) {
+            return Err(Error::argument("shape", "non-negative sizes", format!("{} (size {bad})", fmt_shape(shape))));
+        }
+        let bytes = shape
+            .iter()
+            .try_fold(dt.size_bytes(), |acc, &s| acc.checked_mul(s as usize))
+            .ok_or_else(|| Error::argument("shape", "a size that fits in memory", fmt_shape(shape)))?;
+        let device = parse_device(device)?;
+        Ok(Buffer { alloc: Arc::new(Allocation::new(bytes, device)?), shape: shape.to_vec(), dtype: dt })
+    }
+
+    pub fn data_ptr(&self) -> u64 {
+        self.alloc.ptr
+    }
+
+    pub fn device(&self) -> Device {
+        self.alloc.device
+    }
+
+    fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
+        let mut init = Dynamic::compact(self.shape.clone())
+            .initialize_as::<M>(Arc::clone(&self.alloc))
+            .map_err(|e| pyo3::exceptions::PyBufferError::new_err(e.to_string()))?;
+        init.set_data(self.alloc.ptr as *mut std::ffi::c_void).set_device(self.dl_device()).set_dtype(self.dtype.to_dl());
+        // SAFETY: data stays valid while the Arc<Allocation> context lives; strides explicit.
+        Ok(unsafe { init.finish() })
+    }
+
+    fn dl_device(&self) -> DLDevice {
+        DLDevice { device_type: DLDeviceType(self.alloc.device.kind as u32), device_id: self.alloc.device.id }
+    }
+}
+
+impl DlpackExporter for Buffer {
+    fn device(&self) -> DLDevice {
+        self.dl_device()
+    }
+
+    fn flags(&self) -> DlpackFlags {
+        DlpackFlags::empty()
+    }
+
+    /// §5.3 stream rules. A Buffer has no pending device work (cuMemAlloc is synchronous
+    /// and nothing else writes it), so no stream needs to wait; only the value is checked.
+    fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
+        match self.alloc.device.kind {
+            DL_CUDA => request.cuda_stream().map(|_| ()),
+            _ => match request.stream() {
+                None => Ok(()),
+                Some(s) if s.is_none() || s.extract::<i64>().ok() == Some(-1) => Ok(()),
+                Some(s) => Err(pyo3::exceptions::PyBufferError::new_err(format!(
+                    "stream must be None for a CPU buffer, got {s}"
+                ))),
+            },
+        }
+    }
+
+    fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
+        self.managed()
+    }
+
+    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        self.managed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_lifetime_follows_last_owner() {
+        let before = live_buffers();
+        let b = Buffer::empty(&[2, 3], "float16", "cpu").unwrap();
+        assert_eq!(live_buffers(), before + 1);
+        assert_eq!(b.data_ptr() % HOST_ALIGN as u64, 0);
+        let m: Managed<DLManagedTensorVersioned> = b.managed().unwrap();
+        drop(b);
+        assert_eq!(live_buffers(), before + 1, "an exported tensor keeps the memory alive");
+        {
+            let t = m.validate().unwrap();
+            assert_eq!(t.shape(), &[2, 3]);
+            assert_eq!(t.strides().unwrap(), &[3, 1]);
+            assert_eq!(DType::from_dl(t.dtype()), Some(DType::F16));
+        }
+        drop(m);
+        assert_eq!(live_buffers(), before);
+    }
+
+    #[test]
+    fn buffer_argument_errors() {
+        assert!(matches!(Buffer::empty(&[2], "float8", "cpu"), Err(Error::DType { .. })));
+        assert!(matches!(Buffer::empty(&[-1], "int32", "cpu"), Err(Error::Argument { .. })));
+        assert!(matches!(Buffer::empty(&[1], "int32", "tpu"), Err(Error::Argument { .. })));
+        assert_eq!(parse_device("cuda:3").unwrap(), Device::cuda(3));
+    }
+}

@@ -1,0 +1,382 @@
+//! Run-time compilation of the kernels in kernels/: NVRTC → CUBIN → CUfunction.
+//!
+//! A kernel specialisation is a [`KernelSpec`] (e.g. `tuning::attention::AttnFwdConfig`):
+//! it names its header, its template instantiation and its arch. [`KernelMap::get`] is the
+//! hot path: a read-locked hash lookup keyed by (spec, device). A miss reads the disk
+//! cache (cache.rs) or compiles (nvrtc.rs), then loads the module into the device's
+//! primary context. Loaded modules are never unloaded (a queued launch may still use them).
+
+pub mod cache;
+pub mod headers;
+pub mod nvrtc;
+pub mod precompile;
+pub mod ptxas;
+pub mod sources;
+
+use crate::error::{CudaResultExt, Error, Result};
+use cudarc::driver::{result as cu, sys};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock};
+use std::time::Instant;
+
+/// A GPU architecture kernels are compiled for (CUBIN, not PTX).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    Sm80,
+    Sm86,
+    Sm87,
+    Sm89,
+    /// Hopper: always the arch-specific `sm_90a` (wgmma, setmaxnreg need it).
+    Sm90a,
+    Sm100,
+    Sm103,
+    Sm110,
+    Sm120,
+    Sm121,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 10] = [
+        Arch::Sm80,
+        Arch::Sm86,
+        Arch::Sm87,
+        Arch::Sm89,
+        Arch::Sm90a,
+        Arch::Sm100,
+        Arch::Sm103,
+        Arch::Sm110,
+        Arch::Sm120,
+        Arch::Sm121,
+    ];
+
+    /// The NVRTC `--gpu-architecture` value and cache directory name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm86 => "sm_86",
+            Arch::Sm87 => "sm_87",
+            Arch::Sm89 => "sm_89",
+            Arch::Sm90a => "sm_90a",
+            Arch::Sm100 => "sm_100",
+            Arch::Sm103 => "sm_103",
+            Arch::Sm110 => "sm_110",
+            Arch::Sm120 => "sm_120",
+            Arch::Sm121 => "sm_121",
+        }
+    }
+
+    /// Parse a name as `precompile` receives it; "sm_90" means sm_90a (as `from_sm` does).
+    pub fn from_name(name: &str) -> Result<Arch> {
+        if name == "sm_90" {
+            return Ok(Arch::Sm90a);
+        }
+        Arch::ALL.into_iter().find(|a| a.name() == name).ok_or_else(|| {
+            Error::argument(
+                "archs",
+                format!("one of {}", Arch::ALL.map(|a| a.name()).join(", ")),
+                format!("{name:?}"),
+            )
+        })
+    }
+
+    /// The arch to compile for on a device of compute capability major.minor. A CUBIN
+    /// runs on later minors of its major, so an unknown minor takes the nearest lower
+    /// known one; sm_90 devices get sm_90a; below sm_80 → UnsupportedGpu.
+    pub fn from_sm(major: i32, minor: i32) -> Result<Arch> {
+        let known: &[(i32, Arch)] = match major {
+            8 => &[(0, Arch::Sm80), (6, Arch::Sm86), (7, Arch::Sm87), (9, Arch::Sm89)],
+            9 => &[(0, Arch::Sm90a)],
+            10 => &[(0, Arch::Sm100), (3, Arch::Sm103)],
+            11 => &[(0, Arch::Sm110)],
+            12 => &[(0, Arch::Sm120), (1, Arch::Sm121)],
+            _ => &[],
+        };
+        known
+            .iter()
+            .rev()
+            .find(|(m, _)| *m <= minor)
+            .map(|(_, a)| *a)
+            .ok_or(Error::UnsupportedGpu { major, minor })
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One kernel specialisation: everything needed to compile, cache and load it.
+pub trait KernelSpec: Copy + Eq + std::hash::Hash + Send + Sync + std::fmt::Debug + 'static {
+    /// The kernel template, e.g. "ferroattn::attn_fwd_sm80".
+    fn kernel(&self) -> &'static str;
+    /// The file under kernels/ that defines it, e.g. "attention/fwd_sm80.cuh".
+    fn header(&self) -> &'static str;
+    /// The NVRTC name expression that instantiates it.
+    fn name_expression(&self) -> String;
+    fn arch(&self) -> Arch;
+    /// Dynamic shared memory per block (set as the function's maximum at load).
+    fn dynamic_smem_bytes(&self) -> u32;
+    /// The program NVRTC compiles: by default just the include of `header()`.
+    fn program(&self) -> String {
+        format!("#include \"{}\"\n", self.header())
+    }
+}
+
+/// Digest of every embedded kernel source (part of every cache key).
+fn sources_digest() -> &'static str {
+    static D: OnceLock<String> = OnceLock::new();
+    D.get_or_init(|| {
+        let mut text = String::new();
+        for (path, src) in sources::SOURCES {
+            text.push_str(path);
+            text.push('\0');
+            text.push_str(src);
+            text.push('\0');
+        }
+        cache::digest(&text)
+    })
+}
+
+/// The full cache key text of `spec` (hashed for the file name, stored in the file).
+pub fn cache_key<K: KernelSpec>(spec: &K, options: &[String], nvrtc: (i32, i32)) -> String {
+    format!(
+        "ferroattn-cubin-v1\nnvrtc={}.{}\narch={}\nname={}\noptions={}\nsources={}\nprogram={}",
+        nvrtc.0,
+        nvrtc.1,
+        spec.arch().name(),
+        spec.name_expression(),
+        options.join(" "),
+        sources_digest(),
+        spec.program(),
+    )
+}
+
+/// A CUBIN for `spec` and how it was obtained.
+pub struct Obtained {
+    pub compiled: nvrtc::Compiled,
+    pub from_cache: bool,
+    /// Seconds spent in NVRTC (0 for a disk hit).
+    pub compile_seconds: f64,
+}
+
+/// The CUBIN of `spec` from the disk cache, or compiled (and then written to the cache).
+pub fn obtain<K: KernelSpec>(spec: &K) -> Result<Obtained> {
+    obtain_in(&cache::cache_dir(), spec)
+}
+
+/// `obtain` with the disk cache rooted at `dir`.
+pub fn obtain_in<K: KernelSpec>(dir: &std::path::Path, spec: &K) -> Result<Obtained> {
+    let version = nvrtc::version()?;
+    let options = nvrtc::options(spec.arch())?;
+    let key = cache_key(spec, &options, version);
+    let path = cache::path_for(dir, version, spec.arch().name(), &key);
+    let t = Instant::now();
+    match cache::read(&path, &key) {
+        cache::Lookup::Hit(compiled) => {
+            cache::add_seconds(&cache::STATS.disk_load_nanos, t);
+            cache::STATS.disk_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Obtained { compiled, from_cache: true, compile_seconds: 0.0 });
+        }
+        cache::Lookup::Corrupt(_) => {
+            cache::STATS.corrupt_rebuilt.fetch_add(1, Ordering::Relaxed);
+        }
+        cache::Lookup::Miss => {}
+    }
+    let t = Instant::now();
+    let compiled = nvrtc::compile(&spec.program(), &spec.name_expression(), &options, spec.arch().name())?;
+    let compile_seconds = cache::add_seconds(&cache::STATS.compile_nanos, t);
+    cache::STATS.compiles.fetch_add(1, Ordering::Relaxed);
+    // A cache that cannot be written (read-only home, full disk) only costs a recompile later.
+    let _ = cache::write(&path, &key, &compiled);
+    Ok(Obtained { compiled, from_cache: false, compile_seconds })
+}
+
+/// A kernel loaded into a device's primary context.
+#[derive(Debug)]
+pub struct Kernel {
+    function: sys::CUfunction,
+    pub lowered_name: String,
+    pub dynamic_smem_bytes: u32,
+}
+// SAFETY: a CUfunction handle is a process-wide driver object usable from any thread.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    pub fn function(&self) -> sys::CUfunction {
+        self.function
+    }
+}
+
+/// Load a CUBIN on `device` and look up its entry function.
+fn load(compiled: &nvrtc::Compiled, device: i32, dynamic_smem_bytes: u32) -> Result<Kernel> {
+    crate::device::bind(device)?;
+    let t = Instant::now();
+    // SAFETY: `cubin` is a complete CUBIN image produced by NVRTC.
+    let module = unsafe { cu::module::load_data(compiled.cubin.as_ptr() as *const _) }.call("cuModuleLoadData")?;
+    let name = std::ffi::CString::new(compiled.lowered_name.clone()).expect("lowered name has no NUL");
+    // SAFETY: `module` was just loaded.
+    let function = unsafe { cu::module::get_function(module, name) }.call("cuModuleGetFunction")?;
+    // SAFETY: valid function; raises the dynamic smem ceiling above the 48 KiB default.
+    unsafe {
+        cu::function::set_function_attribute(
+            function,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            dynamic_smem_bytes as i32,
+        )
+    }
+    .call("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
+    cache::add_seconds(&cache::STATS.module_load_nanos, t);
+    cache::STATS.module_loads.fetch_add(1, Ordering::Relaxed);
+    Ok(Kernel { function, lowered_name: compiled.lowered_name.clone(), dynamic_smem_bytes })
+}
+
+/// Bumped by `clear_memory_cache`: entries from an older generation count as misses.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Forget every in-process kernel (the disk cache stays).
+pub fn clear_memory_cache() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// In-process map (spec, device) → loaded kernel, one per kernel family (a `static`).
+pub struct KernelMap<K: KernelSpec> {
+    map: OnceLock<RwLock<HashMap<(K, i32), (u64, &'static Kernel)>>>,
+}
+
+impl<K: KernelSpec> KernelMap<K> {
+    pub const fn new() -> Self {
+        KernelMap { map: OnceLock::new() }
+    }
+
+    /// The loaded kernel for `spec` on `device`: compiled or read from disk and loaded on
+    /// the first call, a shared-lock hash lookup afterwards. Blocking on a miss (release
+    /// the GIL around it). Two threads missing together may both compile; one wins.
+    pub fn get(&self, spec: &K, device: i32) -> Result<&'static Kernel> {
+        let map = self.map.get_or_init(Default::default);
+        let generation = GENERATION.load(Ordering::Relaxed);
+        if let Some((g, k)) = map.read().unwrap().get(&(*spec, device)) {
+            if *g == generation {
+                cache::STATS.memory_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(k);
+            }
+        }
+        let obtained = obtain(spec)?;
+        let kernel: &'static Kernel = Box::leak(Box::new(load(&obtained.compiled, device, spec.dynamic_smem_bytes())?));
+        map.write().unwrap().insert((*spec, device), (generation, kernel));
+        Ok(kernel)
+    }
+}
+
+impl<K: KernelSpec> Default for KernelMap<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spec for the test kernel of nvrtc.rs (not in kernels/).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    struct TestSpec {
+        n: u32,
+        arch: Arch,
+    }
+
+    impl KernelSpec for TestSpec {
+        fn kernel(&self) -> &'static str {
+            "fa_test::scale"
+        }
+        fn header(&self) -> &'static str {
+            "<test>"
+        }
+        fn name_expression(&self) -> String {
+            format!("fa_test::scale<{}, __half>", self.n)
+        }
+        fn arch(&self) -> Arch {
+            self.arch
+        }
+        fn dynamic_smem_bytes(&self) -> u32 {
+            0
+        }
+        fn program(&self) -> String {
+            nvrtc::tests::TEST_KERNEL.to_string()
+        }
+    }
+
+    #[test]
+    fn cache_key_is_stable_and_discriminating() {
+        let a = TestSpec { n: 64, arch: Arch::Sm80 };
+        let opts = vec!["--gpu-architecture=sm_80".to_string(), "-std=c++17".to_string()];
+        let k = cache_key(&a, &opts, (13, 0));
+        assert_eq!(k, cache_key(&a, &opts, (13, 0)));
+        assert!(k.contains("name=fa_test::scale<64, __half>") && k.contains("nvrtc=13.0") && k.contains("arch=sm_80"));
+        assert_ne!(k, cache_key(&TestSpec { n: 32, ..a }, &opts, (13, 0)));
+        assert_ne!(k, cache_key(&TestSpec { arch: Arch::Sm90a, ..a }, &opts, (13, 0)));
+        assert_ne!(k, cache_key(&a, &opts, (13, 2)));
+        assert_ne!(k, cache_key(&a, &opts[..1], (13, 0)));
+        assert!(k.contains(&format!("sources={}", sources_digest())));
+    }
+
+    #[test]
+    fn disk_cache_miss_hit_and_corrupt_rebuild() {
+        let Some(arch) = nvrtc::tests::toolchain() else { return };
+        let dir = std::env::temp_dir().join(format!("ferroattn-obtain-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let spec = TestSpec { n: 16, arch };
+        let first = obtain_in(&dir, &spec).unwrap();
+        assert!(!first.from_cache && first.compile_seconds > 0.0);
+        let second = obtain_in(&dir, &spec).unwrap();
+        assert!(second.from_cache);
+        assert_eq!(second.compiled, first.compiled, "the lowered name and log are stored with the CUBIN");
+        // corrupt the one file: it is rebuilt, never loaded
+        let file = walk(&dir).pop().unwrap();
+        let mut bytes = std::fs::read(&file).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&file, &bytes).unwrap();
+        let before = cache::STATS.corrupt_rebuilt.load(Ordering::Relaxed);
+        let third = obtain_in(&dir, &spec).unwrap();
+        assert!(!third.from_cache);
+        assert_eq!(third.compiled, first.compiled);
+        assert!(cache::STATS.corrupt_rebuilt.load(Ordering::Relaxed) > before);
+        assert!(obtain_in(&dir, &spec).unwrap().from_cache, "rebuilt file is valid again");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            if e.path().is_dir() {
+                out.extend(walk(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn arch_mapping() {
+        assert_eq!(Arch::from_sm(8, 0).unwrap(), Arch::Sm80);
+        assert_eq!(Arch::from_sm(8, 6).unwrap(), Arch::Sm86);
+        assert_eq!(Arch::from_sm(8, 9).unwrap(), Arch::Sm89);
+        assert_eq!(Arch::from_sm(8, 8).unwrap(), Arch::Sm87); // unknown minor: nearest lower
+        assert_eq!(Arch::from_sm(9, 0).unwrap(), Arch::Sm90a);
+        assert_eq!(Arch::from_sm(12, 0).unwrap(), Arch::Sm120);
+        assert!(matches!(Arch::from_sm(7, 5), Err(Error::UnsupportedGpu { major: 7, minor: 5 })));
+        assert!(matches!(Arch::from_sm(6, 1), Err(Error::UnsupportedGpu { .. })));
+        assert!(matches!(Arch::from_sm(99, 0), Err(Error::UnsupportedGpu { .. })));
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()).unwrap(), a);
+        }
+        assert_eq!(Arch::from_name("sm_90").unwrap(), Arch::Sm90a);
+        assert_eq!(Arch::Sm90a.name(), "sm_90a");
+        let e = Arch::from_name("sm_75").unwrap_err().to_string();
+        assert!(e.contains("archs") && e.contains("sm_75") && e.contains("sm_90a"), "{e}");
+    }
+}

@@ -1,0 +1,54 @@
+//! The one place that launches kernels: cuLaunchKernel on the caller's raw CUstream
+//! (0 = legacy default stream) with one by-value parameter struct. Checks the launch
+//! error; never synchronises.
+
+use crate::error::{CudaResultExt, Error, Result};
+use crate::jit::Kernel;
+use cudarc::driver::{result as cu, sys};
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub dynamic_smem_bytes: u32,
+}
+
+impl LaunchShape {
+    /// Driver limits on grid dims (x < 2^31, y and z <= 65535).
+    pub fn check(&self) -> Result<()> {
+        let (x, y, z) = self.grid;
+        if x == 0 || y == 0 || z == 0 || x > i32::MAX as u32 || y > 65535 || z > 65535 {
+            return Err(Error::argument(
+                "launch grid",
+                "x in 1..2^31, y and z in 1..=65535",
+                format!("{:?}", self.grid),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Launch `kernel` with `params` (its only, by-value, kernel parameter) on `stream` in
+/// `device`'s primary context.
+///
+/// # Safety
+/// `params` must be the exact `#[repr(C)]` mirror of the kernel's parameter type, and
+/// every pointer in it must stay valid until the kernel has run (stream order).
+pub unsafe fn launch<P>(kernel: &Kernel, device: i32, shape: &LaunchShape, stream: u64, params: &mut P) -> Result<()> {
+    shape.check()?;
+    crate::device::bind(device)?;
+    let mut args = [params as *mut P as *mut std::ffi::c_void];
+    // SAFETY: forwarded to the caller; cuLaunchKernel copies the argument bytes at launch.
+    unsafe {
+        cu::launch_kernel(
+            kernel.function(),
+            shape.grid,
+            shape.block,
+            shape.dynamic_smem_bytes,
+            stream as sys::CUstream,
+            &mut args,
+        )
+    }
+    .call("cuLaunchKernel")
+}

@@ -1,0 +1,19 @@
+//! ferroattn: FlashAttention-class attention kernels, JIT-compiled by NVRTC and launched from Rust.
+//!
+//! Layers (DESIGN.md §2): `python` (thin PyO3 glue) → `ops` (validate → config → launch) →
+//! `tuning` (pure heuristics) → `jit` (NVRTC → CUBIN → CUfunction, cached) → `launch` /
+//! `device` (CUDA driver). Tensors cross the boundary through `dlpack` and are described
+//! inside by `tensor::TensorView` only.
+
+pub mod device;
+pub mod dlpack;
+pub mod dtype;
+pub mod error;
+pub mod jit;
+pub mod launch;
+pub mod ops;
+pub mod python;
+pub mod tensor;
+pub mod tuning;
+
+pub use error::{Error, Result};

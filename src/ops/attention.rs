@@ -1,0 +1,407 @@
+//! Attention forward: argument validation (shared by `attn_fwd_check` on metadata and
+//! `attn_fwd` on real tensors), the kernel parameter struct, and the launch.
+//!
+//! Layouts (flash_attn convention, kernels/attention/params.cuh):
+//!   padded: q (b, s_q, h, d), k/v (b, s_k, h_k, d), out like q, lse (b, h, s_q) fp32;
+//!   varlen: q (total_q, h, d), k/v (total_k, h_k, d), out like q, lse (h, total_q) fp32,
+//!           cu_seqlens_q/k (b + 1,) int32, max_seqlen_q/k give the grid.
+//! In padded mode max_seqlen_q/k are ignored (the shapes say everything).
+//!
+//! Not checked (needs a device→host copy of cu_seqlens, i.e. a sync): that cu_seqlens are
+//! non-decreasing, start at 0, end at total rows, and that no sequence exceeds max_seqlen.
+//! The Python layer may check these on request; the kernel trusts them.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::launch::{launch, LaunchShape};
+use crate::tensor::{fmt_shape, TensorMeta, TensorView};
+use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig};
+use std::ffi::c_void;
+
+/// Mirror of `struct AttnFwdParams` in kernels/attention/params.cuh (change both together).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnFwdParams {
+    pub q: *const c_void,
+    pub k: *const c_void,
+    pub v: *const c_void,
+    pub o: *mut c_void,
+    pub lse: *mut f32,
+    pub cu_seqlens_q: *const i32,
+    pub cu_seqlens_k: *const i32,
+
+    pub q_batch_stride: i64,
+    pub q_row_stride: i64,
+    pub q_head_stride: i64,
+    pub k_batch_stride: i64,
+    pub k_row_stride: i64,
+    pub k_head_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_row_stride: i64,
+    pub v_head_stride: i64,
+    pub o_batch_stride: i64,
+    pub o_row_stride: i64,
+    pub o_head_stride: i64,
+    pub lse_batch_stride: i64,
+    pub lse_head_stride: i64,
+
+    pub batch: i32,
+    pub num_heads: i32,
+    pub num_heads_k: i32,
+    pub head_dim: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub softmax_scale: f32,
+    pub softmax_scale_log2: f32,
+}
+
+impl KernelSpec for AttnFwdConfig {
+    fn kernel(&self) -> &'static str {
+        AttnFwdConfig::KERNEL
+    }
+    fn header(&self) -> &'static str {
+        "attention/fwd_sm80.cuh"
+    }
+    fn name_expression(&self) -> String {
+        AttnFwdConfig::name_expression(self)
+    }
+    fn arch(&self) -> Arch {
+        self.arch
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        self.smem_bytes()
+    }
+}
+
+/// What `precompile` builds for this family.
+pub fn production_specs(arch: Arch) -> Vec<AttnFwdConfig> {
+    fwd_production_configs(arch)
+}
+
+/// The validated problem size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub varlen: bool,
+    pub batch: i64,
+    /// Padded: s_q; varlen: max_seqlen_q (grid only).
+    pub seqlen_q: i64,
+    /// Padded: s_k; varlen: max_seqlen_k.
+    pub seqlen_k: i64,
+    pub heads: i64,
+    pub heads_k: i64,
+    pub head_dim: i64,
+    pub dtype: DType,
+    pub device: i32,
+}
+
+impl Problem {
+    /// Nothing to compute: no launch.
+    pub fn is_empty(&self) -> bool {
+        self.batch == 0 || self.seqlen_q == 0 || self.heads == 0
+    }
+}
+
+fn dims_msg(t: &TensorMeta) -> String {
+    format!("{} dims (shape {})", t.ndim(), fmt_shape(&t.shape))
+}
+
+fn check_rank(arg: &str, t: &TensorMeta, rank: usize, layout: &str) -> Result<()> {
+    if t.strides.len() != t.shape.len() {
+        return Err(Error::argument(arg, format!("{} strides", t.shape.len()), format!("{} strides", t.strides.len())));
+    }
+    if let Some(s) = t.shape.iter().find(|&&s| s < 0) {
+        return Err(Error::argument(arg, "non-negative sizes", format!("size {s} in shape {}", fmt_shape(&t.shape))));
+    }
+    if t.ndim() != rank {
+        return Err(Error::argument(arg, format!("{rank} dims {layout}"), dims_msg(t)));
+    }
+    Ok(())
+}
+
+fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
+    if let Some(s) = t.strides.iter().find(|&&s| s < 0) {
+        return Err(Error::argument(arg, "non-negative strides", format!("stride {s} in {:?}", t.strides)));
+    }
+    if t.strides.last() != Some(&1) && t.shape.last().is_some_and(|&d| d > 1) {
+        return Err(Error::argument(
+            arg,
+            "stride 1 in the last dim",
+            format!("stride {} (strides {:?})", t.strides.last().unwrap(), t.strides),
+        ));
+    }
+    Ok(())
+}
+
+fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
+    if t.device != q.device {
+        return Err(Error::device(arg, format!("a tensor on {} (q's device)", q.device), t.device));
+    }
+    Ok(())
+}
+
+fn check_dtype(arg: &str, t: &TensorMeta, want: DType, why: &str) -> Result<()> {
+    if t.dtype != want {
+        return Err(Error::dtype(arg, format!("{want}{why}"), t.dtype));
+    }
+    Ok(())
+}
+
+fn check_shape(arg: &str, t: &TensorMeta, want: &[i64], why: &str) -> Result<()> {
+    if t.shape != want {
+        return Err(Error::argument(arg, format!("shape {}{why}", fmt_shape(want)), format!("shape {}", fmt_shape(&t.shape))));
+    }
+    Ok(())
+}
+
+fn check_cu_seqlens(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<i64> {
+    check_device(arg, t, q)?;
+    check_dtype(arg, t, DType::I32, "")?;
+    check_rank(arg, t, 1, "(batch + 1,)")?;
+    if t.shape[0] > 1 && t.strides[0] != 1 {
+        return Err(Error::argument(arg, "a contiguous tensor (stride 1)", format!("stride {}", t.strides[0])));
+    }
+    if t.shape[0] < 1 {
+        return Err(Error::argument(arg, "length batch + 1 >= 1", format!("length {}", t.shape[0])));
+    }
+    Ok(t.shape[0])
+}
+
+fn check_i32(arg: &str, what: &str, v: i64) -> Result<()> {
+    if v > i32::MAX as i64 {
+        return Err(Error::argument(arg, format!("{what} <= {}", i32::MAX), v));
+    }
+    Ok(())
+}
+
+/// Validate attention-forward arguments from metadata alone. `out`/`lse` are None from
+/// `attn_fwd_check` (the Python layer allocates them from the same rules).
+#[allow(clippy::too_many_arguments)]
+pub fn validate(
+    q: &TensorMeta,
+    k: &TensorMeta,
+    v: &TensorMeta,
+    out: Option<&TensorMeta>,
+    lse: Option<&TensorMeta>,
+    cu_seqlens_q: Option<&TensorMeta>,
+    cu_seqlens_k: Option<&TensorMeta>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+) -> Result<Problem> {
+    // devices
+    if !q.device.is_cuda() {
+        return Err(Error::device("q", "a CUDA tensor", q.device));
+    }
+    check_device("k", k, q)?;
+    check_device("v", v, q)?;
+    // dtypes
+    if !matches!(q.dtype, DType::F16 | DType::BF16) {
+        return Err(Error::dtype("q", "float16 or bfloat16", q.dtype));
+    }
+    check_dtype("k", k, q.dtype, " (q's dtype)")?;
+    check_dtype("v", v, q.dtype, " (q's dtype)")?;
+
+    let varlen = match (cu_seqlens_q, cu_seqlens_k) {
+        (Some(_), Some(_)) => true,
+        (None, None) => false,
+        (Some(_), None) => return Err(Error::argument("cu_seqlens_k", "a tensor (cu_seqlens_q was given)", "None")),
+        (None, Some(_)) => return Err(Error::argument("cu_seqlens_q", "a tensor (cu_seqlens_k was given)", "None")),
+    };
+    let (rank, layout) = if varlen {
+        (3, "(total_q, heads, head_dim) in varlen mode")
+    } else {
+        (4, "(batch, seqlen, heads, head_dim)")
+    };
+    check_rank("q", q, rank, layout)?;
+    let kv_layout = if varlen { "(total_k, heads_k, head_dim) in varlen mode" } else { "(batch, seqlen_k, heads_k, head_dim)" };
+    check_rank("k", k, rank, kv_layout)?;
+    check_rank("v", v, rank, kv_layout)?;
+    check_strides("q", q)?;
+    check_strides("k", k)?;
+    check_strides("v", v)?;
+
+    let d = q.shape[rank - 1];
+    let heads = q.shape[rank - 2];
+    let heads_k = k.shape[rank - 2];
+    if d < 8 || d > 256 || d % 8 != 0 {
+        return Err(Error::argument("q", "head dim a multiple of 8 in 8..=256", format!("head dim {d}")));
+    }
+    if k.shape[rank - 1] != d {
+        return Err(Error::argument("k", format!("head dim {d} (q's head dim)"), format!("head dim {}", k.shape[rank - 1])));
+    }
+    if v.shape != k.shape {
+        return Err(Error::argument("v", format!("shape {} (k's shape)", fmt_shape(&k.shape)), format!("shape {}", fmt_shape(&v.shape))));
+    }
+    if heads_k < 1 || heads % heads_k != 0 {
+        return Err(Error::argument("k", format!("a number of heads >= 1 that divides q's {heads}"), format!("{heads_k} heads")));
+    }
+    if heads > 65535 {
+        return Err(Error::argument("q", "at most 65535 heads", heads));
+    }
+
+    let (batch, seqlen_q, seqlen_k, total_q) = if varlen {
+        let (cq, ck) = (cu_seqlens_q.unwrap(), cu_seqlens_k.unwrap());
+        let lq = check_cu_seqlens("cu_seqlens_q", cq, q)?;
+        let lk = check_cu_seqlens("cu_seqlens_k", ck, q)?;
+        if lk != lq {
+            return Err(Error::argument("cu_seqlens_k", format!("length {lq} (cu_seqlens_q's length)"), format!("length {lk}")));
+        }
+        let (total_q, total_k) = (q.shape[0], k.shape[0]);
+        let batch = lq - 1;
+        if max_seqlen_q < 1 && batch > 0 && total_q > 0 {
+            return Err(Error::argument("max_seqlen_q", ">= 1 for a non-empty input", max_seqlen_q));
+        }
+        if max_seqlen_k < 0 || (max_seqlen_k < 1 && batch > 0 && total_k > 0) {
+            return Err(Error::argument("max_seqlen_k", ">= 1 for a non-empty input (>= 0 always)", max_seqlen_k));
+        }
+        (batch, if total_q == 0 { 0 } else { max_seqlen_q.max(0) }, max_seqlen_k, total_q)
+    } else {
+        let (b, s_q, s_k) = (q.shape[0], q.shape[1], k.shape[1]);
+        if k.shape[0] != b {
+            return Err(Error::argument("k", format!("batch size {b} (q's batch size)"), format!("batch size {}", k.shape[0])));
+        }
+        (b, s_q, s_k, s_q)
+    };
+    if batch > 65535 {
+        return Err(Error::argument("q", "a batch size of at most 65535", batch));
+    }
+    check_i32("max_seqlen_q", "sequence length", seqlen_q)?;
+    check_i32("max_seqlen_k", "sequence length", seqlen_k)?;
+
+    if let Some(o) = out {
+        check_device("out", o, q)?;
+        check_dtype("out", o, q.dtype, " (q's dtype)")?;
+        check_shape("out", o, &q.shape, " (q's shape)")?;
+        check_strides("out", o)?;
+    }
+    if let Some(l) = lse {
+        check_device("softmax_lse", l, q)?;
+        check_dtype("softmax_lse", l, DType::F32, "")?;
+        let (want, why) = if varlen {
+            (vec![heads, total_q], " (heads, total_q)")
+        } else {
+            (vec![batch, heads, seqlen_q], " (batch, heads, seqlen_q)")
+        };
+        check_shape("softmax_lse", l, &want, why)?;
+        check_strides("softmax_lse", l)?;
+    }
+    Ok(Problem { varlen, batch, seqlen_q, seqlen_k, heads, heads_k, head_dim: d, dtype: q.dtype, device: q.device.id })
+}
+
+/// Kernel parameters from validated views.
+#[allow(clippy::too_many_arguments)]
+pub fn params(
+    p: &Problem,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    out: &TensorView,
+    lse: &TensorView,
+    cu_seqlens_q: Option<&TensorView>,
+    cu_seqlens_k: Option<&TensorView>,
+    softmax_scale: f32,
+) -> AttnFwdParams {
+    // (batch, row, head) strides; varlen tensors have no batch dim.
+    let bsh = |t: &TensorView| -> (i64, i64, i64) {
+        let s = &t.meta.strides;
+        if p.varlen {
+            (0, s[0], s[1])
+        } else {
+            (s[0], s[1], s[2])
+        }
+    };
+    let (qb, qr, qh) = bsh(q);
+    let (kb, kr, kh) = bsh(k);
+    let (vb, vr, vh) = bsh(v);
+    let (ob, or, oh) = bsh(out);
+    let ls = &lse.meta.strides;
+    let (lse_batch_stride, lse_head_stride) = if p.varlen { (0, ls[0]) } else { (ls[0], ls[1]) };
+    AttnFwdParams {
+        q: q.ptr as *const c_void,
+        k: k.ptr as *const c_void,
+        v: v.ptr as *const c_void,
+        o: out.ptr as *mut c_void,
+        lse: lse.ptr as *mut f32,
+        cu_seqlens_q: cu_seqlens_q.map_or(std::ptr::null(), |t| t.ptr as *const i32),
+        cu_seqlens_k: cu_seqlens_k.map_or(std::ptr::null(), |t| t.ptr as *const i32),
+        q_batch_stride: qb,
+        q_row_stride: qr,
+        q_head_stride: qh,
+        k_batch_stride: kb,
+        k_row_stride: kr,
+        k_head_stride: kh,
+        v_batch_stride: vb,
+        v_row_stride: vr,
+        v_head_stride: vh,
+        o_batch_stride: ob,
+        o_row_stride: or,
+        o_head_stride: oh,
+        lse_batch_stride,
+        lse_head_stride,
+        batch: p.batch as i32,
+        num_heads: p.heads as i32,
+        num_heads_k: p.heads_k as i32,
+        head_dim: p.head_dim as i32,
+        seqlen_q: p.seqlen_q as i32,
+        seqlen_k: p.seqlen_k as i32,
+        softmax_scale,
+        softmax_scale_log2: softmax_scale * std::f32::consts::LOG2_E,
+    }
+}
+
+/// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config.
+pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
+    LaunchShape {
+        grid: ((p.seqlen_q as u64).div_ceil(config.block_m as u64) as u32, p.heads as u32, p.batch as u32),
+        block: (config.threads(), 1, 1),
+        dynamic_smem_bytes: config.smem_bytes(),
+    }
+}
+
+static KERNELS: KernelMap<AttnFwdConfig> = KernelMap::new();
+
+/// Validate everything, then launch on `stream` (raw CUstream; 0 = legacy default) in the
+/// primary context of q's device. Never synchronises. Empty inputs launch nothing.
+/// Blocking only on the first call of a configuration (compile or disk-cache load).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_fwd(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    out: &TensorView,
+    lse: &TensorView,
+    cu_seqlens_q: Option<&TensorView>,
+    cu_seqlens_k: Option<&TensorView>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    softmax_scale: f32,
+    causal: bool,
+    stream: u64,
+) -> Result<()> {
+    let p = validate(
+        &q.meta,
+        &k.meta,
+        &v.meta,
+        Some(&out.meta),
+        Some(&lse.meta),
+        cu_seqlens_q.map(|t| &t.meta),
+        cu_seqlens_k.map(|t| &t.meta),
+        max_seqlen_q,
+        max_seqlen_k,
+    )?;
+    if p.is_empty() {
+        return Ok(());
+    }
+    let arch = crate::device::arch(p.device)?;
+    let config = fwd_config(p.head_dim as u32, causal, p.dtype, arch);
+    let shape = launch_shape(&p, &config);
+    shape.check()?;
+    let kernel = KERNELS.get(&config, p.device)?;
+    let mut prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale);
+    // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
+    // in stream order (torch's caching allocator does).
+    unsafe { launch(kernel, p.device, &shape, stream, &mut prm) }
+}
+
+#[cfg(test)]
+mod tests;

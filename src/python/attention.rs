@@ -1,0 +1,74 @@
+//! attn_fwd_check (metadata) and attn_fwd (DLPack tensors) → ops::attention.
+
+use crate::dlpack::{import, Imported};
+use crate::error::Result;
+use crate::ops::attention as op;
+use crate::tensor::TensorMeta;
+use pyo3::prelude::*;
+
+/// `TensorMeta` as the .pyi defines it.
+type MetaTuple = (Vec<i64>, Vec<i64>, String, (i32, i32));
+
+fn meta(arg: &str, t: MetaTuple) -> Result<TensorMeta> {
+    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3)
+}
+
+fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
+    t.map(|t| meta(arg, t)).transpose()
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn attn_fwd_check(
+    q: MetaTuple,
+    k: MetaTuple,
+    v: MetaTuple,
+    cu_seqlens_q: Option<MetaTuple>,
+    cu_seqlens_k: Option<MetaTuple>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+) -> Result<()> {
+    let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
+    let (cq, ck) = (meta_opt("cu_seqlens_q", cu_seqlens_q)?, meta_opt("cu_seqlens_k", cu_seqlens_k)?);
+    op::validate(&q, &k, &v, None, None, cq.as_ref(), ck.as_ref(), max_seqlen_q, max_seqlen_k)?;
+    Ok(())
+}
+
+fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
+    t.filter(|t| !t.is_none()).map(|t| import(t, arg)).transpose()
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn attn_fwd(
+    py: Python<'_>,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    softmax_lse: &Bound<'_, PyAny>,
+    cu_seqlens_q: Option<&Bound<'_, PyAny>>,
+    cu_seqlens_k: Option<&Bound<'_, PyAny>>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    softmax_scale: f64,
+    causal: bool,
+    stream: u64,
+) -> Result<()> {
+    let (q, k, v) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
+    let (o, lse) = (import(out, "out")?, import(softmax_lse, "softmax_lse")?);
+    let cq = import_opt(cu_seqlens_q, "cu_seqlens_q")?;
+    let ck = import_opt(cu_seqlens_k, "cu_seqlens_k")?;
+    let (qv, kv, vv, ov, lv) = (&q.view, &k.view, &v.view, &o.view, &lse.view);
+    let (cqv, ckv) = (cq.as_ref().map(|t| &t.view), ck.as_ref().map(|t| &t.view));
+    // Detached: the first call of a configuration compiles or loads a module.
+    py.detach(|| {
+        op::attn_fwd(qv, kv, vv, ov, lv, cqv, ckv, max_seqlen_q, max_seqlen_k, softmax_scale as f32, causal, stream)
+    })
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(attn_fwd_check, m)?)?;
+    m.add_function(wrap_pyfunction!(attn_fwd, m)?)?;
+    Ok(())
+}

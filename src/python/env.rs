@@ -1,0 +1,57 @@
+//! Environment: include dirs, NVRTC version, cache dir, driver/GPU presence and info.
+
+use crate::error::Result;
+use crate::{device, jit};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+
+#[pyfunction]
+fn _configure(include_dirs: Vec<PathBuf>) {
+    jit::headers::configure(include_dirs);
+}
+
+#[pyfunction]
+fn nvrtc_version() -> Option<(i32, i32)> {
+    jit::nvrtc::version().ok()
+}
+
+#[pyfunction]
+fn header_dir() -> Option<PathBuf> {
+    jit::headers::header_dir().ok()
+}
+
+#[pyfunction]
+fn cache_dir() -> PathBuf {
+    jit::cache::cache_dir()
+}
+
+#[pyfunction]
+fn cuda_available() -> bool {
+    device::cuda_available()
+}
+
+#[pyfunction]
+#[pyo3(signature = (ordinal = 0))]
+fn device_info(py: Python<'_>, ordinal: i32) -> Result<Py<PyDict>> {
+    let i = device::info(ordinal)?;
+    let d = PyDict::new(py);
+    d.set_item("name", i.name)?;
+    d.set_item("sm", i.sm)?;
+    d.set_item("arch", i.arch.map(|a| a.name()))?;
+    d.set_item("sm_count", i.sm_count)?;
+    d.set_item("total_memory_bytes", i.total_memory_bytes)?;
+    d.set_item("max_smem_per_block_optin", i.max_smem_per_block_optin)?;
+    d.set_item("driver_version", i.driver_version)?;
+    Ok(d.unbind())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_configure, m)?)?;
+    m.add_function(wrap_pyfunction!(nvrtc_version, m)?)?;
+    m.add_function(wrap_pyfunction!(header_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(device_info, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! The `ferroattn._native` module (python/ferroattn/_native.pyi is its contract).
+//! Thin: convert arguments, call `ops`/`jit`/`device`/`dlpack`, map errors (errors.rs).
+
+mod attention;
+mod dlpack;
+mod env;
+pub mod errors;
+mod jit;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    env::register(m)?;
+    jit::register(m)?;
+    attention::register(m)?;
+    dlpack::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,2 @@
+//! Tile-size heuristics: pure functions, unit-tested on CPU.
+pub mod attention;

@@ -1,0 +1,59 @@
+"""ferroattn.bert_padding on CPU: the flash_attn contract (5-tuple), round trip, gradients."""
+from __future__ import annotations
+
+import torch
+
+from ferroattn.bert_padding import pad_input, unpad_input
+
+
+def _mask():
+    # right padding, left padding, middle hole, full, empty
+    return torch.tensor([[1, 1, 1, 0, 0],
+                         [0, 0, 1, 1, 1],
+                         [1, 0, 1, 1, 0],
+                         [1, 1, 1, 1, 1],
+                         [0, 0, 0, 0, 0]], dtype=torch.bool)
+
+
+def test_unpad_contract():
+    torch.manual_seed(0)
+    mask = _mask()
+    x = torch.randn(5, 5, 3, 4)
+    x_unpad, indices, cu, max_len, seqused = unpad_input(x, mask)
+    assert x_unpad.shape == (14, 3, 4)
+    assert indices.dtype == torch.int64 and indices.tolist() == torch.nonzero(mask.flatten()).flatten().tolist()
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 6, 9, 14, 14]
+    assert max_len == 5 and isinstance(max_len, int)
+    assert seqused.dtype == torch.int32 and seqused.tolist() == [3, 3, 3, 5, 0]
+    # tokens in order, batch-major
+    expected = torch.cat([x[b][mask[b]] for b in range(5)])
+    assert torch.equal(x_unpad, expected)
+
+
+def test_round_trip_zeroes_padding():
+    torch.manual_seed(1)
+    mask = _mask()
+    x = torch.randn(5, 5, 7)
+    x_unpad, indices, *_ = unpad_input(x, mask)
+    back = pad_input(x_unpad, indices, 5, 5)
+    assert back.shape == x.shape
+    assert torch.equal(back[mask], x[mask])
+    assert torch.all(back[~mask] == 0)
+
+
+def test_unused_mask():
+    mask = torch.tensor([[1, 1, 0, 0]], dtype=torch.bool)
+    unused = torch.tensor([[0, 0, 1, 0]], dtype=torch.bool)
+    x = torch.randn(1, 4, 2)
+    x_unpad, indices, cu, max_len, seqused = unpad_input(x, mask, unused)
+    assert indices.tolist() == [0, 1, 2] and cu.tolist() == [0, 3] and max_len == 3
+    assert seqused.tolist() == [2]
+
+
+def test_int_mask_and_gradients():
+    mask = _mask().to(torch.int64)
+    x = torch.randn(5, 5, 3, requires_grad=True)
+    x_unpad, indices, *_ = unpad_input(x, mask)
+    y = pad_input(x_unpad * 2, indices, 5, 5)
+    y.sum().backward()
+    assert torch.equal(x.grad, 2 * mask[..., None].to(x.dtype).expand_as(x))
