@@ -5,13 +5,22 @@
 use std::path::{Path, PathBuf};
 
 fn collect(dir: &Path, root: &Path, out: &mut Vec<(String, PathBuf)>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {
             collect(&path, root, out);
-        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("cuh" | "cu" | "h")) {
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("cuh" | "cu" | "h")
+        ) {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
             out.push((rel, path.canonicalize().unwrap()));
         }
     }
@@ -25,7 +34,10 @@ fn main() {
     files.sort();
     let mut text = String::from("pub static SOURCES: &[(&str, &str)] = &[\n");
     for (rel, abs) in &files {
-        text.push_str(&format!("    ({rel:?}, include_str!({:?})),\n", abs.to_string_lossy()));
+        text.push_str(&format!(
+            "    ({rel:?}, include_str!({:?})),\n",
+            abs.to_string_lossy()
+        ));
     }
     text.push_str("];\n");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("kernel_sources.rs");

@@ -209,6 +209,9 @@ def format_summary(s: dict) -> str:
                      + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
                      + (f" | ERROR {d['minilm_error']}" if d.get("minilm_error") else ""))
         for sl, r in (d.get("llm") or {}).items():
+            if r.get("error"):
+                lines.append(f"demo Llama-1B s={sl}: ERROR {r['error']}")
+                continue
             msr = {k[3:]: v for k, v in r.items() if k.startswith("ms_")}
             lines.append(f"demo Llama-1B s={sl}: rel err {_f(r.get('rel_err'), '.2e')}, max|diff| {_f(r.get('max_abs_diff'), '.3g')}, "
                          f"argmax {_f(100 * r['argmax_agreement'] if r.get('argmax_agreement') is not None else None, '.2f')}% | "

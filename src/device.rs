@@ -41,7 +41,9 @@ pub fn cuda_available() -> bool {
 fn device_handle(ordinal: i32) -> Result<sys::CUdevice> {
     let count = device_count()?;
     if ordinal < 0 || ordinal >= count {
-        return Err(Error::NoDevice(format!("device ordinal {ordinal} out of range: {count} CUDA device(s)")));
+        return Err(Error::NoDevice(format!(
+            "device ordinal {ordinal} out of range: {count} CUDA device(s)"
+        )));
     }
     cu::device::get(ordinal).call("cuDeviceGet")
 }
@@ -94,7 +96,9 @@ pub fn info(ordinal: i32) -> Result<DeviceInfo> {
     let sm = compute_capability(ordinal)?;
     let mut driver_version = 0;
     // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().call("cuDriverGetVersion")?;
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+        .result()
+        .call("cuDriverGetVersion")?;
     Ok(DeviceInfo {
         name: cu::device::get_name(dev).call("cuDeviceGetName")?,
         sm,
@@ -102,7 +106,10 @@ pub fn info(ordinal: i32) -> Result<DeviceInfo> {
         sm_count: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         // SAFETY: `dev` came from cuDeviceGet.
         total_memory_bytes: unsafe { cu::device::total_mem(dev) }.call("cuDeviceTotalMem")?,
-        max_smem_per_block_optin: attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        max_smem_per_block_optin: attribute(
+            dev,
+            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?,
         driver_version,
     })
 }
@@ -129,7 +136,9 @@ pub fn bind(ordinal: i32) -> Result<()> {
                 Some(ctx) => *ctx,
                 None => {
                     // SAFETY: `dev` came from cuDeviceGet.
-                    let ctx = Ctx(unsafe { cu::primary_ctx::retain(dev) }.call("cuDevicePrimaryCtxRetain")?);
+                    let ctx =
+                        Ctx(unsafe { cu::primary_ctx::retain(dev) }
+                            .call("cuDevicePrimaryCtxRetain")?);
                     map.insert(ordinal, ctx);
                     ctx
                 }
@@ -138,7 +147,9 @@ pub fn bind(ordinal: i32) -> Result<()> {
     };
     let mut current: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: writes one pointer.
-    unsafe { sys::cuCtxGetCurrent(&mut current) }.result().call("cuCtxGetCurrent")?;
+    unsafe { sys::cuCtxGetCurrent(&mut current) }
+        .result()
+        .call("cuCtxGetCurrent")?;
     if current != ctx.0 {
         // SAFETY: `ctx` is a retained primary context.
         unsafe { cu::ctx::set_current(ctx.0) }.call("cuCtxSetCurrent")?;

@@ -35,7 +35,13 @@ pub struct Imported {
 /// producer default (stream=-1) does not synchronise; the caller orders work by launching
 /// on the stream the data was produced on.
 pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
-    let owner = from_dlpack(obj.as_borrowed(), None, None)?;
+    // Producer errors keep their Python type (TypeError, BufferError, ...) and gain the argument name.
+    let owner = from_dlpack(obj.as_borrowed(), None, None).map_err(|e| {
+        PyErr::from_type(
+            e.get_type(obj.py()),
+            format!("{arg}: {}", e.value(obj.py())),
+        )
+    })?;
     let versioned = matches!(owner, ImportedDlpack::Versioned(_));
     let t = owner
         .validate()
@@ -44,12 +50,15 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
     let dtype = DType::from_dl_triple(triple).ok_or_else(|| {
         Error::dtype(
             arg,
-            "one of float16, bfloat16, float32, float64, int32, int64, uint8, int8, bool",
+            DType::one_of(),
             format!("DLPack (code, bits, lanes) = {triple:?}"),
         )
     })?;
     let shape = t.shape().to_vec();
-    let strides = t.strides_or_compact().map_err(|e| Error::argument(arg, "valid strides", e))?.into_owned();
+    let strides = t
+        .strides_or_compact()
+        .map_err(|e| Error::argument(arg, "valid strides", e))?
+        .into_owned();
     let dev = t.device();
     let data = t.data_ptr() as u64;
     let byte_offset = t.byte_offset();
@@ -58,11 +67,20 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
             shape,
             strides,
             dtype,
-            device: Device { kind: dev.device_type.0 as i32, id: dev.device_id },
+            device: Device {
+                kind: dev.device_type.0 as i32,
+                id: dev.device_id,
+            },
         },
         ptr: data.wrapping_add(byte_offset),
     };
-    Ok(Imported { _owner: owner, view, data, byte_offset, versioned })
+    Ok(Imported {
+        _owner: owner,
+        view,
+        data,
+        byte_offset,
+        versioned,
+    })
 }
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -90,7 +108,11 @@ impl Allocation {
                 // SAFETY: non-zero size layout.
                 let p = unsafe { std::alloc::alloc_zeroed(layout) };
                 if p.is_null() {
-                    return Err(Error::argument("shape", "an allocatable size", format!("{bytes} bytes")));
+                    return Err(Error::argument(
+                        "shape",
+                        "an allocatable size",
+                        format!("{bytes} bytes"),
+                    ));
                 }
                 p as u64
             }
@@ -106,7 +128,8 @@ impl Drop for Allocation {
     fn drop(&mut self) {
         match self.device.kind {
             DL_CPU => {
-                let layout = std::alloc::Layout::from_size_align(self.bytes.max(1), HOST_ALIGN).unwrap();
+                let layout =
+                    std::alloc::Layout::from_size_align(self.bytes.max(1), HOST_ALIGN).unwrap();
                 // SAFETY: allocated in `new` with this layout.
                 unsafe { std::alloc::dealloc(self.ptr as *mut u8, layout) };
             }
@@ -137,25 +160,39 @@ pub fn parse_device(s: &str) -> Result<Device> {
             .and_then(|n| n.parse::<i32>().ok())
             .filter(|n| *n >= 0)
             .map(Device::cuda)
-            .ok_or_else(|| Error::argument("device", "\"cpu\", \"cuda\" or \"cuda:N\"", format!("{s:?}"))),
+            .ok_or_else(|| {
+                Error::argument(
+                    "device",
+                    "\"cpu\", \"cuda\" or \"cuda:N\"",
+                    format!("{s:?}"),
+                )
+            }),
     }
 }
 
 impl Buffer {
     /// Uninitialised (host memory: zeroed) C-contiguous buffer.
     pub fn empty(shape: &[i64], dtype: &str, device: &str) -> Result<Buffer> {
-        let dt = DType::from_name(dtype).ok_or_else(|| {
-            Error::dtype("dtype", DType::ALL.map(|d| d.name()).join(", "), format!("{dtype:?}"))
-        })?;
+        let dt = DType::parse("dtype", dtype)?;
         if let Some(bad) = shape.iter().find(|&&s| s < 0) {
-            return Err(Error::argument("shape", "non-negative sizes", format!("{} (size {bad})", fmt_shape(shape))));
+            return Err(Error::argument(
+                "shape",
+                "non-negative sizes",
+                format!("{} (size {bad})", fmt_shape(shape)),
+            ));
         }
         let bytes = shape
             .iter()
             .try_fold(dt.size_bytes(), |acc, &s| acc.checked_mul(s as usize))
-            .ok_or_else(|| Error::argument("shape", "a size that fits in memory", fmt_shape(shape)))?;
+            .ok_or_else(|| {
+                Error::argument("shape", "a size that fits in memory", fmt_shape(shape))
+            })?;
         let device = parse_device(device)?;
-        Ok(Buffer { alloc: Arc::new(Allocation::new(bytes, device)?), shape: shape.to_vec(), dtype: dt })
+        Ok(Buffer {
+            alloc: Arc::new(Allocation::new(bytes, device)?),
+            shape: shape.to_vec(),
+            dtype: dt,
+        })
     }
 
     pub fn data_ptr(&self) -> u64 {
@@ -170,13 +207,18 @@ impl Buffer {
         let mut init = Dynamic::compact(self.shape.clone())
             .initialize_as::<M>(Arc::clone(&self.alloc))
             .map_err(|e| pyo3::exceptions::PyBufferError::new_err(e.to_string()))?;
-        init.set_data(self.alloc.ptr as *mut std::ffi::c_void).set_device(self.dl_device()).set_dtype(self.dtype.to_dl());
+        init.set_data(self.alloc.ptr as *mut std::ffi::c_void)
+            .set_device(self.dl_device())
+            .set_dtype(self.dtype.to_dl());
         // SAFETY: data stays valid while the Arc<Allocation> context lives; strides explicit.
         Ok(unsafe { init.finish() })
     }
 
     fn dl_device(&self) -> DLDevice {
-        DLDevice { device_type: DLDeviceType(self.alloc.device.kind as u32), device_id: self.alloc.device.id }
+        DLDevice {
+            device_type: DLDeviceType(self.alloc.device.kind as u32),
+            device_id: self.alloc.device.id,
+        }
     }
 }
 
@@ -225,7 +267,11 @@ mod tests {
         assert_eq!(b.data_ptr() % HOST_ALIGN as u64, 0);
         let m: Managed<DLManagedTensorVersioned> = b.managed().unwrap();
         drop(b);
-        assert_eq!(live_buffers(), before + 1, "an exported tensor keeps the memory alive");
+        assert_eq!(
+            live_buffers(),
+            before + 1,
+            "an exported tensor keeps the memory alive"
+        );
         {
             let t = m.validate().unwrap();
             assert_eq!(t.shape(), &[2, 3]);
@@ -237,10 +283,73 @@ mod tests {
     }
 
     #[test]
+    fn export_then_import_round_trip_with_byte_offset() {
+        use dlpark::python::export_dlpack;
+        Python::initialize();
+        Python::attach(|py| {
+            let b = Buffer::empty(&[4, 6], "int32", "cpu").unwrap();
+            for (max_version, versioned) in [(None, false), (Some((1, 3)), true)] {
+                let request = ExportRequest::parse(None, max_version, None, None).unwrap();
+                let capsule = export_dlpack(&b, py, request).unwrap();
+                let t = import(capsule.bind(py), "x").unwrap();
+                assert_eq!(t.versioned, versioned);
+                assert_eq!(t.view.ptr, b.data_ptr());
+                assert_eq!(t.view.meta.shape, vec![4, 6]);
+                assert_eq!(t.view.meta.strides, vec![6, 1]);
+                assert_eq!(t.view.meta.dtype, DType::I32);
+                assert_eq!(t.view.meta.device, Device::CPU);
+                // consumed: a second import fails, naming the argument
+                let e = import(capsule.bind(py), "k").err().unwrap().to_string();
+                assert!(e.contains("k: ") && e.contains("consumed"), "{e}");
+            }
+            // a producer that locates the data through byte_offset and omits strides (legacy)
+            let mut init = Dynamic::compact(vec![3i64])
+                .initialize_as::<DLManagedTensor>(Arc::clone(&b.alloc))
+                .unwrap();
+            init.set_data(b.data_ptr() as *mut std::ffi::c_void)
+                .set_byte_offset(8)
+                .set_device(b.dl_device())
+                .set_dtype(DType::I32.to_dl());
+            let managed = unsafe { init.finish() };
+            let capsule = pyo3::IntoPyObject::into_pyobject(managed, py).unwrap();
+            // dlpark only exports explicit strides; clear them in the capsule as old producers do
+            unsafe {
+                let raw = pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), c"dltensor".as_ptr())
+                    as *mut DLManagedTensor;
+                (*raw).dl_tensor.strides = std::ptr::null_mut();
+            }
+            let t = import(&capsule, "x").unwrap();
+            assert_eq!(t.byte_offset, 8);
+            assert_eq!(t.view.ptr, b.data_ptr() + 8);
+            assert_eq!(
+                t.view.meta.strides,
+                vec![1],
+                "NULL strides mean C-contiguous"
+            );
+            // not a DLPack object: the producer's TypeError, with the argument name
+            let e = import(&pyo3::types::PyDict::new(py).into_any(), "v")
+                .err()
+                .unwrap();
+            let Error::Python(e) = e else { panic!() };
+            assert!(e.is_instance_of::<pyo3::exceptions::PyTypeError>(py));
+            assert!(e.to_string().contains("v: "), "{e}");
+        });
+    }
+
+    #[test]
     fn buffer_argument_errors() {
-        assert!(matches!(Buffer::empty(&[2], "float8", "cpu"), Err(Error::DType { .. })));
-        assert!(matches!(Buffer::empty(&[-1], "int32", "cpu"), Err(Error::Argument { .. })));
-        assert!(matches!(Buffer::empty(&[1], "int32", "tpu"), Err(Error::Argument { .. })));
+        assert!(matches!(
+            Buffer::empty(&[2], "float8", "cpu"),
+            Err(Error::DType { .. })
+        ));
+        assert!(matches!(
+            Buffer::empty(&[-1], "int32", "cpu"),
+            Err(Error::Argument { .. })
+        ));
+        assert!(matches!(
+            Buffer::empty(&[1], "int32", "tpu"),
+            Err(Error::Argument { .. })
+        ));
         assert_eq!(parse_device("cuda:3").unwrap(), Device::cuda(3));
     }
 }

@@ -17,8 +17,17 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 9] =
-        [DType::F16, DType::BF16, DType::F32, DType::F64, DType::I32, DType::I64, DType::U8, DType::I8, DType::Bool];
+    pub const ALL: [DType; 9] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::I8,
+        DType::Bool,
+    ];
 
     /// The name used in Python (`TensorMeta`, `Buffer.dtype`): "float16", "bfloat16", ...
     pub fn name(self) -> &'static str {
@@ -37,6 +46,17 @@ impl DType {
 
     pub fn from_name(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// "one of float16, bfloat16, ...": the expected-value text of dtype errors.
+    pub fn one_of() -> String {
+        format!("one of {}", DType::ALL.map(|d| d.name()).join(", "))
+    }
+
+    /// `from_name`, or a DType error naming `arg`.
+    pub fn parse(arg: &str, name: &str) -> crate::Result<DType> {
+        DType::from_name(name)
+            .ok_or_else(|| crate::Error::dtype(arg, DType::one_of(), format!("{name:?}")))
     }
 
     /// (code, bits, lanes) as DLPack (and torch) encode it.
@@ -60,7 +80,11 @@ impl DType {
 
     pub fn to_dl(self) -> DLDataType {
         let (code, bits, lanes) = self.dl_triple();
-        DLDataType { code: DLDataTypeCode(code), bits, lanes }
+        DLDataType {
+            code: DLDataTypeCode(code),
+            bits,
+            lanes,
+        }
     }
 
     pub fn from_dl(dt: DLDataType) -> Option<DType> {

@@ -9,19 +9,35 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// Bad shape, stride, length or value (Python: `ArgumentError`, a `ValueError`).
     #[error("{arg}: expected {expected}, got {actual}")]
-    Argument { arg: String, expected: String, actual: String },
+    Argument {
+        arg: String,
+        expected: String,
+        actual: String,
+    },
 
     /// Unsupported or mixed dtype (Python: `DTypeError`, a `TypeError`).
     #[error("{arg}: expected dtype {expected}, got {actual}")]
-    DType { arg: String, expected: String, actual: String },
+    DType {
+        arg: String,
+        expected: String,
+        actual: String,
+    },
 
     /// Tensor on the wrong device (Python: `DeviceError`).
     #[error("{arg}: expected {expected}, got {actual}")]
-    Device { arg: String, expected: String, actual: String },
+    Device {
+        arg: String,
+        expected: String,
+        actual: String,
+    },
 
     /// A CUDA driver call failed (Python: `CudaError`).
     #[error("{call} failed: {name}: {message}")]
-    Cuda { call: &'static str, name: String, message: String },
+    Cuda {
+        call: &'static str,
+        name: String,
+        message: String,
+    },
 
     /// No driver library, cuInit failed, or no such GPU (Python: `NoDeviceError`).
     #[error("no CUDA device: {0}")]
@@ -41,7 +57,12 @@ pub enum Error {
 
     /// NVRTC failed (Python: `CompileError`); `log` is the whole compiler log.
     #[error("NVRTC failed to compile {name} for {arch}: {reason}\n{log}")]
-    Compile { name: String, arch: String, reason: String, log: String },
+    Compile {
+        name: String,
+        arch: String,
+        reason: String,
+        log: String,
+    },
 
     /// A DLPack export request that cannot be honoured (Python: `BufferError`).
     #[error("{0}")]
@@ -53,14 +74,38 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn argument(arg: impl Into<String>, expected: impl Into<String>, actual: impl ToString) -> Self {
-        Error::Argument { arg: arg.into(), expected: expected.into(), actual: actual.to_string() }
+    pub fn argument(
+        arg: impl Into<String>,
+        expected: impl Into<String>,
+        actual: impl ToString,
+    ) -> Self {
+        Error::Argument {
+            arg: arg.into(),
+            expected: expected.into(),
+            actual: actual.to_string(),
+        }
     }
-    pub fn dtype(arg: impl Into<String>, expected: impl Into<String>, actual: impl ToString) -> Self {
-        Error::DType { arg: arg.into(), expected: expected.into(), actual: actual.to_string() }
+    pub fn dtype(
+        arg: impl Into<String>,
+        expected: impl Into<String>,
+        actual: impl ToString,
+    ) -> Self {
+        Error::DType {
+            arg: arg.into(),
+            expected: expected.into(),
+            actual: actual.to_string(),
+        }
     }
-    pub fn device(arg: impl Into<String>, expected: impl Into<String>, actual: impl ToString) -> Self {
-        Error::Device { arg: arg.into(), expected: expected.into(), actual: actual.to_string() }
+    pub fn device(
+        arg: impl Into<String>,
+        expected: impl Into<String>,
+        actual: impl ToString,
+    ) -> Self {
+        Error::Device {
+            arg: arg.into(),
+            expected: expected.into(),
+            actual: actual.to_string(),
+        }
     }
 }
 
@@ -72,9 +117,19 @@ pub trait CudaResultExt<T> {
 impl<T> CudaResultExt<T> for std::result::Result<T, cudarc::driver::DriverError> {
     fn call(self, call: &'static str) -> Result<T> {
         self.map_err(|e| {
-            let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-            let message = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-            Error::Cuda { call, name, message }
+            let name = e
+                .error_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| format!("{:?}", e.0));
+            let message = e
+                .error_string()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Error::Cuda {
+                call,
+                name,
+                message,
+            }
         })
     }
 }

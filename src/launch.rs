@@ -35,7 +35,13 @@ impl LaunchShape {
 /// # Safety
 /// `params` must be the exact `#[repr(C)]` mirror of the kernel's parameter type, and
 /// every pointer in it must stay valid until the kernel has run (stream order).
-pub unsafe fn launch<P>(kernel: &Kernel, device: i32, shape: &LaunchShape, stream: u64, params: &mut P) -> Result<()> {
+pub unsafe fn launch<P>(
+    kernel: &Kernel,
+    device: i32,
+    shape: &LaunchShape,
+    stream: u64,
+    params: &mut P,
+) -> Result<()> {
     shape.check()?;
     crate::device::bind(device)?;
     let mut args = [params as *mut P as *mut std::ffi::c_void];

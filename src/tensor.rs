@@ -16,7 +16,10 @@ pub struct Device {
 }
 
 impl Device {
-    pub const CPU: Device = Device { kind: DL_CPU, id: 0 };
+    pub const CPU: Device = Device {
+        kind: DL_CPU,
+        id: 0,
+    };
 
     pub fn cuda(id: i32) -> Device {
         Device { kind: DL_CUDA, id }
@@ -51,11 +54,23 @@ pub struct TensorMeta {
 
 impl TensorMeta {
     /// From the parts Python passes as `TensorMeta`: (shape, strides, dtype name, (dl type, id)).
-    pub fn from_parts(arg: &str, shape: Vec<i64>, strides: Vec<i64>, dtype: &str, device: (i32, i32)) -> crate::Result<Self> {
-        let dtype = DType::from_name(dtype).ok_or_else(|| {
-            crate::Error::dtype(arg, DType::ALL.map(|d| d.name()).join(", "), format!("{dtype:?}"))
-        })?;
-        Ok(TensorMeta { shape, strides, dtype, device: Device { kind: device.0, id: device.1 } })
+    pub fn from_parts(
+        arg: &str,
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+        dtype: &str,
+        device: (i32, i32),
+    ) -> crate::Result<Self> {
+        let dtype = DType::parse(arg, dtype)?;
+        Ok(TensorMeta {
+            shape,
+            strides,
+            dtype,
+            device: Device {
+                kind: device.0,
+                id: device.1,
+            },
+        })
     }
 
     pub fn ndim(&self) -> usize {
@@ -90,7 +105,14 @@ pub struct TensorView {
 pub fn fmt_shape(shape: &[i64]) -> String {
     match shape {
         [one] => format!("({one},)"),
-        _ => format!("({})", shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

@@ -132,6 +132,18 @@ def test_compile_fullgraph_fake_cuda(fake, varlen):
     assert torch.ops.ferroattn.attn_fwd.default in _ops_in(backend.graphs[0])
 
 
+def test_compile_dynamic_shapes_one_graph(fake):
+    torch._dynamo.reset()
+    backend = _CountingBackend()
+    f = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True, dynamic=True,
+                      backend=backend)
+    for s in (5, 9, 17):
+        q, k = _cuda(2, s, 4, 64), _cuda(2, s + 3, 2, 64)
+        assert f(q, k, k).shape == q.shape
+    assert len(backend.graphs) == 1  # symbolic lengths: no recompilation per length
+    assert torch.ops.ferroattn.attn_fwd.default in _ops_in(backend.graphs[0])
+
+
 def test_compile_aot_eager_meta():
     torch._dynamo.reset()
     q = torch.empty(2, 5, 6, 64, dtype=BF16, device="meta")
@@ -154,12 +166,14 @@ def test_compile_rejects_bad_input_at_trace_time(fake):
     assert any(isinstance(x, ferroattn.DTypeError) for x in chain) or "DTypeError" in str(info.value), chain
 
 
-def test_opcheck_fake_and_schema(fake):
-    q, k = _cuda(2, 5, 4, 32), _cuda(2, 7, 2, 32)
-    # only the checks that do not need to run the real kernel
-    res = torch.library.opcheck(torch.ops.ferroattn.attn_fwd.default, (q, k, k, None, None, 5, 7, 0.17, True),
-                                test_utils=("test_schema", "test_autograd_registration"))
-    assert all(v == "SUCCESS" for v in res.values()), res
+def test_opcheck_meta():
+    # on meta tensors every opcheck utility runs without a GPU (the GPU variant is in test_gpu.py)
+    q = torch.empty(2, 5, 4, 32, dtype=BF16, device="meta")
+    k = torch.empty(2, 7, 2, 32, dtype=BF16, device="meta")
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    for args in [(q, k, k, None, None, 5, 7, 0.17, True), (q[0], k[0], k[0], cu, cu, 3, 4, 0.17, False)]:
+        res = torch.library.opcheck(torch.ops.ferroattn.attn_fwd.default, args)
+        assert all(v == "SUCCESS" for v in res.values()), res
 
 
 # ---- FLOPs --------------------------------------------------------------------------------

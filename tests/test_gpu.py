@@ -34,10 +34,11 @@ BF16, FP16 = torch.bfloat16, torch.float16
 DTYPES = [BF16, FP16]
 HEAD_DIMS = [8, 16, 32, 36, 64, 72, 96, 100, 128, 160, 192, 224, 256]
 LSE_ATOL = 2e-3
+DEV = "cuda"  # one place, so the test logic can be dry-run elsewhere
 
 
 def _rand(*shape, dtype=BF16):
-    return torch.randn(*shape, dtype=dtype, device="cuda")
+    return torch.randn(*shape, dtype=dtype, device=DEV)
 
 
 def _check_padded(q, k, v, causal, softmax_scale=None, out=None, lse=None):
@@ -103,7 +104,7 @@ def test_varlen_with_empty_sequences(dtype, causal, d):
     torch.manual_seed(d)
     lq = [5, 0, 113, 1, 97, 0, 33]
     lk = [7, 3, 97, 0, 113, 0, 33]  # empty k with q rows -> those rows are 0 / +inf
-    cu_q, cu_k = random_cu_seqlens(lq, "cuda"), random_cu_seqlens(lk, "cuda")
+    cu_q, cu_k = random_cu_seqlens(lq, DEV), random_cu_seqlens(lk, DEV)
     q, k, v = _rand(sum(lq), 6, d, dtype=dtype), _rand(sum(lk), 2, d, dtype=dtype), _rand(sum(lk), 2, d, dtype=dtype)
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal, return_attn_probs=True)
     ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal)
@@ -118,7 +119,7 @@ def test_varlen_with_empty_sequences(dtype, causal, d):
 def test_varlen_rows_after_the_last_sequence_are_allowed():
     # cu_seqlens_q[-1] < total_q is legal: rows past the last sequence are not part of any sequence
     q = _rand(10, 2, 64)
-    cu = torch.tensor([0, 4, 8], dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32, device=DEV)
     out = flash_attn_varlen_func(q, q, q, cu, cu, 4, 4)
     ref, _ = attention_varlen_ref(q, q, q, cu, cu)
     ref_lp, _ = attention_varlen_ref(q, q, q, cu, cu, upcast=False)
@@ -145,7 +146,7 @@ def test_non_contiguous_views(d):
     ref_lp, _ = attention_ref(qt, kv[:, :, 0], kv[:, :, 1], upcast=False)
     assert_close_to_ref(out, ref, ref_lp)
     lens = [3, 97, 1]
-    cu = random_cu_seqlens(lens, "cuda")
+    cu = random_cu_seqlens(lens, DEV)
     qkv_v = _rand(sum(lens), 3, 4, d)
     out = flash_attn_varlen_qkvpacked_func(qkv_v, cu, max(lens), causal=True)
     ref, _ = attention_varlen_ref(qkv_v[:, 0], qkv_v[:, 1], qkv_v[:, 2], cu, cu, causal=True)
@@ -165,14 +166,14 @@ def test_every_output_element_written(varlen, causal):
     torch.manual_seed(1)
     if varlen:
         lq, lk = [3, 0, 97, 5], [1, 4, 113, 0]
-        cu_q, cu_k = random_cu_seqlens(lq, "cuda"), random_cu_seqlens(lk, "cuda")
+        cu_q, cu_k = random_cu_seqlens(lq, DEV), random_cu_seqlens(lk, DEV)
         q, k = _rand(sum(lq), 4, 64), _rand(sum(lk), 2, 64)
-        lse = torch.full((4, sum(lq)), float("nan"), device="cuda")
+        lse = torch.full((4, sum(lq)), float("nan"), device=DEV)
         mq, mk = max(lq), max(lk)
     else:
         cu_q = cu_k = None
         q, k = _rand(2, 113, 4, 64), _rand(2, 97, 2, 64)
-        lse = torch.full((2, 4, 113), float("nan"), device="cuda")
+        lse = torch.full((2, 4, 113), float("nan"), device=DEV)
         mq, mk = 113, 97
     out = torch.full_like(q, float("nan"))
     _native.attn_fwd(q, k, k, out, lse, cu_q, cu_k, mq, mk, 0.125, causal, torch.cuda.current_stream().cuda_stream)
@@ -197,7 +198,7 @@ def test_cuda_graph_capture_replay(varlen):
     torch.manual_seed(2)
     if varlen:
         lens = [5, 97, 0, 33]
-        cu = random_cu_seqlens(lens, "cuda")
+        cu = random_cu_seqlens(lens, DEV)
         q = _rand(sum(lens), 4, 64)
 
         def f(q):
@@ -219,6 +220,21 @@ def test_cuda_graph_capture_replay(varlen):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, f(q))
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_opcheck(varlen):
+    """torch.library.opcheck: schema, autograd registration, fake impl vs real outputs, AOT dispatch."""
+    if varlen:
+        cu = random_cu_seqlens([3, 0, 20], DEV)
+        q = _rand(23, 4, 64)
+        args = (q, q[:, :2], q[:, :2], cu, cu, 20, 20, 0.125, True)
+    else:
+        q, k = _rand(2, 17, 4, 64), _rand(2, 9, 2, 64)
+        args = (q, k, k, None, None, 17, 9, 0.125, True)
+    res = torch.library.opcheck(torch.ops.ferroattn.attn_fwd.default, args,
+                                test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    assert all(v == "SUCCESS" for v in res.values()), res
 
 
 def test_compile_fullgraph_end_to_end():
@@ -243,6 +259,19 @@ def test_compile_reduce_overhead():
     assert torch.equal(out, expected)
 
 
+def test_flop_counter_varlen_uses_real_lengths():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ferroattn.ops.attention import causal_pairs
+
+    lq, lk = [3, 97, 1], [5, 90, 7]
+    cu_q, cu_k = random_cu_seqlens(lq, DEV), random_cu_seqlens(lk, DEV)
+    q, k = _rand(sum(lq), 4, 64), _rand(sum(lk), 2, 64)
+    with FlopCounterMode(display=False) as counter:
+        flash_attn_varlen_func(q, k, k, cu_q, cu_k, max(lq), max(lk), causal=True)
+    assert counter.get_total_flops() == 4 * 4 * 64 * sum(causal_pairs(a, b) for a, b in zip(lq, lk))
+
+
 # ---- errors on CUDA tensors ---------------------------------------------------------------
 def _valid_call_ok():
     q = _rand(2, 33, 4, 64)
@@ -255,7 +284,7 @@ def _valid_call_ok():
 ])
 def test_errors_then_valid_call(case):
     q, k = _rand(2, 33, 4, 64), _rand(2, 33, 2, 64)
-    qv, cu = _rand(12, 4, 64), torch.tensor([0, 5, 12], dtype=torch.int32, device="cuda")
+    qv, cu = _rand(12, 4, 64), torch.tensor([0, 5, 12], dtype=torch.int32, device=DEV)
     calls = {
         "fp32": (errors.DTypeError, lambda: flash_attn_func(q.float(), k.float(), k.float())),
         "mixed": (errors.DTypeError, lambda: flash_attn_func(q, k.half(), k)),
@@ -265,10 +294,10 @@ def test_errors_then_valid_call(case):
         "cu_int64": (errors.DTypeError, lambda: flash_attn_varlen_func(qv, qv, qv, cu.long(), cu, 7, 7)),
         "cu_decreasing": (errors.ArgumentError,
                           lambda: flash_attn_varlen_func(qv, qv, qv, torch.tensor([0, 9, 5], dtype=torch.int32,
-                                                                                  device="cuda"), cu, 9, 7)),
+                                                                                  device=DEV), cu, 9, 7)),
         "cu_last": (errors.ArgumentError,
                     lambda: flash_attn_varlen_func(qv, qv, qv, torch.tensor([0, 5, 13], dtype=torch.int32,
-                                                                            device="cuda"), cu, 8, 7)),
+                                                                            device=DEV), cu, 8, 7)),
         "max_seqlen": (errors.ArgumentError, lambda: flash_attn_varlen_func(qv, qv, qv, cu, cu, 0, 7)),
         "cpu_cu": (errors.DeviceError, lambda: flash_attn_varlen_func(qv, qv, qv, cu.cpu(), cu, 7, 7)),
         "cpu_k": (errors.DeviceError, lambda: flash_attn_func(q, k.cpu(), k)),
@@ -306,8 +335,8 @@ def test_tiny_llama_matches_sdpa():
     sdpa = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw, attn_implementation="sdpa"))
     sdpa = sdpa.cuda().to(BF16).eval()
     sdpa.load_state_dict(ours.state_dict())
-    ids = torch.randint(1, 128, (3, 17), device="cuda")
-    mask = torch.ones(3, 17, dtype=torch.long, device="cuda")
+    ids = torch.randint(1, 128, (3, 17), device=DEV)
+    mask = torch.ones(3, 17, dtype=torch.long, device=DEV)
     mask[0, :5] = 0
     mask[2, :1] = 0
     with torch.no_grad():

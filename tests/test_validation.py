@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import pytest
 import torch

@@ -54,33 +54,33 @@ __host__ __device__ constexpr int attn_fwd_sm80_smem_bytes() {
 
 namespace attn_detail {
 
-// Asynchronous copier of Rows x HeadDim tiles (global row stride `row_stride` elements)
-// into a swizzled shared tile. Thread `tid` owns chunk column tid % kChunks and rows
-// tid / kChunks + i * kRowsPerPass; threads beyond kRowsPerPass * kChunks stay idle. Rows >=
-// rows_valid and columns >= head_dim are zero-filled (src-size 0: global memory not read).
+// Per-thread part of a Rows x HeadDim tile copy: thread `tid` owns chunk column tid % kChunks
+// and rows tid / kChunks + i * kRowsPerPass (threads beyond kRowsPerPass * kChunks idle).
 template <int Rows, int HeadDim, int Threads, typename T>
-struct TileLoader {
+struct TileThread {
     static constexpr int kChunks = HeadDim / 8;
     static constexpr int kRowsPerPass = Threads / kChunks;
     static constexpr int kPasses = (Rows + kRowsPerPass - 1) / kRowsPerPass;
     static_assert(kRowsPerPass >= 1, "need at least HeadDim/8 threads");
-    const T* g;         // this thread's element of row 0 of the tensor slice
-    unsigned s_off;     // byte offset of (row r0, chunk c) in the swizzled tile
+    const T* g;       // element (row r0, column 8c) of the tensor slice
+    unsigned s_off;   // byte offset of (row r0, chunk c) in the swizzled tile
     int r0, c;
     bool active;
 
-    __device__ __forceinline__ TileLoader(const T* base, long long row_stride, int head_dim,
+    __device__ __forceinline__ TileThread(const T* slice, long long row_stride, int head_dim,
                                           int tid) {
         c = tid % kChunks;
         r0 = tid / kChunks;
         active = r0 < kRowsPerPass && c * 8 < head_dim;
-        g = base + static_cast<long long>(r0) * row_stride + c * 8;
         s_off = (r0 * HeadDim + swizzle_chunk<kChunks>(r0, c) * 8) * 2;
+        g = slice + static_cast<long long>(r0) * row_stride + c * 8;
     }
-    // Copy rows [row0, row0 + Rows) of the slice; rows >= rows_valid (relative) read as 0.
-    // row_stride is passed at each call (straight from the kernel parameters) so that no
-    // register holds it across the main loop.
-    __device__ __forceinline__ void load(T* s, int row0, int rows_valid, long long row_stride) const {
+
+    // Asynchronously copy rows [row0, row0 + Rows) of the slice (global row stride
+    // row_stride elements) into the swizzled shared tile s. Rows >= rows_valid (relative to
+    // row0) and columns >= head_dim are zero-filled (src-size 0: nothing is read).
+    __device__ __forceinline__ void load(T* s, int row0, int rows_valid,
+                                         long long row_stride) const {
         const T* src = g + static_cast<long long>(row0) * row_stride;
         const int rows_left = active ? rows_valid - r0 : 0;   // pass i loads iff i*kRowsPerPass < rows_left
 #pragma unroll
@@ -99,6 +99,44 @@ struct TileLoader {
         }
     }
 };
+
+// Where the (batch, head) slice of this block lives: sequence lengths and element offsets of
+// row 0 of q/o (head `head`), k/v (its kv head) and lse. Cheap to re-derive from the launch
+// indices, which the kernel does instead of keeping 64-bit offsets live through the loop.
+struct SeqCoords {
+    int seqlen_q, seqlen_k;
+    long long q_off, k_off, v_off, o_off, lse_off;
+};
+
+__device__ __forceinline__ SeqCoords seq_coords(const AttnFwdParams& p, int head, int batch) {
+    SeqCoords c;
+    const int head_k = head / (p.num_heads / p.num_heads_k);
+    if (p.cu_seqlens_q != nullptr) {
+        const int q0 = p.cu_seqlens_q[batch];
+        const int k0 = p.cu_seqlens_k[batch];
+        c.seqlen_q = p.cu_seqlens_q[batch + 1] - q0;
+        c.seqlen_k = p.cu_seqlens_k[batch + 1] - k0;
+        c.q_off = static_cast<long long>(q0) * p.q_row_stride;
+        c.k_off = static_cast<long long>(k0) * p.k_row_stride;
+        c.v_off = static_cast<long long>(k0) * p.v_row_stride;
+        c.o_off = static_cast<long long>(q0) * p.o_row_stride;
+        c.lse_off = q0;
+    } else {
+        c.seqlen_q = p.seqlen_q;
+        c.seqlen_k = p.seqlen_k;
+        c.q_off = static_cast<long long>(batch) * p.q_batch_stride;
+        c.k_off = static_cast<long long>(batch) * p.k_batch_stride;
+        c.v_off = static_cast<long long>(batch) * p.v_batch_stride;
+        c.o_off = static_cast<long long>(batch) * p.o_batch_stride;
+        c.lse_off = static_cast<long long>(batch) * p.lse_batch_stride;
+    }
+    c.q_off += static_cast<long long>(head) * p.q_head_stride;
+    c.o_off += static_cast<long long>(head) * p.o_head_stride;
+    c.k_off += static_cast<long long>(head_k) * p.k_head_stride;
+    c.v_off += static_cast<long long>(head_k) * p.v_head_stride;
+    c.lse_off += static_cast<long long>(head) * p.lse_head_stride;
+    return c;
+}
 
 }  // namespace attn_detail
 
@@ -121,13 +159,21 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     // Keys per online-softmax step: the largest of BlockN, 64, 32, 16 dividing BlockN whose S
     // accumulators, with O's, stay within kAccBudget fp32 registers per thread (chosen so the
     // production configs compile without spills; ptxas needs the rest for addresses and
-    // fragments). kSplit: more than one step per K/V tile.
-    constexpr int kAccBudget = 152;
+    // fragments; S wider than 64 keys needs more temporaries). kSplit: more than one step per
+    // K/V tile.
+#ifdef FERROATTN_ACC_BUDGET
+    constexpr int kAccBudget = FERROATTN_ACC_BUDGET;   // experiments only
+#else
+    constexpr int kAccBudget = BlockN > 64 ? 160 : 192;
+#endif
     constexpr int kSubN =
         (MT * (HeadDim + BlockN) / 2 <= kAccBudget) ? BlockN
         : (BlockN % 64 == 0 && MT * (HeadDim + 64) / 2 <= kAccBudget) ? 64
         : (BlockN % 32 == 0 && MT * (HeadDim + 32) / 2 <= kAccBudget) ? 32 : 16;
     constexpr bool kSplit = kSubN < BlockN;
+    // Accumulators this close to the register file's limit: keep no 64-bit offsets live
+    // through the main loop (see load_k).
+    constexpr bool kLean = MT * (HeadDim + kSubN) / 2 >= 160;
     constexpr int NT = kSubN / 8;       // n8 tiles of S per warp and sub-block
     constexpr int KT = HeadDim / 16;    // k16 steps of Q K^T
     constexpr int DT = HeadDim / 8;     // n8 tiles of O
@@ -149,44 +195,12 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                                  : static_cast<int>(blockIdx.x);
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const int head_k = head / (params.num_heads / params.num_heads_k);
-
-    int seqlen_q = params.seqlen_q;
-    int seqlen_k = params.seqlen_k;
-    long long q_off, k_off, v_off, o_off, lse_off;
-    if (params.cu_seqlens_q != nullptr) {
-        const int q0 = params.cu_seqlens_q[batch];
-        const int k0 = params.cu_seqlens_k[batch];
-        seqlen_q = params.cu_seqlens_q[batch + 1] - q0;
-        seqlen_k = params.cu_seqlens_k[batch + 1] - k0;
-        q_off = static_cast<long long>(q0) * params.q_row_stride;
-        k_off = static_cast<long long>(k0) * params.k_row_stride;
-        v_off = static_cast<long long>(k0) * params.v_row_stride;
-        o_off = static_cast<long long>(q0) * params.o_row_stride;
-        lse_off = q0;
-    } else {
-        q_off = static_cast<long long>(batch) * params.q_batch_stride;
-        k_off = static_cast<long long>(batch) * params.k_batch_stride;
-        v_off = static_cast<long long>(batch) * params.v_batch_stride;
-        o_off = static_cast<long long>(batch) * params.o_batch_stride;
-        lse_off = static_cast<long long>(batch) * params.lse_batch_stride;
-    }
+    const attn_detail::SeqCoords sc = attn_detail::seq_coords(params, head, batch);
+    const int seqlen_q = sc.seqlen_q;
+    const int seqlen_k = sc.seqlen_k;
     const int m_start = m_block * BlockM;
     if (m_start >= seqlen_q) return;
 
-    q_off += static_cast<long long>(head) * params.q_head_stride
-           + static_cast<long long>(m_start) * params.q_row_stride;
-    o_off += static_cast<long long>(head) * params.o_head_stride
-           + static_cast<long long>(m_start) * params.o_row_stride;
-    k_off += static_cast<long long>(head_k) * params.k_head_stride;
-    v_off += static_cast<long long>(head_k) * params.v_head_stride;
-    lse_off += static_cast<long long>(head) * params.lse_head_stride + m_start;
-
-    const T* gQ = static_cast<const T*>(params.q) + q_off;   // row m_start of this tile
-    const T* gK = static_cast<const T*>(params.k) + k_off;   // key row 0 of this sequence
-    const T* gV = static_cast<const T*>(params.v) + v_off;
-    T* gO = static_cast<T*>(params.o) + o_off;
-    float* gLse = params.lse + lse_off;
     const int head_dim = params.head_dim;
     const int rows_q = min(seqlen_q - m_start, BlockM);
     const int diag = seqlen_k - seqlen_q;   // row i sees keys j <= i + diag (causal)
@@ -197,6 +211,9 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
 
     if (n_end <= 0) {
         // No row of this tile sees a key: O = 0, LSE = +inf.
+        T* gO = static_cast<T*>(params.o) + sc.o_off
+              + static_cast<long long>(m_start) * params.o_row_stride;
+        float* gLse = params.lse + sc.lse_off + m_start;
         constexpr int kTotal = BlockM * kChunks;
         for (int idx = tid; idx < kTotal; idx += kThreads) {
             const int r = idx / kChunks;
@@ -211,25 +228,46 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     }
     const int n_blocks = (n_end + BlockN - 1) / BlockN;
 
-    const attn_detail::TileLoader<BlockN, HeadDim, kThreads, T> k_loader(gK, params.k_row_stride,
-                                                                         head_dim, tid);
-    const attn_detail::TileLoader<BlockN, HeadDim, kThreads, T> v_loader(gV, params.v_row_stride,
-                                                                         head_dim, tid);
+    // K/V tile loads. kLean (accumulators near the register limit): re-derive the global
+    // offsets from the launch indices (volatile %ctaid/%tid reads) at every load so that no
+    // 64-bit pointer stays live through the main loop (costs ~100 integer instructions per
+    // tile, cheaper than spilling). Otherwise keep per-thread pointers in registers.
+    using KVThread = attn_detail::TileThread<BlockN, HeadDim, kThreads, T>;
+    const KVThread k_thr(static_cast<const T*>(params.k) + sc.k_off, params.k_row_stride,
+                         head_dim, tid);
+    const KVThread v_thr(static_cast<const T*>(params.v) + sc.v_off, params.v_row_stride,
+                         head_dim, tid);
     auto load_k = [&](int j) {
-        k_loader.load(sK + (j % Stages) * BlockN * HeadDim, j * BlockN, seqlen_k - j * BlockN,
-                      params.k_row_stride);
+        T* dst = sK + (j % Stages) * BlockN * HeadDim;
+        if constexpr (kLean) {
+            const attn_detail::SeqCoords c =
+                attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
+            const KVThread thr(static_cast<const T*>(params.k) + c.k_off, params.k_row_stride,
+                               head_dim, tid_x_volatile());
+            thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.k_row_stride);
+        } else {
+            k_thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.k_row_stride);
+        }
     };
     auto load_v = [&](int j) {
-        v_loader.load(sV + (j % Stages) * BlockN * HeadDim, j * BlockN, seqlen_k - j * BlockN,
-                      params.v_row_stride);
+        T* dst = sV + (j % Stages) * BlockN * HeadDim;
+        if constexpr (kLean) {
+            const attn_detail::SeqCoords c =
+                attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
+            const KVThread thr(static_cast<const T*>(params.v) + c.v_off, params.v_row_stride,
+                               head_dim, tid_x_volatile());
+            thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.v_row_stride);
+        } else {
+            v_thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.v_row_stride);
+        }
     };
 
     // Prologue. Commit groups are, in order, K_0 (+Q), V_0, K_1, V_1, ...: K_i is group 2i
     // and V_i group 2i+1, so both waits below keep at most 2*Stages-2 groups in flight.
     {
-        const attn_detail::TileLoader<BlockM, HeadDim, kThreads, T> q_loader(
-            gQ, params.q_row_stride, head_dim, tid);
-        q_loader.load(sQ, 0, rows_q, params.q_row_stride);
+        const attn_detail::TileThread<BlockM, HeadDim, kThreads, T> q_thr(
+            static_cast<const T*>(params.q) + sc.q_off, params.q_row_stride, head_dim, tid);
+        q_thr.load(sQ, m_start, rows_q, params.q_row_stride);
     }
     load_k(0);
     cp_async_commit();
@@ -427,6 +465,16 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     cp_async_wait<0>();   // only empty groups can remain; drain them before exit
 
     // ---- epilogue: normalise, LSE, stage O in the Q tile, 16-byte stores ----
+    // kLean: output offsets are re-derived here (volatile launch-index reads), not kept live.
+    T* gO;
+    float* gLse;
+    {
+        const attn_detail::SeqCoords c =
+            kLean ? attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile()) : sc;
+        gO = static_cast<T*>(params.o) + c.o_off
+           + static_cast<long long>(m_start) * params.o_row_stride;
+        gLse = params.lse + c.lse_off + m_start;
+    }
     const float scale = params.softmax_scale;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

@@ -74,6 +74,30 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
+// Launch indices read through volatile asm: the compiler must re-read them where they are
+// used instead of keeping values derived from them live (used to re-derive 64-bit offsets
+// after the main loop rather than holding them in registers through it).
+__device__ __forceinline__ int ctaid_x_volatile() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int ctaid_y_volatile() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int ctaid_z_volatile() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int tid_x_volatile() {
+    int v;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
+    return v;
+}
+
 // 2^x, approximate (max rel. error ~2^-22), flushes denormals; ex2(-inf) = +0.
 __device__ __forceinline__ float exp2_fast(float x) {
     float y;

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any, Sequence
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
@@ -58,6 +59,11 @@ def _fmt_bytes(n: int | float) -> str:
 
 # ---- info -------------------------------------------------------------------------------
 
+def _opt_str(x: Any) -> str | None:
+    """str(x) for paths (the extension may hand back pathlib.Path), None stays None."""
+    return None if x is None else str(x)
+
+
 def gather_info(native: Any) -> dict:
     """Everything `info` prints, as a dict (no torch needed). ``gpu`` is None without a GPU and
     ``gpu_error`` then holds the reason."""
@@ -65,8 +71,8 @@ def gather_info(native: Any) -> dict:
     info: dict[str, Any] = {
         "version": _package_version(native),
         "nvrtc_version": f"{nv[0]}.{nv[1]}" if nv else None,
-        "header_dir": native.header_dir(),
-        "cache_dir": native.cache_dir(),
+        "header_dir": _opt_str(native.header_dir()),
+        "cache_dir": _opt_str(native.cache_dir()),
         "gpu": None,
         "gpu_error": None,
     }
@@ -100,7 +106,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     info = gather_info(native)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info, indent=2, default=str))
         return EXIT_OK
     print(f"ferroattn     {info['version']}")
     print(f"NVRTC         {info['nvrtc_version'] or 'not found (pip install nvidia-cuda-nvrtc==13.0.88)'}")
@@ -172,16 +178,24 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     archs = args.arch if args.arch is not None else default_archs(native)
     results: list[dict] = []
     errors: list[str] = []
-    for arch in archs:
-        try:
-            results.extend(native.precompile([arch], False))
-        except Exception as e:
-            errors.append(f"{arch}: {type(e).__name__}: {e}")
+    print(f"compiling the production kernels for {','.join(archs)} ...", flush=True)
+    t0 = time.perf_counter()
+    try:  # one call: the extension compiles in parallel across all archs
+        results = list(native.precompile(list(archs), False))
+    except Exception:
+        # find which arch fails, keeping what the others compile
+        for arch in archs:
+            try:
+                results.extend(native.precompile([arch], False))
+            except Exception as e:
+                errors.append(f"{arch}: {type(e).__name__}: {e}")
+    wall = time.perf_counter() - t0
     spilled = [r for r in results if r["spill_stores"] or r["spill_loads"]]
     print(format_table(PRECOMPILE_COLUMNS, precompile_rows(results)))
     total = sum(r["compile_seconds"] for r in results)
     cached = sum(1 for r in results if r["from_cache"])
-    print(f"{len(results)} kernels for {','.join(archs)}: {cached} from cache, {total:.2f} s compiling")
+    print(f"{len(results)} kernels for {','.join(archs)}: {cached} from cache, {total:.2f} s compiling "
+          f"(sum over kernels), {wall:.2f} s wall")
     try:
         stats = native.jit_stats()
         print("jit_stats: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
@@ -197,8 +211,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
                   f"{r['spill_stores']} B stores / {r['spill_loads']} B loads", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"archs": archs, "kernels": results, "errors": errors, "jit_stats": stats,
-                       "spilled": len(spilled)}, f, indent=2)
+            json.dump({"archs": archs, "kernels": results, "errors": errors, "jit_stats": stats, "wall_seconds": wall,
+                       "spilled": len(spilled)}, f, indent=2, default=str)
     if errors or (args.check_spills and spilled):
         return EXIT_FAIL
     return EXIT_OK

@@ -36,6 +36,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,6 +68,11 @@ TINY = dict(
     initializer_range=0.02, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
 )
 LLM_CONFIGS = {"llama-3.2-1b": LLAMA_3_2_1B, "tiny": TINY}
+
+
+def _say(msg: str) -> None:
+    """Progress line (stdout, flushed), so a log shows how far a run got."""
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 class MissingRequirement(RuntimeError):
@@ -168,24 +174,27 @@ def mean_pool_normalise(last_hidden: Any, attention_mask: Any) -> Any:
 
 
 def run_minilm(model_dir: Path, device: str = "cuda", dtype: str = "float16", impl: str = IMPL,
-               ref_impl: str = REF_IMPL, repeats: int = 10) -> dict:
-    """Encode the demo sentences with ``impl`` and ``ref_impl`` (same model object, switched with
-    ``set_attn_implementation``) and compare. Returns the part-1 summary dict."""
+               ref_impl: str = REF_IMPL, repeats: int = 10, warmup: int = 2,
+               max_sentences: int | None = None) -> dict:
+    """Encode the demo sentences (the first ``max_sentences`` when given) with ``impl`` and
+    ``ref_impl`` (same model object, switched with ``set_attn_implementation``) and compare.
+    Returns the part-1 summary dict."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    sentences = load_sentences()
+    sentences = load_sentences()[:max_sentences]
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     batch = tok(sentences, padding=True, truncation=True, max_length=256, return_tensors="pt").to(device)
     model = AutoModel.from_pretrained(str(model_dir), attn_implementation=ref_impl,
                                       dtype=getattr(torch, dtype)).to(device).eval()
     emb, ms = {}, {}
+    _say(f"MiniLM: {len(sentences)} sentences, batch {tuple(batch['input_ids'].shape)}, {dtype} on {device}")
     for name in (impl, ref_impl):
         model.set_attn_implementation(name)
         with torch.inference_mode():
             fwd = lambda: model(**batch).last_hidden_state  # noqa: E731
             emb[name] = mean_pool_normalise(fwd(), batch["attention_mask"])
-            ms[name] = time_call(fwd, repeats, device)
+            ms[name] = time_call(fwd, repeats, device, warmup=warmup)
     cos = (emb[impl] * emb[ref_impl]).sum(-1)
     lengths = batch["attention_mask"].sum(1)
     min_cos = float(cos.min())
@@ -248,33 +257,45 @@ def run_llm(config_name: str, seqlens: list[int], model_dir: Path, device: str =
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
+    _say(f"LLM: building {config_name} ({dtype}, seeded random weights) on {device}")
     model = build_llm(config_name, device, dtype, ref_impl)
     n_params = sum(p.numel() for p in model.parameters())
     out: dict[str, Any] = {"config": config_name, "dtype": dtype, "n_parameters": n_params,
                            "text": "data/passage.txt + data/sentences.txt, MiniLM tokenizer, repeated",
                            "impl": impl, "ref_impl": ref_impl, "seqlens": {}}
     for s in seqlens:
-        ids, text_tokens = token_ids_for(tok, s)
-        out["text_tokens"] = text_tokens
-        input_ids = torch.tensor([ids], device=device)
-        logits, ms = {}, {}
-        for name in (impl, ref_impl):
-            model.set_attn_implementation(name)
-            with torch.inference_mode():
-                fwd = lambda: model(input_ids=input_ids, use_cache=False).logits  # noqa: E731
-                logits[name] = fwd()
-                ms[name] = time_call(fwd, repeats, device, warmup=1)
-        cmp = compare_logits(logits[impl], logits[ref_impl])
-        del logits
-        cmp.update({f"ms_{impl}": ms[impl], f"ms_{ref_impl}": ms[ref_impl],
-                    "repeats_of_text": s / text_tokens,
-                    "ok": bool(cmp["rel_err"] <= LLM_MAX_REL_ERR
-                               and cmp["argmax_agreement"] >= LLM_MIN_ARGMAX_AGREEMENT)})
-        out["seqlens"][str(s)] = cmp
+        _say(f"LLM: prefill of {s} tokens")
+        try:
+            out["seqlens"][str(s)] = _llm_one(model, tok, s, device, impl, ref_impl, repeats, out)
+        except Exception as e:  # e.g. out of memory at one length: keep the others
+            traceback.print_exc()
+            out["seqlens"][str(s)] = {"error": f"{type(e).__name__}: {e}", "ok": False}
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     out["ok"] = all(v["ok"] for v in out["seqlens"].values())
     return out
+
+
+def _llm_one(model: Any, tok: Any, s: int, device: str, impl: str, ref_impl: str, repeats: int,
+             out: dict) -> dict:
+    import torch
+    ids, text_tokens = token_ids_for(tok, s)
+    out["text_tokens"] = text_tokens
+    input_ids = torch.tensor([ids], device=device)
+    logits, ms = {}, {}
+    for name in (impl, ref_impl):
+        model.set_attn_implementation(name)
+        with torch.inference_mode():
+            fwd = lambda: model(input_ids=input_ids, use_cache=False).logits  # noqa: E731
+            logits[name] = fwd()
+            ms[name] = time_call(fwd, repeats, device, warmup=1)
+    cmp = compare_logits(logits[impl], logits[ref_impl])
+    del logits
+    cmp.update({f"ms_{impl}": ms[impl], f"ms_{ref_impl}": ms[ref_impl],
+                "repeats_of_text": s / text_tokens,
+                "ok": bool(cmp["rel_err"] <= LLM_MAX_REL_ERR
+                           and cmp["argmax_agreement"] >= LLM_MIN_ARGMAX_AGREEMENT)})
+    return cmp
 
 
 # ---- summary ----------------------------------------------------------------------------
@@ -300,6 +321,9 @@ def format_summary(summary: dict) -> str:
         lines.append(f"{llm['config']} ({llm['n_parameters'] / 1e9:.2f} B params, {llm['dtype']}, random weights, "
                      f"real text of {llm.get('text_tokens', '?')} tokens repeated):")
         for s, r in llm["seqlens"].items():
+            if "error" in r:
+                lines.append(f"  s={s:>6}: ERROR {r['error']}")
+                continue
             lines.append(f"  s={s:>6}: max|diff| {r['max_abs_diff']:.4g}  rel err {r['rel_err']:.3e}  "
                          f"argmax agree {100 * r['argmax_agreement']:.2f}%  | {impl} {r[f'ms_{impl}']:.2f} ms, "
                          f"{ref} {r[f'ms_{ref}']:.2f} ms  {'PASS' if r['ok'] else 'FAIL'}")
@@ -341,17 +365,19 @@ def run(minilm: str | None = None, llm_config: str = "llama-3.2-1b", seqlens: li
         repeats: int = 10, skip_llm: bool = False) -> dict:
     """Run both parts on the GPU; return the summary dict (``ok`` is the overall verdict).
     A part that raises is recorded as ``<part>_error`` and fails the verdict."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never touch the Hub
     model_dir, device_name = check_requirements(minilm)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     summary: dict[str, Any] = {"environment": environment(device_name)}
     try:
         summary["minilm"] = run_minilm(model_dir, repeats=repeats)
     except Exception as e:
+        traceback.print_exc()
         summary["minilm_error"] = f"{type(e).__name__}: {e}"
     if not skip_llm:
         try:
             summary["llm"] = run_llm(llm_config, seqlens or [2048, 8192], model_dir, repeats=max(3, repeats // 2))
         except Exception as e:
+            traceback.print_exc()
             summary["llm_error"] = f"{type(e).__name__}: {e}"
     summary["ok"] = bool(summary.get("minilm", {}).get("ok")) and \
         (skip_llm or bool(summary.get("llm", {}).get("ok")))

@@ -52,7 +52,9 @@ pub fn digest(key: &str) -> String {
 
 /// Where the CUBIN for `key` lives.
 pub fn path_for(dir: &Path, nvrtc: (i32, i32), arch: &str, key: &str) -> PathBuf {
-    dir.join(format!("{}.{}", nvrtc.0, nvrtc.1)).join(arch).join(format!("{}.cubin", digest(key)))
+    dir.join(format!("{}.{}", nvrtc.0, nvrtc.1))
+        .join(arch)
+        .join(format!("{}.cubin", digest(key)))
 }
 
 fn push_field(buf: &mut Vec<u8>, field: &[u8]) {
@@ -119,7 +121,11 @@ pub fn decode(bytes: &[u8], key: &str) -> Result<Compiled, Corrupt> {
     if rest.is_empty() {
         return Err(Corrupt::Fields);
     }
-    Ok(Compiled { cubin: rest.to_vec(), lowered_name, log })
+    Ok(Compiled {
+        cubin: rest.to_vec(),
+        lowered_name,
+        log,
+    })
 }
 
 /// What reading the cache gave.
@@ -131,7 +137,9 @@ pub enum Lookup {
 }
 
 pub fn read(path: &Path, key: &str) -> Lookup {
-    let Ok(bytes) = std::fs::read(path) else { return Lookup::Miss };
+    let Ok(bytes) = std::fs::read(path) else {
+        return Lookup::Miss;
+    };
     match decode(&bytes, key) {
         Ok(c) => Lookup::Hit(c),
         Err(why) => {
@@ -201,7 +209,11 @@ mod tests {
     use super::*;
 
     fn sample() -> Compiled {
-        Compiled { cubin: b"\x7fELFcubin-bytes".to_vec(), lowered_name: "_Z1kv".into(), log: "ptxas info".into() }
+        Compiled {
+            cubin: b"\x7fELFcubin-bytes".to_vec(),
+            lowered_name: "_Z1kv".into(),
+            log: "ptxas info".into(),
+        }
     }
 
     #[test]
@@ -222,7 +234,10 @@ mod tests {
         assert_eq!(decode(&bytes, "other").unwrap_err(), Corrupt::KeyMismatch);
         // torn: every truncation is rejected
         for n in 0..bytes.len() {
-            assert!(decode(&bytes[..n], "key").is_err(), "truncated at {n} accepted");
+            assert!(
+                decode(&bytes[..n], "key").is_err(),
+                "truncated at {n} accepted"
+            );
         }
         // any flipped byte is rejected
         for i in 0..bytes.len() {
@@ -240,12 +255,19 @@ mod tests {
         write(&path, "key", &sample()).unwrap();
         assert!(matches!(read(&path, "key"), Lookup::Hit(c) if c == sample()));
         // no temp files left behind
-        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
         // tear the file: it is detected, deleted, and the next read is a miss
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-        assert!(matches!(read(&path, "key"), Lookup::Corrupt(Corrupt::Length)));
+        assert!(matches!(
+            read(&path, "key"),
+            Lookup::Corrupt(Corrupt::Length)
+        ));
         assert!(!path.exists());
         assert!(matches!(read(&path, "key"), Lookup::Miss));
         std::fs::remove_dir_all(&dir).unwrap();

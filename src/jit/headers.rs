@@ -27,7 +27,14 @@ pub fn candidates() -> Vec<PathBuf> {
 /// The first candidate holding cuda_fp16.h.
 pub fn header_dir() -> Result<PathBuf> {
     let dirs = candidates();
-    dirs.iter().find(|d| d.join("cuda_fp16.h").is_file()).cloned().ok_or_else(|| Error::HeadersNotFound {
-        searched: dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
-    })
+    dirs.iter()
+        .find(|d| d.join("cuda_fp16.h").is_file())
+        .cloned()
+        .ok_or_else(|| Error::HeadersNotFound {
+            searched: dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }

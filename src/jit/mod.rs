@@ -71,13 +71,16 @@ impl Arch {
         if name == "sm_90" {
             return Ok(Arch::Sm90a);
         }
-        Arch::ALL.into_iter().find(|a| a.name() == name).ok_or_else(|| {
-            Error::argument(
-                "archs",
-                format!("one of {}", Arch::ALL.map(|a| a.name()).join(", ")),
-                format!("{name:?}"),
-            )
-        })
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                Error::argument(
+                    "archs",
+                    format!("one of {}", Arch::ALL.map(|a| a.name()).join(", ")),
+                    format!("{name:?}"),
+                )
+            })
     }
 
     /// The arch to compile for on a device of compute capability major.minor. A CUBIN
@@ -85,7 +88,12 @@ impl Arch {
     /// known one; sm_90 devices get sm_90a; below sm_80 → UnsupportedGpu.
     pub fn from_sm(major: i32, minor: i32) -> Result<Arch> {
         let known: &[(i32, Arch)] = match major {
-            8 => &[(0, Arch::Sm80), (6, Arch::Sm86), (7, Arch::Sm87), (9, Arch::Sm89)],
+            8 => &[
+                (0, Arch::Sm80),
+                (6, Arch::Sm86),
+                (7, Arch::Sm87),
+                (9, Arch::Sm89),
+            ],
             9 => &[(0, Arch::Sm90a)],
             10 => &[(0, Arch::Sm100), (3, Arch::Sm103)],
             11 => &[(0, Arch::Sm110)],
@@ -108,7 +116,9 @@ impl std::fmt::Display for Arch {
 }
 
 /// One kernel specialisation: everything needed to compile, cache and load it.
-pub trait KernelSpec: Copy + Eq + std::hash::Hash + Send + Sync + std::fmt::Debug + 'static {
+pub trait KernelSpec:
+    Copy + Eq + std::hash::Hash + Send + Sync + std::fmt::Debug + 'static
+{
     /// The kernel template, e.g. "ferroattn::attn_fwd_sm80".
     fn kernel(&self) -> &'static str;
     /// The file under kernels/ that defines it, e.g. "attention/fwd_sm80.cuh".
@@ -177,7 +187,11 @@ pub fn obtain_in<K: KernelSpec>(dir: &std::path::Path, spec: &K) -> Result<Obtai
         cache::Lookup::Hit(compiled) => {
             cache::add_seconds(&cache::STATS.disk_load_nanos, t);
             cache::STATS.disk_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Obtained { compiled, from_cache: true, compile_seconds: 0.0 });
+            return Ok(Obtained {
+                compiled,
+                from_cache: true,
+                compile_seconds: 0.0,
+            });
         }
         cache::Lookup::Corrupt(_) => {
             cache::STATS.corrupt_rebuilt.fetch_add(1, Ordering::Relaxed);
@@ -185,12 +199,21 @@ pub fn obtain_in<K: KernelSpec>(dir: &std::path::Path, spec: &K) -> Result<Obtai
         cache::Lookup::Miss => {}
     }
     let t = Instant::now();
-    let compiled = nvrtc::compile(&spec.program(), &spec.name_expression(), &options, spec.arch().name())?;
+    let compiled = nvrtc::compile(
+        &spec.program(),
+        &spec.name_expression(),
+        &options,
+        spec.arch().name(),
+    )?;
     let compile_seconds = cache::add_seconds(&cache::STATS.compile_nanos, t);
     cache::STATS.compiles.fetch_add(1, Ordering::Relaxed);
     // A cache that cannot be written (read-only home, full disk) only costs a recompile later.
     let _ = cache::write(&path, &key, &compiled);
-    Ok(Obtained { compiled, from_cache: false, compile_seconds })
+    Ok(Obtained {
+        compiled,
+        from_cache: false,
+        compile_seconds,
+    })
 }
 
 /// A kernel loaded into a device's primary context.
@@ -215,8 +238,10 @@ fn load(compiled: &nvrtc::Compiled, device: i32, dynamic_smem_bytes: u32) -> Res
     crate::device::bind(device)?;
     let t = Instant::now();
     // SAFETY: `cubin` is a complete CUBIN image produced by NVRTC.
-    let module = unsafe { cu::module::load_data(compiled.cubin.as_ptr() as *const _) }.call("cuModuleLoadData")?;
-    let name = std::ffi::CString::new(compiled.lowered_name.clone()).expect("lowered name has no NUL");
+    let module = unsafe { cu::module::load_data(compiled.cubin.as_ptr() as *const _) }
+        .call("cuModuleLoadData")?;
+    let name =
+        std::ffi::CString::new(compiled.lowered_name.clone()).expect("lowered name has no NUL");
     // SAFETY: `module` was just loaded.
     let function = unsafe { cu::module::get_function(module, name) }.call("cuModuleGetFunction")?;
     // SAFETY: valid function; raises the dynamic smem ceiling above the 48 KiB default.
@@ -230,7 +255,11 @@ fn load(compiled: &nvrtc::Compiled, device: i32, dynamic_smem_bytes: u32) -> Res
     .call("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
     cache::add_seconds(&cache::STATS.module_load_nanos, t);
     cache::STATS.module_loads.fetch_add(1, Ordering::Relaxed);
-    Ok(Kernel { function, lowered_name: compiled.lowered_name.clone(), dynamic_smem_bytes })
+    Ok(Kernel {
+        function,
+        lowered_name: compiled.lowered_name.clone(),
+        dynamic_smem_bytes,
+    })
 }
 
 /// Bumped by `clear_memory_cache`: entries from an older generation count as misses.
@@ -241,14 +270,19 @@ pub fn clear_memory_cache() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
+/// (spec, device) → (generation loaded in, kernel).
+type Entries<K> = HashMap<(K, i32), (u64, &'static Kernel)>;
+
 /// In-process map (spec, device) → loaded kernel, one per kernel family (a `static`).
 pub struct KernelMap<K: KernelSpec> {
-    map: OnceLock<RwLock<HashMap<(K, i32), (u64, &'static Kernel)>>>,
+    map: OnceLock<RwLock<Entries<K>>>,
 }
 
 impl<K: KernelSpec> KernelMap<K> {
     pub const fn new() -> Self {
-        KernelMap { map: OnceLock::new() }
+        KernelMap {
+            map: OnceLock::new(),
+        }
     }
 
     /// The loaded kernel for `spec` on `device`: compiled or read from disk and loaded on
@@ -264,8 +298,14 @@ impl<K: KernelSpec> KernelMap<K> {
             }
         }
         let obtained = obtain(spec)?;
-        let kernel: &'static Kernel = Box::leak(Box::new(load(&obtained.compiled, device, spec.dynamic_smem_bytes())?));
-        map.write().unwrap().insert((*spec, device), (generation, kernel));
+        let kernel: &'static Kernel = Box::leak(Box::new(load(
+            &obtained.compiled,
+            device,
+            spec.dynamic_smem_bytes(),
+        )?));
+        map.write()
+            .unwrap()
+            .insert((*spec, device), (generation, kernel));
         Ok(kernel)
     }
 }
@@ -310,13 +350,33 @@ mod tests {
 
     #[test]
     fn cache_key_is_stable_and_discriminating() {
-        let a = TestSpec { n: 64, arch: Arch::Sm80 };
-        let opts = vec!["--gpu-architecture=sm_80".to_string(), "-std=c++17".to_string()];
+        let a = TestSpec {
+            n: 64,
+            arch: Arch::Sm80,
+        };
+        let opts = vec![
+            "--gpu-architecture=sm_80".to_string(),
+            "-std=c++17".to_string(),
+        ];
         let k = cache_key(&a, &opts, (13, 0));
         assert_eq!(k, cache_key(&a, &opts, (13, 0)));
-        assert!(k.contains("name=fa_test::scale<64, __half>") && k.contains("nvrtc=13.0") && k.contains("arch=sm_80"));
+        assert!(
+            k.contains("name=fa_test::scale<64, __half>")
+                && k.contains("nvrtc=13.0")
+                && k.contains("arch=sm_80")
+        );
         assert_ne!(k, cache_key(&TestSpec { n: 32, ..a }, &opts, (13, 0)));
-        assert_ne!(k, cache_key(&TestSpec { arch: Arch::Sm90a, ..a }, &opts, (13, 0)));
+        assert_ne!(
+            k,
+            cache_key(
+                &TestSpec {
+                    arch: Arch::Sm90a,
+                    ..a
+                },
+                &opts,
+                (13, 0)
+            )
+        );
         assert_ne!(k, cache_key(&a, &opts, (13, 2)));
         assert_ne!(k, cache_key(&a, &opts[..1], (13, 0)));
         assert!(k.contains(&format!("sources={}", sources_digest())));
@@ -324,15 +384,26 @@ mod tests {
 
     #[test]
     fn disk_cache_miss_hit_and_corrupt_rebuild() {
-        let Some(arch) = nvrtc::tests::toolchain() else { return };
-        let dir = std::env::temp_dir().join(format!("ferroattn-obtain-test-{}", std::process::id()));
+        let Some(arch) = nvrtc::tests::toolchain() else {
+            return;
+        };
+        let dir =
+            std::env::temp_dir().join(format!("ferroattn-obtain-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let spec = TestSpec { n: 16, arch };
         let first = obtain_in(&dir, &spec).unwrap();
         assert!(!first.from_cache && first.compile_seconds > 0.0);
         let second = obtain_in(&dir, &spec).unwrap();
         assert!(second.from_cache);
-        assert_eq!(second.compiled, first.compiled, "the lowered name and log are stored with the CUBIN");
+        assert!(
+            second.compiled.cubin == first.compiled.cubin,
+            "same CUBIN from disk"
+        );
+        assert_eq!(second.compiled.lowered_name, first.compiled.lowered_name);
+        assert_eq!(
+            second.compiled.log, first.compiled.log,
+            "the log is stored with the CUBIN"
+        );
         // corrupt the one file: it is rebuilt, never loaded
         let file = walk(&dir).pop().unwrap();
         let mut bytes = std::fs::read(&file).unwrap();
@@ -342,9 +413,12 @@ mod tests {
         let before = cache::STATS.corrupt_rebuilt.load(Ordering::Relaxed);
         let third = obtain_in(&dir, &spec).unwrap();
         assert!(!third.from_cache);
-        assert_eq!(third.compiled, first.compiled);
+        assert!(third.compiled.cubin == first.compiled.cubin);
         assert!(cache::STATS.corrupt_rebuilt.load(Ordering::Relaxed) > before);
-        assert!(obtain_in(&dir, &spec).unwrap().from_cache, "rebuilt file is valid again");
+        assert!(
+            obtain_in(&dir, &spec).unwrap().from_cache,
+            "rebuilt file is valid again"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -368,15 +442,27 @@ mod tests {
         assert_eq!(Arch::from_sm(8, 8).unwrap(), Arch::Sm87); // unknown minor: nearest lower
         assert_eq!(Arch::from_sm(9, 0).unwrap(), Arch::Sm90a);
         assert_eq!(Arch::from_sm(12, 0).unwrap(), Arch::Sm120);
-        assert!(matches!(Arch::from_sm(7, 5), Err(Error::UnsupportedGpu { major: 7, minor: 5 })));
-        assert!(matches!(Arch::from_sm(6, 1), Err(Error::UnsupportedGpu { .. })));
-        assert!(matches!(Arch::from_sm(99, 0), Err(Error::UnsupportedGpu { .. })));
+        assert!(matches!(
+            Arch::from_sm(7, 5),
+            Err(Error::UnsupportedGpu { major: 7, minor: 5 })
+        ));
+        assert!(matches!(
+            Arch::from_sm(6, 1),
+            Err(Error::UnsupportedGpu { .. })
+        ));
+        assert!(matches!(
+            Arch::from_sm(99, 0),
+            Err(Error::UnsupportedGpu { .. })
+        ));
         for a in Arch::ALL {
             assert_eq!(Arch::from_name(a.name()).unwrap(), a);
         }
         assert_eq!(Arch::from_name("sm_90").unwrap(), Arch::Sm90a);
         assert_eq!(Arch::Sm90a.name(), "sm_90a");
         let e = Arch::from_name("sm_75").unwrap_err().to_string();
-        assert!(e.contains("archs") && e.contains("sm_75") && e.contains("sm_90a"), "{e}");
+        assert!(
+            e.contains("archs") && e.contains("sm_75") && e.contains("sm_90a"),
+            "{e}"
+        );
     }
 }

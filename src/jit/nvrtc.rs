@@ -80,7 +80,11 @@ pub fn ensure_loaded() -> Result<()> {
         }
         if !present() {
             return Err(Error::NvrtcNotFound {
-                searched: dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                searched: dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             });
         }
     }
@@ -115,12 +119,20 @@ pub fn options(arch: Arch) -> Result<Vec<String>> {
 }
 
 fn compile_error(name: &str, arch: &str, reason: String, log: String) -> Error {
-    Error::Compile { name: name.to_string(), arch: arch.to_string(), reason, log }
+    Error::Compile {
+        name: name.to_string(),
+        arch: arch.to_string(),
+        reason,
+        log,
+    }
 }
 
 /// NVRTC's log bytes → text: embedded NULs (between ptxas messages) become newlines.
 pub fn clean_log(raw: &[u8]) -> String {
-    let bytes: Vec<u8> = raw.iter().map(|&b| if b == 0 { b'\n' } else { b }).collect();
+    let bytes: Vec<u8> = raw
+        .iter()
+        .map(|&b| if b == 0 { b'\n' } else { b })
+        .collect();
     String::from_utf8_lossy(&bytes).trim_end().to_string()
 }
 
@@ -137,15 +149,26 @@ impl Drop for Program {
 fn embedded_headers() -> &'static (Vec<CString>, Vec<CString>) {
     static H: OnceLock<(Vec<CString>, Vec<CString>)> = OnceLock::new();
     H.get_or_init(|| {
-        let names = sources::SOURCES.iter().map(|(p, _)| CString::new(*p).unwrap()).collect();
-        let texts = sources::SOURCES.iter().map(|(_, s)| CString::new(*s).expect("NUL in kernel source")).collect();
+        let names = sources::SOURCES
+            .iter()
+            .map(|(p, _)| CString::new(*p).unwrap())
+            .collect();
+        let texts = sources::SOURCES
+            .iter()
+            .map(|(_, s)| CString::new(*s).expect("NUL in kernel source"))
+            .collect();
         (names, texts)
     })
 }
 
 /// Compile `source` (which includes kernel headers by relative path) and instantiate
 /// `name_expression`. `arch_name` is only used in error messages.
-pub fn compile(source: &str, name_expression: &str, opts: &[String], arch_name: &str) -> Result<Compiled> {
+pub fn compile(
+    source: &str,
+    name_expression: &str,
+    opts: &[String],
+    arch_name: &str,
+) -> Result<Compiled> {
     ensure_loaded()?;
     let err = |reason: String, log: String| compile_error(name_expression, arch_name, reason, log);
     let src = CString::new(source).map_err(|e| err(e.to_string(), String::new()))?;
@@ -190,7 +213,9 @@ pub fn compile(source: &str, name_expression: &str, opts: &[String], arch_name: 
         .result()
         .map_err(|e| err(format!("nvrtcGetLoweredName: {e:?}"), log.clone()))?;
     // SAFETY: NVRTC returns a NUL-terminated string.
-    let lowered_name = unsafe { CStr::from_ptr(lowered) }.to_string_lossy().into_owned();
+    let lowered_name = unsafe { CStr::from_ptr(lowered) }
+        .to_string_lossy()
+        .into_owned();
 
     let mut size = 0usize;
     // SAFETY: valid program.
@@ -198,14 +223,21 @@ pub fn compile(source: &str, name_expression: &str, opts: &[String], arch_name: 
         .result()
         .map_err(|e| err(format!("nvrtcGetCUBINSize: {e:?}"), log.clone()))?;
     if size == 0 {
-        return Err(err("no CUBIN produced (virtual architecture?)".to_string(), log));
+        return Err(err(
+            "no CUBIN produced (virtual architecture?)".to_string(),
+            log,
+        ));
     }
     let mut cubin = vec![0u8; size];
     // SAFETY: `cubin` has `size` bytes.
     unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr() as *mut c_char) }
         .result()
         .map_err(|e| err(format!("nvrtcGetCUBIN: {e:?}"), log.clone()))?;
-    Ok(Compiled { cubin, lowered_name, log })
+    Ok(Compiled {
+        cubin,
+        lowered_name,
+        log,
+    })
 }
 
 #[cfg(test)]
@@ -237,7 +269,11 @@ __global__ void scale(AttnFwdParams p) {
         match (ensure_loaded(), headers::header_dir()) {
             (Ok(()), Ok(_)) => Some(Arch::Sm80),
             (a, b) => {
-                eprintln!("NVRTC test skipped: nvrtc={:?} headers={:?}", a.err(), b.err());
+                eprintln!(
+                    "NVRTC test skipped: nvrtc={:?} headers={:?}",
+                    a.err(),
+                    b.err()
+                );
                 None
             }
         }
@@ -252,10 +288,25 @@ __global__ void scale(AttnFwdParams p) {
     fn compiles_template_to_cubin_with_lowered_name() {
         let Some(arch) = toolchain() else { return };
         for arch in [arch, Arch::Sm90a] {
-            let out = compile(TEST_KERNEL, "fa_test::scale<64, __half>", &options(arch).unwrap(), arch.name()).unwrap();
+            let out = compile(
+                TEST_KERNEL,
+                "fa_test::scale<64, __half>",
+                &options(arch).unwrap(),
+                arch.name(),
+            )
+            .unwrap();
             assert_eq!(&out.cubin[..4], b"\x7fELF");
-            assert!(out.lowered_name.starts_with("_ZN7fa_test5scaleILi64E6__halfEEv"), "{}", out.lowered_name);
-            assert!(out.log.contains("Used"), "ptxas -v output expected in the log: {}", out.log);
+            assert!(
+                out.lowered_name
+                    .starts_with("_ZN7fa_test5scaleILi64E6__halfEEv"),
+                "{}",
+                out.lowered_name
+            );
+            assert!(
+                out.log.contains("Used"),
+                "ptxas -v output expected in the log: {}",
+                out.log
+            );
         }
     }
 
@@ -264,8 +315,13 @@ __global__ void scale(AttnFwdParams p) {
         let Some(arch) = toolchain() else { return };
         let src = "__global__ void k() { int x = ; }\n__global__ void j() { undefined_fn(); }\n";
         let e = compile(src, "k", &options(arch).unwrap(), arch.name()).unwrap_err();
-        let Error::Compile { log, .. } = e else { panic!("{e}") };
+        let Error::Compile { log, .. } = e else {
+            panic!("{e}")
+        };
         assert!(log.contains("expected an expression"), "{log}");
-        assert!(log.contains("undefined_fn"), "second error must not be cut off: {log}");
+        assert!(
+            log.contains("undefined_fn"),
+            "second error must not be cut off: {log}"
+        );
     }
 }

@@ -45,8 +45,12 @@ fn one<K: KernelSpec>(spec: &K) -> Result<Report> {
 /// order of `specs`. The first compile error (in `specs` order) is returned.
 pub fn precompile<K: KernelSpec>(specs: &[K]) -> Result<Vec<Report>> {
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Report>>>> = Mutex::new((0..specs.len()).map(|_| None).collect());
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(specs.len().max(1));
+    let results: Mutex<Vec<Option<Result<Report>>>> =
+        Mutex::new((0..specs.len()).map(|_| None).collect());
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(specs.len().max(1));
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
@@ -59,7 +63,12 @@ pub fn precompile<K: KernelSpec>(specs: &[K]) -> Result<Vec<Report>> {
             });
         }
     });
-    results.into_inner().unwrap().into_iter().map(|r| r.expect("every spec was compiled")).collect()
+    results
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("every spec was compiled"))
+        .collect()
 }
 
 /// CompileError naming every spilling kernel, or Ok.
@@ -70,17 +79,68 @@ pub fn check_spills(reports: &[Report]) -> Result<()> {
         .map(|r| {
             format!(
                 "{} [{}]: {} bytes spill stores, {} bytes spill loads, {} registers",
-                r.config, r.arch, r.resources.spill_stores, r.resources.spill_loads, r.resources.registers
+                r.config,
+                r.arch,
+                r.resources.spill_stores,
+                r.resources.spill_loads,
+                r.resources.registers
             )
         })
         .collect();
     if spilling.is_empty() {
         return Ok(());
     }
+    let mut archs: Vec<&str> = reports
+        .iter()
+        .filter(|r| r.spills())
+        .map(|r| r.arch)
+        .collect();
+    archs.dedup();
     Err(Error::Compile {
-        name: format!("{} production configuration(s)", spilling.len()),
-        arch: reports.iter().filter(|r| r.spills()).map(|r| r.arch).collect::<Vec<_>>().join(","),
+        name: format!(
+            "{} production configuration(s) without spills",
+            spilling.len()
+        ),
+        arch: archs.join(","),
         reason: "register spills".to_string(),
         log: spilling.join("\n"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(arch: &'static str, spill_stores: u32) -> Report {
+        Report {
+            kernel: "k",
+            config: format!("k<{spill_stores}>"),
+            arch,
+            resources: ptxas::Resources {
+                registers: 255,
+                spill_stores,
+                ..Default::default()
+            },
+            dynamic_smem_bytes: 0,
+            cubin_bytes: 1,
+            compile_seconds: 0.0,
+            from_cache: false,
+        }
+    }
+
+    #[test]
+    fn spills_are_reported_per_kernel() {
+        check_spills(&[report("sm_80", 0), report("sm_90a", 0)]).unwrap();
+        let e = check_spills(&[report("sm_80", 0), report("sm_90a", 4), report("sm_90a", 8)])
+            .unwrap_err();
+        let Error::Compile { arch, log, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(arch, "sm_90a");
+        assert!(
+            log.contains("k<4> [sm_90a]: 4 bytes spill stores") && log.contains("k<8>"),
+            "{log}"
+        );
+        assert!(!log.contains("k<0>"));
+    }
 }

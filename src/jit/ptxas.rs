@@ -20,7 +20,12 @@ pub struct Resources {
 /// The number right before `unit` in `line` ("…, 12 bytes spill stores" → 12).
 fn number_before(line: &str, unit: &str) -> Option<u32> {
     let idx = line.find(unit)?;
-    line[..idx].trim_end().rsplit(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    line[..idx]
+        .trim_end()
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Resources of the entry function `lowered_name`, or None when the log has no entry for it.
@@ -39,11 +44,19 @@ pub fn parse(log: &str, lowered_name: &str) -> Option<Resources> {
             // properties of this entry or of a device function it calls: both count for stack/spills
             continue;
         }
-        let Some(r) = res.as_mut().filter(|_| in_entry) else { continue };
+        let Some(r) = res.as_mut().filter(|_| in_entry) else {
+            continue;
+        };
         if line.contains("bytes stack frame") {
-            r.stack_bytes = r.stack_bytes.max(number_before(line, "bytes stack frame").unwrap_or(0));
-            r.spill_stores = r.spill_stores.max(number_before(line, "bytes spill stores").unwrap_or(0));
-            r.spill_loads = r.spill_loads.max(number_before(line, "bytes spill loads").unwrap_or(0));
+            r.stack_bytes = r
+                .stack_bytes
+                .max(number_before(line, "bytes stack frame").unwrap_or(0));
+            r.spill_stores = r
+                .spill_stores
+                .max(number_before(line, "bytes spill stores").unwrap_or(0));
+            r.spill_loads = r
+                .spill_loads
+                .max(number_before(line, "bytes spill loads").unwrap_or(0));
         }
         if line.contains("Used") && line.contains("registers") {
             r.registers = number_before(line, "registers").unwrap_or(0);
@@ -71,11 +84,23 @@ ptxas info    : Used 255 registers, used 0 barriers, 400 bytes cmem[0]";
     fn parses_each_entry() {
         assert_eq!(
             parse(LOG, "_Z3fooi"),
-            Some(Resources { registers: 30, spill_stores: 0, spill_loads: 0, stack_bytes: 8, static_smem_bytes: 256 })
+            Some(Resources {
+                registers: 30,
+                spill_stores: 0,
+                spill_loads: 0,
+                stack_bytes: 8,
+                static_smem_bytes: 256
+            })
         );
         assert_eq!(
             parse(LOG, "_Z3barv"),
-            Some(Resources { registers: 255, spill_stores: 3116, spill_loads: 3264, stack_bytes: 3120, static_smem_bytes: 0 })
+            Some(Resources {
+                registers: 255,
+                spill_stores: 3116,
+                spill_loads: 3264,
+                stack_bytes: 3120,
+                static_smem_bytes: 0
+            })
         );
         assert_eq!(parse(LOG, "_Z3bazv"), None);
     }

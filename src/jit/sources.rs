@@ -12,8 +12,11 @@ pub fn get(path: &str) -> Option<&'static str> {
 mod tests {
     #[test]
     fn params_header_is_embedded() {
-        let text = super::get("attention/params.cuh").expect("kernels/attention/params.cuh embedded");
+        let text =
+            super::get("attention/params.cuh").expect("kernels/attention/params.cuh embedded");
         assert!(text.contains("struct AttnFwdParams"));
-        assert!(super::SOURCES.iter().all(|(p, _)| !p.starts_with('/') && !p.contains('\\')));
+        assert!(super::SOURCES
+            .iter()
+            .all(|(p, _)| !p.starts_with('/') && !p.contains('\\')));
     }
 }

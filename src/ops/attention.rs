@@ -108,26 +108,46 @@ fn dims_msg(t: &TensorMeta) -> String {
 
 fn check_rank(arg: &str, t: &TensorMeta, rank: usize, layout: &str) -> Result<()> {
     if t.strides.len() != t.shape.len() {
-        return Err(Error::argument(arg, format!("{} strides", t.shape.len()), format!("{} strides", t.strides.len())));
+        return Err(Error::argument(
+            arg,
+            format!("{} strides", t.shape.len()),
+            format!("{} strides", t.strides.len()),
+        ));
     }
     if let Some(s) = t.shape.iter().find(|&&s| s < 0) {
-        return Err(Error::argument(arg, "non-negative sizes", format!("size {s} in shape {}", fmt_shape(&t.shape))));
+        return Err(Error::argument(
+            arg,
+            "non-negative sizes",
+            format!("size {s} in shape {}", fmt_shape(&t.shape)),
+        ));
     }
     if t.ndim() != rank {
-        return Err(Error::argument(arg, format!("{rank} dims {layout}"), dims_msg(t)));
+        return Err(Error::argument(
+            arg,
+            format!("{rank} dims {layout}"),
+            dims_msg(t),
+        ));
     }
     Ok(())
 }
 
 fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
     if let Some(s) = t.strides.iter().find(|&&s| s < 0) {
-        return Err(Error::argument(arg, "non-negative strides", format!("stride {s} in {:?}", t.strides)));
+        return Err(Error::argument(
+            arg,
+            "non-negative strides",
+            format!("stride {s} in {:?}", t.strides),
+        ));
     }
     if t.strides.last() != Some(&1) && t.shape.last().is_some_and(|&d| d > 1) {
         return Err(Error::argument(
             arg,
             "stride 1 in the last dim",
-            format!("stride {} (strides {:?})", t.strides.last().unwrap(), t.strides),
+            format!(
+                "stride {} (strides {:?})",
+                t.strides.last().unwrap(),
+                t.strides
+            ),
         ));
     }
     Ok(())
@@ -135,7 +155,11 @@ fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
 
 fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
     if t.device != q.device {
-        return Err(Error::device(arg, format!("a tensor on {} (q's device)", q.device), t.device));
+        return Err(Error::device(
+            arg,
+            format!("a tensor on {} (q's device)", q.device),
+            t.device,
+        ));
     }
     Ok(())
 }
@@ -149,7 +173,11 @@ fn check_dtype(arg: &str, t: &TensorMeta, want: DType, why: &str) -> Result<()> 
 
 fn check_shape(arg: &str, t: &TensorMeta, want: &[i64], why: &str) -> Result<()> {
     if t.shape != want {
-        return Err(Error::argument(arg, format!("shape {}{why}", fmt_shape(want)), format!("shape {}", fmt_shape(&t.shape))));
+        return Err(Error::argument(
+            arg,
+            format!("shape {}{why}", fmt_shape(want)),
+            format!("shape {}", fmt_shape(&t.shape)),
+        ));
     }
     Ok(())
 }
@@ -159,10 +187,18 @@ fn check_cu_seqlens(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<i64> {
     check_dtype(arg, t, DType::I32, "")?;
     check_rank(arg, t, 1, "(batch + 1,)")?;
     if t.shape[0] > 1 && t.strides[0] != 1 {
-        return Err(Error::argument(arg, "a contiguous tensor (stride 1)", format!("stride {}", t.strides[0])));
+        return Err(Error::argument(
+            arg,
+            "a contiguous tensor (stride 1)",
+            format!("stride {}", t.strides[0]),
+        ));
     }
     if t.shape[0] < 1 {
-        return Err(Error::argument(arg, "length batch + 1 >= 1", format!("length {}", t.shape[0])));
+        return Err(Error::argument(
+            arg,
+            "length batch + 1 >= 1",
+            format!("length {}", t.shape[0]),
+        ));
     }
     Ok(t.shape[0])
 }
@@ -188,12 +224,6 @@ pub fn validate(
     max_seqlen_q: i64,
     max_seqlen_k: i64,
 ) -> Result<Problem> {
-    // devices
-    if !q.device.is_cuda() {
-        return Err(Error::device("q", "a CUDA tensor", q.device));
-    }
-    check_device("k", k, q)?;
-    check_device("v", v, q)?;
     // dtypes
     if !matches!(q.dtype, DType::F16 | DType::BF16) {
         return Err(Error::dtype("q", "float16 or bfloat16", q.dtype));
@@ -204,8 +234,20 @@ pub fn validate(
     let varlen = match (cu_seqlens_q, cu_seqlens_k) {
         (Some(_), Some(_)) => true,
         (None, None) => false,
-        (Some(_), None) => return Err(Error::argument("cu_seqlens_k", "a tensor (cu_seqlens_q was given)", "None")),
-        (None, Some(_)) => return Err(Error::argument("cu_seqlens_q", "a tensor (cu_seqlens_k was given)", "None")),
+        (Some(_), None) => {
+            return Err(Error::argument(
+                "cu_seqlens_k",
+                "a tensor (cu_seqlens_q was given)",
+                "None",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(Error::argument(
+                "cu_seqlens_q",
+                "a tensor (cu_seqlens_k was given)",
+                "None",
+            ))
+        }
     };
     let (rank, layout) = if varlen {
         (3, "(total_q, heads, head_dim) in varlen mode")
@@ -213,7 +255,11 @@ pub fn validate(
         (4, "(batch, seqlen, heads, head_dim)")
     };
     check_rank("q", q, rank, layout)?;
-    let kv_layout = if varlen { "(total_k, heads_k, head_dim) in varlen mode" } else { "(batch, seqlen_k, heads_k, head_dim)" };
+    let kv_layout = if varlen {
+        "(total_k, heads_k, head_dim) in varlen mode"
+    } else {
+        "(batch, seqlen_k, heads_k, head_dim)"
+    };
     check_rank("k", k, rank, kv_layout)?;
     check_rank("v", v, rank, kv_layout)?;
     check_strides("q", q)?;
@@ -223,17 +269,33 @@ pub fn validate(
     let d = q.shape[rank - 1];
     let heads = q.shape[rank - 2];
     let heads_k = k.shape[rank - 2];
-    if d < 8 || d > 256 || d % 8 != 0 {
-        return Err(Error::argument("q", "head dim a multiple of 8 in 8..=256", format!("head dim {d}")));
+    if !(8..=256).contains(&d) || d % 8 != 0 {
+        return Err(Error::argument(
+            "q",
+            "head dim a multiple of 8 in 8..=256",
+            format!("head dim {d}"),
+        ));
     }
     if k.shape[rank - 1] != d {
-        return Err(Error::argument("k", format!("head dim {d} (q's head dim)"), format!("head dim {}", k.shape[rank - 1])));
+        return Err(Error::argument(
+            "k",
+            format!("head dim {d} (q's head dim)"),
+            format!("head dim {}", k.shape[rank - 1]),
+        ));
     }
     if v.shape != k.shape {
-        return Err(Error::argument("v", format!("shape {} (k's shape)", fmt_shape(&k.shape)), format!("shape {}", fmt_shape(&v.shape))));
+        return Err(Error::argument(
+            "v",
+            format!("shape {} (k's shape)", fmt_shape(&k.shape)),
+            format!("shape {}", fmt_shape(&v.shape)),
+        ));
     }
     if heads_k < 1 || heads % heads_k != 0 {
-        return Err(Error::argument("k", format!("a number of heads >= 1 that divides q's {heads}"), format!("{heads_k} heads")));
+        return Err(Error::argument(
+            "k",
+            format!("a number of heads >= 1 that divides q's {heads}"),
+            format!("{heads_k} heads"),
+        ));
     }
     if heads > 65535 {
         return Err(Error::argument("q", "at most 65535 heads", heads));
@@ -244,21 +306,42 @@ pub fn validate(
         let lq = check_cu_seqlens("cu_seqlens_q", cq, q)?;
         let lk = check_cu_seqlens("cu_seqlens_k", ck, q)?;
         if lk != lq {
-            return Err(Error::argument("cu_seqlens_k", format!("length {lq} (cu_seqlens_q's length)"), format!("length {lk}")));
+            return Err(Error::argument(
+                "cu_seqlens_k",
+                format!("length {lq} (cu_seqlens_q's length)"),
+                format!("length {lk}"),
+            ));
         }
         let (total_q, total_k) = (q.shape[0], k.shape[0]);
         let batch = lq - 1;
         if max_seqlen_q < 1 && batch > 0 && total_q > 0 {
-            return Err(Error::argument("max_seqlen_q", ">= 1 for a non-empty input", max_seqlen_q));
+            return Err(Error::argument(
+                "max_seqlen_q",
+                ">= 1 for a non-empty input",
+                max_seqlen_q,
+            ));
         }
         if max_seqlen_k < 0 || (max_seqlen_k < 1 && batch > 0 && total_k > 0) {
-            return Err(Error::argument("max_seqlen_k", ">= 1 for a non-empty input (>= 0 always)", max_seqlen_k));
+            return Err(Error::argument(
+                "max_seqlen_k",
+                ">= 1 for a non-empty input (>= 0 always)",
+                max_seqlen_k,
+            ));
         }
-        (batch, if total_q == 0 { 0 } else { max_seqlen_q.max(0) }, max_seqlen_k, total_q)
+        (
+            batch,
+            if total_q == 0 { 0 } else { max_seqlen_q.max(0) },
+            max_seqlen_k,
+            total_q,
+        )
     } else {
         let (b, s_q, s_k) = (q.shape[0], q.shape[1], k.shape[1]);
         if k.shape[0] != b {
-            return Err(Error::argument("k", format!("batch size {b} (q's batch size)"), format!("batch size {}", k.shape[0])));
+            return Err(Error::argument(
+                "k",
+                format!("batch size {b} (q's batch size)"),
+                format!("batch size {}", k.shape[0]),
+            ));
         }
         (b, s_q, s_k, s_q)
     };
@@ -267,6 +350,13 @@ pub fn validate(
     }
     check_i32("max_seqlen_q", "sequence length", seqlen_q)?;
     check_i32("max_seqlen_k", "sequence length", seqlen_k)?;
+    // Devices are checked after dtypes and shapes, so that every other argument error is
+    // reported (and testable) with CPU tensors too.
+    if !q.device.is_cuda() {
+        return Err(Error::device("q", "a CUDA tensor", q.device));
+    }
+    check_device("k", k, q)?;
+    check_device("v", v, q)?;
 
     if let Some(o) = out {
         check_device("out", o, q)?;
@@ -285,7 +375,17 @@ pub fn validate(
         check_shape("softmax_lse", l, &want, why)?;
         check_strides("softmax_lse", l)?;
     }
-    Ok(Problem { varlen, batch, seqlen_q, seqlen_k, heads, heads_k, head_dim: d, dtype: q.dtype, device: q.device.id })
+    Ok(Problem {
+        varlen,
+        batch,
+        seqlen_q,
+        seqlen_k,
+        heads,
+        heads_k,
+        head_dim: d,
+        dtype: q.dtype,
+        device: q.device.id,
+    })
 }
 
 /// Kernel parameters from validated views.
@@ -352,7 +452,11 @@ pub fn params(
 /// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config.
 pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
     LaunchShape {
-        grid: ((p.seqlen_q as u64).div_ceil(config.block_m as u64) as u32, p.heads as u32, p.batch as u32),
+        grid: (
+            (p.seqlen_q as u64).div_ceil(config.block_m as u64) as u32,
+            p.heads as u32,
+            p.batch as u32,
+        ),
         block: (config.threads(), 1, 1),
         dynamic_smem_bytes: config.smem_bytes(),
     }
@@ -397,7 +501,17 @@ pub fn attn_fwd(
     let shape = launch_shape(&p, &config);
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;
-    let mut prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale);
+    let mut prm = params(
+        &p,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        softmax_scale,
+    );
     // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
     // in stream order (torch's caching allocator does).
     unsafe { launch(kernel, p.device, &shape, stream, &mut prm) }

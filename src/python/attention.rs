@@ -17,6 +17,7 @@ fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
     t.map(|t| meta(arg, t)).transpose()
 }
 
+/// Validate attention-forward arguments from metadata alone (same checks and errors as attn_fwd).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn attn_fwd_check(
@@ -29,15 +30,32 @@ fn attn_fwd_check(
     max_seqlen_k: i64,
 ) -> Result<()> {
     let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
-    let (cq, ck) = (meta_opt("cu_seqlens_q", cu_seqlens_q)?, meta_opt("cu_seqlens_k", cu_seqlens_k)?);
-    op::validate(&q, &k, &v, None, None, cq.as_ref(), ck.as_ref(), max_seqlen_q, max_seqlen_k)?;
+    let (cq, ck) = (
+        meta_opt("cu_seqlens_q", cu_seqlens_q)?,
+        meta_opt("cu_seqlens_k", cu_seqlens_k)?,
+    );
+    op::validate(
+        &q,
+        &k,
+        &v,
+        None,
+        None,
+        cq.as_ref(),
+        ck.as_ref(),
+        max_seqlen_q,
+        max_seqlen_k,
+    )?;
     Ok(())
 }
 
 fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
-    t.filter(|t| !t.is_none()).map(|t| import(t, arg)).transpose()
+    t.filter(|t| !t.is_none())
+        .map(|t| import(t, arg))
+        .transpose()
 }
 
+/// Launch attention forward on `stream` (raw CUstream; 0 = legacy default) in q's device's
+/// primary context. Validates everything before launching; never synchronises.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn attn_fwd(
@@ -63,7 +81,20 @@ fn attn_fwd(
     let (cqv, ckv) = (cq.as_ref().map(|t| &t.view), ck.as_ref().map(|t| &t.view));
     // Detached: the first call of a configuration compiles or loads a module.
     py.detach(|| {
-        op::attn_fwd(qv, kv, vv, ov, lv, cqv, ckv, max_seqlen_q, max_seqlen_k, softmax_scale as f32, causal, stream)
+        op::attn_fwd(
+            qv,
+            kv,
+            vv,
+            ov,
+            lv,
+            cqv,
+            ckv,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale as f32,
+            causal,
+            stream,
+        )
     })
 }
 

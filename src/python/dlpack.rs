@@ -6,6 +6,7 @@ use dlpark::python::{export_dlpack, ExportRequest};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
+/// Import x zero-copy and describe it: {data_ptr, shape, strides, dtype, device, byte_offset, versioned}.
 #[pyfunction]
 fn dlpack_info(py: Python<'_>, x: &Bound<'_, PyAny>) -> Result<Py<PyDict>> {
     let t = dlpack::import(x, "x")?;
@@ -76,6 +77,7 @@ impl PyBuffer {
     }
 }
 
+/// Number of Rust-allocated buffers not yet freed (for leak tests).
 #[pyfunction]
 fn live_buffers() -> usize {
     dlpack::live_buffers()

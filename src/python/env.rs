@@ -6,31 +6,38 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 
+/// Extra CUDA include directories, searched after $CUDA_HOME/include and /usr/local/cuda/include.
 #[pyfunction]
 fn _configure(include_dirs: Vec<PathBuf>) {
     jit::headers::configure(include_dirs);
 }
 
+/// (major, minor) of the NVRTC library found, or None when it cannot be loaded.
 #[pyfunction]
 fn nvrtc_version() -> Option<(i32, i32)> {
     jit::nvrtc::version().ok()
 }
 
+/// The CUDA include directory NVRTC is given (holds cuda_fp16.h), or None.
 #[pyfunction]
 fn header_dir() -> Option<PathBuf> {
     jit::headers::header_dir().ok()
 }
 
+/// The on-disk kernel cache directory ($FERROATTN_CACHE_DIR or ~/.cache/ferroattn).
 #[pyfunction]
 fn cache_dir() -> PathBuf {
     jit::cache::cache_dir()
 }
 
+/// True when libcuda loads, cuInit succeeds and at least one GPU exists. Never raises.
 #[pyfunction]
 fn cuda_available() -> bool {
     device::cuda_available()
 }
 
+/// {name, sm, arch, sm_count, total_memory_bytes, max_smem_per_block_optin, driver_version};
+/// raises NoDeviceError without a driver/GPU.
 #[pyfunction]
 #[pyo3(signature = (ordinal = 0))]
 fn device_info(py: Python<'_>, ordinal: i32) -> Result<Py<PyDict>> {

@@ -26,7 +26,10 @@ impl From<Error> for PyErr {
             Error::Buffer(msg) => PyBufferError::new_err(msg),
             e => Python::attach(|py| {
                 let msg = e.to_string();
-                match py.import("ferroattn.errors").and_then(|m| m.getattr(class_name(&e))) {
+                match py
+                    .import("ferroattn.errors")
+                    .and_then(|m| m.getattr(class_name(&e)))
+                {
                     Ok(cls) => match cls.call1((msg.clone(),)) {
                         Ok(obj) => PyErr::from_value(obj),
                         Err(err) => err,

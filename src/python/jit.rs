@@ -7,6 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::atomic::Ordering::Relaxed;
 
+/// Compile every production configuration for each arch (no GPU needed); one dict per kernel.
+/// Raises CompileError on a compile failure, or (check_spills=True) on register spills.
 #[pyfunction]
 #[pyo3(signature = (archs, check_spills = false))]
 fn precompile(py: Python<'_>, archs: Vec<String>, check_spills: bool) -> Result<Vec<Py<PyDict>>> {
@@ -32,6 +34,7 @@ fn precompile(py: Python<'_>, archs: Vec<String>, check_spills: bool) -> Result<
         .collect()
 }
 
+/// JIT counters of this process (compiles, disk/memory hits, seconds spent).
 #[pyfunction]
 fn jit_stats(py: Python<'_>) -> PyResult<Py<PyDict>> {
     let secs = |n: &std::sync::atomic::AtomicU64| n.load(Relaxed) as f64 * 1e-9;
@@ -47,6 +50,7 @@ fn jit_stats(py: Python<'_>) -> PyResult<Py<PyDict>> {
     Ok(d.unbind())
 }
 
+/// Forget in-process compiled kernels (the disk cache stays).
 #[pyfunction]
 fn clear_memory_cache() {
     jit::clear_memory_cache();

@@ -61,20 +61,20 @@ pub fn kernel_head_dim(head_dim: u32) -> u32 {
 }
 
 /// Tile shape for a kernel head dim: (block_m, block_n, num_warps, stages).
-/// FlashAttention-2-like shapes for the mma.sync kernel: 128-row query tiles; up to d = 128
-/// 4 warps of 32 rows each (every K/V fragment read from shared memory feeds two m16 tiles),
-/// above that 8 warps of 16 rows (the O accumulators would not fit in registers otherwise).
-/// Every tile stays within 163 KiB of shared memory so it also launches on A100; d >= 224
-/// uses one K/V stage for that reason. Measured on H200: bench/NOTES.md.
+/// mma.sync kernel (kernels/attention/fwd_sm80.cuh). Up to d = 128: 128-row query tiles on 4
+/// warps of 32 rows (each K/V fragment read from shared memory feeds two m16 tiles); d = 64
+/// uses 128-key tiles (processed as two 64-key softmax steps). Above d = 128: 64-row tiles on
+/// 4 warps of 16 rows (O would not fit in registers at 32 rows), one K/V stage from d = 192 so
+/// that 2-3 blocks share an SM. Every tile fits the 163 KiB an A100 block may use.
+/// Measured on H200 against SDPA-flash: bench/NOTES.md.
 pub fn fwd_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
     let _ = causal;
     match head_dim {
         0..=32 => (128, 128, 4, 2),
-        33..=64 => (128, 64, 4, 2),
-        65..=96 => (128, 64, 4, 2),
-        97..=128 => (128, 64, 4, 2),
-        129..=192 => (128, 64, 8, 2),
-        _ => (128, 64, 8, 1),
+        33..=64 => (128, 128, 4, 2),
+        65..=128 => (128, 64, 4, 2),
+        129..=160 => (64, 64, 4, 2),
+        _ => (64, 64, 4, 1),
     }
 }
 

@@ -180,6 +180,20 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
     except Exception as e:
         host = {"error": f"{type(e).__name__}: {e}"}
 
+    def result(partial: bool) -> dict:
+        return {
+            "meta": meta,
+            "config": {"quick": quick, "tokens": TOKENS, "hidden": 2048, "rep_ms": rep, "warmup_ms": warm,
+                       "timing": timing.method_name(), "peers": list(peer_names),
+                       "flops": "4*b*h*s^2*d forward, half when causal",
+                       "time_budget_s": time_budget_s, "elapsed_s": time.monotonic() - t_start},
+            "partial": partial,
+            "ceilings": ceil,
+            "host_cost": host,
+            "points": points,
+            "summary": report.summarize(points, ref_peer=peer_names[0] if peer_names else "flash"),
+        }
+
     bar = _progress(len(points))
     fatal = None
     groups: dict[tuple, list[dict]] = {}
@@ -211,26 +225,17 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             bar.update(1)
         del ours_sets, sdpa_sets
         torch.cuda.empty_cache()
+        report.write_json(result(partial=True), out_dir)   # same file: survives a kill
     bar.close()
 
-    summary = report.summarize(points, ref_peer=peer_names[0] if peer_names else "flash")
-    result = {
-        "meta": meta,
-        "config": {"quick": quick, "tokens": TOKENS, "hidden": 2048, "rep_ms": rep, "warmup_ms": warm,
-                   "timing": timing.method_name(), "peers": list(peer_names),
-                   "flops": "4*b*h*s^2*d forward, half when causal",
-                   "time_budget_s": time_budget_s, "elapsed_s": time.monotonic() - t_start},
-        "ceilings": ceil,
-        "host_cost": host,
-        "points": points,
-        "summary": summary,
-    }
-    path = report.write_json(result, out_dir)
+    final = result(partial=False)
+    summary = final["summary"]
+    path = report.write_json(final, out_dir)
     printer(report.format_table(points, peer_names))
     printer(f"raw JSON: {path}")
     printer(report.format_summary(summary, ceil, host))
     code = 0 if summary["n_ours_failed"] == 0 and summary["n_measured"] > 0 else 1
-    return result, code
+    return final, code
 
 
 def main_from_args(args: argparse.Namespace) -> int:

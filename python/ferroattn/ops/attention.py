@@ -22,9 +22,9 @@ Sources: FlashAttention-2 (Dao, 2023) §3.1 for the forward pass; flash_attn 2.8
 ``flash_attn_interface.py`` for the output conventions (``out = empty_like(q)``, fp32 LSE of shape
 (b, h, s_q) padded or (h, total_q) varlen); torch 2.11 ``torch.library`` docs.
 """
-from __future__ import annotations
 
 import os
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -131,6 +131,12 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
     naming the argument and the offending value."""
     if not _values_available(cu_seqlens):
         return
+    # A model calls every layer with the same cu_seqlens tensor: check (and sync) once per tensor
+    # and version (torch bumps ``_version`` on every in-place write), not once per call.
+    key = id(cu_seqlens)
+    seen = _VERIFIED.get(key)
+    if seen is not None and seen[0]() is cu_seqlens and seen[1:] == (cu_seqlens._version, rows, max_seqlen):
+        return
     vals: List[int] = cu_seqlens.tolist()
     if vals[0] < 0:
         raise ArgumentError(f"{name}: expected a first value >= 0, got {vals[0]}")
@@ -152,6 +158,13 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
         raise ArgumentError(
             f"{max_name}: expected >= the longest sequence in {name} ({longest}), got {max_seqlen}"
         )
+    _VERIFIED[key] = (weakref.ref(cu_seqlens, lambda _r, key=key: _VERIFIED.pop(key, None)),
+                      cu_seqlens._version, rows, max_seqlen)
+
+
+#: cu_seqlens tensors whose values passed :func:`check_cu_seqlens_values`:
+#: id -> (weakref, _version, rows, max_seqlen); an entry goes when its tensor dies.
+_VERIFIED: dict = {}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,7 +104,11 @@ fn params_layout_matches_header() {
         .lines()
         .map(|l| l.split("//").next().unwrap().trim())
         .filter(|l| l.ends_with(';') && !l.starts_with('}'))
-        .flat_map(|l| l.trim_end_matches(';').split(',').map(|f| f.split_whitespace().last().unwrap().trim_start_matches('*')))
+        .flat_map(|l| {
+            l.trim_end_matches(';')
+                .split(',')
+                .map(|f| f.split_whitespace().last().unwrap().trim_start_matches('*'))
+        })
         .collect();
     assert_eq!(names.len(), 29, "{names:?}");
     assert_eq!(names.first(), Some(&"q"));
@@ -115,7 +119,9 @@ fn params_layout_matches_header() {
 fn params_layout_matches_nvrtc() {
     // NVRTC has no offsetof; size and alignment are checked against the real header here,
     // field names/order by params_layout_matches_header, offsets by the C layout rules above.
-    let Some(arch) = crate::jit::nvrtc::tests::toolchain() else { return };
+    let Some(arch) = crate::jit::nvrtc::tests::toolchain() else {
+        return;
+    };
     let src = format!(
         "#include \"attention/params.cuh\"\nstatic_assert(sizeof(AttnFwdParams) == {}, \"size\");\n\
          static_assert(alignof(AttnFwdParams) == {}, \"align\");\n__global__ void probe(AttnFwdParams p) {{}}\n",
@@ -129,7 +135,10 @@ fn params_layout_matches_nvrtc() {
 #[test]
 fn valid_padded_and_varlen() {
     let p = Call::padded(2, 97, 113, 8, 2, 64).run().unwrap();
-    assert_eq!((p.batch, p.seqlen_q, p.seqlen_k, p.heads, p.heads_k, p.head_dim), (2, 97, 113, 8, 2, 64));
+    assert_eq!(
+        (p.batch, p.seqlen_q, p.seqlen_k, p.heads, p.heads_k, p.head_dim),
+        (2, 97, 113, 8, 2, 64)
+    );
     assert!(!p.varlen && !p.is_empty());
     let p = Call::varlen(3, 20, 30, 4, 4, 128).run().unwrap();
     assert!(p.varlen);
@@ -146,7 +155,10 @@ fn empty_inputs_are_valid_and_launch_nothing() {
     assert!(Call::padded(0, 5, 5, 2, 2, 64).run().unwrap().is_empty());
     assert!(Call::padded(2, 0, 5, 2, 2, 64).run().unwrap().is_empty());
     let p = Call::padded(2, 5, 0, 2, 2, 64).run().unwrap();
-    assert!(!p.is_empty(), "s_k = 0 still launches: the kernel writes 0 / +inf");
+    assert!(
+        !p.is_empty(),
+        "s_k = 0 still launches: the kernel writes 0 / +inf"
+    );
     let mut c = Call::varlen(0, 0, 0, 2, 2, 64);
     c.mq = 0;
     c.mk = 0;
@@ -208,7 +220,12 @@ fn shape_errors() {
     expect_err(&c, "Argument", "k", &["divides q's 6", "4 heads"]);
     let mut c = Call::padded(1, 4, 4, 2, 2, 64);
     c.v = t(&[1, 5, 2, 64], DType::F16);
-    expect_err(&c, "Argument", "v", &["(1, 4, 2, 64) (k's shape)", "(1, 5, 2, 64)"]);
+    expect_err(
+        &c,
+        "Argument",
+        "v",
+        &["(1, 4, 2, 64) (k's shape)", "(1, 5, 2, 64)"],
+    );
     let mut c = Call::padded(2, 4, 4, 2, 2, 64);
     c.k = t(&[3, 4, 2, 64], DType::F16);
     c.v = t(&[3, 4, 2, 64], DType::F16);
@@ -218,7 +235,12 @@ fn shape_errors() {
     expect_err(&c, "Argument", "out", &["(1, 4, 2, 64)", "(1, 4, 2, 32)"]);
     let mut c = Call::padded(2, 4, 4, 2, 2, 64);
     c.lse = Some(t(&[2, 4, 2], DType::F32));
-    expect_err(&c, "Argument", "softmax_lse", &["(2, 2, 4) (batch, heads, seqlen_q)", "(2, 4, 2)"]);
+    expect_err(
+        &c,
+        "Argument",
+        "softmax_lse",
+        &["(2, 2, 4) (batch, heads, seqlen_q)", "(2, 4, 2)"],
+    );
     let mut c = Call::varlen(2, 10, 10, 3, 3, 64);
     c.lse = Some(t(&[2, 3, 5], DType::F32));
     expect_err(&c, "Argument", "softmax_lse", &["(3, 10) (heads, total_q)"]);
@@ -230,7 +252,12 @@ fn shape_errors() {
 fn stride_errors() {
     let mut c = Call::padded(1, 4, 4, 2, 2, 64);
     c.q.strides = vec![1024, 256, 128, 2];
-    expect_err(&c, "Argument", "q", &["stride 1 in the last dim", "stride 2"]);
+    expect_err(
+        &c,
+        "Argument",
+        "q",
+        &["stride 1 in the last dim", "stride 2"],
+    );
     let mut c = Call::padded(1, 4, 4, 2, 2, 64);
     c.out.as_mut().unwrap().strides[3] = 0;
     expect_err(&c, "Argument", "out", &["stride 1 in the last dim"]);
@@ -247,7 +274,12 @@ fn stride_errors() {
 fn cu_seqlens_errors() {
     let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
     c.ck = None;
-    expect_err(&c, "Argument", "cu_seqlens_k", &["cu_seqlens_q was given", "None"]);
+    expect_err(
+        &c,
+        "Argument",
+        "cu_seqlens_k",
+        &["cu_seqlens_q was given", "None"],
+    );
     let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
     c.ck = Some(t(&[4], DType::I32));
     expect_err(&c, "Argument", "cu_seqlens_k", &["length 3", "length 4"]);
@@ -260,7 +292,12 @@ fn cu_seqlens_errors() {
     let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
     c.cq = Some(t(&[0], DType::I32));
     c.ck = Some(t(&[0], DType::I32));
-    expect_err(&c, "Argument", "cu_seqlens_q", &["batch + 1 >= 1", "length 0"]);
+    expect_err(
+        &c,
+        "Argument",
+        "cu_seqlens_q",
+        &["batch + 1 >= 1", "length 0"],
+    );
     let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
     c.mq = 0;
     expect_err(&c, "Argument", "max_seqlen_q", &[">= 1", "got 0"]);
@@ -282,26 +319,57 @@ fn launch_shape_and_params() {
     assert_eq!(s.dynamic_smem_bytes, cfg.smem_bytes());
     s.check().unwrap();
 
-    let view = |m: &TensorMeta, ptr: u64| TensorView { meta: m.clone(), ptr };
+    let view = |m: &TensorMeta, ptr: u64| TensorView {
+        meta: m.clone(),
+        ptr,
+    };
     let (q, k, v) = (view(&c.q, 0x1000), view(&c.k, 0x2000), view(&c.v, 0x3000));
-    let (o, l) = (view(c.out.as_ref().unwrap(), 0x4000), view(c.lse.as_ref().unwrap(), 0x5000));
+    let (o, l) = (
+        view(c.out.as_ref().unwrap(), 0x4000),
+        view(c.lse.as_ref().unwrap(), 0x5000),
+    );
     let prm = params(&p, &q, &k, &v, &o, &l, None, None, 0.125);
     assert_eq!(prm.q as u64, 0x1000);
     assert_eq!(prm.o as u64, 0x4000);
     assert!(prm.cu_seqlens_q.is_null());
-    assert_eq!((prm.q_batch_stride, prm.q_row_stride, prm.q_head_stride), (200 * 8 * 80, 8 * 80, 80));
-    assert_eq!((prm.k_batch_stride, prm.k_row_stride, prm.k_head_stride), (50 * 2 * 80, 2 * 80, 80));
+    assert_eq!(
+        (prm.q_batch_stride, prm.q_row_stride, prm.q_head_stride),
+        (200 * 8 * 80, 8 * 80, 80)
+    );
+    assert_eq!(
+        (prm.k_batch_stride, prm.k_row_stride, prm.k_head_stride),
+        (50 * 2 * 80, 2 * 80, 80)
+    );
     assert_eq!((prm.lse_batch_stride, prm.lse_head_stride), (8 * 200, 200));
-    assert_eq!((prm.batch, prm.num_heads, prm.num_heads_k, prm.head_dim, prm.seqlen_q, prm.seqlen_k), (3, 8, 2, 80, 200, 50));
+    assert_eq!(
+        (
+            prm.batch,
+            prm.num_heads,
+            prm.num_heads_k,
+            prm.head_dim,
+            prm.seqlen_q,
+            prm.seqlen_k
+        ),
+        (3, 8, 2, 80, 200, 50)
+    );
     assert!((prm.softmax_scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
 
     let c = Call::varlen(2, 10, 12, 4, 2, 64);
     let p = c.run().unwrap();
     let (q, k, v) = (view(&c.q, 1), view(&c.k, 2), view(&c.v, 3));
-    let (o, l) = (view(c.out.as_ref().unwrap(), 4), view(c.lse.as_ref().unwrap(), 5));
-    let (cq, ck) = (view(c.cq.as_ref().unwrap(), 6), view(c.ck.as_ref().unwrap(), 7));
+    let (o, l) = (
+        view(c.out.as_ref().unwrap(), 4),
+        view(c.lse.as_ref().unwrap(), 5),
+    );
+    let (cq, ck) = (
+        view(c.cq.as_ref().unwrap(), 6),
+        view(c.ck.as_ref().unwrap(), 7),
+    );
     let prm = params(&p, &q, &k, &v, &o, &l, Some(&cq), Some(&ck), 1.0);
-    assert_eq!((prm.q_batch_stride, prm.q_row_stride, prm.q_head_stride), (0, 4 * 64, 64));
+    assert_eq!(
+        (prm.q_batch_stride, prm.q_row_stride, prm.q_head_stride),
+        (0, 4 * 64, 64)
+    );
     assert_eq!((prm.lse_batch_stride, prm.lse_head_stride), (0, 10));
     assert_eq!((prm.cu_seqlens_q as u64, prm.cu_seqlens_k as u64), (6, 7));
     assert_eq!((prm.seqlen_q, prm.seqlen_k, prm.batch), (7, 9, 2));
@@ -310,8 +378,17 @@ fn launch_shape_and_params() {
 #[test]
 fn attn_fwd_without_gpu_fails_cleanly_after_validation() {
     let c = Call::padded(1, 4, 4, 2, 2, 64);
-    let view = |m: &TensorMeta| TensorView { meta: m.clone(), ptr: 0x1000 };
-    let (q, k, v, o, l) = (view(&c.q), view(&c.k), view(&c.v), view(c.out.as_ref().unwrap()), view(c.lse.as_ref().unwrap()));
+    let view = |m: &TensorMeta| TensorView {
+        meta: m.clone(),
+        ptr: 0x1000,
+    };
+    let (q, k, v, o, l) = (
+        view(&c.q),
+        view(&c.k),
+        view(&c.v),
+        view(c.out.as_ref().unwrap()),
+        view(c.lse.as_ref().unwrap()),
+    );
     let r = attn_fwd(&q, &k, &v, &o, &l, None, None, 4, 4, 0.125, false, 0);
     if !crate::device::cuda_available() {
         assert!(matches!(r, Err(Error::NoDevice(_))), "{r:?}");
@@ -319,10 +396,19 @@ fn attn_fwd_without_gpu_fails_cleanly_after_validation() {
     // bad arguments are reported before any device access
     let mut bad = q.clone();
     bad.meta.dtype = DType::F32;
-    assert!(matches!(attn_fwd(&bad, &k, &v, &o, &l, None, None, 4, 4, 0.125, false, 0), Err(Error::DType { .. })));
+    assert!(matches!(
+        attn_fwd(&bad, &k, &v, &o, &l, None, None, 4, 4, 0.125, false, 0),
+        Err(Error::DType { .. })
+    ));
     // empty input: no device needed at all
     let e = Call::padded(0, 4, 4, 2, 2, 64);
-    let (q, k, v, o, l) = (view(&e.q), view(&e.k), view(&e.v), view(e.out.as_ref().unwrap()), view(e.lse.as_ref().unwrap()));
+    let (q, k, v, o, l) = (
+        view(&e.q),
+        view(&e.k),
+        view(&e.v),
+        view(e.out.as_ref().unwrap()),
+        view(e.lse.as_ref().unwrap()),
+    );
     attn_fwd(&q, &k, &v, &o, &l, None, None, 4, 4, 0.125, false, 0).unwrap();
 }
 
@@ -335,16 +421,25 @@ fn production_specs_cover_fwd_config() {
                 for dtype in [DType::F16, DType::BF16] {
                     let cfg = fwd_config(d, causal, dtype, arch);
                     assert!(specs.contains(&cfg), "{cfg:?} not precompiled");
-                    assert!(cfg.head_dim >= d && cfg.head_dim % 32 == 0);
-                    assert!(cfg.smem_bytes() <= 227 * 1024, "{cfg:?} needs {} B smem", cfg.smem_bytes());
+                    assert!(cfg.head_dim >= d && cfg.head_dim.is_multiple_of(32));
+                    assert!(
+                        cfg.smem_bytes() <= 227 * 1024,
+                        "{cfg:?} needs {} B smem",
+                        cfg.smem_bytes()
+                    );
                 }
             }
         }
-        assert!(specs.iter().all(|s| s.header() == "attention/fwd_sm80.cuh" && s.arch == arch));
+        assert!(specs
+            .iter()
+            .all(|s| s.header() == "attention/fwd_sm80.cuh" && s.arch == arch));
     }
     let cfg = fwd_config(64, true, DType::BF16, Arch::Sm90a);
     assert_eq!(
         KernelSpec::name_expression(&cfg),
-        format!("ferroattn::attn_fwd_sm80<64, {}, {}, {}, {}, true, __nv_bfloat16>", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.stages)
+        format!(
+            "ferroattn::attn_fwd_sm80<64, {}, {}, {}, {}, true, __nv_bfloat16>",
+            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.stages
+        )
     );
 }
