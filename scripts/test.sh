@@ -8,6 +8,8 @@ export PATH="$PWD/.venv/bin:$PATH" VIRTUAL_ENV="$PWD/.venv"
 export PYO3_PYTHON="$PWD/.venv/bin/python"
 # NVRTC is loaded from the pip wheels; precompile writes to a throw-away cache.
 export FERROATTN_CACHE_DIR="${FERROATTN_CACHE_DIR:-$(mktemp -d)}"
+# The Rust NVRTC tests compile real kernels against the headers of the nvidia-cuda-runtime wheel.
+export FERROATTN_TEST_CUDA_INCLUDE="$(python -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))')"
 echo "== cargo test =="
 cargo test --release --quiet
 echo "== precompile sm_80, sm_90a (fails on compile errors or spills) =="

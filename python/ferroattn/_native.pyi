@@ -10,6 +10,7 @@ and dl_device_type is 1 (CPU) or 2 (CUDA).
 
 Errors are raised as the classes of ferroattn.errors.
 """
+from pathlib import Path
 from typing import Any, Optional, Sequence, Tuple
 
 DLPackLike = Any
@@ -23,9 +24,9 @@ def _configure(include_dirs: Sequence[str]) -> None:
     (site-packages nvidia/cu13/include), after $CUDA_HOME/include and /usr/local/cuda/include."""
 def nvrtc_version() -> Optional[Tuple[int, int]]:
     """(major, minor) of the NVRTC library found, or None when it cannot be loaded."""
-def header_dir() -> Optional[str]:
+def header_dir() -> Optional[Path]:
     """The CUDA include directory NVRTC is given (holds cuda_fp16.h), or None."""
-def cache_dir() -> str:
+def cache_dir() -> Path:
     """The on-disk kernel cache directory ($FERROATTN_CACHE_DIR or ~/.cache/ferroattn)."""
 def cuda_available() -> bool:
     """True when libcuda loads, cuInit succeeds and at least one GPU exists. Never raises."""
