@@ -27,14 +27,21 @@
 //            consecutive rows = BlockM/NumWarps/16 m16 tiles).
 //   BlockN   keys per pipeline tile, multiple of 16.
 //   NumWarps warps per block.
-//   Stages   >= 1: K tiles and V tiles each have a ring of Stages shared-memory slots; tile
-//            j+Stages of K is fetched as soon as Q K_j^T is done, of V as soon as P V_j is.
+//   Stages   >= 1: K tiles and V tiles each have a ring of Stages shared-memory slots. V
+//            tile j+Stages is fetched as soon as P V_j is done; K tile j+Stages as soon as
+//            Q K_j^T is done (or, when the tile is split into sub-blocks, after the tile).
 //   IsCausal bottom-right causal mask.
 //   T        __half or __nv_bfloat16 (q, k, v, o); lse is fp32.
-// Shared memory: Q tile (swizzled, reused to stage O for 16-byte stores), K ring, V ring.
-// Registers: Q fragments are re-read from shared memory each k-step; S/P (BlockM/NumWarps x
-// BlockN per warp) and O (BlockM/NumWarps x HeadDim per warp) stay in registers, and P is
-// repacked from the S accumulators straight into the A operand of the P·V mma.
+// Shared memory: Q tile (swizzled, reused to stage O for 16-byte stores), K ring, V ring, all
+// XOR-swizzled 16-byte chunks (common/swizzle.cuh): ldmatrix and cp.async are conflict-free.
+// Registers: Q fragments are re-read from shared memory each k-step; S/P and O stay in
+// registers, and P is repacked from the S accumulators straight into the A operand of the P·V
+// mma. A K/V tile is processed in sub-blocks of kSubN keys when the S and O accumulators
+// together would pass a register budget (kAccBudget), and near that budget (kLean) the
+// 64-bit global offsets are re-derived per tile rather than kept live: the production
+// configurations compile without spills for sm_80 and sm_90a (bench/NOTES.md).
+// Work per block: ceil(n_end / BlockN) K/V tiles, n_end = seqlen_k, or for causal
+// min(seqlen_k, m_start + BlockM + seqlen_k - seqlen_q); the diagonal/tail tiles are masked.
 //
 // PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans),
 // cp.async.cg (16 B, src-size zero fill), cp.async.commit_group/wait_group, ex2.approx.
@@ -54,7 +61,41 @@ __host__ __device__ constexpr int attn_fwd_sm80_smem_bytes() {
 
 namespace attn_detail {
 
-// Per-thread part of a Rows x HeadDim tile copy: thread `tid` owns chunk column tid % kChunks
+// Asynchronous copy of a Rows x HeadDim tile (global row stride `row_stride` elements, `g`
+// = row 0 of the tensor slice) into a swizzled shared tile: rows [row0, row0 + Rows) of the
+// slice. Thread `tid` owns chunk column tid % kChunks and rows tid / kChunks + i *
+// kRowsPerPass; threads beyond kRowsPerPass * kChunks stay idle. Rows >= rows_valid
+// (relative to row0) and columns >= head_dim are zero-filled (src-size 0: nothing is read).
+template <int Rows, int HeadDim, int Threads, typename T>
+__device__ __forceinline__ void load_tile_async(T* s, const T* g, int row0, int rows_valid,
+                                                long long row_stride, int head_dim, int tid) {
+    constexpr int kChunks = HeadDim / 8;
+    constexpr int kRowsPerPass = Threads / kChunks;
+    constexpr int kPasses = (Rows + kRowsPerPass - 1) / kRowsPerPass;
+    static_assert(kRowsPerPass >= 1, "need at least HeadDim/8 threads");
+    const int c = tid % kChunks;
+    const int r0 = tid / kChunks;
+    const bool active = r0 < kRowsPerPass && c * 8 < head_dim;
+    const unsigned s_off = (r0 * HeadDim + swizzle_chunk<kChunks>(r0, c) * 8) * 2;
+    const T* src = g + static_cast<long long>(row0 + r0) * row_stride + c * 8;
+    const int rows_left = active ? rows_valid - r0 : 0;   // pass i loads iff i*kRowsPerPass < rows_left
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+        const int r = r0 + i * kRowsPerPass;
+        if ((Rows % kRowsPerPass == 0 && Threads % kChunks == 0) ||
+            (r < Rows && r0 < kRowsPerPass)) {
+            // With kRowsPerPass % 8 == 0 every pass keeps r % 8, hence the swizzle: the
+            // shared address is then a compile-time offset from s_off.
+            const unsigned dst = (kRowsPerPass % 8 == 0)
+                ? smem_u32(s) + s_off + i * kRowsPerPass * HeadDim * 2
+                : smem_u32(s + r * HeadDim + swizzle_chunk<kChunks>(r, c) * 8);
+            cp_async_16_zfill(dst, src, i * kRowsPerPass < rows_left);
+        }
+        src += kRowsPerPass * row_stride;
+    }
+}
+
+// Per-thread part of a Rows x HeadDim tile copy (held through the loop when not kLean): thread `tid` owns chunk column tid % kChunks
 // and rows tid / kChunks + i * kRowsPerPass (threads beyond kRowsPerPass * kChunks idle).
 template <int Rows, int HeadDim, int Threads, typename T>
 struct TileThread {
@@ -98,6 +139,18 @@ struct TileThread {
             src += kRowsPerPass * row_stride;
         }
     }
+};
+
+// Holds a TileThread through the main loop, or nothing (Lean).
+template <bool Lean, typename Thr, typename T>
+struct KVHold {
+    Thr thr;
+    __device__ __forceinline__ KVHold(const T* slice, long long row_stride, int head_dim, int tid)
+        : thr(slice, row_stride, head_dim, tid) {}
+};
+template <typename Thr, typename T>
+struct KVHold<true, Thr, T> {
+    __device__ __forceinline__ KVHold(const T*, long long, int, int) {}
 };
 
 // Where the (batch, head) slice of this block lives: sequence lengths and element offsets of
@@ -233,20 +286,21 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     // 64-bit pointer stays live through the main loop (costs ~100 integer instructions per
     // tile, cheaper than spilling). Otherwise keep per-thread pointers in registers.
     using KVThread = attn_detail::TileThread<BlockN, HeadDim, kThreads, T>;
-    const KVThread k_thr(static_cast<const T*>(params.k) + sc.k_off, params.k_row_stride,
-                         head_dim, tid);
-    const KVThread v_thr(static_cast<const T*>(params.v) + sc.v_off, params.v_row_stride,
-                         head_dim, tid);
+    // Per-thread K/V descriptors held through the loop (not kLean); empty when kLean.
+    const attn_detail::KVHold<kLean, KVThread, T> k_thr(
+        static_cast<const T*>(params.k) + sc.k_off, params.k_row_stride, head_dim, tid);
+    const attn_detail::KVHold<kLean, KVThread, T> v_thr(
+        static_cast<const T*>(params.v) + sc.v_off, params.v_row_stride, head_dim, tid);
     auto load_k = [&](int j) {
         T* dst = sK + (j % Stages) * BlockN * HeadDim;
         if constexpr (kLean) {
             const attn_detail::SeqCoords c =
                 attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
-            const KVThread thr(static_cast<const T*>(params.k) + c.k_off, params.k_row_stride,
-                               head_dim, tid_x_volatile());
-            thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.k_row_stride);
+            attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(
+                dst, static_cast<const T*>(params.k) + c.k_off, j * BlockN, seqlen_k - j * BlockN,
+                params.k_row_stride, head_dim, tid_x_volatile());
         } else {
-            k_thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.k_row_stride);
+            k_thr.thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.k_row_stride);
         }
     };
     auto load_v = [&](int j) {
@@ -254,21 +308,19 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
         if constexpr (kLean) {
             const attn_detail::SeqCoords c =
                 attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
-            const KVThread thr(static_cast<const T*>(params.v) + c.v_off, params.v_row_stride,
-                               head_dim, tid_x_volatile());
-            thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.v_row_stride);
+            attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(
+                dst, static_cast<const T*>(params.v) + c.v_off, j * BlockN, seqlen_k - j * BlockN,
+                params.v_row_stride, head_dim, tid_x_volatile());
         } else {
-            v_thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.v_row_stride);
+            v_thr.thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.v_row_stride);
         }
     };
 
     // Prologue. Commit groups are, in order, K_0 (+Q), V_0, K_1, V_1, ...: K_i is group 2i
     // and V_i group 2i+1, so both waits below keep at most 2*Stages-2 groups in flight.
-    {
-        const attn_detail::TileThread<BlockM, HeadDim, kThreads, T> q_thr(
-            static_cast<const T*>(params.q) + sc.q_off, params.q_row_stride, head_dim, tid);
-        q_thr.load(sQ, m_start, rows_q, params.q_row_stride);
-    }
+    attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(
+        sQ, static_cast<const T*>(params.q) + sc.q_off, m_start, rows_q, params.q_row_stride,
+        head_dim, tid);
     load_k(0);
     cp_async_commit();
     load_v(0);
@@ -469,11 +521,18 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     T* gO;
     float* gLse;
     {
-        const attn_detail::SeqCoords c =
-            kLean ? attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile()) : sc;
-        gO = static_cast<T*>(params.o) + c.o_off
-           + static_cast<long long>(m_start) * params.o_row_stride;
-        gLse = params.lse + c.lse_off + m_start;
+        long long o_off, lse_off;
+        if constexpr (kLean) {
+            const attn_detail::SeqCoords c =
+                attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
+            o_off = c.o_off;
+            lse_off = c.lse_off;
+        } else {
+            o_off = sc.o_off;
+            lse_off = sc.lse_off;
+        }
+        gO = static_cast<T*>(params.o) + o_off + static_cast<long long>(m_start) * params.o_row_stride;
+        gLse = params.lse + lse_off + m_start;
     }
     const float scale = params.softmax_scale;
 #pragma unroll
