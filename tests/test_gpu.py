@@ -159,6 +159,26 @@ def test_non_contiguous_views(d):
     assert_close_to_ref(out, ref, ref_lp)
 
 
+def test_misaligned_views_are_copied_not_rejected():
+    # rows of a packed head dim starting 4 elements in: not 16-byte aligned for the kernel
+    torch.manual_seed(0)
+    base = _rand(2, 97, 4, 72)
+    q, k, v = base[..., 4:68], base[..., 2:66], base[..., 8:72]
+    assert q.storage_offset() % 8 != 0
+    _check_padded(q, k, v, True)
+
+
+def test_native_rejects_misaligned_rows_then_recovers():
+    base = _rand(1, 16, 2, 72)
+    q = base[..., 4:68]
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 2, 16, dtype=torch.float32, device=DEV)
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(errors.ArgumentError, match="^q: .*16-byte aligned"):
+        _native.attn_fwd(q, q.contiguous(), q.contiguous(), out, lse, None, None, 16, 16, 0.125, False, stream)
+    _check_padded(q.contiguous(), q.contiguous(), q.contiguous(), False)
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_output_element_written(varlen, causal):

@@ -54,7 +54,8 @@ def _not_implemented(what: str) -> NotImplementedError:
 
 
 def _maybe_contiguous(x: Tensor) -> Tensor:
-    """flash_attn's rule: copy only when the last dim is not contiguous."""
+    """flash_attn's rule: copy only when the last dim is not contiguous. (Views whose rows are not
+    16-byte aligned are copied inside the op, where the data pointer is known.)"""
     return x.contiguous() if x.stride(-1) != 1 else x
 
 
@@ -107,13 +108,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
         max_seqlen_q = q.shape[1] if q.dim() >= 2 else 0
         max_seqlen_k = k.shape[1] if k.dim() >= 2 else 0
     causal = _normalise_causal_window(bool(causal), window_size, max_seqlen_q, max_seqlen_k)
-    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     head_dim = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = head_dim ** (-0.5)
     pad = (8 - head_dim % 8) % 8
-    if pad:
+    if pad:  # the padded copies are contiguous
         q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
+    else:
+        q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     float(softmax_scale), causal)
     if pad:

@@ -50,6 +50,16 @@ impl Arch {
         Arch::Sm121,
     ];
 
+    /// Most dynamic shared memory one block may opt into, in bytes (CUDA programming guide,
+    /// "Technical Specifications per Compute Capability").
+    pub fn max_smem_per_block(self) -> u32 {
+        match self {
+            Arch::Sm80 | Arch::Sm87 => 163 * 1024,
+            Arch::Sm86 | Arch::Sm89 | Arch::Sm120 | Arch::Sm121 => 99 * 1024,
+            Arch::Sm90a | Arch::Sm100 | Arch::Sm103 | Arch::Sm110 => 227 * 1024,
+        }
+    }
+
     /// The NVRTC `--gpu-architecture` value and cache directory name.
     pub fn name(self) -> &'static str {
         match self {

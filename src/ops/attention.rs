@@ -153,6 +153,30 @@ fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
     Ok(())
 }
 
+/// The kernels move q/k/v/out tiles in 16-byte (8-element) copies: the data pointer and every
+/// stride that is used (a dim of size > 1) must be multiples of 16 bytes. The torch op copies
+/// such tensors first (python/ferroattn/ops/attention.py), so only direct callers see this.
+fn check_tile_layout(arg: &str, t: &TensorView) -> Result<()> {
+    if t.ptr % 16 != 0 {
+        return Err(Error::argument(
+            arg,
+            "a 16-byte aligned data pointer",
+            format!("address {:#x}", t.ptr),
+        ));
+    }
+    let m = &t.meta;
+    for i in 0..m.shape.len().saturating_sub(1) {
+        if m.shape[i] > 1 && m.strides[i] % 8 != 0 {
+            return Err(Error::argument(
+                arg,
+                "strides that are multiples of 8 elements (16-byte aligned rows)",
+                format!("stride {} in dim {i} (strides {:?})", m.strides[i], m.strides),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
     if t.device != q.device {
         return Err(Error::device(
@@ -495,6 +519,9 @@ pub fn attn_fwd(
     )?;
     if p.is_empty() {
         return Ok(());
+    }
+    for (arg, t) in [("q", q), ("k", k), ("v", v), ("out", out)] {
+        check_tile_layout(arg, t)?;
     }
     let arch = crate::device::arch(p.device)?;
     let config = fwd_config(p.head_dim as u32, causal, p.dtype, arch);

@@ -82,7 +82,13 @@ pub fn fwd_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
 pub fn fwd_config(head_dim: u32, causal: bool, dtype: DType, arch: Arch) -> AttnFwdConfig {
     let hd = kernel_head_dim(head_dim);
     let (block_m, block_n, num_warps, stages) = fwd_tile(hd, causal);
-    AttnFwdConfig { head_dim: hd, block_m, block_n, num_warps, stages, causal, dtype, arch }
+    let mut config =
+        AttnFwdConfig { head_dim: hd, block_m, block_n, num_warps, stages, causal, dtype, arch };
+    // GPUs with less shared memory per block (sm_86/89: 99 KiB) get a shallower K/V pipeline.
+    while config.smem_bytes() > arch.max_smem_per_block() && config.stages > 1 {
+        config.stages -= 1;
+    }
+    config
 }
 
 /// Every configuration `fwd_config` can return for `arch`: what `precompile` builds.
@@ -96,4 +102,38 @@ pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_production_config_fits_its_arch() {
+        for arch in Arch::ALL {
+            for c in fwd_production_configs(arch) {
+                assert!(
+                    c.smem_bytes() <= arch.max_smem_per_block(),
+                    "{} needs {} B on {:?}",
+                    c.name_expression(),
+                    c.smem_bytes(),
+                    arch
+                );
+                assert_eq!(c.block_m % (16 * c.num_warps), 0, "{}", c.name_expression());
+            }
+        }
+    }
+
+    #[test]
+    fn head_dims_round_up_to_the_kernel_head_dim() {
+        assert_eq!(kernel_head_dim(8), 32);
+        assert_eq!(kernel_head_dim(32), 32);
+        assert_eq!(kernel_head_dim(40), 64);
+        assert_eq!(kernel_head_dim(256), 256);
+        let c = fwd_config(72, true, DType::BF16, Arch::Sm90a);
+        assert_eq!(c.head_dim, 96);
+        assert!(c.causal);
+        assert!(c.name_expression().starts_with("ferroattn::attn_fwd_sm80<96, "));
+        assert!(c.name_expression().ends_with(", true, __nv_bfloat16>"));
+    }
 }

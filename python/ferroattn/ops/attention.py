@@ -185,6 +185,19 @@ def _rank_error(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> ArgumentError:
     return ArgumentError(f"q: expected rank {expected}, got rank {q.dim()} (shape {tuple(q.shape)})")
 
 
+def _tile_aligned(t: Tensor) -> Tensor:
+    """``t``, or a contiguous copy when the kernels cannot read it in place: they move rows in
+    16-byte copies, so the data pointer and every used stride (dims of size > 1, last dim
+    excepted) must be multiples of 16 bytes; e.g. ``qkv[..., 1:65]`` is copied."""
+    if t.dim() == 0 or t.numel() == 0 or t.stride(-1) != 1:
+        return t  # empty: nothing is read; stride(-1) != 1: the Rust validation names the error
+    elem = t.element_size()
+    if t.data_ptr() % 16 == 0 and all(
+            (st * elem) % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+        return t
+    return t.contiguous()
+
+
 @torch.library.custom_op("ferroattn::attn_fwd", mutates_args=())
 def attn_fwd(
     q: Tensor,
@@ -227,6 +240,7 @@ def attn_fwd(
         check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
         if k.dim() == 3:
             check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
+    q, k, v = _tile_aligned(q), _tile_aligned(k), _tile_aligned(v)
     # Inside the op inputs may still have requires_grad=True: DLPack export needs detached tensors.
     args = [t.detach() if t is not None else None for t in (q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
     try:

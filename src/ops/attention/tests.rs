@@ -443,3 +443,23 @@ fn production_specs_cover_fwd_config() {
         )
     );
 }
+
+#[test]
+fn rows_must_be_16_byte_aligned() {
+    let view = |ptr: u64, shape: &[i64], strides: &[i64]| TensorView {
+        meta: TensorMeta {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            dtype: DType::F16,
+            device: Device::cuda(0),
+        },
+        ptr,
+    };
+    // a slice of a packed head dim: a row stride of 4 * 36 elements is not 16-byte aligned
+    let e = check_tile_layout("k", &view(0x1000, &[2, 5, 4, 32], &[720, 144, 36, 1])).unwrap_err();
+    assert!(e.to_string().starts_with("k: ") && e.to_string().contains("stride 36"), "{e}");
+    let e = check_tile_layout("q", &view(0x1008, &[2, 5, 4, 32], &[640, 128, 32, 1])).unwrap_err();
+    assert!(e.to_string().contains("16-byte aligned data pointer"), "{e}");
+    // strides of size-1 dims are never used, so they may be anything
+    check_tile_layout("q", &view(0x1000, &[1, 1, 4, 32], &[3, 3, 32, 1])).unwrap();
+}
