@@ -43,6 +43,10 @@ from typing import Any, Callable
 MIN_COSINE = 0.9999
 LLM_MAX_REL_ERR = 0.05
 LLM_MIN_ARGMAX_AGREEMENT = 0.9
+#: Ours may differ from the reference by at most this factor times the difference between a third
+#: bf16 implementation (NOISE_IMPL) and the reference (DESIGN §5's pass rule uses 2-3x).
+LLM_NOISE_FACTOR = 3.0
+NOISE_IMPL = "eager"
 IMPL = "ferroattn"
 REF_IMPL = "sdpa"
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -289,11 +293,20 @@ def _llm_one(model: Any, tok: Any, s: int, device: str, impl: str, ref_impl: str
             fwd = lambda: model(input_ids=input_ids, use_cache=False).logits  # noqa: E731
             logits[name] = fwd()
             ms[name] = time_call(fwd, repeats, device, warmup=1)
+    # The noise floor: a third bf16 attention (transformers' eager softmax(QK^T)V) against the same
+    # reference. A 16-layer random-weight model amplifies rounding differences, so ours is judged
+    # against what another correct bf16 implementation gives, not against zero.
+    model.set_attn_implementation(NOISE_IMPL)
+    with torch.inference_mode():
+        noise = compare_logits(model(input_ids=input_ids, use_cache=False).logits, logits[ref_impl])
     cmp = compare_logits(logits[impl], logits[ref_impl])
     del logits
     cmp.update({f"ms_{impl}": ms[impl], f"ms_{ref_impl}": ms[ref_impl],
                 "repeats_of_text": s / text_tokens,
+                "noise_impl": NOISE_IMPL, "noise_rel_err": noise["rel_err"],
+                "noise_argmax_agreement": noise["argmax_agreement"],
                 "ok": bool(cmp["rel_err"] <= LLM_MAX_REL_ERR
+                           and cmp["rel_err"] <= LLM_NOISE_FACTOR * noise["rel_err"]
                            and cmp["argmax_agreement"] >= LLM_MIN_ARGMAX_AGREEMENT)})
     return cmp
 
@@ -325,7 +338,8 @@ def format_summary(summary: dict) -> str:
                 lines.append(f"  s={s:>6}: ERROR {r['error']}")
                 continue
             lines.append(f"  s={s:>6}: max|diff| {r['max_abs_diff']:.4g}  rel err {r['rel_err']:.3e}  "
-                         f"argmax agree {100 * r['argmax_agreement']:.2f}%  | {impl} {r[f'ms_{impl}']:.2f} ms, "
+                         f"argmax agree {100 * r['argmax_agreement']:.2f}%  (bf16 noise: {r.get('noise_impl')} vs "
+                         f"{ref} rel err {r.get('noise_rel_err', float('nan')):.3e})  | {impl} {r[f'ms_{impl}']:.2f} ms, "
                          f"{ref} {r[f'ms_{ref}']:.2f} ms  {'PASS' if r['ok'] else 'FAIL'}")
     elif summary.get("llm_error"):
         lines.append(f"LLM: ERROR {summary['llm_error']}")

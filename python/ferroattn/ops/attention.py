@@ -133,8 +133,9 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
         return
     # A model calls every layer with the same cu_seqlens tensor: check (and sync) once per tensor
     # and version (torch bumps ``_version`` on every in-place write), not once per call.
-    key = id(cu_seqlens)
-    seen = _VERIFIED.get(key)
+    # Inference tensors have no version counter: they are checked on every call.
+    key = None if cu_seqlens.is_inference() else id(cu_seqlens)
+    seen = _VERIFIED.get(key) if key is not None else None
     if seen is not None and seen[0]() is cu_seqlens and seen[1:] == (cu_seqlens._version, rows, max_seqlen):
         return
     vals: List[int] = cu_seqlens.tolist()
@@ -158,6 +159,8 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
         raise ArgumentError(
             f"{max_name}: expected >= the longest sequence in {name} ({longest}), got {max_seqlen}"
         )
+    if key is None:
+        return
     _VERIFIED[key] = (weakref.ref(cu_seqlens, lambda _r, key=key: _VERIFIED.pop(key, None)),
                       cu_seqlens._version, rows, max_seqlen)
 
