@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..bert_padding import pad_input, unpad_input
+from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
@@ -53,12 +54,23 @@ def _target_dtype(query: Tensor, module: torch.nn.Module) -> Optional[torch.dtyp
 
 def _is_packed(position_ids: Optional[Tensor], batch_size: int) -> bool:
     """True when a batch of one holds several sequences: position_ids is not one run
-    ``min, min + 1, ...`` (a host sync; transformers does the same check)."""
+    ``min, min + 1, ...``. Needs the values (a host sync, as transformers' own check does); the
+    answer is remembered per position_ids tensor, which every layer of a forward pass shares, so
+    a forward pass syncs once, not once per layer."""
     if position_ids is None or batch_size != 1:
         return False
-    ids = position_ids.reshape(-1)
-    run = torch.arange(ids.shape[0], device=ids.device) + ids.min()
-    return bool((run != ids).any())
+    packed = _PACKED.get(position_ids)
+    if packed is None:
+        ids = position_ids.reshape(-1)
+        run = torch.arange(ids.shape[0], device=ids.device) + ids.min()
+        packed = bool((run != ids).any())
+        _PACKED.put(position_ids, packed)
+    return packed
+
+
+#: position_ids tensor -> packed? (inference tensors by identity: they are not written in place
+#: between the layers of one forward pass).
+_PACKED = TensorMemo(trust_inference=True)
 
 
 def _cu_seqlens_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:

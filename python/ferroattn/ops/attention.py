@@ -24,7 +24,6 @@ Sources: FlashAttention-2 (Dao, 2023) §3.1 for the forward pass; flash_attn 2.8
 """
 
 import os
-import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -33,6 +32,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
+from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 
 __all__ = ["attn_fwd", "check_cu_seqlens_values", "tensor_meta", "attn_fwd_flops", "causal_pairs"]
@@ -132,11 +132,8 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
     if not _values_available(cu_seqlens):
         return
     # A model calls every layer with the same cu_seqlens tensor: check (and sync) once per tensor
-    # and version (torch bumps ``_version`` on every in-place write), not once per call.
-    # Inference tensors have no version counter: they are checked on every call.
-    key = None if cu_seqlens.is_inference() else id(cu_seqlens)
-    seen = _VERIFIED.get(key) if key is not None else None
-    if seen is not None and seen[0]() is cu_seqlens and seen[1:] == (cu_seqlens._version, rows, max_seqlen):
+    # version, not once per call (inference tensors, which have no version, on every call).
+    if _VERIFIED.get(cu_seqlens, extra=(rows, max_seqlen), default=False):
         return
     vals: List[int] = cu_seqlens.tolist()
     if vals[0] < 0:
@@ -159,15 +156,11 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
         raise ArgumentError(
             f"{max_name}: expected >= the longest sequence in {name} ({longest}), got {max_seqlen}"
         )
-    if key is None:
-        return
-    _VERIFIED[key] = (weakref.ref(cu_seqlens, lambda _r, key=key: _VERIFIED.pop(key, None)),
-                      cu_seqlens._version, rows, max_seqlen)
+    _VERIFIED.put(cu_seqlens, True, extra=(rows, max_seqlen))
 
 
-#: cu_seqlens tensors whose values passed :func:`check_cu_seqlens_values`:
-#: id -> (weakref, _version, rows, max_seqlen); an entry goes when its tensor dies.
-_VERIFIED: dict = {}
+#: cu_seqlens tensors whose values passed :func:`check_cu_seqlens_values`.
+_VERIFIED = TensorMemo(trust_inference=False)
 
 
 # ---------------------------------------------------------------------------------------------
