@@ -35,6 +35,7 @@ def main(argv=None) -> int:
         return 3
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
+    attn = ferroattn.flash_attn_func  # the lazy import of the torch layer stays out of the timing
     res = {"import_s": t_import, "jit_stats_before": _native.jit_stats(), "calls": []}
     ok = True
     for b, s, h, d, causal, dt in SHAPES:
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
         try:
             for key in ("first_ms", "second_ms"):
                 t = time.perf_counter()
-                ferroattn.flash_attn_func(q, k, v, causal=causal)
+                attn(q, k, v, causal=causal)
                 torch.cuda.synchronize()
                 row[key] = (time.perf_counter() - t) * 1e3
         except Exception as e:

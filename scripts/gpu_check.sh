@@ -57,6 +57,7 @@ do_install() {
 
 do_info() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+    nvidia-smi --query-gpu=driver_version --format=csv,noheader > "$WORK/logs/nvidia_driver.txt" 2>/dev/null || true
     "$PY" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda, "| transformers", transformers.__version__)'
     echo "compute-sanitizer: ${CS:-not found}"
     local d

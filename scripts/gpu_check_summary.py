@@ -136,7 +136,8 @@ def build_summary(work: Path, out: Path, elapsed: int | None = None) -> dict:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": os.environ.get("FERROATTN_COMMIT", "unknown"),
         "device": gpu.get("name") or (bench or {}).get("meta", {}).get("device"),
-        "driver": gpu.get("driver_version") or (bench or {}).get("meta", {}).get("driver"),
+        "driver": (_read_text(work / "logs" / "nvidia_driver.txt") or "").strip() or None,
+        "cuda_driver_api": gpu.get("driver_version") or (bench or {}).get("meta", {}).get("driver"),
         "torch": _version("torch"),
         "transformers": _version("transformers"),
         "ferroattn": info.get("version"),
@@ -191,8 +192,11 @@ def format_summary(s: dict) -> str:
     fc = s.get("first_call")
     if fc and fc.get("calls"):
         c0 = fc["calls"][0]
-        lines.append(f"warm cache first call: {_f(c0.get('first_ms'), '.1f')} ms (second {_f(c0.get('second_ms'), '.3f')} ms), "
-                     f"jit_stats {fc.get('jit_stats_after')}")
+        js = fc.get("jit_stats_after") or {}
+        jit_ms = 1e3 * sum(js.get(k, 0.0) for k in ("compile_seconds", "disk_load_seconds", "module_load_seconds"))
+        lines.append(f"warm cache, new process: compile-related time {jit_ms:.2f} ms (compiles {js.get('compiles')}, "
+                     f"disk hits {js.get('disk_hits')}, module loads {js.get('module_loads')}); first call wall "
+                     f"{_f(c0.get('first_ms'), '.1f')} ms, second {_f(c0.get('second_ms'), '.3f')} ms")
     t = s.get("tests")
     lines.append("pytest -m gpu: " + (", ".join(f"{v} {k}" for k, v in t.items() if k != "failed_names" and v)
                                       if t else "no results"))
