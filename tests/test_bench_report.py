@@ -208,7 +208,8 @@ def test_gpu_check_summary(tmp_path, points, capsys):
     (work / "logs" / "memcheck.log").write_text("PASS x\nsanitize_attention: 8/8 cases passed\n"
                                                 "========= ERROR SUMMARY: 0 errors\n")
     (work / "logs" / "info.json").write_text(json.dumps({"version": "0.1.0", "nvrtc_version": "13.0",
-                                                         "gpu": {"name": "NVIDIA H200", "driver_version": "580.159.04"}}))
+                                                         "gpu": {"name": "NVIDIA H200", "driver_version": 13000}}))
+    (work / "logs" / "nvidia_driver.txt").write_text("580.159.04\n")
     (work / "logs" / "precompile.json").write_text(json.dumps({"archs": ["sm_90a"], "spilled": 2, "errors": [],
                                                                "kernels": [{"compile_seconds": 2.5, "registers": 255}] * 4}))
     (out / "demo.json").write_text(json.dumps({"ok": True, "minilm": {"min_cosine": 0.99999, "ms_ferroattn": 1.5,
@@ -224,7 +225,7 @@ def test_gpu_check_summary(tmp_path, points, capsys):
     assert gcs.main(["--work", str(work), "--out", str(out), "--elapsed", "480"]) == 1
     printed = capsys.readouterr().out
     s = json.loads((out / "gpu_check.json").read_text())
-    assert s["device"] == "NVIDIA H200" and s["driver"] == "580.159.04" and s["elapsed_s"] == 480
+    assert s["device"] == "NVIDIA H200" and s["driver"] == "580.159.04" and s["cuda_driver_api"] == 13000 and s["elapsed_s"] == 480
     assert s["tests"]["tests"] == 20 and s["tests"]["passed"] == 14 and len(s["tests"]["failed_names"]) == 2
     assert s["sanitizer"]["memcheck"]["errors"] == 0 and s["sanitizer"]["memcheck"]["cases"] == 8
     assert s["sanitizer"]["racecheck"]["ran"] is False
