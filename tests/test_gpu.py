@@ -409,3 +409,23 @@ def test_dlpack_buffer_cuda_consumed_by_torch_no_leak():
         del t
     gc.collect()
     assert torch.cuda.mem_get_info()[0] >= free_before - (64 << 20)
+
+
+def test_dlpack_cupy_both_ways():
+    cupy = pytest.importorskip("cupy")
+    gc.collect()
+    base = _native.live_buffers()
+    # CuPy consumes a Rust-allocated device buffer zero-copy ...
+    buf = _native.Buffer.empty((32, 8), "float16", "cuda:0")
+    c = cupy.from_dlpack(buf)
+    assert c.data.ptr == buf.data_ptr and c.shape == (32, 8) and c.dtype == cupy.float16
+    c.fill(2)
+    cupy.cuda.runtime.deviceSynchronize()
+    assert float(c.sum()) == 512.0
+    # ... and ours imports a CuPy array zero-copy, strides in elements
+    a = cupy.arange(64, dtype=cupy.float32).reshape(8, 8)[:, 2:6]
+    info = _native.dlpack_info(a)
+    assert info["data_ptr"] == a.data.ptr and tuple(info["strides"]) == (8, 1)
+    del buf, c, a
+    gc.collect()
+    assert _native.live_buffers() == base

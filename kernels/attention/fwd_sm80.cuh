@@ -37,9 +37,11 @@
 // Registers: Q fragments are re-read from shared memory each k-step; S/P and O stay in
 // registers, and P is repacked from the S accumulators straight into the A operand of the P·V
 // mma. A K/V tile is processed in sub-blocks of kSubN keys when the S and O accumulators
-// together would pass a register budget (kAccBudget), and near that budget (kLean) the
-// 64-bit global offsets are re-derived per tile rather than kept live: the production
-// configurations compile without spills for sm_80 and sm_90a (bench/NOTES.md).
+// together would pass a register budget (kAccBudget), and near that budget (kLean) no 64-bit
+// global pointer is kept live through the main loop: the K/V/O/LSE slice pointers sit in a
+// 32-byte static shared table (128 B with alignment; only kLean kernels have it, on top of the
+// dynamic formula) and are re-read per tile. The production configurations compile without
+// spills for sm_80 and sm_90a (bench/NOTES.md).
 // Work per block: ceil(n_end / BlockN) K/V tiles, n_end = seqlen_k, or for causal
 // min(seqlen_k, m_start + BlockM + seqlen_k - seqlen_q); the diagonal/tail tiles are masked.
 //
@@ -73,8 +75,8 @@ __device__ __forceinline__ void load_tile_async(T* s, const T* g, int row0, int 
     constexpr int kRowsPerPass = Threads / kChunks;
     constexpr int kPasses = (Rows + kRowsPerPass - 1) / kRowsPerPass;
     static_assert(kRowsPerPass >= 1, "need at least HeadDim/8 threads");
-    const int c = tid % kChunks;
-    const int r0 = tid / kChunks;
+    const int c = static_cast<int>(static_cast<unsigned>(tid) % kChunks);   // tid >= 0: shifts
+    const int r0 = static_cast<int>(static_cast<unsigned>(tid) / kChunks);
     const bool active = r0 < kRowsPerPass && c * 8 < head_dim;
     const unsigned s_off = (r0 * HeadDim + swizzle_chunk<kChunks>(r0, c) * 8) * 2;
     const T* src = g + static_cast<long long>(row0 + r0) * row_stride + c * 8;
@@ -154,8 +156,8 @@ struct KVHold<true, Thr, T> {
 };
 
 // Where the (batch, head) slice of this block lives: sequence lengths and element offsets of
-// row 0 of q/o (head `head`), k/v (its kv head) and lse. Cheap to re-derive from the launch
-// indices, which the kernel does instead of keeping 64-bit offsets live through the loop.
+// row 0 of q/o (head `head`), k/v (its kv head) and lse. Computed once per block (it costs
+// two integer divisions and, for varlen, global loads).
 struct SeqCoords {
     int seqlen_q, seqlen_k;
     long long q_off, k_off, v_off, o_off, lse_off;
@@ -281,24 +283,36 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     }
     const int n_blocks = (n_end + BlockN - 1) / BlockN;
 
-    // K/V tile loads. kLean (accumulators near the register limit): re-derive the global
-    // offsets from the launch indices (volatile %ctaid/%tid reads) at every load so that no
-    // 64-bit pointer stays live through the main loop (costs ~100 integer instructions per
-    // tile, cheaper than spilling). Otherwise keep per-thread pointers in registers.
+    // K/V tile loads. kLean (accumulators near the register limit): no 64-bit slice pointer
+    // stays live through the main loop; thread 0 stores the K and V slice pointers (and the
+    // O/LSE row-0 pointers for the epilogue) in a small static shared table before the loop,
+    // and every load reads them back (one broadcast ld.shared, volatile so ptxas cannot keep
+    // the value in registers) plus a few per-thread integer instructions (one extra
+    // __syncthreads per block publishes the table before the prologue's loads).
+    // Otherwise per-thread pointers stay in registers.
     using KVThread = attn_detail::TileThread<BlockN, HeadDim, kThreads, T>;
     // Per-thread K/V descriptors held through the loop (not kLean); empty when kLean.
     const attn_detail::KVHold<kLean, KVThread, T> k_thr(
         static_cast<const T*>(params.k) + sc.k_off, params.k_row_stride, head_dim, tid);
     const attn_detail::KVHold<kLean, KVThread, T> v_thr(
         static_cast<const T*>(params.v) + sc.v_off, params.v_row_stride, head_dim, tid);
+    __shared__ __align__(16) unsigned long long s_ptrs[4];   // k, v, o (row m_start), lse (row m_start)
+    if constexpr (kLean) {
+        if (tid == 0) {
+            s_ptrs[0] = reinterpret_cast<unsigned long long>(static_cast<const T*>(params.k) + sc.k_off);
+            s_ptrs[1] = reinterpret_cast<unsigned long long>(static_cast<const T*>(params.v) + sc.v_off);
+            s_ptrs[2] = reinterpret_cast<unsigned long long>(
+                static_cast<T*>(params.o) + sc.o_off + static_cast<long long>(m_start) * params.o_row_stride);
+            s_ptrs[3] = reinterpret_cast<unsigned long long>(params.lse + sc.lse_off + m_start);
+        }
+        __syncthreads();   // the prologue's loads below already read the table
+    }
     auto load_k = [&](int j) {
         T* dst = sK + (j % Stages) * BlockN * HeadDim;
         if constexpr (kLean) {
-            const attn_detail::SeqCoords c =
-                attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
             attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(
-                dst, static_cast<const T*>(params.k) + c.k_off, j * BlockN, seqlen_k - j * BlockN,
-                params.k_row_stride, head_dim, tid_x_volatile());
+                dst, reinterpret_cast<const T*>(ld_shared_u64_volatile(smem_u32(&s_ptrs[0]))),
+                j * BlockN, seqlen_k - j * BlockN, params.k_row_stride, head_dim, tid_x_volatile());
         } else {
             k_thr.thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.k_row_stride);
         }
@@ -306,11 +320,9 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     auto load_v = [&](int j) {
         T* dst = sV + (j % Stages) * BlockN * HeadDim;
         if constexpr (kLean) {
-            const attn_detail::SeqCoords c =
-                attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
             attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(
-                dst, static_cast<const T*>(params.v) + c.v_off, j * BlockN, seqlen_k - j * BlockN,
-                params.v_row_stride, head_dim, tid_x_volatile());
+                dst, reinterpret_cast<const T*>(ld_shared_u64_volatile(smem_u32(&s_ptrs[1]))),
+                j * BlockN, seqlen_k - j * BlockN, params.v_row_stride, head_dim, tid_x_volatile());
         } else {
             v_thr.thr.load(dst, j * BlockN, seqlen_k - j * BlockN, params.v_row_stride);
         }
@@ -349,15 +361,27 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     const float scale_log2 = params.softmax_scale_log2;
     const int warp_row0 = warp * kWarpM;   // first tile row of this warp
     constexpr unsigned kRowBytes = HeadDim * 2;
-    // ldmatrix lane addresses (see LdsmCols). Every operand uses one lane pattern: row
-    // lane%16 of a 16-row block, logical chunk 2*step + lane/16. For Q (A operand) the four
-    // matrices are a0..a3; for K (B operand, 16 keys x 16 dims) they are b0 of keys 0-7, b0 of
-    // keys 8-15, b1 of keys 0-7, b1 of keys 8-15; for V (.trans, 16 keys x 16 dims) b0 and b1
-    // of dims 0-7, then b0 and b1 of dims 8-15. K and V share addresses (constant offset).
+    // ldmatrix lane addresses (see LdsmCols). The four 8x8 matrices of one ldmatrix.x4 land in
+    // four consecutive registers and mma.sync takes its B operand as a consecutive register
+    // pair, so each operand's lane pattern is chosen to put the registers one mma needs next to
+    // each other (otherwise ptxas inserts two moves per mma).
+    // Q (A operand): row lane%16 of a 16-row block, logical chunk 2*step + lane/16 -> a0..a3.
+    // K (B operand, 16 keys x 16 dims): key (lane%8) + 8*(lane/16), chunk 2*step + (lane/8)%2
+    //   -> b0, b1 of keys 0-7, then b0, b1 of keys 8-15. Exception (kKPaired false): lean
+    //   tiles whose rows end in a 4-chunk swizzle group (d = 96) cannot afford K's own six
+    //   address registers; K then shares V's pattern (b0 keys 0-7, b0 keys 8-15, b1 keys 0-7,
+    //   b1 keys 8-15) and ptxas pairs the registers with moves.
+    // V (.trans, 16 keys x 16 dims): key lane%16, chunk 2*step + lane/16 -> b0, b1 of dims
+    //   0-7, then b0, b1 of dims 8-15.
     const LdsmCols<kChunks> q_cols(smem_u32(sQ) + (warp_row0 + (lane % 16)) * kRowBytes, lane,
                                    lane / 16);
-    const LdsmCols<kChunks> kv_cols(smem_u32(sK) + (lane % 16) * kRowBytes, lane, lane / 16);
+    constexpr bool kKPaired = !(LdsmCols<kChunks>::kTail && kLean);
     constexpr unsigned kVOffset = Stages * BlockN * kRowBytes;   // sV - sK in bytes
+    const LdsmCols<kChunks> v_cols(smem_u32(sV) + (lane % 16) * kRowBytes, lane, lane / 16);
+    const LdsmCols<kChunks> k_cols = kKPaired
+        ? LdsmCols<kChunks>(smem_u32(sK) + ((lane % 8) + 8 * (lane / 16)) * kRowBytes, lane,
+                            (lane / 8) % 2)
+        : LdsmCols<kChunks>(smem_u32(sK) + (lane % 16) * kRowBytes, lane, lane / 16);
 
     for (int j = 0; j < n_blocks; ++j) {
         const int slot = j % Stages;
@@ -393,19 +417,42 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
 #pragma unroll
                 for (int nn = 0; nn < NT / 2; ++nn) {
                     unsigned kb[4];
-                    ldmatrix_x4(kb, kv_cols.at(kk, nn * 16 * kRowBytes) + sub_bytes + group_bytes);
+                    if constexpr (kKPaired) {
+                        ldmatrix_x4(kb, k_cols.at(kk, nn * 16 * kRowBytes) + sub_bytes + group_bytes);
+                    } else {   // V's lanes: b0 keys 0-7, b0 keys 8-15, b1 keys 0-7, b1 keys 8-15
+                        unsigned r[4];
+                        ldmatrix_x4(r, v_cols.at(kk, nn * 16 * kRowBytes) - kVOffset + sub_bytes
+                                           + group_bytes);
+                        kb[0] = r[0]; kb[1] = r[2]; kb[2] = r[1]; kb[3] = r[3];
+                    }
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
-                        mma_m16n8k16<T>(acc_s[mt][2 * nn], qa[mt], kb[0], kb[2]);
-                        mma_m16n8k16<T>(acc_s[mt][2 * nn + 1], qa[mt], kb[1], kb[3]);
+                        mma_m16n8k16<T>(acc_s[mt][2 * nn], qa[mt], kb[0], kb[1]);
+                        mma_m16n8k16<T>(acc_s[mt][2 * nn + 1], qa[mt], kb[2], kb[3]);
                     }
                 }
             };
+            // With one m16 tile per warp (MT == 1) the registers allow the group loop to be
+            // unrolled as well (no spills at d = 160..256), letting ptxas overlap the fragment
+            // loads of one group with the mma of the previous one.
             constexpr int kGroups = (kChunks & ~7) / 8;
-#pragma unroll 1
-            for (int grp = 0; grp < kGroups; ++grp) {
+#ifdef FERROATTN_QK_ROLLED
+            constexpr bool kUnrollGroups = false;   // experiments only
+#else
+            constexpr bool kUnrollGroups = MT == 1;
+#endif
+            if constexpr (kUnrollGroups) {
 #pragma unroll
-                for (int kk = 0; kk < 4; ++kk) qk_step(kk, static_cast<unsigned>(grp) << 7);
+                for (int grp = 0; grp < kGroups; ++grp) {
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk) qk_step(kk, static_cast<unsigned>(grp) << 7);
+                }
+            } else {
+#pragma unroll 1
+                for (int grp = 0; grp < kGroups; ++grp) {
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk) qk_step(kk, static_cast<unsigned>(grp) << 7);
+                }
             }
 #pragma unroll
             for (int kk = kGroups * 4; kk < KT; ++kk) qk_step(kk, 0u);
@@ -497,7 +544,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
 #pragma unroll
                 for (int dn = 0; dn < HeadDim / 16; ++dn) {
                     unsigned vb[4];
-                    ldmatrix_x4_trans(vb, kv_cols.at(dn, kk * 16 * kRowBytes + kVOffset) + sub_bytes);
+                    ldmatrix_x4_trans(vb, v_cols.at(dn, kk * 16 * kRowBytes) + sub_bytes);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         mma_m16n8k16<T>(acc_o[mt][2 * dn], pa[mt], vb[0], vb[1]);
@@ -517,22 +564,15 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     cp_async_wait<0>();   // only empty groups can remain; drain them before exit
 
     // ---- epilogue: normalise, LSE, stage O in the Q tile, 16-byte stores ----
-    // kLean: output offsets are re-derived here (volatile launch-index reads), not kept live.
+    // kLean: the output pointers come back from the shared table (see load_k), not registers.
     T* gO;
     float* gLse;
-    {
-        long long o_off, lse_off;
-        if constexpr (kLean) {
-            const attn_detail::SeqCoords c =
-                attn_detail::seq_coords(params, ctaid_y_volatile(), ctaid_z_volatile());
-            o_off = c.o_off;
-            lse_off = c.lse_off;
-        } else {
-            o_off = sc.o_off;
-            lse_off = sc.lse_off;
-        }
-        gO = static_cast<T*>(params.o) + o_off + static_cast<long long>(m_start) * params.o_row_stride;
-        gLse = params.lse + lse_off + m_start;
+    if constexpr (kLean) {
+        gO = reinterpret_cast<T*>(ld_shared_u64_volatile(smem_u32(&s_ptrs[2])));
+        gLse = reinterpret_cast<float*>(ld_shared_u64_volatile(smem_u32(&s_ptrs[3])));
+    } else {
+        gO = static_cast<T*>(params.o) + sc.o_off + static_cast<long long>(m_start) * params.o_row_stride;
+        gLse = params.lse + sc.lse_off + m_start;
     }
     const float scale = params.softmax_scale;
 #pragma unroll

@@ -75,8 +75,8 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Launch indices read through volatile asm: the compiler must re-read them where they are
-// used instead of keeping values derived from them live (used to re-derive 64-bit offsets
-// after the main loop rather than holding them in registers through it).
+// used instead of keeping values derived from them live (the attention kernel's lean K/V
+// loads re-read %tid.x this way; the %ctaid readers are kept for the same purpose).
 __device__ __forceinline__ int ctaid_x_volatile() {
     int v;
     asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(v));
@@ -95,6 +95,14 @@ __device__ __forceinline__ int ctaid_z_volatile() {
 __device__ __forceinline__ int tid_x_volatile() {
     int v;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
+    return v;
+}
+
+// 64-bit load from a .shared window address, volatile: re-executed where it is written, so
+// ptxas cannot hoist it and keep the value live in registers instead.
+__device__ __forceinline__ unsigned long long ld_shared_u64_volatile(unsigned addr) {
+    unsigned long long v;
+    asm volatile("ld.volatile.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
     return v;
 }
 

@@ -12,10 +12,7 @@ Importing this package needs neither torch nor a GPU: the torch-dependent names
 (the ``flash_attn_*`` functions, :mod:`ferroattn.bert_padding`, :mod:`ferroattn.testing`) are
 imported on first access.
 """
-from __future__ import annotations
-
-import importlib
-from typing import Any, List
+import importlib as _importlib
 
 from . import _env  # noqa: F401  (CUDA include dirs + NVRTC preload; never raises)
 from .errors import (
@@ -72,18 +69,18 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str):
     if name in _LAZY_ATTRS:
-        module = importlib.import_module(f".{_LAZY_ATTRS[name]}", __name__)
+        module = _importlib.import_module(f".{_LAZY_ATTRS[name]}", __name__)
         value = getattr(module, name)
         globals()[name] = value
         return value
     if name in _LAZY_MODULES:
-        module = importlib.import_module(f".{name}", __name__)
+        module = _importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(__all__) | set(_LAZY_MODULES))
+def __dir__() -> "list[str]":
+    return sorted(set(__all__) | set(_LAZY_MODULES) | {"errors"})

@@ -1,0 +1,1157 @@
+"""Adversarial argument tests (CPU; no GPU needed).
+
+Every bad input must give a clear exception: a class of :mod:`ferroattn.errors` (a RuntimeError
+and a ValueError/TypeError), or NotImplementedError for unsupported features, whose message starts
+with the argument's name and carries the expected and actual value; never a crash, a
+PanicException, a raw ZeroDivisionError/AttributeError/IndexError, or silent acceptance. After every
+rejected call a valid call must succeed.
+
+Tensors come in three kinds:
+- "fake": FakeTensorMode CUDA tensors (the fake impl: Rust validation of metadata);
+- "meta": meta tensors (same path, described as CUDA device 0);
+- "cpu":  real CPU tensors (the real op: value checks of cu_seqlens, then Rust validation of the
+  DLPack-imported tensors, which ends in DeviceError for q when everything else is right);
+plus hand-made DLPack capsules that claim to be CUDA memory (ctypes), to drive
+``_native.attn_fwd``'s validation of ``out`` / ``softmax_lse`` / alignment without a GPU. Capsules
+whose arguments are all valid would launch on a fake pointer, so those tests are skipped when a
+CUDA driver is present.
+
+Cases marked ``xfail(strict=True, reason="BUG: ...")`` assert the correct behaviour and fail today.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ferroattn import _native, errors
+from ferroattn.flash_attn_interface import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
+
+# FakeTensorMode logs every exception a fake impl raises at ERROR level; these are expected here.
+logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
+
+BF16, FP16 = torch.bfloat16, torch.float16
+I32 = torch.int32
+HAS_CUDA_DRIVER = _native.cuda_available()
+no_driver = pytest.mark.skipif(
+    HAS_CUDA_DRIVER, reason="passes fake CUDA pointers that would reach a real launch")
+
+
+def bug(reason: str):
+    return pytest.mark.xfail(strict=True, reason=f"BUG: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+class Env:
+    """Tensor factory for one mode ("fake", "meta", "cpu")."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.device = {"fake": "cuda:0", "meta": "meta", "cpu": "cpu"}[mode]
+
+    def t(self, *shape, dtype=BF16, device=None, requires_grad=False):
+        device = device or self.device
+        if device == "cpu":
+            x = torch.randn(shape).to(dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+        else:
+            x = torch.empty(shape, dtype=dtype, device=device)
+        return x.requires_grad_(requires_grad)
+
+    def cu(self, values, dtype=I32, device=None):
+        return torch.tensor(values, dtype=dtype, device=device or self.device)
+
+
+@contextlib.contextmanager
+def env(mode: str):
+    if mode == "fake":
+        with FakeTensorMode():
+            yield Env(mode)
+    else:
+        yield Env(mode)
+
+
+def valid_call_succeeds():
+    """The contract's 'afterwards a valid call succeeds', on fake CUDA tensors (padded + varlen)."""
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        k = torch.empty(2, 7, 2, 32, dtype=BF16, device="cuda")
+        out = flash_attn_func(q, k, k, causal=True)
+        assert out.shape == (2, 5, 6, 32) and out.dtype == BF16
+        qv = torch.empty(9, 6, 32, dtype=BF16, device="cuda")
+        cu = torch.tensor([0, 4, 9], dtype=I32, device="cuda")
+        out = flash_attn_varlen_func(qv, qv[:, :2], qv[:, :2], cu, cu, 5, 5)
+        assert out.shape == (9, 6, 32)
+
+
+def expect(exc, names: str, call, *, ferro: bool = True, contains=()):
+    """``call()`` raises ``exc`` whose message starts with one of ``names`` (a regex alternation)
+    and contains every string of ``contains``; then a valid call succeeds."""
+    with pytest.raises(exc) as info:
+        call()
+    msg = str(info.value)
+    assert re.match(rf"({names})\b", msg), f"message does not start with {names!r}: {msg!r}"
+    for s in contains:
+        assert s in msg, f"message lacks {s!r}: {msg!r}"
+    if ferro:
+        assert isinstance(info.value, errors.FerroattnError) and isinstance(info.value, RuntimeError)
+        assert isinstance(info.value, (ValueError, TypeError))
+    valid_call_succeeds()
+    return info.value
+
+
+def padded(e: Env, causal=True, **over):
+    a = dict(q=e.t(2, 5, 6, 32), k=e.t(2, 7, 2, 32), v=e.t(2, 7, 2, 32))
+    a.update(over)
+    return lambda: flash_attn_func(a["q"], a["k"], a["v"], causal=causal)
+
+
+def varlen(e: Env, **over):
+    a = dict(q=e.t(9, 6, 32), k=e.t(11, 2, 32), v=e.t(11, 2, 32), cu_seqlens_q=e.cu([0, 4, 9]),
+             cu_seqlens_k=e.cu([0, 5, 11]), max_seqlen_q=5, max_seqlen_k=6)
+    a.update(over)
+    return lambda: flash_attn_varlen_func(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
+                                          a["max_seqlen_q"], a["max_seqlen_k"], causal=True)
+
+
+MODES = ["fake", "meta", "cpu"]
+META_MODES = ["fake", "meta"]
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.int8,
+                                   torch.uint8, torch.bool])
+def test_q_k_v_unsupported_dtype(mode, dtype):
+    with env(mode) as e:
+        call = padded(e, q=e.t(2, 5, 6, 32, dtype=dtype), k=e.t(2, 7, 2, 32, dtype=dtype),
+                      v=e.t(2, 7, 2, 32, dtype=dtype))
+        expect(errors.DTypeError, "q", call, contains=("float16", str(dtype).removeprefix("torch.")))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("which", ["k", "v"])
+@pytest.mark.parametrize("qdt,kdt", [(BF16, FP16), (FP16, BF16), (FP16, torch.float32)])
+def test_mixed_dtypes(mode, which, qdt, kdt):
+    with env(mode) as e:
+        over = {"q": e.t(2, 5, 6, 32, dtype=qdt), "k": e.t(2, 7, 2, 32, dtype=qdt), "v": e.t(2, 7, 2, 32, dtype=qdt)}
+        over[which] = e.t(2, 7, 2, 32, dtype=kdt)
+        expect(errors.DTypeError, which, padded(e, **over))
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.complex64, torch.int16])
+@bug("a q dtype outside the DLPack name table (fp8, complex, int16) reports 'expected dtype one of float16, "
+     "bfloat16, float32, float64, int32, ...' (the table of TensorMeta::from_parts / DType::parse in "
+     "src/tensor.rs, src/dtype.rs) instead of 'float16 or bfloat16': the message suggests fp32 would do")
+def test_exotic_dtype_message_names_the_supported_dtypes(mode, dtype):
+    with env(mode) as e:
+        call = padded(e, q=e.t(2, 5, 6, 32, dtype=dtype), k=e.t(2, 7, 2, 32, dtype=dtype),
+                      v=e.t(2, 7, 2, 32, dtype=dtype))
+        err = expect(errors.DTypeError, "q", call, contains=("float16 or bfloat16",))
+        assert "float32" not in str(err)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.uint8])
+def test_cu_seqlens_wrong_dtype(mode, which, dtype):
+    with env(mode) as e:
+        vals = [0, 4, 9] if which == "cu_seqlens_q" else [0, 5, 11]
+        expect(errors.DTypeError, which, varlen(e, **{which: e.cu(vals, dtype=dtype)}), contains=("int32",))
+
+
+# ---------------------------------------------------------------------------------------------
+# ranks
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(32,), (5, 32), (5, 6, 32), (2, 5, 6, 1, 32)])
+def test_q_wrong_rank_padded(mode, shape):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "q", padded(e, q=e.t(*shape)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@bug("a 0-dim q reaches `head_dim = q.shape[-1]` in flash_attn_interface._attention: IndexError "
+     "'tuple index out of range' instead of ArgumentError naming q")
+def test_q_zero_dim(mode):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "q", padded(e, q=e.t()))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("which,shape", [("k", (7, 2, 32)), ("v", (2, 7, 2, 1, 32)), ("k", (2, 7, 2, 32, 1))])
+def test_kv_wrong_rank_padded(mode, which, shape):
+    with env(mode) as e:
+        expect(errors.ArgumentError, which, padded(e, **{which: e.t(*shape)}))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("which,shape", [("q", (1, 9, 6, 32)), ("k", (1, 11, 2, 32)), ("q", (9, 192))])
+def test_varlen_wrong_rank(mode, which, shape):
+    with env(mode) as e:
+        over = {which: e.t(*shape)}
+        if which == "k":
+            over["v"] = e.t(*shape)
+        expect(errors.ArgumentError, which, varlen(e, **over))
+
+
+@pytest.mark.parametrize("what", [None, [[1.0]], 3.0, np.zeros((2, 5, 6, 32), np.float16)])
+@bug("a non-tensor q (None, list, float, ndarray) gives AttributeError (\"'NoneType' object has no "
+     "attribute 'dim'\") from flash_attn_interface._attention instead of a TypeError naming q")
+def test_q_not_a_tensor(what):
+    with FakeTensorMode():
+        k = torch.empty(2, 7, 2, 32, dtype=BF16, device="cuda")
+    with pytest.raises(TypeError, match=r"^q\b"):
+        flash_attn_func(what, k, k)
+    valid_call_succeeds()
+
+
+# ---------------------------------------------------------------------------------------------
+# zero-sized dims
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("qs,ks,causal", [
+    ((0, 5, 6, 32), (0, 7, 2, 32), True),   # b = 0
+    ((2, 0, 6, 32), (2, 7, 2, 32), True),   # s_q = 0
+    ((2, 5, 6, 32), (2, 0, 2, 32), True),   # s_k = 0 (rows see no key: out 0, lse +inf on GPU)
+    ((2, 5, 6, 32), (2, 0, 2, 32), False),
+    ((2, 5, 0, 32), (2, 7, 2, 32), False),  # h = 0 (0 % 2 == 0)
+    ((0, 0, 0, 32), (0, 0, 1, 32), False),
+])
+def test_zero_sized_dims_are_valid(mode, qs, ks, causal):
+    with env(mode) as e:
+        q, k = e.t(*qs), e.t(*ks)
+        out, lse, s = flash_attn_func(q, k, k, causal=causal, return_attn_probs=True)
+        assert out.shape == qs and out.dtype == BF16
+        assert lse.shape == (qs[0], qs[2], qs[1]) and lse.dtype == torch.float32
+        assert s.shape == (0,)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_kv_heads_rejected(mode):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "k", padded(e, q=e.t(2, 5, 0, 32), k=e.t(2, 7, 0, 32), v=e.t(2, 7, 0, 32)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_head_dim_with_scale(mode):
+    with env(mode) as e:
+        q, k = e.t(2, 5, 6, 0), e.t(2, 7, 2, 0)
+        expect(errors.ArgumentError, "q", lambda: flash_attn_func(q, k, k, softmax_scale=1.0), contains=("0",))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@bug("head dim 0 with softmax_scale=None computes `head_dim ** (-0.5)` in flash_attn_interface._attention "
+     "before any validation: ZeroDivisionError instead of ArgumentError naming q")
+def test_zero_head_dim_default_scale(mode):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "q", padded(e, q=e.t(2, 5, 6, 0), k=e.t(2, 7, 2, 0), v=e.t(2, 7, 2, 0)))
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+def test_varlen_zero_sized(mode):
+    with env(mode) as e:
+        q, k = e.t(0, 6, 32), e.t(11, 2, 32)
+        cu0, cuk = e.cu([0, 0, 0]), e.cu([0, 5, 11])
+        out, lse, _ = flash_attn_varlen_func(q, k, k, cu0, cuk, 0, 6, return_attn_probs=True)
+        assert out.shape == (0, 6, 32) and lse.shape == (6, 0)
+        q = e.t(9, 6, 32)
+        out = flash_attn_varlen_func(q, e.t(0, 2, 32), e.t(0, 2, 32), e.cu([0, 4, 9]), cu0, 5, 0)
+        assert out.shape == (9, 6, 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# head dims
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("d", [1, 7, 8, 36, 255, 256])
+def test_supported_head_dims(mode, d):
+    with env(mode) as e:
+        q, k = e.t(2, 5, 6, d), e.t(2, 7, 2, d)
+        out, lse, _ = flash_attn_func(q, k, k, return_attn_probs=True)
+        assert out.shape == (2, 5, 6, d) and lse.shape == (2, 6, 5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("d", [264, 512, 1024])
+def test_head_dim_too_large(mode, d):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "q", padded(e, q=e.t(2, 5, 6, d), k=e.t(2, 7, 2, d), v=e.t(2, 7, 2, d)),
+               contains=(str(d), "256"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("d", [257, 300])
+@bug("a head dim that is not a multiple of 8 and > 256 is padded before validation, so the message "
+     "reports the padded size ('got head dim 264' for 257) rather than the user's value "
+     "(flash_attn_interface._attention pads before the op validates)")
+def test_head_dim_too_large_message_reports_user_value(mode, d):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "q", padded(e, q=e.t(2, 5, 6, d), k=e.t(2, 7, 2, d), v=e.t(2, 7, 2, d)),
+               contains=(str(d),))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_k_head_dim_differs(mode):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "k", padded(e, k=e.t(2, 7, 2, 64), v=e.t(2, 7, 2, 64)), contains=("32", "64"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@bug("q head dim 7, k head dim 9: k and v are padded by q's amount first, so the message says "
+     "\"k: expected head dim 8 (q's head dim), got head dim 10\", neither of the user's values "
+     "(flash_attn_interface._attention)")
+def test_k_head_dim_differs_unpadded_message(mode):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "k", padded(e, q=e.t(2, 5, 6, 7), k=e.t(2, 7, 2, 9), v=e.t(2, 7, 2, 9)),
+               contains=("7", "9"))
+
+
+# ---------------------------------------------------------------------------------------------
+# heads, batch, k/v shapes
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("h,hk", [(6, 4), (2, 4), (6, 12), (1, 2), (7, 2)])
+def test_heads_not_divisible_or_hk_greater(mode, h, hk):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "k", padded(e, q=e.t(2, 5, h, 32), k=e.t(2, 7, hk, 32), v=e.t(2, 7, hk, 32)),
+               contains=(str(h), str(hk)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("which,shape", [
+    ("v", (2, 8, 2, 32)),   # different seqlen
+    ("v", (2, 7, 1, 32)),   # different heads
+    ("v", (2, 7, 2, 64)),   # different head dim
+    ("v", (3, 7, 2, 32)),   # different batch
+    ("k", (3, 7, 2, 32)),   # k batch != q batch (v too)
+])
+def test_kv_shape_mismatch(mode, which, shape):
+    with env(mode) as e:
+        over = {which: e.t(*shape)}
+        if which == "k":
+            over["v"] = e.t(*shape)
+        expect(errors.ArgumentError, which, padded(e, **over))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_varlen_kv_rows_differ(mode):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "v", varlen(e, v=e.t(12, 2, 32)))
+
+
+# ---------------------------------------------------------------------------------------------
+# strides: stride 0, non-contiguous last dim, negative (through DLPack / metadata)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("which,dim", [("k", 2), ("k", 0), ("q", 0), ("q", 1), ("k", 1)])
+def test_stride_zero_broadcast_views_accepted(mode, which, dim):
+    """expand() gives stride 0: GQA broadcast of one kv head (dim 2), one batch row (dim 0), one
+    position (dim 1). Legal inputs; out must be a dense tensor of q's shape (never stride 0)."""
+    with env(mode) as e:
+        full = {"q": (2, 5, 6, 32), "k": (2, 7, 6, 32)}
+        small = list(full[which])
+        small[dim] = 1
+        x = e.t(*small).expand(*full[which])
+        assert x.stride(dim) == 0
+        q = x if which == "q" else e.t(*full["q"])
+        k = x if which == "k" else e.t(*full["k"])
+        out = flash_attn_func(q, k, k)
+        assert out.shape == full["q"]
+        assert 0 not in out.stride() and out.is_contiguous()
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+def test_non_contiguous_last_dim_is_copied(mode):
+    with env(mode) as e:
+        q = e.t(2, 5, 6, 64)[..., ::2]
+        k = e.t(2, 7, 2, 1).expand(2, 7, 2, 32)  # last-dim stride 0
+        assert q.stride(-1) == 2 and k.stride(-1) == 0
+        out = flash_attn_func(q, k, k)
+        assert out.shape == (2, 5, 6, 32)
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+def test_op_direct_rejects_non_contiguous_last_dim(mode):
+    with env(mode) as e:
+        q, k = e.t(2, 5, 6, 32), e.t(2, 7, 2, 64)[..., ::2]
+        expect(errors.ArgumentError, "k", lambda: torch.ops.ferroattn.attn_fwd(q, k, k, None, None, 5, 7, 0.1, False),
+               contains=("stride",))
+
+
+def _meta(shape, strides, dtype="bfloat16", device=(2, 0)):
+    return (tuple(shape), tuple(strides), dtype, device)
+
+
+Q_META = _meta((2, 5, 4, 64), (1280, 256, 64, 1))
+K_META = _meta((2, 7, 2, 64), (896, 128, 64, 1))
+
+
+def test_attn_fwd_check_accepts_baseline():
+    assert _native.attn_fwd_check(Q_META, K_META, K_META, None, None, 0, 0) is None
+
+
+@pytest.mark.parametrize("strides", [(-1280, 256, 64, 1), (1280, -256, 64, 1), (1280, 256, -64, 1),
+                                     (1280, 256, 64, -1)])
+def test_attn_fwd_check_negative_strides(strides):
+    expect(errors.ArgumentError, "q", lambda: _native.attn_fwd_check(_meta((2, 5, 4, 64), strides), K_META, K_META,
+                                                                     None, None, 0, 0), contains=("stride",))
+
+
+@pytest.mark.parametrize("meta,name", [
+    (_meta((2, -5, 4, 64), (1280, 256, 64, 1)), "size"),
+    (_meta((2, 5, 4, 64), (256, 64, 1)), "strides"),
+    (_meta((2, 5, 4, 64), (1280, 256, 64, 0)), "stride"),
+    (_meta((2, 5, 4, 64), (1280, 256, 64, 2)), "stride"),
+])
+def test_attn_fwd_check_malformed_metadata(meta, name):
+    expect(errors.ArgumentError, "q", lambda: _native.attn_fwd_check(meta, K_META, K_META, None, None, 0, 0),
+           contains=(name,))
+
+
+def test_attn_fwd_check_unknown_dtype_and_device():
+    expect(errors.DTypeError, "q", lambda: _native.attn_fwd_check(_meta((2, 5, 4, 64), (1280, 256, 64, 1), "float17"),
+                                                                  K_META, K_META, None, None, 0, 0))
+    bad = lambda m: (m[0], m[1], m[2], (99, 0))  # noqa: E731
+    expect(errors.DeviceError, "q", lambda: _native.attn_fwd_check(bad(Q_META), bad(K_META), bad(K_META),
+                                                                   None, None, 0, 0))
+
+
+def test_native_negative_strides_from_numpy():
+    """numpy exports negative strides through DLPack: the Rust validation must reject them."""
+    q = np.zeros((2, 5, 4, 64), np.float16)[::-1]
+    k = np.zeros((2, 7, 2, 64), np.float16)
+    out, lse = np.zeros((2, 5, 4, 64), np.float16), np.zeros((2, 4, 5), np.float32)
+    assert _native.dlpack_info(q)["strides"][0] < 0
+    expect(errors.ArgumentError, "q", lambda: _native.attn_fwd(q, k, k, out, lse, None, None, 5, 7, 0.1, False, 0),
+           contains=("negative",))
+    k_neg = np.zeros((2, 7, 2, 64), np.float16)[:, ::-1]
+    q_ok = np.zeros((2, 5, 4, 64), np.float16)
+    expect(errors.ArgumentError, "k", lambda: _native.attn_fwd(q_ok, k_neg, k_neg, out, lse, None, None, 5, 7, 0.1,
+                                                               False, 0), contains=("negative",))
+
+
+# ---------------------------------------------------------------------------------------------
+# misaligned views (storage offsets not multiples of 8 elements)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("offset", [1, 3, 5, 7])
+def test_misaligned_cpu_views_reach_validation(offset):
+    """A misaligned view is copied by the op (it cannot be read in place); on CPU the call then
+    fails for the device, not for the alignment, and not with a crash."""
+    buf = torch.randn(2 * 5 * 6 * 32 + offset).to(BF16)
+    q = buf[offset:].view(2, 5, 6, 32)
+    assert q.data_ptr() % 16 != 0
+    k = torch.randn(2, 7, 2, 32).to(BF16)
+    expect(errors.DeviceError, "q", lambda: flash_attn_func(q, k, k))
+
+
+# ---------------------------------------------------------------------------------------------
+# huge shapes (meta / fake): 32-bit limits
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", META_MODES)
+def test_huge_batch_and_heads(mode):
+    with env(mode) as e:
+        expect(errors.ArgumentError, "q", padded(e, q=e.t(70000, 5, 2, 32), k=e.t(70000, 7, 2, 32), v=e.t(70000, 7, 2, 32)),
+               contains=("65535", "70000"))
+        expect(errors.ArgumentError, "q", padded(e, q=e.t(1, 5, 70000, 32), k=e.t(1, 7, 1, 32), v=e.t(1, 7, 1, 32)),
+               contains=("65535", "70000"))
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("which", ["q", "k"])
+@bug("a padded seqlen > 2^31-1 is rejected with a message naming 'max_seqlen_q'/'max_seqlen_k', "
+     "arguments flash_attn_func does not have (ops::attention::validate calls check_i32 with the "
+     "varlen names in padded mode)")
+def test_huge_padded_seqlen_names_the_tensor(mode, which):
+    with env(mode) as e:
+        s = 2**31
+        over = {"q": e.t(1, s, 1, 32)} if which == "q" else {"k": e.t(1, s, 1, 32), "v": e.t(1, s, 1, 32)}
+        over.setdefault("q", e.t(1, 5, 1, 32))
+        over.setdefault("k", e.t(1, 7, 1, 32))
+        over.setdefault("v", e.t(1, 7, 1, 32))
+        expect(errors.ArgumentError, which, padded(e, **over), contains=(str(s),))
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+def test_huge_but_legal_numel(mode):
+    """More than 2^31 (and 2^40) elements per tensor is legal: strides are 64-bit."""
+    with env(mode) as e:
+        q = e.t(4, 2**20, 16, 64)
+        assert q.numel() > 2**31
+        out, lse, _ = flash_attn_func(q, q, q, return_attn_probs=True)
+        assert out.shape == q.shape and lse.shape == (4, 16, 2**20)
+        q = e.t(65535, 2**20, 16, 64)
+        assert flash_attn_func(q, q[:, :, :1], q[:, :, :1]).shape == q.shape
+
+
+# ---------------------------------------------------------------------------------------------
+# max_seqlen
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("which", ["max_seqlen_q", "max_seqlen_k"])
+@pytest.mark.parametrize("value", [-1, -(2**31), 2**31, 2**40])
+def test_max_seqlen_out_of_range(mode, which, value):
+    with env(mode) as e:
+        expect(errors.ArgumentError, which, varlen(e, **{which: value}), contains=(str(value),))
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("which", ["max_seqlen_q", "max_seqlen_k"])
+@pytest.mark.parametrize("value", [5.5, 6.0, None, "6", 2**63, 2**64], ids=["5.5", "6.0", "None", "str", "2^63", "2^64"])
+@bug("flash_attn_varlen_func does not check max_seqlen_q/k: a float/None/str/too-big int gives torch's "
+     "dispatcher RuntimeError (\"ferroattn::attn_fwd() Expected a value of type 'int'...\"), or for "
+     "max_seqlen_k=None a TypeError from the window comparison in _normalise_causal_window; neither a "
+     "ferroattn error nor a message starting with the argument name")
+def test_max_seqlen_wrong_type(mode, which, value):
+    with env(mode) as e:
+        with pytest.raises((errors.ArgumentError, errors.DTypeError)) as info:
+            varlen(e, **{which: value})()
+        assert re.match(rf"{which}\b", str(info.value)), str(info.value)
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("value", [np.int64(6), np.int32(6), True], ids=["np.int64", "np.int32", "bool"])
+def test_max_seqlen_int_like_accepted(mode, value):
+    with env(mode) as e:
+        assert varlen(e, max_seqlen_k=value if value is not True else 6)().shape == (9, 6, 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax_scale
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scale", [0.0, -0.125, 1e-30, 1e4, 1, "tensor"], ids=str)
+def test_softmax_scale_unusual_but_valid(scale):
+    with FakeTensorMode():
+        scale = torch.tensor(0.5) if scale == "tensor" else scale
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        assert flash_attn_func(q, q[:, :, :2], q[:, :, :2], softmax_scale=scale).shape == q.shape
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), float("-inf"), 1e300, 2**1100, "0.5",
+                                   [0.5], "tensor2"],
+                         ids=["nan", "inf", "-inf", "1e300_overflows_f32", "2^1100", "str", "list", "tensor2"])
+@bug("softmax_scale is not validated: nan/inf and values that overflow fp32 (1e300) are accepted and "
+     "give NaN/garbage output; a str is float()-ed silently; a 2-element tensor/list/huge int raise "
+     "ValueError/TypeError/OverflowError not naming the argument (flash_attn_interface._attention "
+     "does float(softmax_scale) and nothing else; src/python/attention.rs casts f64 -> f32 unchecked)")
+def test_softmax_scale_invalid(scale):
+    with FakeTensorMode():
+        scale = torch.tensor([0.5, 1.0]) if scale == "tensor2" else scale
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        with pytest.raises((errors.ArgumentError, errors.DTypeError)) as info:
+            flash_attn_func(q, q[:, :, :2], q[:, :, :2], softmax_scale=scale)
+        assert str(info.value).startswith("softmax_scale")
+    valid_call_succeeds()
+
+
+# ---------------------------------------------------------------------------------------------
+# causal
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False, 1, 0, np.bool_(True), "tensor", None],
+                         ids=["True", "False", "1", "0", "np.bool_", "tensor", "None"])
+def test_causal_bool_like_accepted(causal):
+    with FakeTensorMode():
+        causal = torch.tensor(True) if isinstance(causal, str) else causal
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        assert flash_attn_func(q, q, q, causal=causal).shape == q.shape
+
+
+@pytest.mark.parametrize("causal", ["False", "no", [], (0,), "tensor2"],
+                         ids=["str_False", "str_no", "empty_list", "tuple", "tensor2"])
+@bug("causal is coerced with bool() in flash_attn_interface._attention: causal='False' silently means "
+     "True (wrong attention), [] means False, a 2-element tensor raises torch's 'Boolean value of "
+     "Tensor ... ambiguous' not naming causal; expected a TypeError naming causal")
+def test_causal_not_a_bool(causal):
+    with FakeTensorMode():
+        causal = torch.tensor([True, False]) if causal == "tensor2" else causal
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        with pytest.raises(TypeError, match=r"^causal\b"):
+            flash_attn_func(q, q, q, causal=causal)
+    valid_call_succeeds()
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout_p, softcap, window_size, return_attn_probs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.999])
+def test_dropout_positive_not_implemented(p):
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        with pytest.raises(NotImplementedError, match="dropout_p"):
+            flash_attn_func(q, q, q, dropout_p=p)
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("p", [-0.1, -1.0, float("-inf"), float("nan"), 1.0, 1.5, float("inf"), "0.1"],
+                         ids=["-0.1", "-1", "-inf", "nan", "1.0", "1.5", "inf", "str"])
+@bug("dropout_p outside [0, 1) is not validated (flash_attn_interface._check_supported only tests "
+     "`dropout_p > 0.0`): negative, -inf and nan are silently accepted as 0, >= 1 raises "
+     "NotImplementedError('not implemented yet') although it is invalid, a str raises a bare "
+     "TypeError from the comparison; expected ArgumentError/TypeError starting with dropout_p")
+def test_dropout_invalid(p):
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        with pytest.raises((ValueError, TypeError)) as info:
+            flash_attn_func(q, q, q, dropout_p=p)
+        assert not isinstance(info.value, NotImplementedError)
+        assert str(info.value).startswith("dropout_p"), str(info.value)
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("kw", [dict(softcap=1.0), dict(softcap=-1.0), dict(alibi_slopes=torch.ones(6))],
+                         ids=["softcap", "softcap_neg", "alibi"])
+def test_unsupported_features_name_the_argument(kw):
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        name = next(iter(kw))
+        with pytest.raises(NotImplementedError, match=name):
+            flash_attn_func(q, q, q, **kw)
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("window,causal", [((-1, -1), False), ((-5, -7), False), ((-1, 0), False),
+                                           ((7, 7), False), ((100, -1), True), ((-1, 2**70), False)])
+def test_window_size_forms_that_normalise_to_full_or_causal(window, causal):
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        k = torch.empty(2, 7, 2, 32, dtype=BF16, device="cuda")
+        assert flash_attn_func(q, k, k, causal=causal, window_size=window).shape == q.shape
+
+
+@pytest.mark.parametrize("window", [(3, 3), (0, -1), (2, 0), [1, 1]])
+def test_window_size_local_not_implemented(window):
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        k = torch.empty(2, 7, 2, 32, dtype=BF16, device="cuda")
+        with pytest.raises(NotImplementedError, match="window_size"):
+            flash_attn_func(q, k, k, window_size=window)
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("window", [(1,), None, (-1, -1, -1), ("a", "b"), 5, "ab", (float("nan"), -1),
+                                    (float("inf"), -1), (0.5, -1)],
+                         ids=["len1", "None", "len3", "strs", "int", "str", "nan", "inf", "float"])
+@bug("a malformed window_size raises a plain builtin ValueError (not ferroattn.errors.ArgumentError), "
+     "(inf, -1) an OverflowError, and (0.5, -1) is silently truncated to (0, -1) by int() "
+     "(flash_attn_interface._normalise_causal_window)")
+def test_window_size_malformed(window):
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
+        with pytest.raises(errors.ArgumentError, match=r"^window_size\b"):
+            flash_attn_func(q, q, q, window_size=window)
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("rap", [True, 1, "yes"])
+def test_return_attn_probs_forms(rap):
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 6, 7, dtype=FP16, device="cuda")  # padded head dim: out sliced back
+        k = torch.empty(2, 9, 3, 7, dtype=FP16, device="cuda")
+        res = flash_attn_func(q, k, k, return_attn_probs=rap)
+        assert isinstance(res, tuple) and len(res) == 3
+        out, lse, s = res
+        assert out.shape == (2, 5, 6, 7) and out.dtype == FP16
+        assert lse.shape == (2, 6, 5) and lse.dtype == torch.float32 and lse.device == q.device
+        assert s.shape == (0,) and s.dtype == FP16 and s.device == q.device
+        assert torch.is_tensor(flash_attn_func(q, k, k, return_attn_probs=False))
+        assert torch.is_tensor(flash_attn_func(q, k, k, return_attn_probs=0))
+
+
+def test_return_attn_probs_every_variant():
+    with FakeTensorMode():
+        c = lambda *s: torch.empty(*s, dtype=BF16, device="cuda")  # noqa: E731
+        cu = torch.tensor([0, 4, 9], dtype=I32, device="cuda")
+        for res, lse_shape in [
+            (flash_attn_qkvpacked_func(c(2, 5, 3, 4, 40), return_attn_probs=True), (2, 4, 5)),
+            (flash_attn_kvpacked_func(c(2, 5, 4, 40), c(2, 7, 2, 2, 40), return_attn_probs=True), (2, 4, 5)),
+            (flash_attn_varlen_func(c(9, 4, 40), c(9, 2, 40), c(9, 2, 40), cu, cu, 5, 5, return_attn_probs=True),
+             (4, 9)),
+            (flash_attn_varlen_qkvpacked_func(c(9, 3, 4, 40), cu, 5, return_attn_probs=True), (4, 9)),
+            (flash_attn_varlen_kvpacked_func(c(9, 4, 40), c(9, 2, 2, 40), cu, cu, 5, 5, return_attn_probs=True),
+             (4, 9)),
+        ]:
+            out, lse, s = res
+            assert lse.shape == lse_shape and lse.dtype == torch.float32 and s.numel() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# cu_seqlens: metadata errors (every mode)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["2d", "0d", "empty", "len_mismatch", "strided", "stride0", "k_missing",
+                                  "q_missing"])
+def test_cu_seqlens_malformed(mode, case):
+    with env(mode) as e:
+        over, names = {
+            "2d": ({"cu_seqlens_q": e.cu([[0, 4, 9]])}, "cu_seqlens_q"),
+            "0d": ({"cu_seqlens_k": e.cu(0)}, "cu_seqlens_k"),
+            "empty": ({"cu_seqlens_q": e.cu([]), "cu_seqlens_k": e.cu([])}, "cu_seqlens_q|cu_seqlens_k"),
+            "len_mismatch": ({"cu_seqlens_k": e.cu([0, 5, 8, 11])}, "cu_seqlens_k"),
+            "strided": ({"cu_seqlens_q": e.cu([0, 0, 4, 0, 9])[::2]}, "cu_seqlens_q"),
+            "stride0": ({"cu_seqlens_q": e.cu([0]).expand(3)}, "cu_seqlens_q"),
+            "k_missing": ({"cu_seqlens_k": None}, "cu_seqlens_k"),
+            "q_missing": ({"cu_seqlens_q": None}, "cu_seqlens_q"),
+        }[case]
+        expect(errors.ArgumentError, names, varlen(e, **over))
+
+
+@pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k"])
+def test_cu_seqlens_on_cpu_while_q_on_cuda(which):
+    with FakeTensorMode():
+        e = Env("fake")
+        vals = [0, 4, 9] if which == "cu_seqlens_q" else [0, 5, 11]
+        expect(errors.DeviceError, which, varlen(e, **{which: e.cu(vals, device="cpu")}), contains=("cpu",))
+
+
+def test_cu_seqlens_as_list_is_rejected_naming_it():
+    with FakeTensorMode():
+        e = Env("fake")
+        with pytest.raises(RuntimeError, match="cu_seqlens_q"):
+            varlen(e, cu_seqlens_q=[0, 4, 9])()
+    valid_call_succeeds()
+
+
+# ---------------------------------------------------------------------------------------------
+# cu_seqlens: value errors (real CPU tensors: the check runs before the device check, so a missed
+# check shows up as DeviceError for q instead of ArgumentError for cu_seqlens)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("over,name", [
+    (dict(cu_seqlens_q=[0, 6, 4]), "cu_seqlens_q"),
+    (dict(cu_seqlens_k=[0, 7, 5]), "cu_seqlens_k"),
+    (dict(cu_seqlens_q=[0, 4, 10]), "cu_seqlens_q"),
+    (dict(cu_seqlens_k=[0, 5, 2**31 - 1]), "cu_seqlens_k"),
+    (dict(cu_seqlens_q=[-1, 4, 9]), "cu_seqlens_q"),
+    (dict(cu_seqlens_q=[-(2**31), 4, 9]), "cu_seqlens_q"),
+    (dict(max_seqlen_q=4), "max_seqlen_q"),
+    (dict(max_seqlen_k=3), "max_seqlen_k"),
+], ids=["q_decreasing", "k_decreasing", "q_last_too_large", "k_last_int32_max", "q_negative_first",
+        "q_int32_min_first", "max_q_too_small", "max_k_too_small"])
+def test_cu_seqlens_bad_values_cpu(over, name):
+    e = Env("cpu")
+    over = {k: (e.cu(v) if isinstance(v, list) else v) for k, v in over.items()}
+    expect(errors.ArgumentError, name, varlen(e, **over))
+
+
+@pytest.mark.parametrize("over,name", [
+    (dict(cu_seqlens_q=[2, 4, 9]), "cu_seqlens_q"),
+    (dict(cu_seqlens_k=[1, 5, 11]), "cu_seqlens_k"),
+], ids=["q_first_2", "k_first_1"])
+@bug("cu_seqlens whose first value is > 0 are accepted (ops.attention.check_cu_seqlens_values only "
+     "checks >= 0); the contract (api-contracts §1.5) says they start at 0, and the rows before it "
+     "are left unwritten (torch.empty_like garbage)")
+def test_cu_seqlens_first_value_nonzero(over, name):
+    e = Env("cpu")
+    over = {k: e.cu(v) for k, v in over.items()}
+    expect(errors.ArgumentError, name, varlen(e, **over))
+
+
+@bug("the per-tensor memo of verified cu_seqlens (ops.attention._VERIFIED, keyed on torch's version "
+     "counter) misses writes that bypass it (numpy views, .data, DLPack consumers, custom kernels): "
+     "a tensor made invalid after a first call is never re-checked, and on GPU the kernel then reads "
+     "out of bounds")
+def test_cu_seqlens_memo_misses_untracked_writes():
+    e = Env("cpu")
+    cu = e.cu([0, 4, 9])
+    call = varlen(e, cu_seqlens_q=cu)
+    with pytest.raises(errors.DeviceError):  # values are fine: fails for the device only
+        call()
+    cu.numpy()[1] = 20  # decreasing now; torch's version counter does not see numpy writes
+    assert cu.tolist() == [0, 20, 9]
+    expect(errors.ArgumentError, "cu_seqlens_q", call)
+
+
+def test_cu_seqlens_in_place_torch_write_is_rechecked():
+    e = Env("cpu")
+    cu = e.cu([0, 4, 9])
+    call = varlen(e, cu_seqlens_q=cu)
+    with pytest.raises(errors.DeviceError):
+        call()
+    cu[1] = 20
+    expect(errors.ArgumentError, "cu_seqlens_q", call)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.ops.ferroattn.attn_fwd called directly
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", META_MODES)
+@pytest.mark.parametrize("case", ["d7", "rank_varlen", "only_cu_q", "only_cu_k", "k_last_stride", "fp32"])
+def test_op_direct_bad_tensors(mode, case):
+    op = torch.ops.ferroattn.attn_fwd
+    with env(mode) as e:
+        q4, k4 = e.t(2, 5, 4, 64), e.t(2, 7, 2, 64)
+        q3, k3 = e.t(9, 4, 64), e.t(11, 2, 64)
+        cu_q, cu_k = e.cu([0, 4, 9]), e.cu([0, 5, 11])
+        exc, name, call = {
+            "d7": (errors.ArgumentError, "q", lambda: op(e.t(2, 5, 4, 7), e.t(2, 7, 2, 7), e.t(2, 7, 2, 7), None, None,
+                                                          5, 7, 0.1, False)),
+            "rank_varlen": (errors.ArgumentError, "q", lambda: op(q4, k4, k4, cu_q, cu_k, 5, 7, 0.1, False)),
+            "only_cu_q": (errors.ArgumentError, "cu_seqlens_k", lambda: op(q3, k3, k3, cu_q, None, 5, 6, 0.1, False)),
+            "only_cu_k": (errors.ArgumentError, "cu_seqlens_q", lambda: op(q4, k4, k4, None, cu_k, 5, 7, 0.1, False)),
+            "k_last_stride": (errors.ArgumentError, "k", lambda: op(q4, e.t(2, 7, 2, 128)[..., ::2], k4, None, None,
+                                                                     5, 7, 0.1, False)),
+            "fp32": (errors.DTypeError, "q", lambda: op(q4.float(), k4.float(), k4.float(), None, None, 5, 7, 0.1,
+                                                         False)),
+        }[case]
+        expect(exc, name, call)
+
+
+@pytest.mark.parametrize("arg,pos,value", [("max_seqlen_q", 5, 5.5), ("softmax_scale", 7, "x"), ("causal", 8, "x"),
+                                           ("max_seqlen_k", 6, 2**64)])
+def test_op_direct_schema_errors_name_the_argument(arg, pos, value):
+    """torch's dispatcher checks the schema types before our code runs: a RuntimeError that names
+    the argument (torch's own message)."""
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 4, 64, dtype=BF16, device="cuda")
+        args = [q, q, q, None, None, 5, 5, 0.1, False]
+        args[pos] = value
+        with pytest.raises(RuntimeError, match=arg):
+            torch.ops.ferroattn.attn_fwd(*args)
+    valid_call_succeeds()
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd: forward with requires_grad works, backward raises NotImplementedError
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("d", [32, 7])
+@pytest.mark.parametrize("loss_on", ["out", "lse"])
+def test_backward_not_implemented(d, loss_on):
+    q = torch.empty(2, 5, 4, d, dtype=BF16, device="meta", requires_grad=True)
+    k = torch.empty(2, 7, 2, d, dtype=BF16, device="meta", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, k, causal=True, return_attn_probs=True)
+    assert out.requires_grad and lse.requires_grad
+    loss = (out.float().sum() if loss_on == "out" else lse.sum())
+    with pytest.raises(NotImplementedError, match="backward"):
+        loss.backward()
+    with torch.no_grad():  # and without grad everything is fine
+        assert not flash_attn_func(q, k, k).requires_grad
+    valid_call_succeeds()
+
+
+def test_backward_not_implemented_varlen_and_packed():
+    qkv = torch.empty(9, 3, 4, 32, dtype=FP16, device="meta", requires_grad=True)
+    cu = torch.zeros(3, dtype=I32, device="meta")
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu, 5)
+    with pytest.raises(NotImplementedError, match="backward"):
+        torch.autograd.grad(out.float().sum(), qkv)
+    valid_call_succeeds()
+
+
+# ---------------------------------------------------------------------------------------------
+# meta tensors mixed with other devices
+# ---------------------------------------------------------------------------------------------
+def test_meta_q_with_cpu_k():
+    q = torch.empty(2, 5, 6, 32, dtype=BF16, device="meta")
+    k = torch.randn(2, 7, 2, 32).to(BF16)
+    expect(errors.DeviceError, "k", lambda: flash_attn_func(q, k, k))
+
+
+def test_cpu_q_with_meta_kv():
+    q = torch.randn(2, 5, 6, 32).to(BF16)
+    k = torch.empty(2, 7, 2, 32, dtype=BF16, device="meta")
+    expect(errors.DeviceError, "q", lambda: flash_attn_func(q, k, k))
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_fake_kv_on_other_gpu(which):
+    with FakeTensorMode():
+        e = Env("fake")
+        expect(errors.DeviceError, which, padded(e, **{which: e.t(2, 7, 2, 32, device="cuda:1")}), contains=("cuda:1",))
+
+
+# ---------------------------------------------------------------------------------------------
+# _native.attn_fwd called directly: non-DLPack objects, consumed capsules, stream garbage
+# ---------------------------------------------------------------------------------------------
+def _cpu_native_args(**over):
+    q, k = torch.randn(2, 5, 4, 64).to(BF16), torch.randn(2, 7, 2, 64).to(BF16)
+    a = dict(q=q, k=k, v=k, out=torch.empty_like(q), softmax_lse=torch.empty(2, 4, 5), cu_seqlens_q=None,
+             cu_seqlens_k=None, max_seqlen_q=5, max_seqlen_k=7, softmax_scale=0.125, causal=False, stream=0)
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v", "out", "softmax_lse", "cu_seqlens_q"])
+@pytest.mark.parametrize("obj", [object(), [1, 2], None, 3, "tensor"], ids=["object", "list", "None", "int", "str"])
+def test_native_non_dlpack_objects(which, obj):
+    if obj is None and which == "cu_seqlens_q":
+        pytest.skip("None is a legal cu_seqlens")
+    with pytest.raises(TypeError, match=rf"^{which}\b"):
+        _native.attn_fwd(**_cpu_native_args(**{which: obj}))
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("which", ["q", "k", "out"])
+def test_native_consumed_capsule(which):
+    t = _cpu_native_args()[which]
+    cap = t.__dlpack__()
+    with pytest.raises(errors.DeviceError):  # first use: imported fine (fails for the CPU device)
+        _native.attn_fwd(**_cpu_native_args(**{which: cap}))
+    with pytest.raises(ValueError, match=rf"^{which}\b.*consumed"):
+        _native.attn_fwd(**_cpu_native_args(**{which: cap}))
+    valid_call_succeeds()
+
+
+def test_native_tensor_requiring_grad():
+    """DLPack export of a tensor that requires grad: either imported or a clear error naming it."""
+    q = torch.randn(2, 5, 4, 64).to(BF16).requires_grad_()
+    with pytest.raises((errors.DeviceError, BufferError)) as info:
+        _native.attn_fwd(**_cpu_native_args(q=q))
+    assert str(info.value).startswith("q")
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("arg,value", [("stream", 1.5), ("stream", None), ("stream", "0"), ("causal", None),
+                                       ("causal", 1), ("max_seqlen_q", 1.5), ("softmax_scale", "x")])
+def test_native_scalar_type_errors(arg, value):
+    """PyO3 conversion errors: a TypeError; the argument is named (PyO3 0.30 puts it in a note)."""
+    with pytest.raises(TypeError) as info:
+        _native.attn_fwd(**_cpu_native_args(**{arg: value}))
+    text = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
+    assert arg in text, text
+    valid_call_succeeds()
+
+
+@pytest.mark.parametrize("value", [-1, -(2**63), 2**64, 2**100])
+@bug("_native.attn_fwd(stream=<negative or >= 2^64 int>) raises OverflowError (\"can't convert negative "
+     "int to unsigned\"), neither a ValueError/TypeError nor naming stream in its message "
+     "(src/python/attention.rs takes `stream: u64` straight from PyO3)")
+def test_native_stream_out_of_range(value):
+    with pytest.raises((ValueError, TypeError)) as info:
+        _native.attn_fwd(**_cpu_native_args(stream=value))
+    assert str(info.value).startswith("stream"), str(info.value)
+    valid_call_succeeds()
+
+
+def test_attn_fwd_check_garbage_metadata():
+    with pytest.raises(TypeError) as info:
+        _native.attn_fwd_check("x", K_META, K_META, None, None, 0, 0)
+    assert "q" in str(info.value) + " ".join(getattr(info.value, "__notes__", []))
+    valid_call_succeeds()
+
+
+# ---------------------------------------------------------------------------------------------
+# _native.attn_fwd with hand-made DLPack capsules that claim CUDA memory (validation only)
+# ---------------------------------------------------------------------------------------------
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_CAPSULE_NAME = b"dltensor"
+_KEEP_ALIVE: list = []  # the ctypes structs must outlive the capsules (no deleter is set)
+_DL_CODES = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32), "int32": (0, 32), "int64": (0, 64)}
+_FAKE_PTR = 1 << 24  # 16-byte aligned, never dereferenced (validation fails first / no driver)
+
+
+def fake_cuda(shape, dtype="bfloat16", strides=None, ptr=_FAKE_PTR, device=(2, 0), lanes=1):
+    """A legacy DLPack capsule describing CUDA memory at ``ptr`` that does not exist."""
+    n = len(shape)
+    if strides is None:
+        strides, acc = [0] * n, 1
+        for i in range(n - 1, -1, -1):
+            strides[i] = acc
+            acc *= max(shape[i], 1)
+    sh, st = (ctypes.c_int64 * max(n, 1))(*shape), (ctypes.c_int64 * max(n, 1))(*strides)
+    mt = _DLManagedTensor()
+    mt.dl_tensor.data = ptr
+    mt.dl_tensor.device = _DLDevice(*device)
+    mt.dl_tensor.ndim = n
+    code, bits = _DL_CODES[dtype]
+    mt.dl_tensor.dtype = _DLDataType(code, bits, lanes)
+    mt.dl_tensor.shape = ctypes.cast(sh, ctypes.POINTER(ctypes.c_int64))
+    mt.dl_tensor.strides = ctypes.cast(st, ctypes.POINTER(ctypes.c_int64))
+    mt.dl_tensor.byte_offset = 0
+    mt.manager_ctx = None
+    mt.deleter = None
+    _KEEP_ALIVE.append((sh, st, mt))
+    return _PyCapsule_New(ctypes.addressof(mt), _CAPSULE_NAME, None)
+
+
+def _capsule_args(**over):
+    a = dict(q=lambda: fake_cuda((2, 5, 4, 64)), k=lambda: fake_cuda((2, 7, 2, 64)),
+             v=lambda: fake_cuda((2, 7, 2, 64)), out=lambda: fake_cuda((2, 5, 4, 64)),
+             softmax_lse=lambda: fake_cuda((2, 4, 5), "float32"), cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=5, max_seqlen_k=7, softmax_scale=0.125, causal=False, stream=0)
+    a.update(over)
+    return {k: (v() if callable(v) else v) for k, v in a.items()}
+
+
+def _varlen_capsule_args(**over):
+    a = dict(q=lambda: fake_cuda((9, 4, 64)), k=lambda: fake_cuda((11, 2, 64)), v=lambda: fake_cuda((11, 2, 64)),
+             out=lambda: fake_cuda((9, 4, 64)), softmax_lse=lambda: fake_cuda((4, 9), "float32"),
+             cu_seqlens_q=lambda: fake_cuda((3,), "int32"), cu_seqlens_k=lambda: fake_cuda((3,), "int32"),
+             max_seqlen_q=5, max_seqlen_k=6)
+    a.update(over)
+    return _capsule_args(**a)
+
+
+@no_driver
+@pytest.mark.parametrize("varlen_mode", [False, True])
+def test_capsule_baseline_is_valid(varlen_mode):
+    """All capsule arguments valid: validation passes and the call fails only for want of a GPU."""
+    args = _varlen_capsule_args() if varlen_mode else _capsule_args()
+    with pytest.raises(errors.NoDeviceError):
+        _native.attn_fwd(**args)
+    with pytest.raises(errors.NoDeviceError):  # any u64 stream is only used at launch
+        _native.attn_fwd(**_capsule_args(stream=2**64 - 1))
+
+
+def test_capsule_empty_problem_launches_nothing():
+    """b = 0: nothing to compute, no device needed, even with NULL data pointers."""
+    args = _capsule_args(q=lambda: fake_cuda((0, 5, 4, 64), ptr=0), k=lambda: fake_cuda((0, 7, 2, 64), ptr=0),
+                         v=lambda: fake_cuda((0, 7, 2, 64), ptr=0), out=lambda: fake_cuda((0, 5, 4, 64), ptr=0),
+                         softmax_lse=lambda: fake_cuda((0, 4, 5), "float32", ptr=0))
+    assert _native.attn_fwd(**args) is None
+
+
+CAPSULE_CASES = {
+    "out_shape": (errors.ArgumentError, "out", dict(out=lambda: fake_cuda((2, 5, 4, 32)))),
+    "out_rank": (errors.ArgumentError, "out", dict(out=lambda: fake_cuda((10, 4, 64)))),
+    "out_dtype": (errors.DTypeError, "out", dict(out=lambda: fake_cuda((2, 5, 4, 64), "float16"))),
+    "out_cpu": (errors.DeviceError, "out", dict(out=lambda: fake_cuda((2, 5, 4, 64), device=(1, 0)))),
+    "out_other_gpu": (errors.DeviceError, "out", dict(out=lambda: fake_cuda((2, 5, 4, 64), device=(2, 1)))),
+    "out_last_stride": (errors.ArgumentError, "out", dict(out=lambda: fake_cuda((2, 5, 4, 64), strides=(2560, 512, 128, 2)))),
+    "out_negative_stride": (errors.ArgumentError, "out", dict(out=lambda: fake_cuda((2, 5, 4, 64), strides=(-1280, 256, 64, 1)))),
+    "out_misaligned": (errors.ArgumentError, "out", dict(out=lambda: fake_cuda((2, 5, 4, 64), ptr=_FAKE_PTR + 8))),
+    "lse_shape": (errors.ArgumentError, "softmax_lse", dict(softmax_lse=lambda: fake_cuda((2, 5, 4), "float32"))),
+    "lse_dtype": (errors.DTypeError, "softmax_lse", dict(softmax_lse=lambda: fake_cuda((2, 4, 5), "bfloat16"))),
+    "lse_cpu": (errors.DeviceError, "softmax_lse", dict(softmax_lse=lambda: fake_cuda((2, 4, 5), "float32", device=(1, 0)))),
+    "lse_last_stride": (errors.ArgumentError, "softmax_lse",
+                        dict(softmax_lse=lambda: fake_cuda((2, 4, 5), "float32", strides=(40, 10, 2)))),
+    "q_misaligned_ptr": (errors.ArgumentError, "q", dict(q=lambda: fake_cuda((2, 5, 4, 64), ptr=_FAKE_PTR + 6))),
+    "k_row_stride_not_x8": (errors.ArgumentError, "k", dict(k=lambda: fake_cuda((2, 7, 2, 64), strides=(7 * 2 * 68, 2 * 68, 68, 1)))),
+    "v_head_stride_not_x8": (errors.ArgumentError, "v", dict(v=lambda: fake_cuda((2, 7, 2, 64), strides=(7 * 132, 132, 66, 1)))),
+    "q_lanes2": (errors.DTypeError, "q", dict(q=lambda: fake_cuda((2, 5, 4, 64), lanes=2))),
+    "q_cuda_host": (errors.DeviceError, "q", dict(q=lambda: fake_cuda((2, 5, 4, 64), device=(3, 0)),
+                                                  k=lambda: fake_cuda((2, 7, 2, 64), device=(3, 0)),
+                                                  v=lambda: fake_cuda((2, 7, 2, 64), device=(3, 0)))),
+    "k_other_gpu": (errors.DeviceError, "k", dict(k=lambda: fake_cuda((2, 7, 2, 64), device=(2, 1)))),
+}
+
+
+@pytest.mark.parametrize("case", list(CAPSULE_CASES))
+def test_capsule_bad_out_lse_layout(case):
+    exc, name, over = CAPSULE_CASES[case]
+    expect(exc, name, lambda: _native.attn_fwd(**_capsule_args(**over)))
+
+
+VARLEN_CAPSULE_CASES = {
+    "lse_padded_shape": (errors.ArgumentError, "softmax_lse", dict(softmax_lse=lambda: fake_cuda((1, 4, 9), "float32"))),
+    "cu_int64": (errors.DTypeError, "cu_seqlens_q", dict(cu_seqlens_q=lambda: fake_cuda((3,), "int64"))),
+    "cu_cpu": (errors.DeviceError, "cu_seqlens_k", dict(cu_seqlens_k=lambda: fake_cuda((3,), "int32", device=(1, 0)))),
+    "cu_strided": (errors.ArgumentError, "cu_seqlens_q", dict(cu_seqlens_q=lambda: fake_cuda((3,), "int32", strides=(2,)))),
+    "cu_2d": (errors.ArgumentError, "cu_seqlens_k", dict(cu_seqlens_k=lambda: fake_cuda((1, 3), "int32"))),
+}
+
+
+@pytest.mark.parametrize("case", list(VARLEN_CAPSULE_CASES))
+def test_capsule_bad_varlen_args(case):
+    exc, name, over = VARLEN_CAPSULE_CASES[case]
+    expect(exc, name, lambda: _native.attn_fwd(**_varlen_capsule_args(**over)))
+
+
+@no_driver
+@pytest.mark.parametrize("case", ["batch_stride0", "row_stride0", "rows_overlap"])
+@bug("_native.attn_fwd accepts an `out` whose elements overlap (stride 0, or a row stride smaller "
+     "than the row): blocks then race writing the same memory (ops::attention::validate checks out's "
+     "shape/dtype/last stride only)")
+def test_capsule_overlapping_out(case):
+    strides = {"batch_stride0": (0, 256, 64, 1), "row_stride0": (1280, 0, 64, 1),
+               "rows_overlap": (1280, 8, 64, 1)}[case]
+    expect(errors.ArgumentError, "out", lambda: _native.attn_fwd(**_capsule_args(out=lambda: fake_cuda((2, 5, 4, 64), strides=strides))))
+
+
+@no_driver
+@pytest.mark.parametrize("which", ["q", "k", "out", "softmax_lse"])
+@bug("a NULL data pointer on a non-empty tensor passes validation (0 is 16-byte aligned) and would be "
+     "launched (ops::attention::attn_fwd / check_tile_layout); expected ArgumentError naming it")
+def test_capsule_null_data_pointer(which):
+    shapes = {"q": ((2, 5, 4, 64), "bfloat16"), "k": ((2, 7, 2, 64), "bfloat16"), "out": ((2, 5, 4, 64), "bfloat16"),
+              "softmax_lse": ((2, 4, 5), "float32")}
+    shape, dt = shapes[which]
+    over = {which: lambda: fake_cuda(shape, dt, ptr=0)}
+    if which == "k":
+        over["v"] = lambda: fake_cuda(shape, dt, ptr=0)
+    names = "k|v" if which == "k" else which
+    expect(errors.ArgumentError, names, lambda: _native.attn_fwd(**_capsule_args(**over)))
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers integration (integrations/transformers.py), real CPU tensors
+# ---------------------------------------------------------------------------------------------
+class _Layer(torch.nn.Module):
+    is_causal = True
+
+
+def _hf_call(mask=None, b=2, s=6, **kwargs):
+    from ferroattn.integrations.transformers import ferroattn_attention_forward
+
+    q, k = torch.randn(b, 4, s, 32).to(BF16), torch.randn(b, 2, s, 32).to(BF16)
+    return lambda: ferroattn_attention_forward(_Layer(), q, k, k, mask, **kwargs)
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 6, 6), (6,), (2, 6, 1)])
+def test_hf_mask_wrong_rank(shape):
+    expect(errors.ArgumentError, "attention_mask", _hf_call(torch.ones(shape, dtype=torch.bool)))
+
+
+def test_hf_valid_mask_reaches_the_device_check():
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, :2] = False
+    expect(errors.DeviceError, "q", _hf_call(mask))
+
+
+@pytest.mark.parametrize("shape", [(2, 8), (3, 6)], ids=["longer_than_kv", "batch_3_for_2"])
+@bug("a 2-D attention_mask longer than s_k or with another batch size is not checked: unpad_input "
+     "indexes the flattened k with out-of-range indices (IndexError on CPU; on CUDA a device-side "
+     "assert, a sticky error) (integrations/transformers.ferroattn_attention_forward)")
+def test_hf_mask_shape_mismatch(shape):
+    expect(errors.ArgumentError, "attention_mask", _hf_call(torch.ones(shape, dtype=torch.bool)))
+
+
+def test_hf_zero_sized_query_rejected_naming_it():
+    expect(errors.ArgumentError, "query", _hf_call(b=0))
+
+
+@bug("packed position_ids whose first run does not start at the minimum (e.g. [[5, 6, 7, 0, 1, 2]]: "
+     "a packed row that opens with the tail of a document) give cu_seqlens [3, 6]: rows 0-2 belong to "
+     "no sequence and come back as uninitialised memory (integrations/transformers."
+     "_cu_seqlens_from_position_ids; cu_seqlens must start at 0)")
+def test_hf_packed_position_ids_first_run_not_at_min():
+    from ferroattn.integrations.transformers import _cu_seqlens_from_position_ids
+
+    cu, longest = _cu_seqlens_from_position_ids(torch.tensor([[5, 6, 7, 0, 1, 2]]))
+    assert cu.tolist() == [0, 3, 6] and longest == 3
