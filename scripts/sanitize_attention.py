@@ -76,11 +76,35 @@ def run_case_varlen(case) -> str:
     return f"err {err:.2e} <= {bound:.2e}"
 
 
+def run_case_bogus_cu_seqlens(case) -> str:
+    """The native entry point has no value check of cu_seqlens (the Python op does it, except
+    during CUDA-graph capture): garbage values must stay inside the tensors (memcheck proves it)."""
+    import torch
+    from ferroattn import _native
+    name, cu_q_vals, cu_k_vals = case
+    q = torch.randn(40, 2, 64, device="cuda", dtype=torch.float16)
+    k, v = torch.randn_like(q[:30]), torch.randn_like(q[:30])
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 40, device="cuda", dtype=torch.float32)
+    cu_q = torch.tensor(cu_q_vals, dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor(cu_k_vals, dtype=torch.int32, device="cuda")
+    _native.attn_fwd(q, k, v, out, lse, cu_q, cu_k, 16, 16, 0.125, True, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return "stayed in bounds"
+
+
+BOGUS_CASES = [
+    ("bogus-cu-seqlens-decreasing", [0, 30, 5, 40], [0, 20, 3, 30]),
+    ("bogus-cu-seqlens-out-of-range", [-7, 1000, 2_000_000_000, 40], [-100, 29, 31, 1 << 30]),
+]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="small attention calls for compute-sanitizer")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args(argv)
-    cases = [(c[0], run_case_padded, c) for c in PADDED_CASES] + [(c[0], run_case_varlen, c) for c in VARLEN_CASES]
+    cases = ([(c[0], run_case_padded, c) for c in PADDED_CASES] + [(c[0], run_case_varlen, c) for c in VARLEN_CASES]
+             + [(c[0], run_case_bogus_cu_seqlens, c) for c in BOGUS_CASES])
     if args.list:
         for name, _, c in cases:
             print(name, c[1:])

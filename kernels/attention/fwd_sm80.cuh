@@ -167,10 +167,15 @@ __device__ __forceinline__ SeqCoords seq_coords(const AttnFwdParams& p, int head
     SeqCoords c;
     const int head_k = head / (p.num_heads / p.num_heads_k);
     if (p.cu_seqlens_q != nullptr) {
-        const int q0 = p.cu_seqlens_q[batch];
-        const int k0 = p.cu_seqlens_k[batch];
-        c.seqlen_q = p.cu_seqlens_q[batch + 1] - q0;
-        c.seqlen_k = p.cu_seqlens_k[batch + 1] - k0;
+        // Clamped so that no cu_seqlens value (unchecked during CUDA-graph capture) can move a
+        // read or write outside q/k/v/o: a sequence is [q0, q1) within [0, total_q), at most
+        // seqlen_q (max_seqlen_q, the grid's size) rows long; likewise for k.
+        const int q0 = min(max(p.cu_seqlens_q[batch], 0), p.total_q);
+        const int k0 = min(max(p.cu_seqlens_k[batch], 0), p.total_k);
+        const int q1 = min(max(p.cu_seqlens_q[batch + 1], q0), p.total_q);
+        const int k1 = min(max(p.cu_seqlens_k[batch + 1], k0), p.total_k);
+        c.seqlen_q = min(q1 - q0, p.seqlen_q);
+        c.seqlen_k = k1 - k0;
         c.q_off = static_cast<long long>(q0) * p.q_row_stride;
         c.k_off = static_cast<long long>(k0) * p.k_row_stride;
         c.v_off = static_cast<long long>(k0) * p.v_row_stride;

@@ -35,4 +35,6 @@ struct AttnFwdParams {
     int seqlen_k;        // padded: s_k; varlen: max_seqlen_k
     float softmax_scale;        // applied to q·k
     float softmax_scale_log2;   // softmax_scale * log2(e), for exp2
+    int total_q;         // varlen: rows of q/o (cu_seqlens_q values are clamped to [0, total_q])
+    int total_k;         // varlen: rows of k/v (cu_seqlens_k values are clamped to [0, total_k])
 };

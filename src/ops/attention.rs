@@ -54,6 +54,8 @@ pub struct AttnFwdParams {
     pub seqlen_k: i32,
     pub softmax_scale: f32,
     pub softmax_scale_log2: f32,
+    pub total_q: i32,
+    pub total_k: i32,
 }
 
 impl KernelSpec for AttnFwdConfig {
@@ -337,6 +339,8 @@ pub fn validate(
             ));
         }
         let (total_q, total_k) = (q.shape[0], k.shape[0]);
+        check_i32("q", "rows (cu_seqlens are int32)", total_q)?;
+        check_i32("k", "rows (cu_seqlens are int32)", total_k)?;
         let batch = lq - 1;
         if max_seqlen_q < 1 && batch > 0 && total_q > 0 {
             return Err(Error::argument(
@@ -470,6 +474,9 @@ pub fn params(
         seqlen_k: p.seqlen_k as i32,
         softmax_scale,
         softmax_scale_log2: softmax_scale * std::f32::consts::LOG2_E,
+        // varlen only (validated to fit in i32: cu_seqlens are int32)
+        total_q: if p.varlen { q.meta.shape[0] as i32 } else { 0 },
+        total_k: if p.varlen { k.meta.shape[0] as i32 } else { 0 },
     }
 }
 

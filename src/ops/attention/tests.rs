@@ -86,7 +86,7 @@ fn expect_err(c: &Call, kind: &str, arg: &str, parts: &[&str]) {
 #[test]
 fn params_layout_matches_header() {
     use std::mem::{align_of, offset_of, size_of};
-    // 7 pointers, 14 long long, 6 int, 2 float, in declaration order (params.cuh).
+    // 7 pointers, 14 long long, 6 int, 2 float, 2 int, in declaration order (params.cuh).
     assert_eq!(offset_of!(AttnFwdParams, q), 0);
     assert_eq!(offset_of!(AttnFwdParams, cu_seqlens_k), 48);
     assert_eq!(offset_of!(AttnFwdParams, q_batch_stride), 56);
@@ -95,7 +95,9 @@ fn params_layout_matches_header() {
     assert_eq!(offset_of!(AttnFwdParams, seqlen_k), 188);
     assert_eq!(offset_of!(AttnFwdParams, softmax_scale), 192);
     assert_eq!(offset_of!(AttnFwdParams, softmax_scale_log2), 196);
-    assert_eq!(size_of::<AttnFwdParams>(), 200);
+    assert_eq!(offset_of!(AttnFwdParams, total_q), 200);
+    assert_eq!(offset_of!(AttnFwdParams, total_k), 204);
+    assert_eq!(size_of::<AttnFwdParams>(), 208);
     assert_eq!(align_of::<AttnFwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
     let header = crate::jit::sources::get("attention/params.cuh").unwrap();
@@ -110,9 +112,9 @@ fn params_layout_matches_header() {
                 .map(|f| f.split_whitespace().last().unwrap().trim_start_matches('*'))
         })
         .collect();
-    assert_eq!(names.len(), 29, "{names:?}");
+    assert_eq!(names.len(), 31, "{names:?}");
     assert_eq!(names.first(), Some(&"q"));
-    assert_eq!(names.last(), Some(&"softmax_scale_log2"));
+    assert_eq!(names.last(), Some(&"total_k"));
 }
 
 #[test]
