@@ -29,6 +29,8 @@ pub struct Imported {
     pub byte_offset: u64,
     /// True for a `dltensor_versioned` capsule.
     pub versioned: bool,
+    /// The producer flagged the memory READ_ONLY (versioned capsules only).
+    pub read_only: bool,
 }
 
 /// Import `obj` zero-copy (`arg` names it in errors). No stream is negotiated: torch's
@@ -43,6 +45,7 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
         )
     })?;
     let versioned = matches!(owner, ImportedDlpack::Versioned(_));
+    let read_only = owner.flags().contains(dlpark::DlpackFlags::READ_ONLY);
     let t = owner
         .validate()
         .map_err(|e| Error::argument(arg, "a valid DLPack tensor", e))?;
@@ -80,7 +83,18 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
         data,
         byte_offset,
         versioned,
+        read_only,
     })
+}
+
+/// [`import`] for a tensor that will be written: a producer's READ_ONLY flag (DLPack 1.0) is an
+/// error naming `arg`.
+pub fn import_writable(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
+    let t = import(obj, arg)?;
+    if t.read_only {
+        return Err(Error::argument(arg, "a writable tensor", "a DLPack tensor flagged READ_ONLY"));
+    }
+    Ok(t)
 }
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);

@@ -179,6 +179,39 @@ fn check_tile_layout(arg: &str, t: &TensorView) -> Result<()> {
     Ok(())
 }
 
+/// An output must be dense and non-overlapping (some permutation of a contiguous layout): the
+/// kernel writes every element once, and overlapping elements would race.
+fn check_dense(arg: &str, t: &TensorMeta) -> Result<()> {
+    let mut dims: Vec<(i64, i64)> = t
+        .strides
+        .iter()
+        .zip(&t.shape)
+        .filter(|(_, &n)| n > 1)
+        .map(|(&st, &n)| (st, n))
+        .collect();
+    dims.sort_unstable();
+    let mut expected = 1;
+    for &(st, n) in &dims {
+        if st != expected {
+            return Err(Error::argument(
+                arg,
+                "a dense, non-overlapping tensor (a permutation of a contiguous layout)",
+                format!("strides {:?} for shape {}", t.strides, fmt_shape(&t.shape)),
+            ));
+        }
+        expected *= n;
+    }
+    Ok(())
+}
+
+/// A non-empty tensor must have a data pointer.
+fn check_not_null(arg: &str, t: &TensorView) -> Result<()> {
+    if t.ptr == 0 && t.meta.shape.iter().all(|&n| n > 0) {
+        return Err(Error::argument(arg, "a non-NULL data pointer", "NULL"));
+    }
+    Ok(())
+}
+
 fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
     if t.device != q.device {
         return Err(Error::device(
@@ -391,6 +424,7 @@ pub fn validate(
         check_dtype("out", o, q.dtype, " (q's dtype)")?;
         check_shape("out", o, &q.shape, " (q's shape)")?;
         check_strides("out", o)?;
+        check_dense("out", o)?;
     }
     if let Some(l) = lse {
         check_device("softmax_lse", l, q)?;
@@ -402,6 +436,7 @@ pub fn validate(
         };
         check_shape("softmax_lse", l, &want, why)?;
         check_strides("softmax_lse", l)?;
+        check_dense("softmax_lse", l)?;
     }
     Ok(Problem {
         varlen,
@@ -524,8 +559,19 @@ pub fn attn_fwd(
         max_seqlen_q,
         max_seqlen_k,
     )?;
+    if !softmax_scale.is_finite() {
+        return Err(Error::argument("softmax_scale", "a finite number", softmax_scale));
+    }
     if p.is_empty() {
         return Ok(());
+    }
+    for (arg, t) in [("q", q), ("k", k), ("v", v), ("out", out), ("softmax_lse", lse)] {
+        check_not_null(arg, t)?;
+    }
+    for (arg, t) in [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)] {
+        if let Some(t) = t {
+            check_not_null(arg, t)?;
+        }
     }
     for (arg, t) in [("q", q), ("k", k), ("v", v), ("out", out)] {
         check_tile_layout(arg, t)?;

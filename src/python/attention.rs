@@ -1,6 +1,6 @@
 //! attn_fwd_check (metadata) and attn_fwd (DLPack tensors) → ops::attention.
 
-use crate::dlpack::{import, Imported};
+use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::attention as op;
 use crate::tensor::TensorMeta;
@@ -48,6 +48,22 @@ fn attn_fwd_check(
     Ok(())
 }
 
+/// A raw CUstream handle: a Python int in [0, 2^64) (0 = the legacy default stream). Not an int:
+/// TypeError; out of range: ArgumentError; both name `stream`.
+fn stream_handle(stream: &Bound<'_, PyAny>) -> Result<u64> {
+    let shown = || stream.repr().map(|r| r.to_string()).unwrap_or_default();
+    let Ok(value) = stream.extract::<i128>() else {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "stream: expected an int (a CUstream handle), got {}",
+            shown()
+        ))
+        .into());
+    };
+    u64::try_from(value).map_err(|_| {
+        crate::error::Error::argument("stream", "a CUstream handle, an int in [0, 2**64)", shown())
+    })
+}
+
 fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
     t.filter(|t| !t.is_none())
         .map(|t| import(t, arg))
@@ -71,10 +87,11 @@ fn attn_fwd(
     max_seqlen_k: i64,
     softmax_scale: f64,
     causal: bool,
-    stream: u64,
+    stream: &Bound<'_, PyAny>,
 ) -> Result<()> {
+    let stream = stream_handle(stream)?;
     let (q, k, v) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
-    let (o, lse) = (import(out, "out")?, import(softmax_lse, "softmax_lse")?);
+    let (o, lse) = (import_writable(out, "out")?, import_writable(softmax_lse, "softmax_lse")?);
     let cq = import_opt(cu_seqlens_q, "cu_seqlens_q")?;
     let ck = import_opt(cu_seqlens_k, "cu_seqlens_k")?;
     let (qv, kv, vv, ov, lv) = (&q.view, &k.view, &v.view, &o.view, &lse.view);

@@ -465,3 +465,23 @@ fn rows_must_be_16_byte_aligned() {
     // strides of size-1 dims are never used, so they may be anything
     check_tile_layout("q", &view(0x1000, &[1, 1, 4, 32], &[3, 3, 32, 1])).unwrap();
 }
+
+#[test]
+fn outputs_must_be_dense() {
+    let mut c = Call::padded(2, 5, 5, 4, 4, 32);
+    let mut o = t(&[2, 5, 4, 32], DType::F16);
+    o.strides = vec![0, 128, 32, 1]; // every batch writes the same memory
+    c.out = Some(o);
+    expect_err(&c, "Argument", "out", &["dense, non-overlapping", "[0, 128, 32, 1]"]);
+    let mut c = Call::padded(2, 5, 5, 4, 4, 32);
+    let mut l = t(&[2, 4, 5], DType::F32);
+    l.strides = vec![20, 4, 1]; // heads overlap
+    c.lse = Some(l);
+    expect_err(&c, "Argument", "softmax_lse", &["dense"]);
+    // a permutation of a contiguous layout (out = empty_like of a transposed q) is fine
+    let mut c = Call::padded(2, 5, 5, 4, 4, 32);
+    let mut o = t(&[2, 5, 4, 32], DType::F16);
+    o.strides = vec![640, 32, 160, 1];
+    c.out = Some(o);
+    c.run().expect("a transposed dense out is accepted");
+}
