@@ -54,14 +54,18 @@ pub struct TensorMeta {
 
 impl TensorMeta {
     /// From the parts Python passes as `TensorMeta`: (shape, strides, dtype name, (dl type, id)).
+    /// `expected` describes the dtypes the caller accepts; it is the error message's "expected"
+    /// when `dtype` is not a dtype ferroattn knows at all (e.g. float8, complex).
     pub fn from_parts(
         arg: &str,
         shape: Vec<i64>,
         strides: Vec<i64>,
         dtype: &str,
         device: (i32, i32),
+        expected: &str,
     ) -> crate::Result<Self> {
-        let dtype = DType::parse(arg, dtype)?;
+        let dtype = DType::from_name(dtype)
+            .ok_or_else(|| crate::Error::dtype(arg, expected, format!("{dtype:?}")))?;
         Ok(TensorMeta {
             shape,
             strides,

@@ -81,11 +81,11 @@ def test_default_scale_uses_unpadded_head_dim(captured):
     assert captured[1]["scale"] == 0.5
 
 
-def test_head_dim_padding_uses_q_amount(captured):
-    # k's head dim differs: padding by q's amount keeps the mismatch visible to the validation
-    fai.flash_attn_func(_t(1, 3, 2, 36), _t(1, 4, 2, 40), _t(1, 4, 2, 36))
-    c = captured[0]
-    assert (c["q"].shape[-1], c["k"].shape[-1], c["v"].shape[-1]) == (40, 44, 40)
+def test_head_dim_mismatch_rejected_before_padding(captured):
+    # k's head dim differs: rejected with the user's (unpadded) values; nothing reaches the op
+    with pytest.raises(ferroattn.errors.ArgumentError, match=r"^k: expected head dim 36 .*got head dim 40$"):
+        fai.flash_attn_func(_t(1, 3, 2, 36), _t(1, 4, 2, 40), _t(1, 4, 2, 36))
+    assert captured == []
 
 
 def test_views_are_passed_untouched(captured):

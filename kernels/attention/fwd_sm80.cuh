@@ -63,24 +63,16 @@ __host__ __device__ constexpr int attn_fwd_sm80_smem_bytes() {
 
 namespace attn_detail {
 
-// Asynchronous copy of a Rows x HeadDim tile (global row stride `row_stride` elements, `g`
-// = row 0 of the tensor slice) into a swizzled shared tile: rows [row0, row0 + Rows) of the
-// slice. Thread `tid` owns chunk column tid % kChunks and rows tid / kChunks + i *
-// kRowsPerPass; threads beyond kRowsPerPass * kChunks stay idle. Rows >= rows_valid
-// (relative to row0) and columns >= head_dim are zero-filled (src-size 0: nothing is read).
+// The passes of one thread's part of a tile copy: pass i copies the 16 bytes of chunk column c
+// of row r0 + i * kRowsPerPass from `src` (advanced by kRowsPerPass rows per pass) into the
+// swizzled shared tile s, zero-filling passes at or beyond rows_left (nothing is read there).
+// s_off is the byte offset of (row r0, chunk c) in the tile.
 template <int Rows, int HeadDim, int Threads, typename T>
-__device__ __forceinline__ void load_tile_async(T* s, const T* g, int row0, int rows_valid,
-                                                long long row_stride, int head_dim, int tid) {
+__device__ __forceinline__ void copy_tile_passes(T* s, const T* src, unsigned s_off, int r0, int c,
+                                                 int rows_left, long long row_stride) {
     constexpr int kChunks = HeadDim / 8;
     constexpr int kRowsPerPass = Threads / kChunks;
     constexpr int kPasses = (Rows + kRowsPerPass - 1) / kRowsPerPass;
-    static_assert(kRowsPerPass >= 1, "need at least HeadDim/8 threads");
-    const int c = static_cast<int>(static_cast<unsigned>(tid) % kChunks);   // tid >= 0: shifts
-    const int r0 = static_cast<int>(static_cast<unsigned>(tid) / kChunks);
-    const bool active = r0 < kRowsPerPass && c * 8 < head_dim;
-    const unsigned s_off = (r0 * HeadDim + swizzle_chunk<kChunks>(r0, c) * 8) * 2;
-    const T* src = g + static_cast<long long>(row0 + r0) * row_stride + c * 8;
-    const int rows_left = active ? rows_valid - r0 : 0;   // pass i loads iff i*kRowsPerPass < rows_left
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
         const int r = r0 + i * kRowsPerPass;
@@ -97,13 +89,32 @@ __device__ __forceinline__ void load_tile_async(T* s, const T* g, int row0, int 
     }
 }
 
+// Asynchronous copy of a Rows x HeadDim tile (global row stride `row_stride` elements, `g`
+// = row 0 of the tensor slice) into a swizzled shared tile: rows [row0, row0 + Rows) of the
+// slice. Thread `tid` owns chunk column tid % kChunks and rows tid / kChunks + i *
+// kRowsPerPass; threads beyond kRowsPerPass * kChunks stay idle. Rows >= rows_valid
+// (relative to row0) and columns >= head_dim are zero-filled (src-size 0: nothing is read).
+template <int Rows, int HeadDim, int Threads, typename T>
+__device__ __forceinline__ void load_tile_async(T* s, const T* g, int row0, int rows_valid,
+                                                long long row_stride, int head_dim, int tid) {
+    constexpr int kChunks = HeadDim / 8;
+    constexpr int kRowsPerPass = Threads / kChunks;
+    static_assert(kRowsPerPass >= 1, "need at least HeadDim/8 threads");
+    const int c = static_cast<int>(static_cast<unsigned>(tid) % kChunks);   // tid >= 0: shifts
+    const int r0 = static_cast<int>(static_cast<unsigned>(tid) / kChunks);
+    const bool active = r0 < kRowsPerPass && c * 8 < head_dim;
+    const unsigned s_off = (r0 * HeadDim + swizzle_chunk<kChunks>(r0, c) * 8) * 2;
+    const T* src = g + static_cast<long long>(row0 + r0) * row_stride + c * 8;
+    const int rows_left = active ? rows_valid - r0 : 0;   // pass i loads iff i*kRowsPerPass < rows_left
+    copy_tile_passes<Rows, HeadDim, Threads>(s, src, s_off, r0, c, rows_left, row_stride);
+}
+
 // Per-thread part of a Rows x HeadDim tile copy (held through the loop when not kLean): thread `tid` owns chunk column tid % kChunks
 // and rows tid / kChunks + i * kRowsPerPass (threads beyond kRowsPerPass * kChunks idle).
 template <int Rows, int HeadDim, int Threads, typename T>
 struct TileThread {
     static constexpr int kChunks = HeadDim / 8;
     static constexpr int kRowsPerPass = Threads / kChunks;
-    static constexpr int kPasses = (Rows + kRowsPerPass - 1) / kRowsPerPass;
     static_assert(kRowsPerPass >= 1, "need at least HeadDim/8 threads");
     const T* g;       // element (row r0, column 8c) of the tensor slice
     unsigned s_off;   // byte offset of (row r0, chunk c) in the swizzled tile
@@ -126,20 +137,7 @@ struct TileThread {
                                          long long row_stride) const {
         const T* src = g + static_cast<long long>(row0) * row_stride;
         const int rows_left = active ? rows_valid - r0 : 0;   // pass i loads iff i*kRowsPerPass < rows_left
-#pragma unroll
-        for (int i = 0; i < kPasses; ++i) {
-            const int r = r0 + i * kRowsPerPass;
-            if ((Rows % kRowsPerPass == 0 && Threads % kChunks == 0) ||
-                (r < Rows && r0 < kRowsPerPass)) {
-                // With kRowsPerPass % 8 == 0 every pass keeps r % 8, hence the swizzle: the
-                // shared address is then a compile-time offset from s_off.
-                const unsigned dst = (kRowsPerPass % 8 == 0)
-                    ? smem_u32(s) + s_off + i * kRowsPerPass * HeadDim * 2
-                    : smem_u32(s + r * HeadDim + swizzle_chunk<kChunks>(r, c) * 8);
-                cp_async_16_zfill(dst, src, i * kRowsPerPass < rows_left);
-            }
-            src += kRowsPerPass * row_stride;
-        }
+        copy_tile_passes<Rows, HeadDim, Threads>(s, src, s_off, r0, c, rows_left, row_stride);
     }
 };
 

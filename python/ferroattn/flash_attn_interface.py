@@ -22,18 +22,29 @@ sees them, but calling backward raises ``NotImplementedError`` until the trainin
 
 Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (subclasses of
 ``RuntimeError``, like flash_attn's checks), naming the argument, expected and actual value.
+Checked here, before any normalisation (so messages show the values the user passed):
+- ``q``/``k``/``v`` are tensors (DTypeError) of the layout's rank with equal head dims <= 256
+  (ArgumentError; before the head dim is padded);
+- ``softmax_scale`` is None or a real number finite in fp32; ``causal`` a bool (also numpy
+  bool, the ints 0/1, None = False); ``dropout_p`` a real number in [0, 1); ``window_size`` a
+  pair of ints; varlen ``max_seqlen_q/k`` ints (``operator.index``): ArgumentError otherwise.
+The custom op's Rust validation checks everything else (dtypes, devices, strides, shapes).
 
 Sources: T. Dao, "FlashAttention-2", 2023, §3.1 (forward algorithm, LSE output); flash_attn 2.8
 public API (reference/api-contracts.md §1).
 """
 from __future__ import annotations
 
+import math
+import operator
 from typing import Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .errors import ArgumentError, DTypeError
 from .ops.attention import attn_fwd as _attn_fwd_op
 
 __all__ = [
@@ -59,14 +70,116 @@ def _maybe_contiguous(x: Tensor) -> Tensor:
     return x.contiguous() if x.stride(-1) != 1 else x
 
 
-def _normalise_causal_window(causal: bool, window_size: Sequence[int], seqlen_q: int,
+# ---------------------------------------------------------------------------------------------
+# argument checks (run before anything touches the arguments)
+# ---------------------------------------------------------------------------------------------
+#: The smallest magnitude that rounds to inf in fp32 (fp32 max + half an ulp).
+_F32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
+
+
+def _check_tensors(q, k, v, varlen: bool) -> int:
+    """q, k, v must be tensors of the layout's rank whose head dims are equal and <= 256; checked
+    here on the user's (unpadded) values, before the head dim is padded to a multiple of 8.
+    Returns the head dim. Raises DTypeError (not a tensor) or ArgumentError (rank, head dim)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    rank = 3 if varlen else 4
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != rank:
+            layout = "(total, heads, head_dim) in varlen mode" if varlen else "(batch, seqlen, heads, head_dim)"
+            raise ArgumentError(f"{name}: expected rank {rank} {layout}, got rank {x.dim()} "
+                                f"(shape {tuple(x.shape)})")
+    head_dim = q.shape[-1]
+    if head_dim > 256:
+        raise ArgumentError(f"q: expected head dim <= 256, got head dim {head_dim}")
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[-1] != head_dim:
+            raise ArgumentError(f"{name}: expected head dim {head_dim} (q's head dim), got head dim {x.shape[-1]}")
+    return head_dim  # 0 is rejected by the op's validation ("a multiple of 8 in 8..=256")
+
+
+def _as_float(value, name: str) -> float:
+    """A real number (int, float, numpy scalar, one-element tensor) as a Python float. Strings,
+    sequences and tensors of other sizes raise ArgumentError naming ``name``; so does a value too
+    large for a float (OverflowError)."""
+    if isinstance(value, (str, bytes)) or (isinstance(value, Tensor) and value.numel() != 1):
+        raise ArgumentError(f"{name}: expected a real number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ArgumentError(f"{name}: expected a real number, got {value!r}") from None
+
+
+def _check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    """``None`` -> ``head_dim ** -0.5`` (unpadded head dim); else a real number that is finite in
+    fp32 (the kernels compute in fp32: 1e300 would be inf there). Raises ArgumentError."""
+    if softmax_scale is None:
+        # head dim 0 is rejected by the op's validation; any scale gets it there
+        return head_dim ** (-0.5) if head_dim > 0 else 1.0
+    scale = _as_float(softmax_scale, "softmax_scale")
+    if not math.isfinite(scale) or abs(scale) >= _F32_OVERFLOW:
+        raise ArgumentError(f"softmax_scale: expected a real number finite in float32, got {softmax_scale!r}")
+    return scale
+
+
+def _check_causal(causal) -> bool:
+    """``causal`` as a bool: a bool, numpy bool, the ints 0 / 1 (or a one-element tensor holding
+    one of these), or None (False). Anything else (e.g. the string ``"False"``) raises
+    ArgumentError rather than being truth-tested."""
+    if causal is None:
+        return False
+    if isinstance(causal, (bool, np.bool_)):
+        return bool(causal)
+    try:
+        value = operator.index(causal)
+    except TypeError:
+        value = None
+    if value not in (0, 1):
+        raise ArgumentError(f"causal: expected a bool, got {causal!r}")
+    return bool(value)
+
+
+def _check_dropout(dropout_p) -> None:
+    """``dropout_p`` must be a real number in [0, 1) (None counts as 0): ArgumentError otherwise;
+    0 < p < 1 raises NotImplementedError (dropout is not implemented)."""
+    if dropout_p is None:
+        return
+    p = _as_float(dropout_p, "dropout_p")
+    if not 0.0 <= p < 1.0:  # also false for nan
+        raise ArgumentError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    if p > 0.0:
+        raise _not_implemented(f"dropout_p={dropout_p} (attention dropout; pass 0.0 at eval time)")
+
+
+def _check_max_seqlen(value, name: str) -> int:
+    """A varlen ``max_seqlen_q/k`` as a Python int (``operator.index``: ints and numpy ints, not
+    floats or strings) in int64 range; the op's validation checks the int32 range. Raises
+    ArgumentError naming ``name``."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ArgumentError(f"{name}: expected an int, got {value!r}") from None
+    if not -(2**63) <= n < 2**63:
+        raise ArgumentError(f"{name}: expected an int in [0, {2**31 - 1}], got {n}")
+    return n
+
+
+def _check_window(window_size) -> Tuple[int, int]:
+    """``window_size`` as ``(left, right)``: a pair of ints (``operator.index``: no floats, nan or
+    inf). Raises ArgumentError."""
+    try:
+        left, right = (operator.index(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}") from None
+    return left, right
+
+
+def _normalise_causal_window(causal: bool, window_size: Tuple[int, int], seqlen_q: int,
                              seqlen_k: int) -> bool:
     """flash_attn's window/causal normalisation. Returns the effective ``causal`` flag, or raises
     NotImplementedError for a real local window (anything but full or causal attention)."""
-    try:
-        left, right = (int(w) for w in window_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"window_size: expected a pair of ints (left, right), got {window_size!r}") from None
+    left, right = window_size
     if left >= seqlen_k:
         left = -1
     if right >= seqlen_k:
@@ -85,10 +198,8 @@ def _normalise_causal_window(causal: bool, window_size: Sequence[int], seqlen_q:
     )
 
 
-def _check_supported(dropout_p: float, softcap: float, alibi_slopes: Optional[Tensor],
+def _check_supported(softcap: float, alibi_slopes: Optional[Tensor],
                      block_table: Optional[Tensor] = None) -> None:
-    if dropout_p is not None and dropout_p > 0.0:
-        raise _not_implemented(f"dropout_p={dropout_p} (attention dropout; pass 0.0 at eval time)")
     if softcap is not None and softcap != 0.0:
         raise _not_implemented(f"softcap={softcap} (logit softcapping)")
     if alibi_slopes is not None:
@@ -102,22 +213,28 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                dropout_p: float, softmax_scale: Optional[float], causal: bool,
                window_size: Sequence[int], softcap: float, alibi_slopes: Optional[Tensor],
                return_attn_probs: bool, block_table: Optional[Tensor] = None) -> _Out:
-    """Shared body of every function: normalise as flash_attn, call the custom op."""
-    _check_supported(dropout_p, softcap, alibi_slopes, block_table)
-    if cu_seqlens_q is None:  # padded: the lengths come from the shapes (b, s, h, d)
-        max_seqlen_q = q.shape[1] if q.dim() >= 2 else 0
-        max_seqlen_k = k.shape[1] if k.dim() >= 2 else 0
-    causal = _normalise_causal_window(bool(causal), window_size, max_seqlen_q, max_seqlen_k)
-    head_dim = q.shape[-1]
-    if softmax_scale is None:
-        softmax_scale = head_dim ** (-0.5)
+    """Shared body of every function: check the arguments, normalise as flash_attn, call the
+    custom op (whose Rust validation checks dtypes, devices, strides and the remaining shapes)."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    head_dim = _check_tensors(q, k, v, varlen)
+    _check_dropout(dropout_p)
+    _check_supported(softcap, alibi_slopes, block_table)
+    softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
+    causal = _check_causal(causal)
+    window_size = _check_window(window_size)
+    if varlen:
+        max_seqlen_q = _check_max_seqlen(max_seqlen_q, "max_seqlen_q")
+        max_seqlen_k = _check_max_seqlen(max_seqlen_k, "max_seqlen_k")
+    else:  # padded: the lengths come from the shapes (b, s, h, d)
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    causal = _normalise_causal_window(causal, window_size, max_seqlen_q, max_seqlen_k)
     pad = (8 - head_dim % 8) % 8
     if pad:  # the padded copies are contiguous
         q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
     else:
         q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    float(softmax_scale), causal)
+                                    softmax_scale, causal)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -134,11 +251,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         q: (b, s_q, h, d), fp16 or bf16, CUDA; d <= 256 (any value, padded to a multiple of 8).
         k, v: (b, s_k, h_k, d), q's dtype and device; h % h_k == 0 (GQA/MQA: query head i reads
             kv head i // (h / h_k)).
-        dropout_p: must be 0.0 (dropout not implemented: NotImplementedError otherwise).
-        softmax_scale: scale of q kᵀ before the softmax; None -> d ** -0.5 (unpadded d).
-        causal: bottom-right aligned causal mask (row i sees keys j <= i + s_k - s_q); rows that
-            see no key (s_q > s_k) give output 0. Turned off when s_q == 1.
-        window_size: (left, right); only (-1, -1) (or sides >= s_k) is supported.
+        dropout_p: a probability in [0, 1); must be 0.0 (dropout not implemented:
+            NotImplementedError for 0 < p < 1, ArgumentError outside [0, 1) or nan).
+        softmax_scale: scale of q kᵀ before the softmax, a real number finite in fp32 (nan, inf,
+            1e300: ArgumentError); None -> d ** -0.5 (unpadded d).
+        causal: bool (numpy bool, 0/1 accepted): bottom-right aligned causal mask (row i sees
+            keys j <= i + s_k - s_q); rows that see no key (s_q > s_k) give output 0. Turned off
+            when s_q == 1.
+        window_size: (left, right), a pair of ints; only (-1, -1) (or sides >= s_k) is supported.
         softcap: must be 0.0. alibi_slopes: must be None. deterministic: accepted, no effect.
         return_attn_probs: also return ``softmax_lse`` and an empty ``S_dmask``.
 
@@ -147,8 +267,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         ``(out, softmax_lse, S_dmask)``: softmax_lse fp32 (b, h, s_q) natural-log logsumexp of the
         scaled scores (+inf for rows that see no key), S_dmask an empty (0,) tensor.
 
-    Raises: DTypeError, DeviceError, ArgumentError (ferroattn.errors, all RuntimeError);
-    NotImplementedError for the unsupported arguments above; on backward, NotImplementedError.
+    Raises: DTypeError (dtypes; q/k/v not tensors), DeviceError, ArgumentError (shapes, head
+    dims, the scalar arguments above) (ferroattn.errors, all RuntimeError); NotImplementedError
+    for the unsupported arguments above; on backward, NotImplementedError.
     """
     return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
                       window_size, softcap, alibi_slopes, return_attn_probs)
@@ -186,7 +307,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             the sequence lengths (start at 0, non-decreasing, last value <= total). Sequence i is
             rows cu_seqlens[i]:cu_seqlens[i+1]; q and k lengths may differ per sequence and may be
             0 (an empty k sequence gives output 0 for its rows).
-        max_seqlen_q, max_seqlen_k: Python ints, the longest q / k sequence (>= every length).
+        max_seqlen_q, max_seqlen_k: ints (Python or numpy; ArgumentError otherwise), the longest
+            q / k sequence (>= every length).
         causal: bottom-right aligned per sequence; turned off when max_seqlen_q == 1.
         block_table: must be None (paged KV not implemented). Other arguments as flash_attn_func.
 
@@ -194,8 +316,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out (total_q, h, d); with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
         softmax_lse fp32 (h, total_q).
 
-    Raises: as flash_attn_func; ArgumentError for cu_seqlens values that decrease, exceed the
-    rows, or a sequence longer than max_seqlen (value checks run on real tensors outside CUDA-graph
+    Raises: as flash_attn_func; ArgumentError for cu_seqlens values that do not start at 0,
+    decrease, exceed the rows, or a sequence longer than max_seqlen (value checks run on real tensors outside CUDA-graph
     capture only; see ferroattn.ops.attention.check_cu_seqlens_values).
     """
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,

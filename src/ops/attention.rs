@@ -409,8 +409,9 @@ pub fn validate(
     if batch > 65535 {
         return Err(Error::argument("q", "a batch size of at most 65535", batch));
     }
-    check_i32("max_seqlen_q", "sequence length", seqlen_q)?;
-    check_i32("max_seqlen_k", "sequence length", seqlen_k)?;
+    let (name_q, name_k) = if varlen { ("max_seqlen_q", "max_seqlen_k") } else { ("q", "k") };
+    check_i32(name_q, "a sequence length", seqlen_q)?;
+    check_i32(name_k, "a sequence length", seqlen_k)?;
     // Devices are checked after dtypes and shapes, so that every other argument error is
     // reported (and testable) with CPU tensors too.
     if !q.device.is_cuda() {

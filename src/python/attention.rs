@@ -10,11 +10,11 @@ use pyo3::prelude::*;
 type MetaTuple = (Vec<i64>, Vec<i64>, String, (i32, i32));
 
 fn meta(arg: &str, t: MetaTuple) -> Result<TensorMeta> {
-    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3)
+    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "float16 or bfloat16")
 }
 
 fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
-    t.map(|t| meta(arg, t)).transpose()
+    t.map(|t| TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "int32")).transpose()
 }
 
 /// Validate attention-forward arguments from metadata alone (same checks and errors as attn_fwd).

@@ -74,13 +74,37 @@ _PACKED = TensorMemo(trust_inference=True)
 
 
 def _cu_seqlens_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:
-    """int32 (n + 1,) starts of the sequences (where position_ids equals its minimum) plus the
-    total length, and the longest sequence (Python int)."""
+    """Sequence boundaries of packed ``position_ids`` (1, s): a sequence starts at index 0 and
+    wherever ``position_ids[i] != position_ids[i - 1] + 1`` (so a row may open with the tail of a
+    document, e.g. [5, 6, 7, 0, 1, 2] -> [0, 3, 6]). Returns the int32 (n + 1,) cu_seqlens
+    (starts, then the total length) and the longest sequence (Python int; one host sync)."""
     ids = position_ids.reshape(-1)
-    starts = (ids == ids.min()).nonzero().reshape(-1).to(torch.int32)
+    is_start = torch.ones_like(ids, dtype=torch.bool)
+    is_start[1:] = ids[1:] != ids[:-1] + 1
+    starts = is_start.nonzero().reshape(-1).to(torch.int32)
     total = torch.tensor([ids.shape[0]], dtype=torch.int32, device=ids.device)
     cu = torch.cat([starts, total])
     return cu, int((cu[1:] - cu[:-1]).max().item())
+
+
+def _check_mask(mask: Tensor, batch: int, kv_len: int) -> None:
+    """A 2-D (batch, s_k) padding mask must match q's batch size and have at most ``kv_len``
+    columns (k/v longer than the mask are sliced to it, the static-cache rule). Checked before
+    unpad_input, whose gather with out-of-range indices is a device-side assert on CUDA."""
+    if mask.dim() != 2:
+        raise ArgumentError(
+            f"attention_mask: expected a 2-D (batch, s_k) padding mask (register the mask function "
+            f"with ferroattn.integrations.transformers.register()), got shape {tuple(mask.shape)}"
+        )
+    if mask.shape[0] != batch:
+        raise ArgumentError(
+            f"attention_mask: expected batch size {batch} (query's batch size), got shape {tuple(mask.shape)}"
+        )
+    if mask.shape[1] > kv_len:
+        raise ArgumentError(
+            f"attention_mask: expected at most {kv_len} columns (the key length s_k), got shape "
+            f"{tuple(mask.shape)}"
+        )
 
 
 def ferroattn_attention_forward(
@@ -103,8 +127,10 @@ def ferroattn_attention_forward(
             (fp32 is cast as transformers' FA2 integration does).
         attention_mask: None (no padding) or bool/int (b, s_k) padding mask from
             ``flash_attention_mask`` (1 = real token). Left padding is assumed when
-            1 < s_q < s_k, as transformers does. A 4-D mask raises ArgumentError (register the
-            mask function with :func:`register`).
+            1 < s_q < s_k, as transformers does. k/v longer than the mask (a static cache) are
+            sliced to its length. ArgumentError for a mask that is not 2-D (register the mask
+            function with :func:`register`), whose batch size is not q's, or that is longer
+            than s_k.
         dropout: attention dropout probability (must be 0.0 for now).
         scaling: softmax scale (None -> d ** -0.5).
         sliding_window: window size; when s_k > sliding_window it becomes window_size
@@ -116,6 +142,9 @@ def ferroattn_attention_forward(
 
     Returns:
         ``(attn_output, None)``: attn_output (b, s_q, h, d) in the compute dtype.
+
+    Raises: ArgumentError (zero-sized query, bad attention_mask); otherwise as
+    :func:`ferroattn.flash_attn_func` / :func:`ferroattn.flash_attn_varlen_func`.
     """
     if any(dim == 0 for dim in query.shape):
         raise ArgumentError(f"query: expected no zero dimension, got shape {tuple(query.shape)}")
@@ -134,11 +163,7 @@ def ferroattn_attention_forward(
                      softcap=softcap if softcap is not None else 0.0)
 
     if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ArgumentError(
-                f"attention_mask: expected a 2-D (batch, s_k) padding mask (register the mask function "
-                f"with ferroattn.integrations.transformers.register()), got shape {tuple(attention_mask.shape)}"
-            )
+        _check_mask(attention_mask, batch, k.shape[1])
         mask = attention_mask.bool()
         if k.shape[1] > mask.shape[-1]:  # static cache: k/v longer than the tokens seen
             k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]

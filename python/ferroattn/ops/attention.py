@@ -120,15 +120,24 @@ def _values_available(t: Optional[Tensor]) -> bool:
 
 def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
                             max_seqlen: int, max_name: str) -> None:
-    """Check the values of ``cu_seqlens`` (int32, (batch + 1,)): first value >= 0, non-decreasing,
-    last value <= ``rows`` (the number of rows of the packed tensor, e.g. ``q.shape[0]``), and
-    every sequence length <= ``max_seqlen`` (the kernel sizes its grid from ``max_seqlen``; a
-    longer sequence would leave rows unwritten).
+    """Check the values of ``cu_seqlens`` (int32, (batch + 1,)): first value exactly 0 (as
+    flash_attn requires; rows before it would be left unwritten), non-decreasing, last value <=
+    ``rows`` (the number of rows of the packed tensor, e.g. ``q.shape[0]``), and every sequence
+    length <= ``max_seqlen`` (the kernel sizes its grid from ``max_seqlen``; a longer sequence
+    would leave rows unwritten).
 
     These checks need the data, so they run only on real tensors outside CUDA-graph capture (see
     :func:`_values_available`); for a CUDA tensor they copy ``batch + 1`` int32 values to the host,
     which synchronises with the current stream. Raises :class:`~ferroattn.errors.ArgumentError`
-    naming the argument and the offending value."""
+    naming the argument and the offending value.
+
+    Memoised: a model passes the same tensor to every layer, so a tensor that passed is not read
+    again (no host sync) until torch's version counter says it was written (any in-place torch op,
+    also through a view or ``out=``; inference tensors have no counter and are checked on every
+    call). Limitation: writes that bypass the counter (through ``.data``, a numpy view, a DLPack
+    consumer or a custom kernel) are not seen, and the stale values are not re-checked; the kernel
+    clamps cu_seqlens values, so such a tensor gives wrong output for the affected rows but never
+    an out-of-bounds access."""
     if not _values_available(cu_seqlens):
         return
     # A model calls every layer with the same cu_seqlens tensor: check (and sync) once per tensor
@@ -136,8 +145,8 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
     if _VERIFIED.get(cu_seqlens, extra=(rows, max_seqlen), default=False):
         return
     vals: List[int] = cu_seqlens.tolist()
-    if vals[0] < 0:
-        raise ArgumentError(f"{name}: expected a first value >= 0, got {vals[0]}")
+    if vals[0] != 0:
+        raise ArgumentError(f"{name}: expected a first value of 0, got {vals[0]}")
     longest = 0
     for i in range(1, len(vals)):
         n = vals[i] - vals[i - 1]
