@@ -162,12 +162,12 @@ stage info 60 bash "$SELF" __fn info
 stage precompile 200 "$PY" -m ferroattn precompile --check-spills --json "$WORK/logs/precompile.json"
 stage warm 45 bash "$SELF" __fn warm
 stage demo 120 "$PY" -m ferroattn demo --minilm .assets/minilm --json "$OUT/demo.json"
-# the benchmark gets what is left after keeping 200 s for pytest and the sanitizers (at most 200 s)
-now=$(date +%s); bench_limit=$(( BUDGET - (now - T0) - RESERVE - 200 )); [ "$bench_limit" -gt 200 ] && bench_limit=200
+# the benchmark gets what is left after keeping 300 s for pytest and the sanitizers (at most 200 s)
+now=$(date +%s); bench_limit=$(( BUDGET - (now - T0) - RESERVE - 300 )); [ "$bench_limit" -gt 200 ] && bench_limit=200
 [ "$bench_limit" -lt 90 ] && bench_limit=90
 left=$(( BUDGET - (now - T0) - RESERVE )); [ "$bench_limit" -gt "$left" ] && bench_limit=$left
 stage bench "$bench_limit" bash "$SELF" __fn bench "$bench_limit"
-stage pytest 100 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
+stage pytest 180 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
 stage memcheck 75 bash "$SELF" __fn sanitize memcheck
 stage racecheck 90 bash "$SELF" __fn sanitize racecheck
 
