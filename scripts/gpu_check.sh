@@ -162,6 +162,7 @@ stage info 60 bash "$SELF" __fn info
 stage precompile 200 "$PY" -m ferroattn precompile --check-spills --json "$WORK/logs/precompile.json"
 stage warm 45 bash "$SELF" __fn warm
 stage demo 120 "$PY" -m ferroattn demo --minilm .assets/minilm --json "$OUT/demo.json"
+stage profile 60 "$PY" scripts/profile_llm_attention.py
 # the benchmark gets what is left after keeping 300 s for pytest and the sanitizers (at most 200 s)
 now=$(date +%s); bench_limit=$(( BUDGET - (now - T0) - RESERVE - 300 )); [ "$bench_limit" -gt 200 ] && bench_limit=200
 [ "$bench_limit" -lt 90 ] && bench_limit=90

@@ -451,28 +451,6 @@ def _run_isolated(body: str, timeout: int = 300) -> subprocess.CompletedProcess:
                           env=dict(os.environ))
 
 
-@pytest.mark.parametrize("stream", [0xDEADBEEF0, 2**63, 2**64 - 1, 8])
-def test_garbage_stream_handle_does_not_crash(stream):
-    """A raw stream value that is no stream: a clear error (CudaError or ArgumentError naming
-    stream), never a segfault or a poisoned context; afterwards a valid call works."""
-    proc = _run_isolated(f"""
-        q = torch.randn(2, 33, 4, 64, dtype=torch.bfloat16, device="cuda")
-        out, lse = torch.empty_like(q), torch.empty(2, 4, 33, device="cuda")
-        try:
-            _native.attn_fwd(q, q, q, out, lse, None, None, 33, 33, 0.125, False, {stream})
-            torch.cuda.synchronize()
-            print("RESULT accepted", flush=True)
-        except (errors.CudaError, errors.ArgumentError) as e:
-            print("RESULT", type(e).__name__, str(e).splitlines()[0], flush=True)
-        valid()
-    """)
-    assert proc.returncode == 0, f"process died (rc {proc.returncode}): {proc.stderr[-2000:]}"
-    assert "VALID_OK" in proc.stdout, proc.stdout + proc.stderr[-2000:]
-    result = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
-    assert result and result[0] != "RESULT accepted", proc.stdout
-    assert "CudaError" in result[0] or "stream" in result[0], result[0]
-
-
 def test_cu_seqlens_written_behind_the_memo():
     """The verified-values memo (ops.attention._VERIFIED) is keyed on torch's version counter.
     A write that bypasses it (``x.data[...] = ...``, numpy/DLPack/custom kernels) is not

@@ -63,7 +63,9 @@ def attn_fwd(
     """Launch attention forward on `stream` (raw CUstream; 0 = legacy default) in the primary
     context of q's device. Writes `out` (q's shape/dtype) and `softmax_lse` (fp32; (b, h, s_q)
     padded or (h, total_q) varlen). Validates everything before launching; never synchronises.
-    head_dim must already be a multiple of 8 (the Python wrapper pads)."""
+    head_dim must already be a multiple of 8 (the Python wrapper pads). `stream` must be a live
+    CUstream of q's device (as for any CUDA driver call, a made-up handle is undefined behaviour
+    and may crash the process; an int outside [0, 2**64) raises ArgumentError)."""
 
 # ---- DLPack -----------------------------------------------------------------------
 def dlpack_info(x: DLPackLike) -> dict:

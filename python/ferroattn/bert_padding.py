@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["unpad_input", "pad_input"]
+__all__ = ["unpad_input", "unpad_indices", "pad_input"]
 
 
 def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Optional[Tensor] = None
@@ -36,6 +36,18 @@ def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Opti
         max_seqlen_in_batch: Python int, the largest count (a host sync on CUDA).
         seqused: int32 (batch,), tokens per sequence selected by ``attention_mask`` alone.
     """
+    indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch = unpad_indices(attention_mask, unused_mask)
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch
+
+
+def unpad_indices(attention_mask: Tensor, unused_mask: Optional[Tensor] = None
+                  ) -> Tuple[Tensor, Tensor, int, Tensor]:
+    """The mask-only part of :func:`unpad_input` (one host sync, for ``max_seqlen``), so that
+    callers that unpad several tensors with one mask (q, k and v of every layer) do it once.
+
+    Returns ``(indices, cu_seqlens, max_seqlen_in_batch, seqused)`` as :func:`unpad_input` does.
+    """
     all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
     seqlens_in_batch = all_masks.sum(dim=-1, dtype=torch.int32)
     used_seqlens_in_batch = attention_mask.sum(dim=-1, dtype=torch.int32)
@@ -43,8 +55,7 @@ def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Opti
     max_seqlen_in_batch = int(seqlens_in_batch.max().item()) if seqlens_in_batch.numel() else 0
     cu_seqlens = torch.zeros(seqlens_in_batch.shape[0] + 1, dtype=torch.int32, device=seqlens_in_batch.device)
     cu_seqlens[1:] = torch.cumsum(seqlens_in_batch, dim=0, dtype=torch.int32)
-    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
-    return flat[indices], indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch
+    return indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch
 
 
 def pad_input(hidden_states: Tensor, indices: Tensor, batch: int, seqlen: int) -> Tensor:

@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..bert_padding import pad_input, unpad_input
+from ..bert_padding import pad_input, unpad_indices
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
@@ -71,6 +71,22 @@ def _is_packed(position_ids: Optional[Tensor], batch_size: int) -> bool:
 #: position_ids tensor -> packed? (inference tensors by identity: they are not written in place
 #: between the layers of one forward pass).
 _PACKED = TensorMemo(trust_inference=True)
+#: packed position_ids tensor -> (cu_seqlens, max_seqlen).
+_PACKED_CU = TensorMemo(trust_inference=True)
+#: attention_mask tensor -> (indices, cu_seqlens, max_seqlen) of its keys ("k") or of its last
+#: q_len columns (("q", q_len)): every layer of a forward pass unpads with the same mask, so the
+#: host sync of unpadding happens once per forward pass, not once per layer.
+_UNPAD = TensorMemo(trust_inference=True)
+
+
+def _unpad_plan(attention_mask: Tensor, mask: Tensor, which) -> Tuple[Tensor, Tensor, int]:
+    """(indices, cu_seqlens, max_seqlen) of ``mask`` (a bool view of ``attention_mask``),
+    remembered per ``attention_mask`` tensor and ``which``."""
+    plan = _UNPAD.get(attention_mask, extra=which)
+    if plan is None:
+        plan = unpad_indices(mask)[:3]
+        _UNPAD.put(attention_mask, plan, extra=which)
+    return plan
 
 
 def _cu_seqlens_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:
@@ -168,15 +184,17 @@ def ferroattn_attention_forward(
         if k.shape[1] > mask.shape[-1]:  # static cache: k/v longer than the tokens seen
             k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]
         kv_len = k.shape[1]
-        k_unpad, indices_k, cu_k, max_k, _ = unpad_input(k, mask)
+        indices_k, cu_k, max_k = _unpad_plan(attention_mask, mask, "k")
+        k_unpad = k.reshape(-1, *k.shape[2:])[indices_k]
         v_unpad = v.reshape(-1, *v.shape[2:])[indices_k]
         if q_len == kv_len:
-            q_unpad, indices_q, cu_q, max_q = q.reshape(-1, *q.shape[2:])[indices_k], indices_k, cu_k, max_k
+            indices_q, cu_q, max_q = indices_k, cu_k, max_k
         elif q_len == 1:
             cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
-            indices_q, max_q, q_unpad = cu_q[:-1].long(), 1, q.squeeze(1)
+            indices_q, max_q = cu_q[:-1].long(), 1
         else:  # left padding: the last q_len mask columns belong to the queries
-            q_unpad, indices_q, cu_q, max_q, _ = unpad_input(q, mask[:, -q_len:])
+            indices_q, cu_q, max_q = _unpad_plan(attention_mask, mask[:, -q_len:], ("q", q_len))
+        q_unpad = q.reshape(-1, *q.shape[2:])[indices_q]
         out_unpad = flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k, **fa_kwargs)
         out = pad_input(out_unpad, indices_q, batch, q_len)
         return out, None
@@ -187,7 +205,10 @@ def ferroattn_attention_forward(
     position_ids = kwargs.get("position_ids")
     if have_varlen_kwargs or _is_packed(position_ids, batch):
         if not have_varlen_kwargs:
-            cu_q, max_q = _cu_seqlens_from_position_ids(position_ids)
+            cu_q, max_q = _PACKED_CU.get(position_ids) or (None, None)
+            if cu_q is None:
+                cu_q, max_q = _cu_seqlens_from_position_ids(position_ids)
+                _PACKED_CU.put(position_ids, (cu_q, max_q))
             cu_k, max_k = cu_q, max_q
         cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
         out = flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),

@@ -23,6 +23,7 @@ Sources: FlashAttention-2 (Dao, 2023) §3.1 for the forward pass; flash_attn 2.8
 (b, h, s_q) padded or (h, total_q) varlen); torch 2.11 ``torch.library`` docs.
 """
 
+import contextlib
 import os
 from typing import List, Optional, Sequence, Tuple
 
@@ -200,7 +201,7 @@ def _tile_aligned(t: Tensor) -> Tensor:
     if t.data_ptr() % 16 == 0 and all(
             (st * elem) % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
         return t
-    return t.contiguous()
+    return t.clone(memory_format=torch.contiguous_format)  # a copy even when t is contiguous
 
 
 @torch.library.custom_op("ferroattn::attn_fwd", mutates_args=())
@@ -245,12 +246,20 @@ def attn_fwd(
         check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
         if k.dim() == 3:
             check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
+    if softmax_scale <= 0.0:
+        # The kernel folds the scale into exp2 after a max over the raw scores, which holds for a
+        # positive scale only. softmax(s·qkᵀ) = softmax(|s|·(−q)kᵀ) for s < 0, and for s = 0 it
+        # is softmax(0·kᵀ): the same function (and LSE), exactly, at the cost of one copy of q.
+        q = torch.zeros_like(q) if softmax_scale == 0.0 else -q
+        softmax_scale = 1.0 if softmax_scale == 0.0 else -softmax_scale
     q, k, v = _tile_aligned(q), _tile_aligned(k), _tile_aligned(v)
     # Inside the op inputs may still have requires_grad=True: DLPack export needs detached tensors.
     args = [t.detach() if t is not None else None for t in (q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
     try:
         if q.device.type == "cuda":
-            with torch.cuda.device(q.device):
+            # torch exports CUDA tensors of the current device only: switch only when needed
+            other = q.device.index != torch.cuda.current_device()
+            with torch.cuda.device(q.device) if other else contextlib.nullcontext():
                 stream = torch.cuda.current_stream(q.device).cuda_stream
                 _native.attn_fwd(*args, max_seqlen_q, max_seqlen_k, softmax_scale, causal, stream)
         else:
