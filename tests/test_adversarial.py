@@ -20,7 +20,6 @@ Cases marked ``xfail(strict=True, reason="BUG: ...")`` assert the correct behavi
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import re
@@ -40,6 +39,8 @@ from ferroattn.flash_attn_interface import (
     flash_attn_varlen_qkvpacked_func,
 )
 
+from _bad_inputs import Env, env, padded, varlen
+
 # FakeTensorMode logs every exception a fake impl raises at ERROR level; these are expected here.
 logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
 
@@ -57,34 +58,6 @@ def bug(reason: str):
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-class Env:
-    """Tensor factory for one mode ("fake", "meta", "cpu")."""
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.device = {"fake": "cuda:0", "meta": "meta", "cpu": "cpu"}[mode]
-
-    def t(self, *shape, dtype=BF16, device=None, requires_grad=False):
-        device = device or self.device
-        if device == "cpu":
-            x = torch.randn(shape).to(dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
-        else:
-            x = torch.empty(shape, dtype=dtype, device=device)
-        return x.requires_grad_(requires_grad)
-
-    def cu(self, values, dtype=I32, device=None):
-        return torch.tensor(values, dtype=dtype, device=device or self.device)
-
-
-@contextlib.contextmanager
-def env(mode: str):
-    if mode == "fake":
-        with FakeTensorMode():
-            yield Env(mode)
-    else:
-        yield Env(mode)
-
-
 def valid_call_succeeds():
     """The contract's 'afterwards a valid call succeeds', on fake CUDA tensors (padded + varlen)."""
     with FakeTensorMode():
@@ -114,18 +87,7 @@ def expect(exc, names: str, call, *, ferro: bool = True, contains=()):
     return info.value
 
 
-def padded(e: Env, causal=True, **over):
-    a = dict(q=e.t(2, 5, 6, 32), k=e.t(2, 7, 2, 32), v=e.t(2, 7, 2, 32))
-    a.update(over)
-    return lambda: flash_attn_func(a["q"], a["k"], a["v"], causal=causal)
 
-
-def varlen(e: Env, **over):
-    a = dict(q=e.t(9, 6, 32), k=e.t(11, 2, 32), v=e.t(11, 2, 32), cu_seqlens_q=e.cu([0, 4, 9]),
-             cu_seqlens_k=e.cu([0, 5, 11]), max_seqlen_q=5, max_seqlen_k=6)
-    a.update(over)
-    return lambda: flash_attn_varlen_func(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
-                                          a["max_seqlen_q"], a["max_seqlen_k"], causal=True)
 
 
 MODES = ["fake", "meta", "cpu"]

@@ -7,7 +7,6 @@ Value checks of cu_seqlens (decreasing, last value > rows, sequence longer than 
 the data, so they run on real tensors only (CPU here; CUDA in test_gpu.py)."""
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -20,50 +19,9 @@ import ferroattn
 from ferroattn import errors
 from ferroattn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
+from _bad_inputs import Env, env, padded, varlen
+
 BF16, FP16 = torch.bfloat16, torch.float16
-
-
-class Env:
-    """Makes tensors for one mode: "cpu" (real CPU tensors), "fake" (FakeTensorMode, CUDA device)
-    or "meta"."""
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.device = {"cpu": "cpu", "fake": "cuda:0", "meta": "meta"}[mode]
-
-    def t(self, *shape, dtype=BF16, device=None):
-        device = device or self.device
-        if dtype in (torch.int32, torch.int64):
-            raise AssertionError("use cu() for integer tensors")
-        if device == "cpu" and self.mode == "cpu":
-            return torch.randn(*shape, dtype=dtype)
-        return torch.empty(*shape, dtype=dtype, device=device)
-
-    def cu(self, values, dtype=torch.int32, device=None):
-        return torch.tensor(values, dtype=dtype, device=device or self.device)
-
-
-@contextlib.contextmanager
-def mode_env(mode: str):
-    if mode == "fake":
-        with FakeTensorMode():
-            yield Env(mode)
-    else:
-        yield Env(mode)
-
-
-def padded(e: Env, **over):
-    a = dict(q=e.t(2, 5, 6, 32), k=e.t(2, 7, 2, 32), v=e.t(2, 7, 2, 32))
-    a.update(over)
-    return lambda: flash_attn_func(a["q"], a["k"], a["v"], causal=True)
-
-
-def varlen(e: Env, **over):
-    a = dict(q=e.t(9, 6, 32), k=e.t(11, 2, 32), v=e.t(11, 2, 32), cu_seqlens_q=e.cu([0, 4, 9]),
-             cu_seqlens_k=e.cu([0, 5, 11]), max_seqlen_q=5, max_seqlen_k=6)
-    a.update(over)
-    return lambda: flash_attn_varlen_func(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
-                                          a["max_seqlen_q"], a["max_seqlen_k"], causal=True)
 
 
 @dataclass
@@ -146,7 +104,7 @@ def _valid_fake_call():
 
 @pytest.mark.parametrize("case,mode", PARAMS)
 def test_bad_input(case: Case, mode: str):
-    with mode_env(mode) as e:
+    with env(mode) as e:
         call = case.build(e)
         with pytest.raises(case.exc) as info:
             call()
