@@ -429,3 +429,21 @@ def test_dlpack_cupy_both_ways():
     del buf, c, a
     gc.collect()
     assert _native.live_buffers() == base
+
+
+def test_eager_fast_path_matches_the_op_and_stays_visible():
+    """Plain eager calls skip the dispatcher (ops.attention.run_attn_fwd); results are the op's,
+    bitwise, and the profiler still sees the op by name (it forces the op route)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ferroattn.ops.attention import attn_fwd as op
+
+    q, k = _rand(2, 97, 4, 64), _rand(2, 113, 2, 64)
+    out_fast, lse_fast, _ = flash_attn_func(q, k, k, 0.0, None, True, return_attn_probs=True)
+    out_op, lse_op = op(q, k, k, None, None, 97, 113, 64 ** -0.5, True)
+    assert torch.equal(out_fast, out_op) and torch.equal(lse_fast, lse_op)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        flash_attn_func(q, k, k, causal=True)
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages()}
+    assert "ferroattn::attn_fwd" in names and any("attn_fwd_sm80" in n for n in names), sorted(names)[:20]

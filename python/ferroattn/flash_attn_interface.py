@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import ArgumentError, DTypeError
-from .ops.attention import attn_fwd as _attn_fwd_op
+from .ops.attention import run_attn_fwd as _attn_fwd_op
 
 __all__ = [
     "flash_attn_func",

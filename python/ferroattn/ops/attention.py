@@ -36,7 +36,7 @@ from .. import _native
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 
-__all__ = ["attn_fwd", "check_cu_seqlens_values", "tensor_meta", "attn_fwd_flops", "causal_pairs"]
+__all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "tensor_meta", "attn_fwd_flops", "causal_pairs"]
 
 #: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
 #: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
@@ -204,8 +204,7 @@ def _tile_aligned(t: Tensor) -> Tensor:
     return t.clone(memory_format=torch.contiguous_format)  # a copy even when t is contiguous
 
 
-@torch.library.custom_op("ferroattn::attn_fwd", mutates_args=())
-def attn_fwd(
+def _attn_fwd_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -270,6 +269,29 @@ def attn_fwd(
         _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         raise
     return out, softmax_lse
+
+
+attn_fwd = torch.library.custom_op("ferroattn::attn_fwd", mutates_args=())(_attn_fwd_impl)
+
+
+def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                 cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                 softmax_scale: float, causal: bool) -> Tuple[Tensor, Tensor]:
+    """``attn_fwd`` as the flash_attn functions call it: through the op (the dispatcher) whenever
+    anything may watch or transform the call -- torch.compile tracing, a dispatch mode
+    (FlopCounterMode, FakeTensorMode, ...), the profiler (which names the op), functorch
+    transforms, or autograd (an input requires grad) -- and otherwise, in a plain eager call on
+    plain CUDA tensors, through the op's implementation directly, which skips tens of µs of
+    dispatcher and autograd-wrapper overhead per call. Both routes run the same code."""
+    if (q.device.type == "cuda" and type(q) is Tensor
+            and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0
+            and not torch.autograd.profiler._is_profiler_enabled
+            and not torch._C._are_functorch_transforms_active()
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        return _attn_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              softmax_scale, causal)
+    return attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
 
 
 @attn_fwd.register_fake
