@@ -15,18 +15,8 @@ imported on first access.
 import importlib as _importlib
 
 from . import _env  # noqa: F401  (CUDA include dirs + NVRTC preload; never raises)
-from .errors import (
-    ArgumentError,
-    CompileError,
-    CudaError,
-    DeviceError,
-    DTypeError,
-    FerroattnError,
-    HeadersNotFoundError,
-    NoDeviceError,
-    NvrtcNotFoundError,
-    UnsupportedGpuError,
-)
+from .errors import *  # noqa: F401,F403  (the exception classes; listed in errors.__all__)
+from .errors import __all__ as _error_names
 
 
 def _version() -> str:
@@ -56,16 +46,7 @@ __all__ = [
     "__version__",
     *_LAZY_ATTRS,
     "bert_padding",
-    "FerroattnError",
-    "ArgumentError",
-    "DTypeError",
-    "DeviceError",
-    "CudaError",
-    "NoDeviceError",
-    "UnsupportedGpuError",
-    "NvrtcNotFoundError",
-    "HeadersNotFoundError",
-    "CompileError",
+    *_error_names,
 ]
 
 
