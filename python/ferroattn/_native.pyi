@@ -67,6 +67,37 @@ def attn_fwd(
     CUstream of q's device (as for any CUDA driver call, a made-up handle is undefined behaviour
     and may crash the process; an int outside [0, 2**64) raises ArgumentError)."""
 
+def attn_bwd_check(
+    dout: TensorMeta, q: TensorMeta, k: TensorMeta, v: TensorMeta, out: TensorMeta,
+    softmax_lse: TensorMeta, cu_seqlens_q: Optional[TensorMeta], cu_seqlens_k: Optional[TensorMeta],
+    max_seqlen_q: int, max_seqlen_k: int,
+) -> None:
+    """Validate attention-backward arguments from metadata alone (usable on fake/meta tensors):
+    everything attn_fwd_check checks for q, k, v, cu_seqlens and max_seqlen, plus out and dout
+    with q's shape and dtype (any strides with stride(-1) == 1) and softmax_lse fp32 with the
+    forward's LSE shape ((b, h, s_q) padded, (h, total_q) varlen), contiguous. Same errors as
+    attn_bwd."""
+def attn_bwd(
+    dout: DLPackLike, q: DLPackLike, k: DLPackLike, v: DLPackLike, out: DLPackLike,
+    softmax_lse: DLPackLike, dq: DLPackLike, dk: DLPackLike, dv: DLPackLike,
+    softmax_d: DLPackLike, dq_accum: Optional[DLPackLike],
+    cu_seqlens_q: Optional[DLPackLike], cu_seqlens_k: Optional[DLPackLike],
+    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+    deterministic: bool, stream: int,
+) -> None:
+    """Launch attention backward (FlashAttention-2 paper, §3.2) on `stream`, in the primary context
+    of q's device: the kernels of tuning::attention_bwd::bwd_plan, in order. Reads dout, q, k,
+    v, out (the forward's output) and softmax_lse (the forward's LSE); writes dq (q's shape and
+    dtype), dk and dv (k's / v's shape and dtype; with GQA the sum over each kv head's query
+    heads), softmax_d (fp32, softmax_lse's shape, contiguous: rowsum(dout * out)) and uses
+    dq_accum (fp32, q's shape with head_dim columns, contiguous) as workspace: required when
+    deterministic is False (zeroed by the preprocess kernel, accumulated with atomics), ignored
+    and may be None when True (no atomics: bitwise reproducible). dq/dk/dv may have any strides
+    with stride(-1) == 1 (16-byte aligned rows); they must not overlap each other or the inputs.
+    Validates everything before launching; never synchronises. Empty problems launch nothing
+    except that dk/dv rows no query sees are written as 0. softmax_scale must be finite and > 0
+    (the Python layer maps scale <= 0 as in the forward). `stream` as for attn_fwd."""
+
 # ---- DLPack -----------------------------------------------------------------------
 def dlpack_info(x: DLPackLike) -> dict:
     """Import x zero-copy and describe it: {data_ptr (data + byte_offset), shape, strides

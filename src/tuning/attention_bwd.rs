@@ -1,0 +1,286 @@
+//! Attention-backward launch plans and tile sizes: pure functions, unit-tested on CPU.
+//!
+//! One backward call is a short sequence of kernels (`bwd_plan`), FlashAttention-2 style
+//! (paper §3.2, Alg. 2): a preprocess kernel (D = rowsum(dO ∘ O), zero dq_accum), one or two
+//! dK/dV kernels (one block per key tile and kv head, looping over the query tiles of every
+//! query head of its GQA group), and either the dQ conversion (default: dQ accumulated with
+//! fp32 atomics by the dK/dV kernel) or the dQ kernel (deterministic: one block per query tile
+//! loops over the key tiles and writes dQ itself; no atomics anywhere).
+//! Kernels: kernels/attention/bwd_prep.cuh, bwd_dkdv_sm80.cuh, bwd_dq_sm80.cuh.
+
+use crate::dtype::DType;
+use crate::jit::Arch;
+use crate::tuning::attention::kernel_head_dim;
+
+/// Which backward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BwdKind {
+    /// `ferroattn::attn_bwd_preprocess<HeadDim, BlockM, T>`: softmax_d = rowsum(dout ∘ out),
+    /// zeroes dq_accum (when not null). Grid (ceil(seqlen_q / block_m), num_heads, batch).
+    Preprocess,
+    /// `ferroattn::attn_bwd_dkdv_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal,
+    /// WithDK, WithDV, WithDQ, T>`: dK and/or dV of one key tile (and, WithDQ, dS·K added to
+    /// dq_accum with atomics). Grid (ceil(seqlen_k / block_n), num_heads_k, batch).
+    DkDv { dk: bool, dv: bool, dq: bool },
+    /// `ferroattn::attn_bwd_dq_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal, T>`:
+    /// dQ of one query tile, written directly (deterministic path).
+    /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
+    Dq,
+    /// `ferroattn::attn_bwd_convert_dq<HeadDim, BlockM, T>`: dq = T(softmax_scale · dq_accum).
+    /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
+    ConvertDq,
+}
+
+/// One specialisation of one backward kernel: template arguments, launch shape, cache key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnBwdConfig {
+    pub kind: BwdKind,
+    /// Kernel head dim: a multiple of 32 in 32..=256 (the call's head dim is masked).
+    pub head_dim: u32,
+    /// Query rows per tile (per block for Preprocess / Dq / ConvertDq).
+    pub block_m: u32,
+    /// Keys per tile (per block for DkDv); unused (0) for Preprocess / ConvertDq.
+    pub block_n: u32,
+    pub num_warps: u32,
+    /// cp.async pipeline depth (query tiles for DkDv, key tiles for Dq); 0 when unused.
+    pub stages: u32,
+    pub causal: bool,
+    pub dtype: DType,
+    pub arch: Arch,
+}
+
+impl AttnBwdConfig {
+    /// The kernel's qualified name (without template arguments).
+    pub fn kernel(&self) -> &'static str {
+        match self.kind {
+            BwdKind::Preprocess => "ferroattn::attn_bwd_preprocess",
+            BwdKind::DkDv { .. } => "ferroattn::attn_bwd_dkdv_sm80",
+            BwdKind::Dq => "ferroattn::attn_bwd_dq_sm80",
+            BwdKind::ConvertDq => "ferroattn::attn_bwd_convert_dq",
+        }
+    }
+
+    /// The header (under kernels/) that defines the kernel.
+    pub fn header(&self) -> &'static str {
+        match self.kind {
+            BwdKind::Preprocess | BwdKind::ConvertDq => "attention/bwd_prep.cuh",
+            BwdKind::DkDv { .. } => "attention/bwd_dkdv_sm80.cuh",
+            BwdKind::Dq => "attention/bwd_dq_sm80.cuh",
+        }
+    }
+
+    /// The NVRTC name expression that instantiates this specialisation.
+    pub fn name_expression(&self) -> String {
+        let t = self.dtype.cuda_type();
+        let (hd, bm, bn, nw, st, c) =
+            (self.head_dim, self.block_m, self.block_n, self.num_warps, self.stages, self.causal);
+        match self.kind {
+            BwdKind::Preprocess | BwdKind::ConvertDq => {
+                format!("{}<{hd}, {bm}, {t}>", self.kernel())
+            }
+            BwdKind::DkDv { dk, dv, dq } => {
+                format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}>", self.kernel())
+            }
+            BwdKind::Dq => format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {t}>", self.kernel()),
+        }
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.num_warps * 32
+    }
+
+    /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert):
+    /// - DkDv: K and V tiles (block_n × d each), `stages` × (Q and dO tiles, block_m × d each),
+    ///   the dSᵀ tile (block_n × block_m) and `stages` × (LSE, D) rows (2 × block_m fp32);
+    ///   16-bit elements.
+    /// - Dq: Q and dO tiles (block_m × d each) and `stages` × (K and V tiles, block_n × d each).
+    /// - Preprocess / ConvertDq: none.
+    pub fn smem_bytes(&self) -> u32 {
+        let (d, bm, bn, st) = (self.head_dim, self.block_m, self.block_n, self.stages);
+        match self.kind {
+            BwdKind::Preprocess | BwdKind::ConvertDq => 0,
+            BwdKind::DkDv { .. } => (2 * bn * d + 2 * st * bm * d + bn * bm) * 2 + st * bm * 8,
+            BwdKind::Dq => (2 * bm * d + 2 * st * bn * d) * 2,
+        }
+    }
+
+    /// Grid for a problem: (x, y, z).
+    pub fn grid(&self, seqlen_q: u64, seqlen_k: u64, heads: u64, heads_k: u64, batch: u64) -> (u64, u64, u64) {
+        match self.kind {
+            BwdKind::DkDv { .. } => (seqlen_k.div_ceil(self.block_n as u64), heads_k, batch),
+            _ => (seqlen_q.div_ceil(self.block_m as u64), heads, batch),
+        }
+    }
+
+    /// Needs the fp32 dq_accum workspace.
+    pub fn uses_dq_accum(&self) -> bool {
+        matches!(self.kind, BwdKind::DkDv { dq: true, .. } | BwdKind::ConvertDq)
+    }
+}
+
+/// Rows per block of the elementwise kernels (Preprocess, ConvertDq) and their warps.
+const ELEMENTWISE_ROWS: u32 = 64;
+const ELEMENTWISE_WARPS: u32 = 8;
+
+/// dK/dV tile for a kernel head dim: (block_m, block_n, num_warps, stages). Each warp owns
+/// block_n / num_warps keys (16 rows of the mma) and keeps their dK and dV accumulators in
+/// registers. Measured on H200 against SDPA-flash: bench/NOTES.md.
+pub fn dkdv_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
+    let _ = causal;
+    match head_dim {
+        0..=64 => (64, 128, 8, 2),
+        65..=128 => (64, 64, 4, 2),
+        _ => (32, 64, 4, 2),
+    }
+}
+
+/// dK and dV in separate kernels (each recomputes P) when both accumulators would not fit in
+/// registers together.
+pub fn dkdv_split(head_dim: u32) -> bool {
+    head_dim > 128
+}
+
+/// dQ-kernel tile (deterministic path): (block_m, block_n, num_warps, stages).
+pub fn dq_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
+    let _ = causal;
+    match head_dim {
+        0..=128 => (64, 64, 4, 2),
+        _ => (64, 32, 4, 2),
+    }
+}
+
+fn fit(mut c: AttnBwdConfig) -> AttnBwdConfig {
+    // GPUs with less shared memory per block (sm_86/89: 99 KiB) get a shallower pipeline.
+    while c.smem_bytes() > c.arch.max_smem_per_block() && c.stages > 1 {
+        c.stages -= 1;
+    }
+    c
+}
+
+/// The kernels of one backward call, in launch order.
+pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, arch: Arch) -> Vec<AttnBwdConfig> {
+    let hd = kernel_head_dim(head_dim);
+    let elementwise = |kind| AttnBwdConfig {
+        kind,
+        head_dim: hd,
+        block_m: ELEMENTWISE_ROWS,
+        block_n: 0,
+        num_warps: ELEMENTWISE_WARPS,
+        stages: 0,
+        causal: false,
+        dtype,
+        arch,
+    };
+    let (bm, bn, nw, st) = dkdv_tile(hd, causal);
+    let dkdv = |dk, dv, dq| {
+        fit(AttnBwdConfig {
+            kind: BwdKind::DkDv { dk, dv, dq },
+            head_dim: hd,
+            block_m: bm,
+            block_n: bn,
+            num_warps: nw,
+            stages: st,
+            causal,
+            dtype,
+            arch,
+        })
+    };
+    let dq_atomic = !deterministic;
+    let mut plan = vec![elementwise(BwdKind::Preprocess)];
+    if dkdv_split(hd) {
+        plan.push(dkdv(false, true, false));
+        plan.push(dkdv(true, false, dq_atomic));
+    } else {
+        plan.push(dkdv(true, true, dq_atomic));
+    }
+    if deterministic {
+        let (bm, bn, nw, st) = dq_tile(hd, causal);
+        plan.push(fit(AttnBwdConfig {
+            kind: BwdKind::Dq,
+            head_dim: hd,
+            block_m: bm,
+            block_n: bn,
+            num_warps: nw,
+            stages: st,
+            causal,
+            dtype,
+            arch,
+        }));
+    } else {
+        plan.push(elementwise(BwdKind::ConvertDq));
+    }
+    plan
+}
+
+/// Every configuration `bwd_plan` can return for `arch`: what `precompile` builds.
+pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
+    let mut out: Vec<AttnBwdConfig> = Vec::new();
+    for hd in (32..=256).step_by(32) {
+        for causal in [false, true] {
+            for deterministic in [false, true] {
+                for dtype in [DType::F16, DType::BF16] {
+                    for c in bwd_plan(hd, causal, deterministic, dtype, arch) {
+                        if !out.contains(&c) {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_production_config_fits_its_arch() {
+        for arch in Arch::ALL {
+            for c in bwd_production_configs(arch) {
+                assert!(
+                    c.smem_bytes() <= arch.max_smem_per_block(),
+                    "{} needs {} B on {:?}",
+                    c.name_expression(),
+                    c.smem_bytes(),
+                    arch
+                );
+                if let BwdKind::DkDv { .. } = c.kind {
+                    assert_eq!(c.block_n % (16 * c.num_warps), 0, "{}", c.name_expression());
+                }
+                if let BwdKind::Dq = c.kind {
+                    assert_eq!(c.block_m % (16 * c.num_warps), 0, "{}", c.name_expression());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plans_have_the_documented_shape() {
+        let p = bwd_plan(128, true, false, DType::BF16, Arch::Sm90a);
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[0].kind, BwdKind::Preprocess);
+        assert_eq!(p[1].kind, BwdKind::DkDv { dk: true, dv: true, dq: true });
+        assert_eq!(p[2].kind, BwdKind::ConvertDq);
+        assert!(p.iter().any(|c| c.uses_dq_accum()));
+        let p = bwd_plan(256, false, true, DType::F16, Arch::Sm90a);
+        let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                BwdKind::Preprocess,
+                BwdKind::DkDv { dk: false, dv: true, dq: false },
+                BwdKind::DkDv { dk: true, dv: false, dq: false },
+                BwdKind::Dq
+            ]
+        );
+        assert!(!p.iter().any(|c| c.uses_dq_accum()));
+        assert_eq!(
+            p[1].name_expression(),
+            format!("ferroattn::attn_bwd_dkdv_sm80<256, {}, {}, {}, {}, false, false, true, false, __half>",
+                p[1].block_m, p[1].block_n, p[1].num_warps, p[1].stages)
+        );
+        assert_eq!(p[0].name_expression(), "ferroattn::attn_bwd_preprocess<256, 64, __half>");
+    }
+}
