@@ -6,26 +6,43 @@
 # Needs (built here by scripts/build_wheel.sh and carried): dist/ferroattn-*.whl, optionally
 # .whl/*.whl (extra wheels, e.g. nvidia-cuda-crt) and .assets/minilm (demo model files).
 # Installs them with pip --no-deps into /tmp/site, then runs, each stage in its own process,
-# logging to its own file, with its own time limit, continuing on failure:
-#   info, precompile (cold cache, --check-spills), warm (fresh process: first-call cost with the
-#   warm cache), demo, bench attention, pytest -m gpu, memcheck, racecheck (the main job first;
-#   every stage has a cap and the whole run a budget: a stage that would start with < 20 s left
-#   is skipped and recorded as such),
+# logging to its own file, with its own time limit, continuing on failure (in this order):
+#   install, info, precompile (cold cache, --check-spills), warm (fresh process: first-call cost
+#   with the warm cache), demo, profile, train (`bench training`: Llama-3.2-1B-config training
+#   ferroattn vs sdpa, step-0 gradients vs fp32, attention peak memory at 16k), bench (`bench
+#   attention`, forward), bench_bwd (`bench attention --backward`), pytest -m gpu, memcheck and
+#   racecheck (scripts/sanitize_attention.py then scripts/sanitize_attention_bwd.py under
+#   compute-sanitizer). Every stage has a cap and the whole run a budget: a stage that would start
+#   with < 20 s left is skipped and recorded as such; bench and bench_bwd size themselves to what
+#   is left after keeping time for the selected stages after them.
 # and finally scripts/gpu_check_summary.py, which writes $OUT/gpu_check.json and prints the
 # summary table LAST.
+#
+# One device call may run at most 600 s, and everything no longer fits in one: run a subset with
+# GPU_CHECK_STAGES (comma-separated stage names; install runs whenever anything after it runs is
+# selected, so it need not be named). The usual split, two calls of <= 560 s each:
+#     GPU_CHECK_STAGES=info,precompile,warm,demo,profile,bench,pytest bash scripts/gpu_check.sh
+#     GPU_CHECK_STAGES=info,train,bench_bwd,memcheck,racecheck bash scripts/gpu_check.sh
+# Each call is self-contained (fresh kernel cache, its own $OUT and gpu_check.json);
+# `scripts/gpu_check_summary.py --merge A/gpu_check.json B/gpu_check.json --out DIR` joins two.
 #
 # What comes back in $OUT (the device tool returns at most 8 files, so per-stage logs are packed):
 #   gpu_check.log        everything printed (this script's whole console output)
 #   logs.tar.gz          logs/<stage>.log for every stage, junit.xml, precompile/first-call JSON
 #                        (re-packed after every stage, so it survives a kill)
 #   demo.json            the demo summary
-#   attention_*.json     the raw benchmark JSON
+#   attention_*.json     the raw forward-benchmark JSON
+#   attention_bwd_*.json the raw backward-benchmark JSON
+#   training_*.json      the training comparison (losses, gradient errors, memory)
 #   gpu_check.json       the summary: device, driver, torch, commit, date, stage exit codes and
-#                        durations, test counts, sanitizer results, demo figures, bench summary
+#                        durations, test counts, sanitizer results, demo figures, bench summaries,
+#                        training verdicts and figures
 #
 # Environment knobs: OUT (default ./out), PYTHON (default python3), GPU_CHECK_BUDGET_S (total
-# seconds for all stages, default 560), BENCH_ARGS (extra args for the benchmark),
-# SANITIZER_FILTER (default "--kernel-name kns=attn_fwd"; empty = check every kernel).
+# seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
+# TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
+# SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_* and attn_bwd_* kernels;
+# empty = check every kernel).
 set -u
 set -o pipefail
 
@@ -38,7 +55,15 @@ WORK=/tmp/gpu_check
 SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
-FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_fwd"}
+FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
+ALL_STAGES="install info precompile warm demo profile train bench bench_bwd pytest memcheck racecheck"
+STAGES=${GPU_CHECK_STAGES:-all}
+STAGES=${STAGES// /}
+# Stage caps (seconds) and what an elastic stage (bench, bench_bwd) keeps free for each selected
+# stage after it.
+declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=60 [train]=180
+                [bench]=200 [bench_bwd]=330 [pytest]=240 [memcheck]=120 [racecheck]=150)
+declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [pytest]=200 [memcheck]=90 [racecheck]=70)
 
 # Under the sanitizer: FERROATTN_LINEINFO=1 (kernels compiled with -lineinfo, so reports name
 # source lines) and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own cudaMalloc, so an
@@ -81,20 +106,90 @@ do_bench() {
     "$PY" -m ferroattn bench attention --out "$OUT" --rep-ms 40 --time-budget-s "$budget" ${BENCH_ARGS:-}
 }
 
-do_sanitize() {
-    local tool=$1 rc
-    if [ -z "$CS" ]; then echo "compute-sanitizer not found on PATH or under /usr/local/cuda*/bin"; return 127; fi
+do_bench_bwd() {
+    # the backward benchmark stops starting new configurations 45 s before its stage limit
+    local budget=$(( $1 - 45 ))
+    [ "$budget" -lt 30 ] && budget=30
+    # shellcheck disable=SC2086
+    "$PY" -m ferroattn bench attention --backward --out "$OUT" --rep-ms 40 --time-budget-s "$budget" ${BENCH_BWD_ARGS:-}
+}
+
+do_train() {
+    local minilm=()
+    [ -d .assets/minilm ] && minilm=(--minilm .assets/minilm)
+    # shellcheck disable=SC2086
+    "$PY" -m ferroattn bench training --out "$OUT" "${minilm[@]}" ${TRAIN_ARGS:-}
+}
+
+sanitize_one() {  # sanitize_one TOOL SCRIPT: run SCRIPT under compute-sanitizer TOOL
+    local tool=$1 script=$2 rc
     # shellcheck disable=SC2086
     FERROATTN_LINEINFO=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$CS" --tool "$tool" --error-exitcode 86 --print-limit 30 $FILTER \
-        "$PY" scripts/sanitize_attention.py 2>&1 | tee "$WORK/$tool.try1"
+        "$PY" "$script" 2>&1 | tee "$WORK/$tool.try1"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 86 ] && [ -n "$FILTER" ] && \
        grep -qiE "unknown option|unrecognized|invalid (option|argument|value)" "$WORK/$tool.try1"; then
         echo "--- retrying without the kernel filter ($FILTER)"
-        FERROATTN_LINEINFO=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$CS" --tool "$tool" --error-exitcode 86 --print-limit 30 "$PY" scripts/sanitize_attention.py
+        FERROATTN_LINEINFO=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$CS" --tool "$tool" --error-exitcode 86 --print-limit 30 "$PY" "$script"
         rc=$?
     fi
     return "$rc"
+}
+
+do_sanitize() {
+    # forward cases, then backward cases; the stage's exit code is the first non-zero one
+    local tool=$1 rc=0 r script
+    if [ -z "$CS" ]; then echo "compute-sanitizer not found on PATH or under /usr/local/cuda*/bin"; return 127; fi
+    for script in scripts/sanitize_attention.py scripts/sanitize_attention_bwd.py; do
+        echo "--- $tool: $script"
+        sanitize_one "$tool" "$script"
+        r=$?
+        echo "--- $tool: $script exit $r"
+        [ "$rc" -eq 0 ] && rc=$r
+    done
+    return "$rc"
+}
+
+selected() {  # selected NAME: is stage NAME in GPU_CHECK_STAGES (install: whenever anything is)?
+    [ "$STAGES" = all ] && return 0
+    [ "$1" = install ] && return 0
+    case ",$STAGES," in *",$1,"*) return 0 ;; esac
+    return 1
+}
+
+check_stage_names() {  # every name in GPU_CHECK_STAGES must be a stage
+    [ "$STAGES" = all ] && return 0
+    local n bad=() names
+    IFS=',' read -r -a names <<< "$STAGES"
+    for n in "${names[@]}"; do
+        n=${n// /}
+        [ -z "$n" ] && continue
+        case " $ALL_STAGES " in *" $n "*) ;; *) bad+=("$n") ;; esac
+    done
+    if [ "${#bad[@]}" -gt 0 ]; then
+        echo "GPU_CHECK_STAGES: unknown stage(s) ${bad[*]}; expected comma-separated names from: ${ALL_STAGES// /,} (or all)" >&2
+        return 2
+    fi
+}
+
+keep_after() {  # keep_after NAME: seconds to keep free for the selected stages after NAME
+    local n seen=0 sum=0
+    for n in $ALL_STAGES; do
+        if [ "$seen" = 1 ] && selected "$n" && [ -n "${KEEP[$n]:-}" ]; then sum=$(( sum + KEEP[$n] )); fi
+        [ "$n" = "$1" ] && seen=1
+    done
+    echo "$sum"
+}
+
+elastic_limit() {  # elastic_limit NAME: min(cap, what is left - keep_after NAME), at least 90, at most what is left
+    local name=$1 now left lim
+    now=$(date +%s)
+    left=$(( BUDGET - (now - T0) - RESERVE ))
+    lim=$(( left - $(keep_after "$name") ))
+    [ "$lim" -gt "${CAP[$name]}" ] && lim=${CAP[$name]}
+    [ "$lim" -lt 90 ] && lim=90
+    [ "$lim" -gt "$left" ] && lim=$left
+    echo "$lim"
 }
 
 if [ "${1:-}" = "__fn" ]; then
@@ -102,6 +197,12 @@ if [ "${1:-}" = "__fn" ]; then
     "do_$fn" "$@"
     exit $?
 fi
+if [ "${1:-}" = "--list-stages" ]; then  # print the stages this GPU_CHECK_STAGES selects (no GPU needed)
+    check_stage_names || exit 2
+    for n in $ALL_STAGES; do selected "$n" && echo "$n"; done
+    exit 0
+fi
+check_stage_names || exit 2
 
 # ---- main -------------------------------------------------------------------------------------
 T0=$(date +%s)
@@ -125,6 +226,7 @@ pack_logs() { tar -czf "$OUT/logs.tar.gz.tmp" -C "$WORK" logs stages.tsv 2>/dev/
 stage() {
     local name=$1 cap=$2; shift 2
     local now left limit start rc
+    selected "$name" || return 0
     now=$(date +%s)
     left=$(( BUDGET - (now - T0) - RESERVE ))
     limit=$cap; [ "$left" -lt "$limit" ] && limit=$left
@@ -143,8 +245,8 @@ stage() {
     return 0
 }
 
-echo "=== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit ${FERROATTN_COMMIT:-unknown} budget ${BUDGET} s"
-stage install 120 bash "$SELF" __fn install
+echo "=== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit ${FERROATTN_COMMIT:-unknown} budget ${BUDGET} s stages ${STAGES}"
+stage install "${CAP[install]}" bash "$SELF" __fn install
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # NVRTC gets one CUDA include directory. /usr/local/cuda/include (toolkit) has crt/mma.h; torch's
 # site-packages nvidia/cu13/include does not, and the carried nvidia-cuda-crt wheel lands in a
@@ -158,23 +260,22 @@ if [ -z "${CUDA_HOME:-}" ] && [ ! -f /usr/local/cuda/include/crt/mma.h ] && [ -f
         echo "CUDA_HOME=$CUDA_HOME (merged $sys_inc + nvidia-cuda-crt)"
     fi
 fi
-stage info 60 bash "$SELF" __fn info
-stage precompile 200 "$PY" -m ferroattn precompile --check-spills --json "$WORK/logs/precompile.json"
-stage warm 45 bash "$SELF" __fn warm
-stage demo 120 "$PY" -m ferroattn demo --minilm .assets/minilm --json "$OUT/demo.json"
-stage profile 60 "$PY" scripts/profile_llm_attention.py
-# the benchmark gets what is left after keeping 300 s for pytest and the sanitizers (at most 200 s)
-now=$(date +%s); bench_limit=$(( BUDGET - (now - T0) - RESERVE - 300 )); [ "$bench_limit" -gt 200 ] && bench_limit=200
-[ "$bench_limit" -lt 90 ] && bench_limit=90
-left=$(( BUDGET - (now - T0) - RESERVE )); [ "$bench_limit" -gt "$left" ] && bench_limit=$left
-stage bench "$bench_limit" bash "$SELF" __fn bench "$bench_limit"
-stage pytest 180 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
-stage memcheck 75 bash "$SELF" __fn sanitize memcheck
-stage racecheck 90 bash "$SELF" __fn sanitize racecheck
+stage info "${CAP[info]}" bash "$SELF" __fn info
+stage precompile "${CAP[precompile]}" "$PY" -m ferroattn precompile --check-spills --json "$WORK/logs/precompile.json"
+stage warm "${CAP[warm]}" bash "$SELF" __fn warm
+stage demo "${CAP[demo]}" "$PY" -m ferroattn demo --minilm .assets/minilm --json "$OUT/demo.json"
+stage profile "${CAP[profile]}" "$PY" scripts/profile_llm_attention.py
+stage train "${CAP[train]}" bash "$SELF" __fn train
+# the benchmarks get what is left after keeping time for the selected stages after them (capped)
+if selected bench; then lim=$(elastic_limit bench); stage bench "$lim" bash "$SELF" __fn bench "$lim"; fi
+if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$lim" bash "$SELF" __fn bench_bwd "$lim"; fi
+stage pytest "${CAP[pytest]}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
+stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck
+stage racecheck "${CAP[racecheck]}" bash "$SELF" __fn sanitize racecheck
 
 # ---- summary (printed last) -------------------------------------------------------------------
 pack_logs
-"$PY" scripts/gpu_check_summary.py --work "$WORK" --out "$OUT" --elapsed $(( $(date +%s) - T0 ))
+"$PY" scripts/gpu_check_summary.py --work "$WORK" --out "$OUT" --elapsed $(( $(date +%s) - T0 )) --stages "$STAGES"
 rc=$?
 exec 1>&- 2>&-
 wait "$TEE_PID" 2>/dev/null

@@ -10,7 +10,17 @@ Inputs (all optional; a missing one is reported as such, never a crash):
   WORK/logs/junit.xml             pytest -m gpu results (else the pytest log's last line)
   WORK/logs/{memcheck,racecheck}.log   compute-sanitizer output
   OUT/demo.json                   `python -m ferroattn demo --json`
-  OUT/attention_*.json            the newest raw benchmark JSON
+  OUT/attention_*.json            the newest raw forward-benchmark JSON
+  OUT/attention_bwd_*.json        the newest raw backward-benchmark JSON (`bench attention --backward`)
+  OUT/training_*.json             the newest training comparison (`bench training`)
+
+The memcheck/racecheck logs hold two sanitizer runs (scripts/sanitize_attention.py and
+scripts/sanitize_attention_bwd.py): their error counts and case counts are summed, and kept per
+script under ``scripts``.
+
+``--merge A.json B.json ... --out DIR`` joins the gpu_check.json files of several calls (a run
+split with GPU_CHECK_STAGES) into DIR/gpu_check.json: stages in call order, every other section
+from the call that has it.
 
 Needs no torch (versions come from importlib.metadata). Exit 0 when every stage exited 0 and
 nothing was skipped, else 1.
@@ -90,17 +100,21 @@ def parse_pytest_log(text: str) -> dict | None:
 
 
 def parse_sanitizer(text: str, tool: str) -> dict:
-    """{ran, errors (memcheck) or hazards/errors/warnings (racecheck), cases_line}."""
+    """{ran, errors (memcheck) or hazards/errors/warnings (racecheck), cases_passed, cases,
+    scripts: {script: [passed, cases]}}, summed over every sanitizer run in the log."""
     out: dict[str, Any] = {"ran": bool(text.strip())}
-    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
-    if m:
-        out["errors"] = int(m.group(1))
-    m = re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text)
-    if m:
-        out.update(hazards=int(m.group(1)), errors=int(m.group(2)), warnings=int(m.group(3)))
-    m = re.search(r"sanitize_attention: (\d+)/(\d+) cases passed", text)
-    if m:
-        out["cases_passed"], out["cases"] = int(m.group(1)), int(m.group(2))
+    errs = [int(x) for x in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
+    if errs:
+        out["errors"] = sum(errs)
+    races = re.findall(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text)
+    if races:
+        out.update(hazards=sum(int(r[0]) for r in races), errors=sum(int(r[1]) for r in races),
+                   warnings=sum(int(r[2]) for r in races))
+    cases = re.findall(r"(sanitize_attention\w*): (\d+)/(\d+) cases passed", text)
+    if cases:
+        out["cases_passed"] = sum(int(c[1]) for c in cases)
+        out["cases"] = sum(int(c[2]) for c in cases)
+        out["scripts"] = {c[0]: [int(c[1]), int(c[2])] for c in cases}
     if "not found on PATH" in text:
         out["ran"] = False
         out["reason"] = "compute-sanitizer not found"
@@ -108,11 +122,53 @@ def parse_sanitizer(text: str, tool: str) -> dict:
     return out
 
 
-def newest_bench(out: Path) -> tuple[str | None, dict | None]:
-    files = sorted(glob.glob(str(out / "attention_*.json")), key=os.path.getmtime)
+def newest_json(out: Path, kind: str) -> tuple[str | None, dict | None]:
+    """The newest OUT/<kind>_<device>_<date>.json (kind "attention" excludes "attention_bwd")."""
+    files = [f for f in glob.glob(str(out / f"{kind}_*.json"))
+             if not (kind == "attention" and os.path.basename(f).startswith("attention_bwd_"))]
+    files.sort(key=os.path.getmtime)
     if not files:
         return None, None
     return os.path.basename(files[-1]), _read_json(Path(files[-1]))
+
+
+def newest_bench(out: Path) -> tuple[str | None, dict | None]:
+    return newest_json(out, "attention")
+
+
+def bench_bwd_summary(name: str, res: dict) -> dict:
+    """The gpu_check view of a backward-benchmark JSON (its summary without the per-config rows)."""
+    s = dict(res.get("summary") or {})
+    s.pop("per_config", None)
+    cfg = res.get("config") or {}
+    return {"file": name, "summary": s, "partial": res.get("partial"), "deterministic": cfg.get("deterministic"),
+            "ceilings": res.get("ceilings"), "elapsed_s": cfg.get("elapsed_s")}
+
+
+def training_summary(name: str, res: dict) -> dict:
+    """The gpu_check view of a training-comparison JSON: verdicts and headline figures."""
+    out: dict[str, Any] = {"file": name, "ok": res.get("ok"), "error": res.get("error"),
+                           "elapsed_s": res.get("elapsed_s")}
+    t = res.get("training") or {}
+    ck = t.get("check")
+    if ck:
+        out["loss"] = {k: ck.get(k) for k in ("ok", "max_diff", "worst_step", "bound", "noise_max")}
+        out["loss"]["first_last"] = {k: [v[0], v[-1]] for k, v in (t.get("losses") or {}).items() if v}
+        out["median_step_ms"] = t.get("median_step_ms")
+    g = res.get("gradients")
+    if g:
+        out["grad"] = {"ok": g.get("ok"), "worst_ratio": g.get("worst_ratio"), "worst_at": g.get("worst_at"),
+                       "batches": {k: {"ok": b.get("ok"), "worst_ratio": b.get("worst_ratio"),
+                                       "worst_param": b.get("worst_param"), "n_failed": b.get("n_failed"),
+                                       "n_params": b.get("n_params"), "max_err": b.get("max_err")}
+                                   for k, b in (g.get("batches") or {}).items()}}
+    m = res.get("memory")
+    if m:
+        mib = lambda r: None if not r or r.get("peak_extra_bytes") is None else r["peak_extra_bytes"] / 2**20  # noqa: E731
+        out["memory"] = {"ok": m.get("ok"), "shape": m.get("shape"), "ferroattn_mib": mib(m.get("ferroattn")),
+                         "sdpa_flash_mib": mib(m.get("sdpa_flash")), "ratio": (m.get("verdict") or {}).get("ratio"),
+                         "error": m.get("error") or (m.get("ferroattn") or {}).get("error")}
+    return out
 
 
 def _version(dist: str) -> str | None:
@@ -123,7 +179,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def build_summary(work: Path, out: Path, elapsed: int | None = None) -> dict:
+def build_summary(work: Path, out: Path, elapsed: int | None = None, stages_selected: str | None = None) -> dict:
     stages = parse_stages(work / "stages.tsv")
     info = _read_json(work / "logs" / "info.json") or {}
     gpu = info.get("gpu") or {}
@@ -143,6 +199,7 @@ def build_summary(work: Path, out: Path, elapsed: int | None = None) -> dict:
         "ferroattn": info.get("version"),
         "nvrtc": info.get("nvrtc_version"),
         "elapsed_s": elapsed,
+        "stages_selected": stages_selected,
         "stages": stages,
         "tests": tests,
         "sanitizer": {t: parse_sanitizer(_read_text(work / "logs" / f"{t}.log"), t) for t in ("memcheck", "racecheck")},
@@ -169,8 +226,38 @@ def build_summary(work: Path, out: Path, elapsed: int | None = None) -> dict:
     if bench:
         summary["bench"] = {"file": bench_file, "summary": bench.get("summary"), "ceilings": bench.get("ceilings"),
                             "host_cost": bench.get("host_cost"), "elapsed_s": bench.get("config", {}).get("elapsed_s")}
+    bwd_file, bwd = newest_json(out, "attention_bwd")
+    if bwd:
+        summary["bench_bwd"] = bench_bwd_summary(bwd_file, bwd)
+    train_file, train = newest_json(out, "training")
+    if train:
+        summary["train"] = training_summary(train_file, train)
     summary["ok"] = bool(stages) and all(s["rc"] == 0 for s in stages)
     return summary
+
+
+def merge_summaries(parts: list[dict]) -> dict:
+    """Join the summaries of several gpu_check calls: stages in call order (each tagged with
+    ``call``), every other key from the first call that has a value for it (the sanitizer per
+    tool from the call where it ran), elapsed summed, ok = every stage of every call exited 0."""
+    merged: dict[str, Any] = {"merged_from": len(parts), "stages": []}
+    for i, p in enumerate(parts):
+        for st in p.get("stages") or []:
+            merged["stages"].append({**st, "call": i})
+        for k, v in p.items():
+            if k in ("stages", "ok", "elapsed_s", "sanitizer", "merged_from"):
+                continue
+            if merged.get(k) is None and v is not None:
+                merged[k] = v
+    merged["elapsed_s"] = sum(p.get("elapsed_s") or 0 for p in parts)
+    san: dict[str, Any] = {}
+    for p in parts:
+        for tool, r in (p.get("sanitizer") or {}).items():
+            if tool not in san or (r.get("ran") and not san[tool].get("ran")):
+                san[tool] = r
+    merged["sanitizer"] = san
+    merged["ok"] = bool(merged["stages"]) and all(s["rc"] == 0 for s in merged["stages"])
+    return merged
 
 
 def _f(x: Any, fmt: str) -> str:
@@ -227,24 +314,96 @@ def format_summary(s: dict) -> str:
     if b and b.get("summary"):
         bs, c = b["summary"], b.get("ceilings") or {}
         mm = (c.get("matmul_bf16") or {}).get("tflops")
-        lines.append(f"bench: median ours/SDPA-{bs['ref_peer']} (d 64 & 128) {_f(bs['median_ratio'], '.3f')}, "
-                     f"min {_f(bs['min_ratio'], '.3f')} at {bs.get('min_ratio_at')}; best {_f(bs.get('best_pct_ceiling'), '.1f')}% "
-                     f"of matmul ceiling {_f(mm, '.0f')} TFLOP/s; {bs['n_measured']}/{bs['n_points']} points")
+        lines.append(f"bench: median ours/SDPA-{bs.get('ref_peer', 'flash')} (d 64 & 128) {_f(bs.get('median_ratio'), '.3f')}, "
+                     f"min {_f(bs.get('min_ratio'), '.3f')} at {bs.get('min_ratio_at')}; best {_f(bs.get('best_pct_ceiling'), '.1f')}% "
+                     f"of matmul ceiling {_f(mm, '.0f')} TFLOP/s; {bs.get('n_measured')}/{bs.get('n_points')} points")
         hc = b.get("host_cost") or {}
         parts = [f"{k} {v['host_us']:.1f} us" for k, v in hc.items() if isinstance(v, dict) and v.get("host_us") is not None]
         if parts:
             lines.append("host cost per small call: " + ", ".join(parts))
+    lines += format_bench_bwd(s.get("bench_bwd"))
+    lines += format_train(s.get("train"))
     lines.append(f"overall: {'OK' if s['ok'] else 'NOT OK'} in {s.get('elapsed_s')} s")
     return "\n".join(lines)
 
 
+def format_bench_bwd(b: dict | None) -> list[str]:
+    if not b or not b.get("summary"):
+        return []
+    s = b["summary"]
+    ref = s.get("ref_peer", "flash")
+    ds = " & ".join(str(d) for d in s.get("head_dims", []))
+    lines = []
+    for mode, title in (("bwd", "bench_bwd backward"), ("fwd_bwd", "bench_bwd fwd+bwd")):
+        m = (s.get("modes") or {}).get(mode)
+        if not m:
+            continue
+        others = ", ".join(f"x{k} {_f(v.get('median_ratio'), '.3f')}" for k, v in (m.get("per_peer_sel") or {}).items()
+                           if k != ref)
+        lines.append(f"{title}: median ours/SDPA-{ref} (d {ds}) {_f(m.get('median_ratio'), '.3f')}, min "
+                     f"{_f(m.get('min_ratio'), '.3f')} at {m.get('min_ratio_at')}; grid min {_f(m.get('grid_min_ratio'), '.3f')}"
+                     + (f" at {m.get('grid_min_ratio_at')}" if m.get("grid_min_ratio_at") else "")
+                     + (f"; medians (d {ds}) {others}" if others else "")
+                     + f"; {m.get('n_measured')}/{m.get('n_points')} points")
+    t = s.get("target")
+    if t:
+        verdict = {True: "MET", False: "NOT MET", None: "not measured"}[t.get("met")]
+        lines.append(f"bench_bwd target (median >= {t.get('median_target')}, min >= {t.get('min_target')}): {verdict}"
+                     + ("" if t.get("complete") else " (grid incomplete)")
+                     + (" [deterministic backward]" if b.get("deterministic") else ""))
+    return lines
+
+
+def format_train(t: dict | None) -> list[str]:
+    if not t:
+        return []
+    verdict = lambda ok: {True: "PASS", False: "FAIL", None: "n/a"}[ok]  # noqa: E731
+    lines = []
+    if t.get("error"):
+        lines.append(f"train: ERROR {t['error']}")
+    lo = t.get("loss")
+    if lo:
+        fl = ", ".join(f"{k} {v[0]:.3f}->{v[1]:.3f}" for k, v in (lo.get("first_last") or {}).items())
+        lines.append(f"train losses: max |ferroattn - sdpa| {_f(lo.get('max_diff'), '.2e')} (step {lo.get('worst_step')}) "
+                     f"<= {_f(lo.get('bound'), '.2e')} (eager noise {_f(lo.get('noise_max'), '.2e')}) {verdict(lo.get('ok'))}"
+                     + (f" | {fl}" if fl else ""))
+    g = t.get("grad")
+    if g:
+        lines.append(f"train step-0 grads: worst err_ferroattn/err_sdpa {_f(g.get('worst_ratio'), '.3f')} ({g.get('worst_at')}) "
+                     f"{verdict(g.get('ok'))}")
+    m = t.get("memory")
+    if m:
+        sh = m.get("shape") or {}
+        lines.append(f"train memory s={sh.get('s')}: ferroattn {_f(m.get('ferroattn_mib'), '.0f')} MiB, SDPA-flash "
+                     f"{_f(m.get('sdpa_flash_mib'), '.0f')} MiB (ratio {_f(m.get('ratio'), '.2f')}) {verdict(m.get('ok'))}"
+                     + (f" ERROR {m['error']}" if m.get("error") else ""))
+    ms = t.get("median_step_ms") or {}
+    lines.append("train verdict: " + verdict(t.get("ok"))
+                 + (" | median step " + ", ".join(f"{k} {_f(v, '.1f')} ms" for k, v in ms.items()) if ms else ""))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="summarise a gpu_check run")
-    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--elapsed", type=int, default=None)
+    ap.add_argument("--stages", default=None, help="the GPU_CHECK_STAGES of the run (recorded)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="join these gpu_check.json files (instead of reading --work)")
     args = ap.parse_args(argv)
-    s = build_summary(args.work, args.out, args.elapsed)
+    if args.merge:
+        parts = []
+        for path in args.merge:
+            part = _read_json(path)
+            if not isinstance(part, dict):
+                ap.error(f"--merge: {path}: not a readable gpu_check.json")
+            parts.append(part)
+        s = merge_summaries(parts)
+    elif args.work is None:
+        ap.error("--work is required (unless --merge is given)")
+    else:
+        s = build_summary(args.work, args.out, args.elapsed, args.stages)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(s, indent=2, default=str) + "\n")
     print(format_summary(s))

@@ -57,3 +57,20 @@ def test_int_mask_and_gradients():
     y = pad_input(x_unpad * 2, indices, 5, 5)
     y.sum().backward()
     assert torch.equal(x.grad, 2 * mask[..., None].to(x.dtype).expand_as(x))
+
+
+def test_index_first_axis_and_inverse_are_differentiable():
+    torch.manual_seed(2)
+    from ferroattn.bert_padding import index_first_axis, index_put_first_axis
+
+    x = torch.randn(6, 2, 3, dtype=torch.float64, requires_grad=True)
+    idx = torch.tensor([4, 0, 5])
+    g = index_first_axis(x, idx)
+    assert torch.equal(g, x[idx]) and g.data_ptr() != x.data_ptr()
+    back = index_put_first_axis(g, idx, 6)
+    assert back.shape == x.shape and torch.equal(back[idx], x[idx]) and torch.all(back[[1, 2, 3]] == 0)
+    assert torch.autograd.gradcheck(lambda t: index_put_first_axis(index_first_axis(t, idx) * 3, idx, 6), (x,))
+    (back * torch.arange(6.0, dtype=torch.float64)[:, None, None]).sum().backward()
+    expected = torch.zeros(6, 2, 3, dtype=torch.float64)
+    expected[idx] = torch.tensor([4.0, 0.0, 5.0], dtype=torch.float64)[:, None, None]
+    assert torch.equal(x.grad, expected)

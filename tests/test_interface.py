@@ -56,8 +56,9 @@ def captured(monkeypatch):
     """Replace the custom op by a recorder that returns correctly shaped outputs."""
     calls = []
 
-    def fake_op(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
-        calls.append(dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, scale=scale, causal=causal))
+    def fake_op(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
+        calls.append(dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, scale=scale, causal=causal,
+                          deterministic=deterministic))
         lse = torch.zeros((q.shape[0], q.shape[2], q.shape[1]) if cu_q is None else (q.shape[1], q.shape[0]))
         return torch.full_like(q, 7.0), lse
 
@@ -145,10 +146,30 @@ def test_return_attn_probs_triple(captured):
     assert isinstance(fai.flash_attn_func(q, q, q), torch.Tensor)
 
 
-def test_deterministic_accepted(captured):
+def test_deterministic_passed_to_the_op(captured):
     q = _t(2, 3, 4, 32)
     fai.flash_attn_func(q, q, q, deterministic=True)
-    assert len(captured) == 1
+    fai.flash_attn_func(q, q, q)
+    fai.flash_attn_func(q, q, q, 0.0, None, False, (-1, -1), 0.0, None, 1)  # positional, int 1
+    assert [c["deterministic"] for c in captured] == [True, False, True]
+    qkv, kv = _t(2, 3, 3, 4, 32), _t(2, 3, 2, 4, 32)
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32)
+    fai.flash_attn_qkvpacked_func(qkv, deterministic=True)
+    fai.flash_attn_kvpacked_func(q, kv, deterministic=True)
+    fai.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 2, 2, deterministic=True)
+    fai.flash_attn_varlen_qkvpacked_func(qkv[0], cu, 2, deterministic=True)
+    fai.flash_attn_varlen_kvpacked_func(q[0], kv[0], cu, cu, 2, 2, deterministic=True)
+    assert [c["deterministic"] for c in captured[3:]] == [True] * 5
+    for c in captured:
+        assert type(c["deterministic"]) is bool
+
+
+@pytest.mark.parametrize("value", ["True", 2, 0.5, [1]])
+def test_deterministic_must_be_a_bool(captured, value):
+    q = _t(2, 3, 4, 32)
+    with pytest.raises(ferroattn.errors.ArgumentError, match=r"^deterministic: expected a bool"):
+        fai.flash_attn_func(q, q, q, deterministic=value)
+    assert captured == []
 
 
 # ---- unsupported arguments -----------------------------------------------------------------

@@ -14,7 +14,13 @@ Commands
     Real-model check on a GPU (see :mod:`ferroattn.demo`). Exit 0 when every check passes,
     1 when a check fails, 3 when a requirement (GPU, torch, model files) is missing.
 ``bench attention [--quick] [--out DIR]``
-    The attention benchmark (see :mod:`ferroattn.bench`).
+    The attention benchmark (see :mod:`ferroattn.bench`); ``--backward [--deterministic]`` times
+    the backward (alone, and forward + backward) instead (:mod:`ferroattn.bench.attention_bwd`).
+``bench training [--steps 20] [--batch 4] [--seqlen 512] [--out DIR]``
+    Llama-3.2-1B-config training with ferroattn vs sdpa (and eager as the bf16 noise yardstick),
+    step-0 gradients vs an fp32 reference, attention peak memory at 16k
+    (:mod:`ferroattn.bench.training`). Exit 0 when every check passes, 1 when one fails, 3 when a
+    requirement is missing.
 
 Exit codes: 0 ok, 1 failure, 2 bad command line (argparse), 3 missing requirement.
 """
@@ -236,8 +242,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "training":
+        from ferroattn.bench import training  # noqa: PLC0415
+        return training.main_from_args(args)
+    if getattr(args, "backward", False):
+        from ferroattn.bench import attention_bwd  # noqa: PLC0415
+        return attention_bwd.main_from_args(args)
     from ferroattn.bench import attention  # noqa: PLC0415
     return attention.main_from_args(args)
+
+
+def _positive_float(text: str, name: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected a positive number, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise ValueError(f"{name}: expected a positive number, got {text!r}")
+    return v
+
+
+def _positive_int(text: str, name: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise ValueError(f"{name}: expected a positive integer, got {text!r}")
+    return v
 
 
 # ---- parser -----------------------------------------------------------------------------
@@ -245,7 +277,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _arg_type(fn, name):
     def conv(text):
         try:
-            return fn(text, name) if fn is parse_int_list else fn(text)
+            return fn(text, name) if fn in (parse_int_list, _positive_int, _positive_float) else fn(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     conv.__name__ = name
@@ -282,9 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=cmd_demo)
 
     pb = sub.add_parser("bench", help="benchmarks: ours vs the peers")
-    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention}")
+    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention,training}")
     bsub.required = True
-    pa = bsub.add_parser("attention", help="FlashAttention-3 paper grid: ours vs SDPA flash/cuDNN/efficient")
+    pa = bsub.add_parser("attention", help="FlashAttention-3 paper grid: ours vs SDPA flash/cuDNN/efficient "
+                                           "(--backward: the backward)")
     pa.add_argument("--quick", action="store_true", help="a reduced grid")
     pa.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
     pa.add_argument("--dtypes", default=None, help="comma-separated subset of bf16,fp16")
@@ -295,8 +328,31 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--rep-ms", type=float, default=None, help="timing budget per measurement (ms)")
     pa.add_argument("--time-budget-s", type=float, default=None,
                     help="stop measuring new grid points after this many seconds (rest recorded as skipped)")
-    pa.add_argument("--peers", default="flash,cudnn,efficient", help="SDPA backends to compare against")
+    pa.add_argument("--peers", default=None,
+                    help="SDPA backends to compare against (default flash,cudnn,efficient; with --backward flash,cudnn)")
+    pa.add_argument("--backward", action="store_true",
+                    help="time the backward alone and forward+backward (FLOPs 2.5x / 3.5x forward)")
+    pa.add_argument("--deterministic", action="store_true",
+                    help="with --backward: our deterministic backward (no atomics)")
     pa.set_defaults(func=cmd_bench)
+
+    pt = bsub.add_parser("training", help="Llama-3.2-1B-config training: ferroattn vs sdpa (and eager), "
+                                          "step-0 gradients vs fp32, attention peak memory")
+    pt.add_argument("--steps", type=_arg_type(_positive_int, "--steps"), default=20, help="training steps (default 20)")
+    pt.add_argument("--batch", type=_arg_type(_positive_int, "--batch"), default=4, help="sequences per batch (default 4)")
+    pt.add_argument("--seqlen", type=_arg_type(_positive_int, "--seqlen"), default=512,
+                    help="tokens per sequence (default 512)")
+    pt.add_argument("--lr", type=_arg_type(_positive_float, "--lr"), default=1e-4, help="AdamW learning rate (default 1e-4)")
+    pt.add_argument("--llm-config", metavar="NAME", default="llama-3.2-1b",
+                    help="decoder config: llama-3.2-1b (default) or tiny")
+    pt.add_argument("--minilm", metavar="PATH", default=None,
+                    help="directory with the MiniLM tokenizer (default: as the demo; without it the text is "
+                         "tokenised as UTF-8 bytes)")
+    pt.add_argument("--memory-seqlen", type=_arg_type(_positive_int, "--memory-seqlen"), default=16384,
+                    help="sequence length of the attention peak-memory figure (default 16384)")
+    pt.add_argument("--no-memory", action="store_true", help="skip the attention peak-memory figure")
+    pt.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
+    pt.set_defaults(func=cmd_bench)
     return p
 
 

@@ -5,7 +5,10 @@
                                        max_seqlen, max_seqlen)
     out = pad_input(out_unpad, indices, batch, seqlen)
 
-Both are differentiable (plain indexing). Source: flash_attn 2.8 ``bert_padding.py`` contract
+Everything here is differentiable (plain torch indexing: the gradient of a gather is a scatter
+into zeros and vice versa), so training through unpad -> varlen attention -> pad works; padded
+positions get gradient 0. ``index_first_axis`` / ``index_put_first_axis`` are flash_attn's two
+helpers under the same names. Source: flash_attn 2.8 ``bert_padding.py`` contract
 (reference/api-contracts.md §1.1): ``unpad_input`` returns 5 values (older releases returned 4).
 """
 from __future__ import annotations
@@ -15,7 +18,32 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["unpad_input", "unpad_indices", "pad_input"]
+__all__ = ["unpad_input", "unpad_indices", "pad_input", "index_first_axis", "index_put_first_axis"]
+
+
+def index_first_axis(input: Tensor, indices: Tensor) -> Tensor:
+    """Rows ``indices`` of ``input`` along dim 0 (a gather; differentiable: the gradient is
+    scattered back into zeros).
+
+    Args:
+        input: (n, ...) any dtype/device.
+        indices: int64 (total,), values in [0, n) on input's device.
+
+    Returns: (total, ...), a new tensor (not a view)."""
+    return input[indices]
+
+
+def index_put_first_axis(values: Tensor, indices: Tensor, first_axis_dim: int) -> Tensor:
+    """The inverse of :func:`index_first_axis`: a zero tensor (first_axis_dim, ...) with ``values``
+    at rows ``indices`` (differentiable with respect to ``values``).
+
+    Args:
+        values: (total, ...); indices: int64 (total,), distinct values in [0, first_axis_dim).
+        first_axis_dim: rows of the result.
+
+    Returns: (first_axis_dim, ...) in values' dtype and device."""
+    output = values.new_zeros((first_axis_dim, *values.shape[1:]))
+    return output.index_put((indices,), values)
 
 
 def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Optional[Tensor] = None
@@ -38,7 +66,7 @@ def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Opti
     """
     indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch = unpad_indices(attention_mask, unused_mask)
     flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
-    return flat[indices], indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch
+    return index_first_axis(flat, indices), indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch
 
 
 def unpad_indices(attention_mask: Tensor, unused_mask: Optional[Tensor] = None
@@ -69,7 +97,5 @@ def pad_input(hidden_states: Tensor, indices: Tensor, batch: int, seqlen: int) -
     Returns:
         (batch, seqlen, ...) with ``hidden_states`` at ``indices`` and zeros elsewhere.
     """
-    rest = hidden_states.shape[1:]
-    output = hidden_states.new_zeros((batch * seqlen, *rest))
-    output = output.index_put((indices,), hidden_states)
-    return output.view(batch, seqlen, *rest)
+    output = index_put_first_axis(hidden_states, indices, batch * seqlen)
+    return output.view(batch, seqlen, *hidden_states.shape[1:])

@@ -14,24 +14,31 @@ Argument normalisation, exactly as flash_attn 2.8 does it (flash_attn_interface.
 - ``window_size``: a side >= ``seqlen_k`` (``max_seqlen_k`` in varlen) becomes -1; ``causal``
   forces right = 0; ``(left < 0, right == 0)`` means causal.
 
+Training: every function except ``flash_attn_with_kvcache`` is differentiable. Gradients flow to
+q, k and v (or to the packed ``qkv`` / ``kv`` through the views taken of it) and come back in the
+inputs' shapes and dtypes; the head-dim padding is differentiable (``F.pad`` + slice). The backward
+is the custom op ``ferroattn::attn_bwd`` (:mod:`ferroattn.ops.attention_bwd`), called from the
+autograd formula of ``ferroattn::attn_fwd``; only q, k, v, out and the fp32 LSE are saved
+(O(b·h·s) extra memory). ``deterministic=True`` makes the backward bitwise reproducible (no
+atomics; a bit slower); the forward is always deterministic. As in flash_attn, the gradient of the
+returned ``softmax_lse`` is ignored (it is treated as a constant).
+
 Not implemented yet, and never silently ignored (``NotImplementedError`` naming the argument):
 ``dropout_p > 0``, a window other than the full or causal one, ``softcap != 0``,
-``alibi_slopes``, ``block_table`` (paged KV) and ``flash_attn_with_kvcache``. ``deterministic`` is
-accepted: the forward pass is always deterministic. The functions are differentiable as autograd
-sees them, but calling backward raises ``NotImplementedError`` until the training issue lands.
+``alibi_slopes``, ``block_table`` (paged KV) and ``flash_attn_with_kvcache``.
 
 Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (subclasses of
 ``RuntimeError``, like flash_attn's checks), naming the argument, expected and actual value.
 Checked here, before any normalisation (so messages show the values the user passed):
 - ``q``/``k``/``v`` are tensors (DTypeError) of the layout's rank with equal head dims <= 256
   (ArgumentError; before the head dim is padded);
-- ``softmax_scale`` is None or a real number finite in fp32; ``causal`` a bool (also numpy
-  bool, the ints 0/1, None = False); ``dropout_p`` a real number in [0, 1); ``window_size`` a
+- ``softmax_scale`` is None or a real number finite in fp32; ``causal`` and ``deterministic``
+  bools (also numpy bool, the ints 0/1, None = False); ``dropout_p`` a real number in [0, 1); ``window_size`` a
   pair of ints; varlen ``max_seqlen_q/k`` ints (``operator.index``): ArgumentError otherwise.
 The custom op's Rust validation checks everything else (dtypes, devices, strides, shapes).
 
-Sources: T. Dao, "FlashAttention-2", 2023, §3.1 (forward algorithm, LSE output); flash_attn 2.8
-public API (reference/api-contracts.md §1).
+Sources: T. Dao, "FlashAttention-2", 2023, §3.1 (forward algorithm, LSE output), §3.2 (backward);
+flash_attn 2.8 public API (reference/api-contracts.md §1).
 """
 from __future__ import annotations
 
@@ -123,21 +130,26 @@ def _check_softmax_scale(softmax_scale, head_dim: int) -> float:
     return scale
 
 
-def _check_causal(causal) -> bool:
-    """``causal`` as a bool: a bool, numpy bool, the ints 0 / 1 (or a one-element tensor holding
-    one of these), or None (False). Anything else (e.g. the string ``"False"``) raises
-    ArgumentError rather than being truth-tested."""
-    if causal is None:
+def _check_flag(flag, name: str) -> bool:
+    """A flag (``causal``, ``deterministic``) as a bool: a bool, numpy bool, the ints 0 / 1 (or a
+    one-element tensor holding one of these), or None (False). Anything else (e.g. the string
+    ``"False"``) raises ArgumentError naming ``name`` rather than being truth-tested."""
+    if flag is None:
         return False
-    if isinstance(causal, (bool, np.bool_)):
-        return bool(causal)
+    if isinstance(flag, (bool, np.bool_)):
+        return bool(flag)
     try:
-        value = operator.index(causal)
+        value = operator.index(flag)
     except TypeError:
         value = None
     if value not in (0, 1):
-        raise ArgumentError(f"causal: expected a bool, got {causal!r}")
+        raise ArgumentError(f"{name}: expected a bool, got {flag!r}")
     return bool(value)
+
+
+def _check_causal(causal) -> bool:
+    """``causal`` as a bool (:func:`_check_flag`)."""
+    return _check_flag(causal, "causal")
 
 
 def _check_dropout(dropout_p) -> None:
@@ -212,15 +224,18 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                dropout_p: float, softmax_scale: Optional[float], causal: bool,
                window_size: Sequence[int], softcap: float, alibi_slopes: Optional[Tensor],
-               return_attn_probs: bool, block_table: Optional[Tensor] = None) -> _Out:
+               deterministic: bool, return_attn_probs: bool, block_table: Optional[Tensor] = None) -> _Out:
     """Shared body of every function: check the arguments, normalise as flash_attn, call the
-    custom op (whose Rust validation checks dtypes, devices, strides and the remaining shapes)."""
+    custom op (whose Rust validation checks dtypes, devices, strides and the remaining shapes).
+    Every step on q/k/v (the padding, the copy of a non-contiguous last dim, the slice of the
+    output) is an autograd-visible torch op, so gradients reach the caller's tensors."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     head_dim = _check_tensors(q, k, v, varlen)
     _check_dropout(dropout_p)
     _check_supported(softcap, alibi_slopes, block_table)
     softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
     causal = _check_causal(causal)
+    deterministic = _check_flag(deterministic, "deterministic")
     window_size = _check_window(window_size)
     if varlen:
         max_seqlen_q = _check_max_seqlen(max_seqlen_q, "max_seqlen_q")
@@ -234,7 +249,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     else:
         q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    softmax_scale, causal)
+                                    softmax_scale, causal, deterministic)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -259,7 +274,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             keys j <= i + s_k - s_q); rows that see no key (s_q > s_k) give output 0. Turned off
             when s_q == 1.
         window_size: (left, right), a pair of ints; only (-1, -1) (or sides >= s_k) is supported.
-        softcap: must be 0.0. alibi_slopes: must be None. deterministic: accepted, no effect.
+        softcap: must be 0.0. alibi_slopes: must be None.
+        deterministic: bool (as causal): True makes the backward bitwise reproducible (no
+            atomics); False (default) lets dQ accumulate with fp32 atomics. No effect on the
+            forward, which is always deterministic.
         return_attn_probs: also return ``softmax_lse`` and an empty ``S_dmask``.
 
     Returns:
@@ -267,31 +285,38 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         ``(out, softmax_lse, S_dmask)``: softmax_lse fp32 (b, h, s_q) natural-log logsumexp of the
         scaled scores (+inf for rows that see no key), S_dmask an empty (0,) tensor.
 
+    Autograd: differentiable with respect to q, k and v; their gradients have the inputs'
+    shapes and dtypes (with GQA, dk/dv sum over each kv head's query heads; rows that see no key
+    get dq = 0). The gradient of ``softmax_lse`` is ignored, as in flash_attn.
+
     Raises: DTypeError (dtypes; q/k/v not tensors), DeviceError, ArgumentError (shapes, head
     dims, the scalar arguments above) (ferroattn.errors, all RuntimeError); NotImplementedError
-    for the unsupported arguments above; on backward, NotImplementedError.
+    for the unsupported arguments above. The backward raises the same classes (from the
+    validation of ``ferroattn::attn_bwd``) only for inputs the forward already rejects.
     """
     return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
-                      window_size, softcap, alibi_slopes, return_attn_probs)
+                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` with packed ``qkv`` (b, s, 3, h, d) (no GQA). q, k, v are the views
-    ``qkv[:, :, 0]``, ``qkv[:, :, 1]``, ``qkv[:, :, 2]`` (no copy). Returns as flash_attn_func."""
+    ``qkv[:, :, 0]``, ``qkv[:, :, 1]``, ``qkv[:, :, 2]`` (no copy). Returns as flash_attn_func;
+    the gradient reaches ``qkv`` through the views ((b, s, 3, h, d), qkv's dtype)."""
     return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      return_attn_probs)
+                      deterministic, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` with packed ``kv`` (b, s_k, 2, h_k, d); q (b, s_q, h, d).
-    Returns as flash_attn_func."""
+    Returns as flash_attn_func; gradients reach q and ``kv`` (through its views)."""
     return _attention(q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p,
-                      softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -310,29 +335,34 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         max_seqlen_q, max_seqlen_k: ints (Python or numpy; ArgumentError otherwise), the longest
             q / k sequence (>= every length).
         causal: bottom-right aligned per sequence; turned off when max_seqlen_q == 1.
-        block_table: must be None (paged KV not implemented). Other arguments as flash_attn_func.
+        block_table: must be None (paged KV not implemented). Other arguments (deterministic
+            included) as flash_attn_func.
 
     Returns:
         out (total_q, h, d); with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
         softmax_lse fp32 (h, total_q).
+
+    Autograd: as flash_attn_func; dq (total_q, h, d), dk and dv (total_k, h_k, d). Rows outside
+    every sequence (after ``cu_seqlens[-1]``) get gradient 0.
 
     Raises: as flash_attn_func; ArgumentError for cu_seqlens values that do not start at 0,
     decrease, exceed the rows, or a sequence longer than max_seqlen (value checks run on real tensors outside CUDA-graph
     capture only; see ferroattn.ops.attention.check_cu_seqlens_values).
     """
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                      softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                      block_table)
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, block_table)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
                                      causal=False, window_size=(-1, -1), softcap=0.0,
                                      alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_varlen_func` with packed ``qkv`` (total, 3, h, d) and one ``cu_seqlens``
-    (b + 1,) int32 / ``max_seqlen`` for q and k. Returns as flash_attn_varlen_func."""
+    (b + 1,) int32 / ``max_seqlen`` for q and k. Returns as flash_attn_varlen_func; the gradient
+    reaches ``qkv`` through the views ``qkv[:, 0]``, ``qkv[:, 1]``, ``qkv[:, 2]``."""
     return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      return_attn_probs)
+                      deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -340,10 +370,10 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                                     deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_varlen_func` with packed ``kv`` (total_k, 2, h_k, d); q (total_q, h, d).
-    Returns as flash_attn_varlen_func."""
+    Returns as flash_attn_varlen_func; gradients reach q and ``kv`` (through its views)."""
     return _attention(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      return_attn_probs)
+                      deterministic, return_attn_probs)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -351,7 +381,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                             softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False):
-    """flash_attn 2.x ``flash_attn_with_kvcache`` (decode with an in-place KV-cache append). Not
-    implemented yet: always raises NotImplementedError (the kvcache issue). For decoding today,
+    """flash_attn 2.x ``flash_attn_with_kvcache`` (decode with an in-place KV-cache append; inference
+    only, no backward and no ``deterministic`` argument, as in flash_attn). Not implemented yet:
+    always raises NotImplementedError (the kvcache issue). For decoding today,
     call :func:`flash_attn_func` with q (b, 1, h, d) and the cache slices as k, v."""
     raise _not_implemented("flash_attn_with_kvcache (KV-cache decode with in-place append)")

@@ -8,6 +8,9 @@ Layout is flash_attn's (sequence before heads). Semantics (reference/api-contrac
 - GQA: query head i reads kv head i // (h / h_k) (contiguous groups, like repeat_interleave);
 - a row that sees no key: output 0, LSE +inf.
 
+The references are differentiable (plain torch ops; rows that see no key have finite, zero
+gradients), so ``torch.autograd.grad`` through them gives reference gradients for the backward.
+
 ``upcast=True`` computes in ``reference_dtype`` (fp32 by default, fp64 possible): the reference.
 ``upcast=False`` computes the same formula in the input dtype (fp16/bf16): the low-precision
 baseline ``ref_lp``. The pass rule (DESIGN §5, flash-attention's own) is
@@ -24,7 +27,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "max_abs_diff", "assert_close_to_ref",
-           "random_cu_seqlens"]
+           "random_cu_seqlens", "attention_grads_ref"]
 
 
 def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
@@ -100,7 +103,9 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     empty_row = ~visible.any(dim=-1)  # (s_q,)
     lse = torch.logsumexp(scores.to(torch.float32 if cdt != torch.float64 else cdt), dim=-1)
     lse = lse.masked_fill(empty_row, float("inf")).to(torch.float32)
-    probs = torch.softmax(scores, dim=-1).masked_fill(empty_row[:, None], 0.0)
+    # A row that sees no key: softmax of a row of -inf is NaN, and so would be its gradient. Take the
+    # softmax of a finite placeholder row and zero it instead: output 0, every gradient finite (0).
+    probs = torch.softmax(scores.masked_fill(empty_row[:, None], 0.0), dim=-1).masked_fill(empty_row[:, None], 0.0)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vc)
     return out, lse
 
@@ -180,3 +185,33 @@ def random_cu_seqlens(lengths: List[int], device=None) -> Tensor:
     for n in lengths:
         cu.append(cu[-1] + n)
     return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+def attention_grads_ref(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, causal: bool = False,
+                        softmax_scale: Optional[float] = None, cu_seqlens_q: Optional[Tensor] = None,
+                        cu_seqlens_k: Optional[Tensor] = None, upcast: bool = True,
+                        reference_dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor, Tensor]:
+    """Reference gradients ``(dq, dk, dv)`` of attention for the output gradient ``dout``, by
+    autograd through :func:`attention_ref` (padded; ``cu_seqlens_q is None``) or
+    :func:`attention_varlen_ref` (varlen).
+
+    Args: q, k, v, causal, softmax_scale, cu_seqlens_q/k, upcast, reference_dtype as the forward
+    references (any strides; they are detached first); dout: the output's shape, any float dtype
+    (cast to the compute dtype).
+
+    Returns: dq, dk, dv with q's / k's / v's shapes, in ``reference_dtype`` (upcast) or the input
+    dtype (upcast=False: the low-precision baseline of the pass rule, factor 3 for gradients).
+    Rows that see no key get dq = 0; GQA dk/dv are summed over each group (autograd through
+    repeat_interleave)."""
+    cdt = reference_dtype if upcast else q.dtype
+    q_, k_, v_ = (x.detach().to(cdt).requires_grad_(True) for x in (q, k, v))
+    if cu_seqlens_q is None:
+        out, _ = attention_ref(q_, k_, v_, causal=causal, softmax_scale=softmax_scale, upcast=upcast,
+                               reference_dtype=reference_dtype)
+    else:
+        out, _ = attention_varlen_ref(q_, k_, v_, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                                      softmax_scale=softmax_scale, upcast=upcast, reference_dtype=reference_dtype)
+    dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), dout.to(out.dtype), allow_unused=True)
+    zeros = torch.zeros_like
+    return (dq if dq is not None else zeros(q_), dk if dk is not None else zeros(k_),
+            dv if dv is not None else zeros(v_))

@@ -133,7 +133,7 @@ fn check_rank(arg: &str, t: &TensorMeta, rank: usize, layout: &str) -> Result<()
     Ok(())
 }
 
-fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
+pub(crate) fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
     if let Some(s) = t.strides.iter().find(|&&s| s < 0) {
         return Err(Error::argument(
             arg,
@@ -158,8 +158,8 @@ fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
 /// The kernels move q/k/v/out tiles in 16-byte (8-element) copies: the data pointer and every
 /// stride that is used (a dim of size > 1) must be multiples of 16 bytes. The torch op copies
 /// such tensors first (python/ferroattn/ops/attention.py), so only direct callers see this.
-fn check_tile_layout(arg: &str, t: &TensorView) -> Result<()> {
-    if t.ptr % 16 != 0 {
+pub(crate) fn check_tile_layout(arg: &str, t: &TensorView) -> Result<()> {
+    if !t.ptr.is_multiple_of(16) {
         return Err(Error::argument(
             arg,
             "a 16-byte aligned data pointer",
@@ -181,7 +181,7 @@ fn check_tile_layout(arg: &str, t: &TensorView) -> Result<()> {
 
 /// An output must be dense and non-overlapping (some permutation of a contiguous layout): the
 /// kernel writes every element once, and overlapping elements would race.
-fn check_dense(arg: &str, t: &TensorMeta) -> Result<()> {
+pub(crate) fn check_dense(arg: &str, t: &TensorMeta) -> Result<()> {
     let mut dims: Vec<(i64, i64)> = t
         .strides
         .iter()
@@ -205,14 +205,14 @@ fn check_dense(arg: &str, t: &TensorMeta) -> Result<()> {
 }
 
 /// A non-empty tensor must have a data pointer.
-fn check_not_null(arg: &str, t: &TensorView) -> Result<()> {
+pub(crate) fn check_not_null(arg: &str, t: &TensorView) -> Result<()> {
     if t.ptr == 0 && t.meta.shape.iter().all(|&n| n > 0) {
         return Err(Error::argument(arg, "a non-NULL data pointer", "NULL"));
     }
     Ok(())
 }
 
-fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
+pub(crate) fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
     if t.device != q.device {
         return Err(Error::device(
             arg,
@@ -223,14 +223,14 @@ fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
     Ok(())
 }
 
-fn check_dtype(arg: &str, t: &TensorMeta, want: DType, why: &str) -> Result<()> {
+pub(crate) fn check_dtype(arg: &str, t: &TensorMeta, want: DType, why: &str) -> Result<()> {
     if t.dtype != want {
         return Err(Error::dtype(arg, format!("{want}{why}"), t.dtype));
     }
     Ok(())
 }
 
-fn check_shape(arg: &str, t: &TensorMeta, want: &[i64], why: &str) -> Result<()> {
+pub(crate) fn check_shape(arg: &str, t: &TensorMeta, want: &[i64], why: &str) -> Result<()> {
     if t.shape != want {
         return Err(Error::argument(
             arg,
@@ -452,6 +452,17 @@ pub fn validate(
     })
 }
 
+/// (batch, row, head) strides of a validated q/k/v/out-like tensor; varlen tensors have no
+/// batch dim (batch stride 0).
+pub(crate) fn batch_row_head_strides(varlen: bool, t: &TensorMeta) -> (i64, i64, i64) {
+    let s = &t.strides;
+    if varlen {
+        (0, s[0], s[1])
+    } else {
+        (s[0], s[1], s[2])
+    }
+}
+
 /// Kernel parameters from validated views.
 #[allow(clippy::too_many_arguments)]
 pub fn params(
@@ -465,15 +476,7 @@ pub fn params(
     cu_seqlens_k: Option<&TensorView>,
     softmax_scale: f32,
 ) -> AttnFwdParams {
-    // (batch, row, head) strides; varlen tensors have no batch dim.
-    let bsh = |t: &TensorView| -> (i64, i64, i64) {
-        let s = &t.meta.strides;
-        if p.varlen {
-            (0, s[0], s[1])
-        } else {
-            (s[0], s[1], s[2])
-        }
-    };
+    let bsh = |t: &TensorView| batch_row_head_strides(p.varlen, &t.meta);
     let (qb, qr, qh) = bsh(q);
     let (kb, kr, kh) = bsh(k);
     let (vb, vr, vh) = bsh(v);

@@ -7,13 +7,13 @@ use crate::tensor::TensorMeta;
 use pyo3::prelude::*;
 
 /// `TensorMeta` as the .pyi defines it.
-type MetaTuple = (Vec<i64>, Vec<i64>, String, (i32, i32));
+pub(super) type MetaTuple = (Vec<i64>, Vec<i64>, String, (i32, i32));
 
-fn meta(arg: &str, t: MetaTuple) -> Result<TensorMeta> {
+pub(super) fn meta(arg: &str, t: MetaTuple) -> Result<TensorMeta> {
     TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "float16 or bfloat16")
 }
 
-fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
+pub(super) fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
     t.map(|t| TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "int32")).transpose()
 }
 
@@ -50,7 +50,7 @@ fn attn_fwd_check(
 
 /// A raw CUstream handle: a Python int in [0, 2^64) (0 = the legacy default stream). Not an int:
 /// TypeError; out of range: ArgumentError; both name `stream`.
-fn stream_handle(stream: &Bound<'_, PyAny>) -> Result<u64> {
+pub(super) fn stream_handle(stream: &Bound<'_, PyAny>) -> Result<u64> {
     let shown = || stream.repr().map(|r| r.to_string()).unwrap_or_default();
     let Ok(value) = stream.extract::<i128>() else {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!(
@@ -64,7 +64,7 @@ fn stream_handle(stream: &Bound<'_, PyAny>) -> Result<u64> {
     })
 }
 
-fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
+pub(super) fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
     t.filter(|t| !t.is_none())
         .map(|t| import(t, arg))
         .transpose()

@@ -2,6 +2,7 @@
 //! Thin: convert arguments, call `ops`/`jit`/`device`/`dlpack`, map errors (errors.rs).
 
 mod attention;
+mod attention_bwd;
 mod dlpack;
 mod env;
 pub mod errors;
@@ -15,6 +16,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     env::register(m)?;
     jit::register(m)?;
     attention::register(m)?;
+    attention_bwd::register(m)?;
     dlpack::register(m)?;
     Ok(())
 }

@@ -123,13 +123,15 @@ const ELEMENTWISE_ROWS: u32 = 64;
 const ELEMENTWISE_WARPS: u32 = 8;
 
 /// dK/dV tile for a kernel head dim: (block_m, block_n, num_warps, stages). Each warp owns
-/// block_n / num_warps keys (16 rows of the mma) and keeps their dK and dV accumulators in
-/// registers. Measured on H200 against SDPA-flash: bench/NOTES.md.
+/// block_n / num_warps keys (16 or 32 rows of the mma) and keeps their dK and dV accumulators
+/// in registers. Larger key tiles halve the dq_accum atomics per FLOP (the dQ part dominated
+/// the first version). Measured on H200 against SDPA-flash: bench/NOTES.md ("Backward").
 pub fn dkdv_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
     let _ = causal;
     match head_dim {
-        0..=64 => (64, 128, 8, 2),
-        65..=128 => (64, 64, 4, 2),
+        0..=64 => (64, 128, 4, 2),
+        65..=96 => (64, 128, 8, 2),
+        97..=128 => (128, 128, 8, 2),
         _ => (32, 64, 4, 2),
     }
 }
@@ -140,12 +142,20 @@ pub fn dkdv_split(head_dim: u32) -> bool {
     head_dim > 128
 }
 
-/// dQ-kernel tile (deterministic path): (block_m, block_n, num_warps, stages).
+/// dQ-kernel tile (deterministic path): (block_m, block_n, num_warps, stages). Each warp owns
+/// block_m / num_warps query rows and keeps their dQ accumulators (d/2 fp32 per 16 rows) plus
+/// S and dP of one key tile in registers: two 16-row m-tiles per warp where d <= 96 (half the
+/// K/V shared-memory reads per FLOP), one above. d > 224 takes a single K/V stage so that two
+/// blocks fit in an SM's shared memory. Measured on H200 (b·s = 16k, bf16; bench/NOTES.md
+/// "Backward — dQ / preprocess").
 pub fn dq_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
     let _ = causal;
     match head_dim {
-        0..=128 => (64, 64, 4, 2),
-        _ => (64, 32, 4, 2),
+        0..=32 => (128, 64, 4, 2),
+        33..=96 => (128, 32, 4, 2),
+        97..=128 => (64, 64, 4, 2),
+        129..=224 => (64, 32, 4, 2),
+        _ => (64, 32, 4, 1),
     }
 }
 

@@ -13,6 +13,7 @@ reason. Also: the host-side cost of one small call (:mod:`.hostcost`).
 Writes the raw JSON (:func:`report.write_json`) into ``--out`` (default ``bench/results``),
 prints the table, then the summary lines. Exit 0 when every point was measured for ours,
 1 when ours failed somewhere (the JSON is written anyway), 3 without a CUDA GPU.
+``--backward`` runs :mod:`.attention_bwd` instead (same grid, backward timings).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ TOKENS = 16384
 DTYPES = ("bf16", "fp16")
 QUICK = dict(dims=DIMS, seqlens=(1024, 8192), dtypes=("bf16",))
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+DEFAULT_PEERS = ("flash", "cudnn", "efficient")
 FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "illegal instruction",
                  "misaligned address", "device-side assert", "CUDA_ERROR_ILLEGAL", "CUDA_ERROR_LAUNCH_FAILED")
 
@@ -242,10 +244,16 @@ def main_from_args(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", "attention") != "attention":
         print(f"ferroattn bench: unknown benchmark {args.bench_command!r}", file=sys.stderr)
         return 2
-    peer_names = [x.strip() for x in args.peers.split(",") if x.strip()]
+    if getattr(args, "deterministic", False):
+        print("ferroattn bench attention: --deterministic: only with --backward (the forward is always "
+              "deterministic)", file=sys.stderr)
+        return 2
+    peers_text = args.peers if args.peers is not None else ",".join(DEFAULT_PEERS)
+    peer_names = [x.strip() for x in peers_text.split(",") if x.strip()]
     bad = [x for x in peer_names if x not in ("flash", "cudnn", "efficient", "math")]
-    if bad:
-        print(f"ferroattn bench attention: --peers: expected names from flash,cudnn,efficient,math, got {bad}",
+    if bad or not peer_names:
+        print(f"ferroattn bench attention: --peers: expected names from flash,cudnn,efficient,math, got "
+              f"{bad or peers_text!r}",
               file=sys.stderr)
         return 2
     dtypes = [x.strip() for x in args.dtypes.split(",")] if args.dtypes else None

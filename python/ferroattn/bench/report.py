@@ -1,11 +1,12 @@
 """FLOP formulas, run metadata, summary statistics, the printed table and the raw JSON of a
-benchmark run. Pure Python (no torch needed except in :func:`run_metadata`), so it is
-tested on CPU with synthetic numbers.
+benchmark run (forward grid and backward grid). Pure Python (no torch needed except in
+:func:`run_metadata`), so it is tested on CPU with synthetic numbers.
 
 A grid point (one dict per shape) holds::
 
     {"dtype": "bf16", "causal": bool, "head_dim": d, "heads": h, "seqlen": s, "batch": b,
-     "flops": float,                          # forward FLOPs (fwd_flops)
+     "flops": float,                          # FLOPs of what is timed (fwd_flops; the backward
+                                              # benchmark: bwd_flops or fwd_bwd_flops)
      "ours": {"ms", "tflops", "pct_ceiling"} | None, "ours_error": str | None,
      "peers": {name: {"ms", "tflops"} | None}, "peer_errors": {name: reason},
      "ratio": {name: ours_tflops / peer_tflops | None},
@@ -39,6 +40,22 @@ def fwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float
     off = s_k - s_q
     pairs = sum(min(s_k, max(0, i + off + 1)) for i in range(s_q))
     return 4.0 * b * h * pairs * d
+
+
+#: Backward FLOPs per forward FLOP (FlashAttention convention: the backward runs 5 matmuls of the
+#: forward's size, the forward 2, so backward = 2.5x forward and forward+backward = 3.5x).
+BWD_FACTOR = 2.5
+FWD_BWD_FACTOR = 1.0 + BWD_FACTOR
+
+
+def bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float:
+    """Attention backward FLOPs (dQ, dK, dV): 2.5 x :func:`fwd_flops` (same visible-pair rule)."""
+    return BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal)
+
+
+def fwd_bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float:
+    """Forward + backward FLOPs: 3.5 x :func:`fwd_flops`."""
+    return FWD_BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal)
 
 
 def tflops(flops: float, ms: float | None) -> float | None:
@@ -210,6 +227,105 @@ def format_summary(summary: dict, ceilings: dict | None = None, host: dict | Non
                              f"(GPU {v['gpu_us']:.1f} us{', host-bound' if v.get('host_bound') else ', GPU-bound'})")
             elif isinstance(v, dict):
                 lines.append(f"host cost per call {name}: n/a ({v.get('error')})")
+    return "\n".join(lines)
+
+
+# ---- backward benchmark ------------------------------------------------------------------
+
+#: Issue 3 targets for the attention backward: the median ratio ours/SDPA-flash over head dims
+#: 64 and 128 at least 1.0, and no measured grid point below 0.85.
+BWD_TARGET_MEDIAN = 1.0
+BWD_TARGET_MIN = 0.85
+MODE_TITLES = {"bwd": "backward alone (dQ, dK, dV; FLOPs = 2.5 x forward)",
+               "fwd_bwd": "forward + backward (FLOPs = 3.5 x forward)"}
+
+
+def summarize_backward(points_by_mode: dict[str, list[dict]], ref_peer: str = "flash",
+                       head_dims: Sequence[int] = (64, 128)) -> dict:
+    """Summary of a backward-benchmark run. ``points_by_mode`` maps a mode ("bwd", "fwd_bwd") to
+    grid points of the :func:`summarize` format whose ``flops`` are that mode's FLOPs.
+
+    Per mode: everything :func:`summarize` gives (median/min ratio ours/``ref_peer`` over
+    ``head_dims``, medians per peer over the whole grid, counts), plus ``grid_*`` (median/min over
+    every head dim) and ``per_peer_sel`` (median/min/where per peer over ``head_dims``).
+    ``per_config``: one row per configuration with every ratio of every mode. ``target``: the
+    issue's targets checked on the "bwd" mode (median over ``head_dims`` >= BWD_TARGET_MEDIAN,
+    whole-grid minimum >= BWD_TARGET_MIN; ``met`` is None when nothing was measured, and
+    ``complete`` says whether every point was measured)."""
+    out: dict[str, Any] = {"ref_peer": ref_peer, "head_dims": list(head_dims), "modes": {}, "per_config": []}
+    rows: dict[str, dict] = {}
+    for mode, pts in points_by_mode.items():
+        pts = list(pts)
+        s = summarize(pts, ref_peer, head_dims)
+        whole = summarize(pts, ref_peer, sorted({p["head_dim"] for p in pts}))
+        s.update(grid_median_ratio=whole["median_ratio"], grid_min_ratio=whole["min_ratio"],
+                 grid_min_ratio_at=whole["min_ratio_at"])
+        sel = {}
+        for name in s["per_peer"]:
+            t = summarize(pts, name, head_dims)
+            sel[name] = {"median_ratio": t["median_ratio"], "min_ratio": t["min_ratio"],
+                         "min_ratio_at": t["min_ratio_at"], "n": t["n_ratio_points"]}
+        s["per_peer_sel"] = sel
+        out["modes"][mode] = s
+        for p in pts:
+            row = rows.setdefault(point_label(p), {"label": point_label(p)})
+            row[mode] = dict(p.get("ratio") or {})
+            row[f"{mode}_tflops"] = (p.get("ours") or {}).get("tflops")
+    out["per_config"] = list(rows.values())
+    b = out["modes"].get("bwd")
+    if b is not None:
+        med, mn = b["median_ratio"], b["grid_min_ratio"]
+        median_ok = None if med is None else bool(med >= BWD_TARGET_MEDIAN)
+        min_ok = None if mn is None else bool(mn >= BWD_TARGET_MIN)
+        out["target"] = {"median_target": BWD_TARGET_MEDIAN, "min_target": BWD_TARGET_MIN,
+                         "median_ok": median_ok, "min_ok": min_ok,
+                         "met": None if (median_ok is None or min_ok is None) else (median_ok and min_ok),
+                         "complete": b["n_points"] > 0 and b["n_measured"] == b["n_points"]}
+    return out
+
+
+def format_summary_backward(summary: dict, ceilings: dict | None = None) -> str:
+    """The summary lines of a backward-benchmark run (from :func:`summarize_backward`)."""
+    ref = summary["ref_peer"]
+    ds = " & ".join(str(d) for d in summary["head_dims"])
+    lines = []
+    if ceilings:
+        mm = ceilings.get("matmul_bf16")
+        lines.append("ceilings: bf16 matmul " + (f"{mm['tflops']:.0f} TFLOP/s" if mm else "n/a"))
+    for mode, s in summary["modes"].items():
+        lines.append(f"{MODE_TITLES.get(mode, mode)}:")
+        lines.append(f"  median ratio ours/SDPA-{ref} over d {ds}: {_f(s['median_ratio'], '.3f')} "
+                     f"({s['n_ratio_points']} points); minimum {_f(s['min_ratio'], '.3f')}"
+                     + (f" at {s['min_ratio_at']}" if s.get("min_ratio_at") else ""))
+        lines.append(f"  whole grid: median {_f(s.get('grid_median_ratio'), '.3f')}, minimum "
+                     f"{_f(s.get('grid_min_ratio'), '.3f')}"
+                     + (f" at {s['grid_min_ratio_at']}" if s.get("grid_min_ratio_at") else ""))
+        for name, v in s["per_peer"].items():
+            sel = (s.get("per_peer_sel") or {}).get(name, {})
+            lines.append(f"  vs SDPA-{name}: d {ds} median {_f(sel.get('median_ratio'), '.3f')}, min "
+                         f"{_f(sel.get('min_ratio'), '.3f')}; whole grid median {_f(v['median_ratio'], '.3f')}, "
+                         f"min {_f(v['min_ratio'], '.3f')} over {v['n']} points")
+        if s.get("best_pct_ceiling") is not None:
+            lines.append(f"  best: {s['best_pct_ceiling']:.1f}% of the measured bf16 matmul ceiling")
+        lines.append(f"  points: {s['n_points']}, measured {s['n_measured']}, ours failed {s['n_ours_failed']}, "
+                     f"skipped {s['n_skipped']}")
+    t = summary.get("target")
+    if t:
+        verdict = {True: "MET", False: "NOT MET", None: "not measured"}[t["met"]]
+        lines.append(f"target (backward >= {t['median_target']}x SDPA-{ref} as the median over d {ds}, no point "
+                     f"< {t['min_target']}x): {verdict}" + ("" if t["complete"] else " (grid incomplete)"))
+    return "\n".join(lines)
+
+
+def format_per_config(summary: dict, peers: Sequence[str]) -> str:
+    """One row per configuration: ours/peer ratios of every mode side by side."""
+    modes = list(summary["modes"])
+    cols = ["config"] + [f"{m} x{p}" for m in modes for p in peers]
+    rows = [[r["label"]] + [_f((r.get(m) or {}).get(p), ".2f") for m in modes for p in peers]
+            for r in summary["per_config"]]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
     return "\n".join(lines)
 
 

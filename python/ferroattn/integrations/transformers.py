@@ -18,9 +18,16 @@ kv heads directly (no repeat); a padding mask unpads q/k/v, runs :func:`flash_at
 and pads the output back; packed sequences (``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs, or
 ``position_ids`` restarting inside a batch of 1) run varlen without a mask; otherwise
 :func:`flash_attn_func`. Returns ``(attn_output (b, s_q, h, d), None)``.
+
+Training: every step (transpose, dtype cast, unpadding gather, the flash_attn call, ``pad_input``)
+is differentiable, so ``loss.backward()`` through a model using ``"ferroattn"`` reaches q, k, v and
+the projections; padded positions get zero gradient. ``deterministic`` follows transformers'
+FlashAttention rule: the ``deterministic`` kwarg when given, else the environment variable
+``FLASH_ATTENTION_DETERMINISTIC=1``.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -103,6 +110,14 @@ def _cu_seqlens_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:
     return cu, int((cu[1:] - cu[:-1]).max().item())
 
 
+def _deterministic(flag) -> bool:
+    """transformers' rule (modeling_flash_attention_utils, v5.17): the ``deterministic`` kwarg when
+    it is not None, else ``FLASH_ATTENTION_DETERMINISTIC == "1"`` (read on every call)."""
+    if flag is not None:
+        return flag
+    return os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
+
+
 def _check_mask(mask: Tensor, batch: int, kv_len: int) -> None:
     """A 2-D (batch, s_k) padding mask must match q's batch size and have at most ``kv_len``
     columns (k/v longer than the mask are sliced to it, the static-cache rule). Checked before
@@ -153,8 +168,9 @@ def ferroattn_attention_forward(
             (sliding_window - 1, sliding_window - 1), which raises NotImplementedError for now.
         softcap: logit softcapping (None/0 = off; > 0 raises NotImplementedError for now).
         kwargs: ``is_causal`` (overrides module.is_causal), ``position_ids`` (b, s),
-            ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/``max_length_k`` (packed input);
-            anything else is ignored.
+            ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/``max_length_k`` (packed input),
+            ``deterministic`` (bool or None: backward without atomics; None -> the environment
+            variable ``FLASH_ATTENTION_DETERMINISTIC=1``); anything else is ignored.
 
     Returns:
         ``(attn_output, None)``: attn_output (b, s_q, h, d) in the compute dtype.
@@ -176,7 +192,8 @@ def ferroattn_attention_forward(
     if sliding_window is not None and k.shape[1] > sliding_window:
         window = (sliding_window - 1, sliding_window - 1)
     fa_kwargs = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
-                     softcap=softcap if softcap is not None else 0.0)
+                     softcap=softcap if softcap is not None else 0.0,
+                     deterministic=_deterministic(kwargs.get("deterministic")))
 
     if attention_mask is not None:
         _check_mask(attention_mask, batch, k.shape[1])

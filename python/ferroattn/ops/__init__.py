@@ -1,2 +1,5 @@
-"""torch.library custom ops of ferroattn (namespace ``ferroattn``). Importing a submodule
-registers its ops; :mod:`ferroattn.ops.attention` registers ``torch.ops.ferroattn.attn_fwd``."""
+"""torch.library custom ops of ferroattn (namespace ``ferroattn``). Importing this package (or any
+submodule) registers them all: :mod:`ferroattn.ops.attention` registers
+``torch.ops.ferroattn.attn_fwd`` (with its autograd formula) and :mod:`ferroattn.ops.attention_bwd`
+``torch.ops.ferroattn.attn_bwd``, which that autograd formula calls."""
+from . import attention, attention_bwd  # noqa: F401  (registration)

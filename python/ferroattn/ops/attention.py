@@ -9,8 +9,10 @@ launches), plus the torch.library registrations that make the op a first-class c
 - ``register_fake``: runs the same Rust validation on metadata (``_native.attn_fwd_check``) and
   returns outputs with exact shapes, dtypes and strides; so ``torch.compile(fullgraph=True)``
   traces it without a graph break and bad inputs fail already at trace time;
-- ``register_autograd``: the op is differentiable in the autograd sense, but its backward raises
-  ``NotImplementedError`` until the training issue lands;
+- ``register_autograd``: ``setup_context`` saves q, k, v, out and softmax_lse; the backward calls
+  the second custom op ``torch.ops.ferroattn.attn_bwd`` (:mod:`ferroattn.ops.attention_bwd`), so
+  ``torch.compile`` sees two custom ops and no graph break. The gradient of ``softmax_lse`` is
+  ignored (flash_attn does the same: its backward takes only ``dout``);
 - a FLOP formula for ``torch.utils.flop_counter.FlopCounterMode``.
 
 CUDA-graph safety: the launch uses ``torch.cuda.current_stream(q.device)`` (the capture stream
@@ -23,7 +25,6 @@ Sources: FlashAttention-2 (Dao, 2023) §3.1 for the forward pass; flash_attn 2.8
 (b, h, s_q) padded or (h, total_q) varlen); torch 2.11 ``torch.library`` docs.
 """
 
-import contextlib
 import os
 from typing import List, Optional, Sequence, Tuple
 
@@ -35,8 +36,13 @@ from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
+from ._to_native import as_int as _as_int
+from ._to_native import launch as _launch
+from ._to_native import tensor_meta
+from ._to_native import tile_aligned as _tile_aligned
 
-__all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "tensor_meta", "attn_fwd_flops", "causal_pairs"]
+__all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "check_varlen_values", "tensor_meta",
+           "attn_fwd_flops", "causal_pairs", "lse_shape", "rank_error", "positive_scale"]
 
 #: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
 #: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
@@ -44,54 +50,10 @@ __all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "tensor_meta",
 #: False when the host sync matters more than the check.
 CHECK_CU_SEQLENS_VALUES: bool = os.environ.get("FERROATTN_CHECK_CU_SEQLENS", "1") != "0"
 
-_BACKWARD_MSG = (
-    "ferroattn: attention backward lands with the training issue; this version implements the "
-    "forward pass only (call it under torch.no_grad() / torch.inference_mode(), or use "
-    "torch.nn.functional.scaled_dot_product_attention for training)"
-)
-
-# DLPack device types used in TensorMeta (DLPack spec: kDLCPU = 1, kDLCUDA = 2).
-_DL_CPU, _DL_CUDA = 1, 2
-
 
 # ---------------------------------------------------------------------------------------------
 # metadata for the Rust validation
 # ---------------------------------------------------------------------------------------------
-def _as_int(v) -> int:
-    """A Python int for a size or stride. A symbolic size (torch.SymInt under dynamic shapes) is
-    read through its example value (hint), which adds no guard to the compiled graph."""
-    if isinstance(v, int):
-        return v
-    node = getattr(v, "node", None)
-    hint = getattr(node, "hint", None)
-    if hint is not None:
-        return int(hint)
-    return int(v)
-
-
-def tensor_meta(t: Optional[Tensor]):
-    """``TensorMeta`` of ``_native.pyi`` for a tensor (real, fake or meta), or None for None:
-    ``(shape, strides_in_elements, dtype_name, (dl_device_type, device_index))``.
-
-    Device: CUDA -> (2, index), CPU -> (1, 0). A *meta* tensor is described as CUDA device 0:
-    meta tensors exist for shape propagation (e.g. models built on the meta device), so they are
-    validated as the CUDA tensors they stand for. Any other device type is described as CPU, so
-    the Rust side rejects it as "not a CUDA tensor"."""
-    if t is None:
-        return None
-    dev = t.device
-    if dev.type == "cuda":
-        device = (_DL_CUDA, dev.index if dev.index is not None else 0)
-    elif dev.type == "meta":
-        device = (_DL_CUDA, 0)
-    else:
-        device = (_DL_CPU, 0)
-    shape = tuple(_as_int(s) for s in t.shape)
-    strides = tuple(_as_int(s) for s in t.stride())
-    dtype = str(t.dtype).removeprefix("torch.")
-    return (shape, strides, dtype, device)
-
-
 def _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
     """``_native.attn_fwd_check`` on metadata: the Rust validation, no data touched."""
     _native.attn_fwd_check(
@@ -176,7 +138,7 @@ _VERIFIED = TensorMemo(trust_inference=False)
 # ---------------------------------------------------------------------------------------------
 # the op
 # ---------------------------------------------------------------------------------------------
-def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Optional[Tuple[int, ...]]:
+def lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Optional[Tuple[int, ...]]:
     """fp32 LSE shape: (b, h, s_q) for padded q (b, s_q, h, d); (h, total_q) for varlen q
     (total_q, h, d). None when q's rank does not fit (the Rust validation names the error)."""
     if cu_seqlens_q is None and q.dim() == 4:
@@ -186,22 +148,33 @@ def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Optional[Tuple[int,
     return None
 
 
-def _rank_error(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> ArgumentError:
+def rank_error(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> ArgumentError:
+    """ArgumentError for a q whose rank does not fit the layout (4 padded, 3 varlen)."""
     expected = 3 if cu_seqlens_q is not None else 4
     return ArgumentError(f"q: expected rank {expected}, got rank {q.dim()} (shape {tuple(q.shape)})")
 
 
-def _tile_aligned(t: Tensor) -> Tensor:
-    """``t``, or a contiguous copy when the kernels cannot read it in place: they move rows in
-    16-byte copies, so the data pointer and every used stride (dims of size > 1, last dim
-    excepted) must be multiples of 16 bytes; e.g. ``qkv[..., 1:65]`` is copied."""
-    if t.dim() == 0 or t.numel() == 0 or t.stride(-1) != 1:
-        return t  # empty: nothing is read; stride(-1) != 1: the Rust validation names the error
-    elem = t.element_size()
-    if t.data_ptr() % 16 == 0 and all(
-            (st * elem) % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
-        return t
-    return t.clone(memory_format=torch.contiguous_format)  # a copy even when t is contiguous
+def check_varlen_values(q: Tensor, k: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                        max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """:func:`check_cu_seqlens_values` for both cu_seqlens of a varlen call (nothing for padded
+    calls; memoised, so the backward of a checked forward costs no host sync)."""
+    if cu_seqlens_q is not None:
+        check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
+        if k.dim() == 3:
+            check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
+
+
+def positive_scale(q: Tensor, softmax_scale: float) -> Tuple[Tensor, float]:
+    """``(q', s')`` with ``s' > 0`` and ``s'·q'kᵀ == softmax_scale·qkᵀ`` exactly, for kernels that
+    need a positive scale (they fold it into exp2 after a max over the raw scores):
+    ``(q, s)`` for s > 0, ``(−q, −s)`` for s < 0, ``(zeros_like(q), 1.0)`` for s == 0 (all scores 0).
+    Costs one copy of q when s <= 0. The backward maps its gradients accordingly
+    (:mod:`ferroattn.ops.attention_bwd`: dq = −dq' for s < 0, dq = 0 for s == 0)."""
+    if softmax_scale > 0.0:
+        return q, softmax_scale
+    if softmax_scale == 0.0:
+        return torch.zeros_like(q), 1.0
+    return -q, -softmax_scale
 
 
 def _attn_fwd_impl(
@@ -214,6 +187,7 @@ def _attn_fwd_impl(
     max_seqlen_k: int,
     softmax_scale: float,
     causal: bool,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Attention forward, ``softmax(softmax_scale · q kᵀ [+ bottom-right causal mask]) v``.
 
@@ -224,8 +198,11 @@ def _attn_fwd_impl(
         cu_seqlens_q, cu_seqlens_k: None (padded) or int32 (b + 1,) contiguous prefix sums of the
             sequence lengths (varlen).
         max_seqlen_q, max_seqlen_k: longest sequence (tokens); used by varlen only.
-        softmax_scale: multiplies the scores before the softmax (usually d ** -0.5).
+        softmax_scale: multiplies the scores before the softmax (usually d ** -0.5); any finite
+            value (<= 0 is mapped exactly by :func:`positive_scale`).
         causal: bottom-right aligned causal mask (row i sees keys j <= i + s_k - s_q).
+        deterministic: no effect on the forward (always bitwise reproducible); saved for the
+            backward, where True selects the kernels without atomics.
 
     Returns:
         out: ``torch.empty_like(q)`` (q's shape, dtype and stride order), fully written.
@@ -235,39 +212,19 @@ def _attn_fwd_impl(
     Raises: the ferroattn.errors classes from the Rust validation (DTypeError, DeviceError,
     ArgumentError, ...), ArgumentError from :func:`check_cu_seqlens_values`, CUDA/NVRTC errors.
     """
-    lse_shape = _lse_shape(q, cu_seqlens_q)
-    if lse_shape is None:
+    lse_shape_ = lse_shape(q, cu_seqlens_q)
+    if lse_shape_ is None:
         _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        raise _rank_error(q, cu_seqlens_q)
+        raise rank_error(q, cu_seqlens_q)
     out = torch.empty_like(q)
-    softmax_lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    if cu_seqlens_q is not None:
-        check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
-        if k.dim() == 3:
-            check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
-    if softmax_scale <= 0.0:
-        # The kernel folds the scale into exp2 after a max over the raw scores, which holds for a
-        # positive scale only. softmax(s·qkᵀ) = softmax(|s|·(−q)kᵀ) for s < 0, and for s = 0 it
-        # is softmax(0·kᵀ): the same function (and LSE), exactly, at the cost of one copy of q.
-        q = torch.zeros_like(q) if softmax_scale == 0.0 else -q
-        softmax_scale = 1.0 if softmax_scale == 0.0 else -softmax_scale
+    softmax_lse = torch.empty(lse_shape_, dtype=torch.float32, device=q.device)
+    check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    q, softmax_scale = positive_scale(q, softmax_scale)
     q, k, v = _tile_aligned(q), _tile_aligned(k), _tile_aligned(v)
-    # Inside the op inputs may still have requires_grad=True: DLPack export needs detached tensors.
-    args = [t.detach() if t is not None else None for t in (q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
-    try:
-        if q.device.type == "cuda":
-            # torch exports CUDA tensors of the current device only: switch only when needed
-            other = q.device.index != torch.cuda.current_device()
-            with torch.cuda.device(q.device) if other else contextlib.nullcontext():
-                stream = torch.cuda.current_stream(q.device).cuda_stream
-                _native.attn_fwd(*args, max_seqlen_q, max_seqlen_k, softmax_scale, causal, stream)
-        else:
-            _native.attn_fwd(*args, max_seqlen_q, max_seqlen_k, softmax_scale, causal, 0)
-    except BufferError:
-        # torch refuses to export a CUDA tensor that is not on the current device; turn that into
-        # the precise error of the Rust validation (e.g. DeviceError naming k) when there is one.
-        _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        raise
+    # A BufferError (a tensor on another GPU) becomes the Rust validation's error (e.g. DeviceError naming k).
+    _launch(_native.attn_fwd, q.device, (q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k),
+            (max_seqlen_q, max_seqlen_k, softmax_scale, causal),
+            lambda: _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     return out, softmax_lse
 
 
@@ -276,13 +233,14 @@ attn_fwd = torch.library.custom_op("ferroattn::attn_fwd", mutates_args=())(_attn
 
 def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                  cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                 softmax_scale: float, causal: bool) -> Tuple[Tensor, Tensor]:
+                 softmax_scale: float, causal: bool, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
     """``attn_fwd`` as the flash_attn functions call it: through the op (the dispatcher) whenever
     anything may watch or transform the call -- torch.compile tracing, a dispatch mode
     (FlopCounterMode, FakeTensorMode, ...), the profiler (which names the op), functorch
-    transforms, or autograd (an input requires grad) -- and otherwise, in a plain eager call on
-    plain CUDA tensors, through the op's implementation directly, which skips tens of µs of
-    dispatcher and autograd-wrapper overhead per call. Both routes run the same code."""
+    transforms, or autograd (grad mode on and an input requires grad: the op's autograd
+    registration records the backward) -- and otherwise, in a plain eager call on plain CUDA
+    tensors, through the op's implementation directly, which skips tens of µs of dispatcher and
+    autograd-wrapper overhead per call. Both routes run the same code."""
     if (q.device.type == "cuda" and type(q) is Tensor
             and not torch.compiler.is_compiling()
             and torch._C._len_torch_dispatch_stack() == 0
@@ -290,29 +248,49 @@ def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
             and not torch._C._are_functorch_transforms_active()
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
         return _attn_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              softmax_scale, causal)
-    return attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+                              softmax_scale, causal, deterministic)
+    return attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    deterministic)
 
 
 @attn_fwd.register_fake
-def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                   deterministic=False):
     # Same validation as the real op, from metadata (works for fake and meta tensors).
     _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    lse_shape = _lse_shape(q, cu_seqlens_q)
-    if lse_shape is None:
-        raise _rank_error(q, cu_seqlens_q)
+    lse_shape_ = lse_shape(q, cu_seqlens_q)
+    if lse_shape_ is None:
+        raise rank_error(q, cu_seqlens_q)
     out = torch.empty_like(q)
-    softmax_lse = q.new_empty(lse_shape, dtype=torch.float32)
+    softmax_lse = q.new_empty(lse_shape_, dtype=torch.float32)
     return out, softmax_lse
 
 
+# ---------------------------------------------------------------------------------------------
+# autograd: attn_fwd -> attn_bwd
+# ---------------------------------------------------------------------------------------------
 def _setup_context(ctx, inputs, output) -> None:
-    # Nothing is saved: the backward is not implemented yet.
-    pass
+    """Saves what the backward recomputes P from (FlashAttention-2 §3.2): q, k, v, the forward's
+    out and softmax_lse (O(b·h·s) extra, no s×s buffer), the cu_seqlens tensors, and the scalars."""
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic = inputs
+    out, softmax_lse = output
+    ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.max_seqlen_q, ctx.max_seqlen_k = max_seqlen_q, max_seqlen_k
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
 
 
 def _backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError(_BACKWARD_MSG)
+    """Gradients of q, k, v through ``torch.ops.ferroattn.attn_bwd`` (a second custom op, traceable
+    by torch.compile); None for the non-differentiable arguments. ``grad_lse`` is ignored, as
+    flash_attn ignores it: the LSE output is treated as a constant (a loss on softmax_lse alone
+    gives zero gradients)."""
+    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.ferroattn.attn_bwd(
+        grad_out, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
+        ctx.softmax_scale, ctx.causal, ctx.deterministic)
+    need = ctx.needs_input_grad
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+            None, None, None, None, None, None, None)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -343,7 +321,7 @@ def _seqlens(cu: Tensor) -> Optional[Sequence[int]]:
 
 
 def attn_fwd_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                   causal, *args, out_val=None, **kwargs) -> int:
+                   causal, deterministic=False, *args, out_val=None, **kwargs) -> int:
     """FLOPs of one ``attn_fwd`` call: 2 matmuls (q kᵀ and p v) of 2·d FLOPs per visible (i, j)
     pair and head, i.e. ``4 · b · h · s_q · s_k · d`` without a mask; with ``causal`` only the
     visible pairs of the bottom-right mask count (:func:`causal_pairs`). Varlen sums over the

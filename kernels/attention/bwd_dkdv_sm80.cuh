@@ -1,0 +1,663 @@
+// ferroattn — attention backward, dK/dV kernel, sm80 family (mma.sync + ldmatrix + cp.async).
+//
+// What: for one key tile [n0, n0 + BlockN) of one kv head, the gradients of FlashAttention-2
+// (paper §3.2, Alg. 2) with P recomputed from Q, K and the forward's LSE:
+//   P  = exp2(S * scale_log2 - LSE * log2(e)),  S = Q K^T   (LSE natural log; +inf -> P = 0)
+//   dV = sum P^T dO,   dP = dO V^T,   dS = P o (dP - D),   dK = softmax_scale * sum dS^T Q
+// summed over every query head of the kv head's GQA group (heads h_k*g .. h_k*g + g - 1,
+// g = num_heads / num_heads_k; a fixed order, no atomics for dK/dV) and over every query tile
+// that can see the key tile. WithDQ: dS K of each query tile is added, unscaled, to the fp32
+// dq_accum with red.global.add (the convert kernel multiplies by softmax_scale). Causal masks
+// are bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q (per sequence in
+// varlen), so the loop starts at the query tile holding row max(0, n0 - (seqlen_k - seqlen_q)).
+// Masked pairs (key >= seqlen_k, query >= seqlen_q, causal) get P = dS = 0. Keys no query sees
+// (causal, seqlen_q == 0) get dK = dV = 0 written. Rows of dK/dV >= seqlen_k and columns
+// >= head_dim are not written.
+//
+// Layouts (see attention/bwd_params.cuh, attention/params.cuh): padded q/dout/dq_accum
+// (b, s_q, h, d), k/v/dk/dv (b, s_k, h_k, d), lse/softmax_d (b, h, s_q); varlen (total, h, d),
+// lse/softmax_d (h, total_q), sequence b at rows [cu_seqlens[b], cu_seqlens[b+1]) (clamped as
+// in the forward). Every tensor has its own strides (elements, last dim contiguous); 16-bit
+// tensors need 16-byte aligned bases and row/head/batch strides (multiples of 8 elements);
+// dq_accum needs 16-byte aligned base and strides that are multiples of 4 (sm_90 adds 4 floats at
+// a time). All offsets are 64-bit.
+//
+// Launch: grid (ceil(max_seqlen_k / BlockN), num_heads_k, batch), block NumWarps*32 threads,
+// dynamic shared memory attn_bwd_dkdv_sm80_smem_bytes<...>() =
+// (2*BlockN*HeadDim + 2*Stages*BlockM*HeadDim + BlockN*BlockM) * 2 + Stages*BlockM*8 bytes
+// (the DkDv formula of AttnBwdConfig::smem_bytes in src/tuning/attention_bwd.rs); above 48 KiB
+// the caller raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. WithDQ: dq_accum zeroed
+// before the launch (preprocess kernel).
+//
+// Template parameters and constraints:
+//   HeadDim  kernel head dim, multiple of 32 in [32, 256]; params.fwd.head_dim (multiple of 8,
+//            <= HeadDim) is the real one: other columns load as 0 and are not written.
+//   BlockM   query rows per pipeline tile, multiple of 32 (the dS^T tile is swizzled by rows of
+//            BlockM/8 >= 4 chunks).
+//   BlockN   keys per block, a multiple of 16*NumWarps: warp w owns keys [w*kWarpN, (w+1)*kWarpN),
+//            kWarpN = BlockN / NumWarps (MT = kWarpN/16 m16 tiles).
+//   NumWarps warps per block; NumWarps and BlockM/16 divide one another (dQ work split).
+//   Stages   >= 1 buffers of (Q, dO, LSE, D) query tiles; tile it+Stages-1 is fetched while tile
+//            it is computed. Stages == 1 (small shared memory GPUs) loads, then computes.
+//   IsCausal bottom-right causal mask.
+//   WithDK / WithDV   compute and write dK / dV (at least one). WithDQ: add dS K to dq_accum.
+//            dS (and the V tile product dP) is computed only with WithDK or WithDQ.
+//   T        __half or __nv_bfloat16; lse, softmax_d and dq_accum are fp32.
+// Design ("warps own keys"): each warp computes S^T = K_w Q^T directly (A = its K rows by
+// ldmatrix, B = Q rows by ldmatrix), so P^T sits in the mma accumulator layout and repacks
+// straight into the A operand of dV += P^T dO (B = dO by ldmatrix.trans); likewise dP^T = V_w dO^T
+// and dS^T = P^T o (dP^T - D) is the A operand of dK += dS^T Q (B = Q by ldmatrix.trans). The
+// per-query LSE and D come from small fp32 shared arrays staged with the Q/dO tile (cp.async,
+// 4 bytes, zero-filled past seqlen_q). WithDQ: each warp stores its dS^T (as T) into a swizzled
+// BlockN x BlockM shared tile; after a barrier the warps split dQ_tile = dS K (A = dS by
+// ldmatrix.trans of the stored dS^T, B = K by ldmatrix.trans) over query m16 tiles and column
+// ranges, and add it to dq_accum (sm_90: red.global.add.v4.f32 after one lane-pair exchange;
+// older: scalar red.global.add.f32). dK/dV stay in fp32 registers for the whole block (HeadDim
+// registers per thread per m16 tile for both: head dims > 128 run split, see dkdv_split()) and
+// are written at the end through the K/V tiles as 16-byte stores.
+// A query tile is processed in sub-tiles of kSubM queries when the S^T and dP^T accumulators
+// next to dK/dV would pass a register budget (kAccBudget).
+// Shared memory: K, V (BlockN x HeadDim), Stages x (Q, dO) (BlockM x HeadDim), dS^T (BlockN x
+// BlockM), Stages x (LSE*1, D) (BlockM fp32 each); 16-bit tiles XOR-swizzled in 16-byte chunks
+// (common/swizzle.cuh): ldmatrix, cp.async and the dS^T stores are conflict-free.
+// Registers: the production configurations compile without spills for sm_80 and sm_90a
+// (bench/NOTES.md, "Backward").
+//
+// PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans), cp.async.cg (16 B)
+// and cp.async.ca (4 B) with src-size zero fill, commit/wait_group, ex2.approx,
+// red.global.add.f32 (sm_90: red.global.add.v4.f32). Needs sm_80 or newer.
+#pragma once
+#include "common/dtype.cuh"
+#include "common/ptx.cuh"
+#include "common/swizzle.cuh"
+#include "attention/bwd_params.cuh"
+#include "attention/fwd_sm80.cuh"
+
+namespace ferroattn {
+
+template <int HeadDim, int BlockM, int BlockN, int Stages>
+__host__ __device__ constexpr int attn_bwd_dkdv_sm80_smem_bytes() {
+    return (2 * BlockN * HeadDim + 2 * Stages * BlockM * HeadDim + BlockN * BlockM) * 2
+         + Stages * BlockM * 8;
+}
+
+namespace attn_bwd_detail {
+
+// Where batch `batch` lives: its sequence lengths and, for varlen, its first query and key
+// rows. cu_seqlens values are clamped exactly as attn_detail::seq_coords does for the forward
+// (a sequence is [x0, x1) within [0, total), at most max_seqlen_q query rows), so no value can
+// move an access outside the tensors.
+struct BwdSeq {
+    int seqlen_q, seqlen_k;
+    int q_row0, k_row0;   // varlen only
+    bool varlen;
+};
+
+__device__ __forceinline__ BwdSeq bwd_seq(const AttnFwdParams& p, int batch) {
+    BwdSeq s;
+    s.varlen = p.cu_seqlens_q != nullptr;
+    if (s.varlen) {
+        const int q0 = min(max(p.cu_seqlens_q[batch], 0), p.total_q);
+        const int q1 = min(max(p.cu_seqlens_q[batch + 1], q0), p.total_q);
+        const int k0 = min(max(p.cu_seqlens_k[batch], 0), p.total_k);
+        const int k1 = min(max(p.cu_seqlens_k[batch + 1], k0), p.total_k);
+        s.seqlen_q = min(q1 - q0, p.seqlen_q);
+        s.seqlen_k = k1 - k0;
+        s.q_row0 = q0;
+        s.k_row0 = k0;
+    } else {
+        s.seqlen_q = p.seqlen_q;
+        s.seqlen_k = p.seqlen_k;
+        s.q_row0 = s.k_row0 = 0;
+    }
+    return s;
+}
+
+// Element offset of row 0 of the (batch, head) slice of a tensor with the given strides: the
+// batch stride in the padded layout, the sequence's first row in varlen. QSide: the tensor
+// runs along the queries (q, dout, dq_accum, lse, softmax_d), else along the keys.
+template <bool QSide>
+__device__ __forceinline__ long long slice_off(const BwdSeq& s, int batch, int head,
+                                               long long batch_stride, long long row_stride,
+                                               long long head_stride) {
+    const long long first = s.varlen
+        ? static_cast<long long>(QSide ? s.q_row0 : s.k_row0) * row_stride
+        : static_cast<long long>(batch) * batch_stride;
+    return first + static_cast<long long>(head) * head_stride;
+}
+
+// 4-byte global->shared async copy (L1-allocating .ca: the only form below 16 bytes); when
+// !pred, writes 4 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async_4_zfill(unsigned smem_addr, const void* src, bool pred) {
+    const int src_size = pred ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_addr), "l"(src), "r"(src_size) : "memory");
+}
+
+// dq_accum[p] += v (fire-and-forget reduction in L2).
+__device__ __forceinline__ void red_add_f32(float* p, float v) {
+    asm volatile("red.global.add.f32 [%0], %1;\n"
+                 :: "l"(__cvta_generic_to_global(p)), "f"(v) : "memory");
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// dq_accum[p .. p+3] += (a, b, c, d); p 16-byte aligned. sm_90+.
+__device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float c, float d) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                 :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+#endif
+
+// Writes rows [0, rows_valid) x columns [0, head_dim) of a Rows x HeadDim tile to global memory
+// (row 0 at g, row stride `row_stride` elements) in 16-byte stores: from the swizzled shared
+// tile s, or zeros when s is nullptr.
+template <int Rows, int HeadDim, int Threads, typename T>
+__device__ __forceinline__ void store_tile(T* g, long long row_stride, const T* s, int rows_valid,
+                                           int head_dim, int tid) {
+    constexpr int kChunks = HeadDim / 8;
+    constexpr int kTotal = Rows * kChunks;
+#pragma unroll
+    for (int i = 0; i < (kTotal + Threads - 1) / Threads; ++i) {
+        const int idx = tid + i * Threads;
+        if (kTotal % Threads == 0 || idx < kTotal) {
+            const int r = idx / kChunks;
+            const int c = idx % kChunks;
+            if (r < rows_valid && c * 8 < head_dim) {
+                const uint4 val = s != nullptr
+                    ? *reinterpret_cast<const uint4*>(s + r * HeadDim + swizzle_chunk<kChunks>(r, c) * 8)
+                    : make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4*>(g + static_cast<long long>(r) * row_stride + c * 8) = val;
+            }
+        }
+    }
+}
+
+}  // namespace attn_bwd_detail
+
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
+          bool WithDK, bool WithDV, bool WithDQ, typename T>
+__global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) {
+    static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
+                  "HeadDim must be a multiple of 32 in [32, 256]");
+    static_assert(BlockM % 32 == 0 && BlockM >= 32, "BlockM must be a multiple of 32");
+    static_assert(NumWarps >= 1 && BlockN % (16 * NumWarps) == 0,
+                  "BlockN must be a multiple of 16 * NumWarps");
+    static_assert(NumWarps % (BlockM / 16) == 0 || (BlockM / 16) % NumWarps == 0,
+                  "NumWarps and BlockM/16 must divide one another");
+    static_assert(Stages >= 1, "Stages must be >= 1");
+    static_assert(WithDK || WithDV, "at least one of dK, dV");
+    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
+    static_assert(attn_bwd_dkdv_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>() <= 227 * 1024,
+                  "tile does not fit in 227 KiB of shared memory");
+
+    constexpr int kThreads = NumWarps * 32;
+    constexpr int kWarpN = BlockN / NumWarps;   // keys per warp
+    constexpr int MT = kWarpN / 16;             // m16 key tiles per warp
+    constexpr bool kDS = WithDK || WithDQ;      // dP and dS needed
+    // Queries per compute step: the largest of BlockM, 64, 32, 16 dividing BlockM whose S^T
+    // (and dP^T) accumulators fit next to dK/dV within kAccBudget fp32 registers per thread.
+#ifdef FERROATTN_BWD_ACC_BUDGET
+    constexpr int kAccBudget = FERROATTN_BWD_ACC_BUDGET;   // experiments only
+#else
+    // Two key tiles per warp (MT = 2) need more registers for fragments and addresses, and the
+    // single-stage loop (loads issued inside the loop) for its addresses: both spill at 192.
+    constexpr int kAccBudget = (MT >= 2 || Stages == 1) ? 160 : 192;
+#endif
+    constexpr int kAccFixed = MT * HeadDim / 2 * ((WithDK ? 1 : 0) + (WithDV ? 1 : 0));
+    constexpr int kAccPerQ = MT * (kDS ? 2 : 1);   // registers per 2 queries of the step
+    constexpr int kSubM =
+        (kAccFixed + kAccPerQ * BlockM / 2 <= kAccBudget) ? BlockM
+        : (BlockM % 64 == 0 && kAccFixed + kAccPerQ * 32 <= kAccBudget) ? 64
+        : (kAccFixed + kAccPerQ * 16 <= kAccBudget) ? 32 : 16;
+    constexpr int NQ = kSubM / 8;        // n8 query tiles per step
+    constexpr int KD = HeadDim / 16;     // k16 steps over the head dim
+    constexpr int DT = HeadDim / 8;      // n8 tiles of dK / dV
+    constexpr unsigned kRowBytes = HeadDim * 2;
+    constexpr unsigned kDsRowBytes = BlockM * 2;
+    constexpr unsigned kTileKV = BlockN * kRowBytes;
+    constexpr unsigned kTileQ = BlockM * kRowBytes;
+    // Shared-memory map (bytes from the start of the dynamic buffer).
+    constexpr unsigned kOffV = kTileKV;
+    constexpr unsigned kOffQ = 2 * kTileKV;
+    constexpr unsigned kOffDO = kOffQ + Stages * kTileQ;
+    constexpr unsigned kOffDS = kOffDO + Stages * kTileQ;
+    constexpr unsigned kOffLse = kOffDS + BlockN * kDsRowBytes;
+    constexpr unsigned kOffD = kOffLse + Stages * BlockM * 4;
+    static_assert(kOffD + Stages * BlockM * 4 ==
+                  static_cast<unsigned>(attn_bwd_dkdv_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>()),
+                  "shared-memory map and formula disagree");
+    using Tr = DTypeTraits<T>;
+    const AttnFwdParams& fp = params.fwd;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sK = reinterpret_cast<T*>(smem_raw);
+    T* sV = reinterpret_cast<T*>(smem_raw + kOffV);
+    T* sdS = reinterpret_cast<T*>(smem_raw + kOffDS);
+    const float* sLse = reinterpret_cast<const float*>(smem_raw + kOffLse);
+    const float* sD = reinterpret_cast<const float*>(smem_raw + kOffD);
+    const unsigned smem0 = smem_u32(smem_raw);
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+
+    const int head_k = blockIdx.y;
+    const int batch = blockIdx.z;
+    const attn_bwd_detail::BwdSeq sq = attn_bwd_detail::bwd_seq(fp, batch);
+    const int seqlen_q = sq.seqlen_q;
+    const int seqlen_k = sq.seqlen_k;
+    const int n0 = blockIdx.x * BlockN;
+    if (n0 >= seqlen_k) return;
+    const int rows_k = min(BlockN, seqlen_k - n0);
+    const int head_dim = fp.head_dim;
+    const int group = fp.num_heads / fp.num_heads_k;
+    const int diag = seqlen_k - seqlen_q;   // query i sees keys j <= i + diag (causal)
+    // Query tiles that see this key tile: [m_first, m_tiles) of every head of the group.
+    const int m_tiles = (seqlen_q + BlockM - 1) / BlockM;
+    const int m_first = IsCausal
+        ? static_cast<int>(min(static_cast<long long>(m_tiles),
+                               max(0LL, static_cast<long long>(n0) - diag) / BlockM))
+        : 0;
+    const int per_head = m_tiles - m_first;
+    const int n_iter = per_head * group;
+
+    // dK / dV rows [n0, n0 + rows_k) of this kv head (computed where they are written, so that no
+    // 64-bit pointer stays live through the main loop).
+    auto dk_ptr = [&]() {
+        return static_cast<T*>(params.dk)
+            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, params.dk_batch_stride,
+                                                params.dk_row_stride, params.dk_head_stride)
+            + static_cast<long long>(n0) * params.dk_row_stride;
+    };
+    auto dv_ptr = [&]() {
+        return static_cast<T*>(params.dv)
+            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, params.dv_batch_stride,
+                                                params.dv_row_stride, params.dv_head_stride)
+            + static_cast<long long>(n0) * params.dv_row_stride;
+    };
+    if (n_iter <= 0) {
+        // No query sees these keys: dK = dV = 0.
+        if constexpr (WithDK)
+            attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(
+                dk_ptr(), params.dk_row_stride, static_cast<const T*>(nullptr), rows_k, head_dim, tid);
+        if constexpr (WithDV)
+            attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(
+                dv_ptr(), params.dv_row_stride, static_cast<const T*>(nullptr), rows_k, head_dim, tid);
+        return;
+    }
+
+    // ---- K and V tiles (once per block), then the first query tiles ----
+    {
+        const T* gK = static_cast<const T*>(fp.k)
+            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, fp.k_batch_stride,
+                                                fp.k_row_stride, fp.k_head_stride);
+        const T* gV = static_cast<const T*>(fp.v)
+            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, fp.v_batch_stride,
+                                                fp.v_row_stride, fp.v_head_stride);
+        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sK, gK, n0, rows_k,
+                                                                fp.k_row_stride, head_dim, tid);
+        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sV, gV, n0, rows_k,
+                                                                fp.v_row_stride, head_dim, tid);
+    }
+    // Iteration it: query head head_k*group + it / per_head, query tile m_first + it % per_head.
+    auto load_iter = [&](int it) {
+        const int slot = Stages == 1 ? 0 : it % Stages;
+        const int hq = head_k * group + it / per_head;
+        const int m_start = (m_first + it % per_head) * BlockM;
+        const int rows_q = seqlen_q - m_start;
+        const T* gQ = static_cast<const T*>(fp.q)
+            + attn_bwd_detail::slice_off<true>(sq, batch, hq, fp.q_batch_stride, fp.q_row_stride,
+                                               fp.q_head_stride);
+        const T* gdO = static_cast<const T*>(params.dout)
+            + attn_bwd_detail::slice_off<true>(sq, batch, hq, params.do_batch_stride,
+                                               params.do_row_stride, params.do_head_stride);
+        T* dstQ = reinterpret_cast<T*>(smem_raw + kOffQ + slot * kTileQ);
+        T* dstdO = reinterpret_cast<T*>(smem_raw + kOffDO + slot * kTileQ);
+        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstQ, gQ, m_start, rows_q,
+                                                                fp.q_row_stride, head_dim, tid);
+        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstdO, gdO, m_start, rows_q,
+                                                                params.do_row_stride, head_dim, tid);
+        const long long l_off =
+            attn_bwd_detail::slice_off<true>(sq, batch, hq, fp.lse_batch_stride, 1,
+                                             fp.lse_head_stride) + m_start;
+        constexpr int kRowsLD = kDS ? 2 * BlockM : BlockM;   // LSE rows, then D rows
+#pragma unroll
+        for (int i0 = 0; i0 < kRowsLD; i0 += kThreads) {
+            const int i = i0 + tid;
+            if (kRowsLD % kThreads == 0 || i < kRowsLD) {
+                const bool is_d = i >= BlockM;
+                const int r = is_d ? i - BlockM : i;
+                const float* src = (is_d ? params.softmax_d : fp.lse) + l_off + r;
+                const unsigned dst = smem0 + (is_d ? kOffD : kOffLse) + (slot * BlockM + r) * 4;
+                attn_bwd_detail::cp_async_4_zfill(dst, src, r < rows_q);
+            }
+        }
+    };
+    if constexpr (Stages >= 2) {
+        load_iter(0);
+        cp_async_commit();   // group 0: K, V and query tile 0
+#pragma unroll
+        for (int s = 1; s < Stages - 1; ++s) {
+            if (s < n_iter) load_iter(s);
+            cp_async_commit();
+        }
+    } else {
+        cp_async_commit();   // group 0: K, V
+    }
+
+    float acc_dk[MT][DT][4];
+    float acc_dv[MT][DT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc_dk[mt][dt][e] = 0.f;
+                acc_dv[mt][dt][e] = 0.f;
+            }
+
+    const float scale_log2 = fp.softmax_scale_log2;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const int key0 = warp * kWarpN;                     // first key (tile row) of this warp
+    const unsigned key_bytes = key0 * kRowBytes;
+    // ldmatrix lane addresses (see LdsmCols), all relative to the start of shared memory:
+    // t_cols: row lane%16, chunk 2*step + lane/16. A operand (K or V rows of this warp, 16x16:
+    //   a0..a3), and, .trans, the B operand of a 16-row x 16-column block (Q, dO, K rows:
+    //   b0, b1 of columns 0-7, then b0, b1 of columns 8-15).
+    // b_cols: row (lane%8) + 8*(lane/16), chunk 2*step + (lane/8)%2: the B operand of S^T / dP^T
+    //   from 16 Q / dO rows (b0, b1 of queries 0-7, then of queries 8-15: mma register pairs).
+    const LdsmCols<HeadDim / 8> t_cols(smem0 + (lane % 16) * kRowBytes, lane, lane / 16);
+    const LdsmCols<HeadDim / 8> b_cols(smem0 + ((lane % 8) + 8 * (lane / 16)) * kRowBytes, lane,
+                                       (lane / 8) % 2);
+
+    // acc[mt][nt] += A_w (warp's 16*MT rows of the K or V tile at a_off) x B^T (kSubM rows of
+    // the Q or dO tile at b_off), contracted over the head dim.
+    auto gemm_nt = [&](float (&acc)[MT][NQ][4], unsigned a_off, unsigned b_off) {
+        auto step = [&](int kk, unsigned group_bytes) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(a[mt], t_cols.at(kk, a_off + key_bytes + mt * 16 * kRowBytes) + group_bytes);
+#pragma unroll
+            for (int nn = 0; nn < NQ / 2; ++nn) {
+                unsigned b[4];
+                ldmatrix_x4(b, b_cols.at(kk, b_off + nn * 16 * kRowBytes) + group_bytes);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_m16n8k16<T>(acc[mt][2 * nn], a[mt], b[0], b[1]);
+                    mma_m16n8k16<T>(acc[mt][2 * nn + 1], a[mt], b[2], b[3]);
+                }
+            }
+        };
+        // k-steps in groups of 4 (one 8-chunk swizzle group each), the group loop kept rolled
+        // so that ptxas cannot hoist every fragment load of the contraction at once; then the
+        // steps of a trailing 4-chunk group (HeadDim % 64 == 32).
+        constexpr int kGroups = (HeadDim / 8 & ~7) / 8;
+#pragma unroll 1
+        for (int grp = 0; grp < kGroups; ++grp) {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) step(kk, static_cast<unsigned>(grp) << 7);
+        }
+#pragma unroll
+        for (int kk = kGroups * 4; kk < KD; ++kk) step(kk, 0u);
+    };
+    // acc[mt][dt] += X^T (the warp's kSubM-column slab in registers, packed from x) x B (kSubM
+    // rows of the Q or dO tile at b_off, read .trans).
+    auto gemm_tn = [&](float (&acc)[MT][DT][4], const float (&x)[MT][NQ][4], unsigned b_off) {
+#pragma unroll
+        for (int kk = 0; kk < kSubM / 16; ++kk) {
+            unsigned pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pa[mt][0] = Tr::pack2(x[mt][2 * kk][0], x[mt][2 * kk][1]);
+                pa[mt][1] = Tr::pack2(x[mt][2 * kk][2], x[mt][2 * kk][3]);
+                pa[mt][2] = Tr::pack2(x[mt][2 * kk + 1][0], x[mt][2 * kk + 1][1]);
+                pa[mt][3] = Tr::pack2(x[mt][2 * kk + 1][2], x[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dn = 0; dn < KD; ++dn) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, t_cols.at(dn, b_off + kk * 16 * kRowBytes));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_m16n8k16<T>(acc[mt][2 * dn], pa[mt], b[0], b[1]);
+                    mma_m16n8k16<T>(acc[mt][2 * dn + 1], pa[mt], b[2], b[3]);
+                }
+            }
+        }
+    };
+
+    for (int it = 0; it < n_iter; ++it) {
+        const int slot = Stages == 1 ? 0 : it % Stages;
+        if constexpr (Stages == 1) {
+            if (it > 0) __syncthreads();   // every warp is done with the previous tile
+            load_iter(it);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        } else {
+            cp_async_wait<Stages - 2>();
+            __syncthreads();   // tile it visible; every warp is done with tile it-1 and its dS
+            if (it + Stages - 1 < n_iter) load_iter(it + Stages - 1);
+            cp_async_commit();
+        }
+        const int hq = head_k * group + it / per_head;
+        const int m_start = (m_first + it % per_head) * BlockM;
+        const int rows_q = min(BlockM, seqlen_q - m_start);
+        const unsigned offQ = kOffQ + slot * kTileQ;
+        const unsigned offDO = kOffDO + slot * kTileQ;
+        const float* lse_s = sLse + slot * BlockM;
+        const float* d_s = sD + slot * BlockM;
+        // Masking needed: key tail, query tail, or a causal pair not seen inside the tile.
+        const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
+                               (IsCausal && m_start + diag < n0 + BlockN - 1);
+        const int causal_off = n0 - m_start - diag;   // query q sees key k iff q >= k + causal_off
+
+#pragma unroll 1
+        for (int sub = 0; sub < BlockM / kSubM; ++sub) {
+            const unsigned q_sub = sub * kSubM * kRowBytes;
+            // ---- S^T = K_w Q_sub^T, then P^T ----
+            float acc_s[MT][NQ][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+            gemm_nt(acc_s, 0u, offQ + q_sub);
+            // Mask: key row kr keeps query columns [lo, hi) of the tile: hi = rows_q (0 for a
+            // key past seqlen_k), lo = kr + causal_off (causal) or 0. Relative to this thread's
+            // first column in the step (sub*kSubM + 2t), element (nt, e) is column nt*8 + (e&1).
+            int lo[MT][2], hi[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int kr = key0 + mt * 16 + g + 8 * h;
+                    const int q0 = sub * kSubM + 2 * t;
+                    hi[mt][h] = (kr < rows_k ? rows_q : 0) - q0;
+                    lo[mt][h] = IsCausal ? kr + causal_off - q0 : -q0;
+                }
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt) {
+                const float2 l = *reinterpret_cast<const float2*>(lse_s + sub * kSubM + nt * 8 + 2 * t);
+                const float l0 = l.x * kLog2e;
+                const float l1 = l.y * kLog2e;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float p = exp2_fast(fmaf(acc_s[mt][nt][e], scale_log2, (e & 1) ? -l1 : -l0));
+                        if (need_mask) {
+                            const int c = nt * 8 + (e & 1);
+                            p = (c >= lo[mt][e >> 1] && c < hi[mt][e >> 1]) ? p : 0.f;
+                        }
+                        acc_s[mt][nt][e] = p;
+                    }
+            }
+            // ---- dV += P^T dO_sub ----
+            if constexpr (WithDV) gemm_tn(acc_dv, acc_s, offDO + q_sub);
+            if constexpr (kDS) {
+                // ---- dP^T = V_w dO_sub^T, dS^T = P^T o (dP^T - D) ----
+                float acc_p[MT][NQ][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_p[mt][nt][e] = 0.f;
+                gemm_nt(acc_p, kOffV, offDO + q_sub);
+#pragma unroll
+                for (int nt = 0; nt < NQ; ++nt) {
+                    const float2 dd = *reinterpret_cast<const float2*>(d_s + sub * kSubM + nt * 8 + 2 * t);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            acc_p[mt][nt][e] = acc_s[mt][nt][e] * (acc_p[mt][nt][e] - ((e & 1) ? dd.y : dd.x));
+                }
+                // ---- dK += dS^T Q_sub ----
+                if constexpr (WithDK) gemm_tn(acc_dk, acc_p, offQ + q_sub);
+                // ---- dS^T (as T) into the shared tile for dQ ----
+                if constexpr (WithDQ) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int r = key0 + mt * 16 + g + 8 * h;
+#pragma unroll
+                            for (int nt = 0; nt < NQ; ++nt) {
+                                *reinterpret_cast<unsigned*>(
+                                    sdS + swizzle_offset<BlockM>(r, sub * kSubM + nt * 8 + 2 * t)) =
+                                    Tr::pack2(acc_p[mt][nt][2 * h], acc_p[mt][nt][2 * h + 1]);
+                            }
+                        }
+                }
+            }
+        }
+
+        if constexpr (WithDQ) {
+            // ---- dQ_tile += dS K, added to dq_accum ----
+            __syncthreads();   // dS^T tile complete
+            constexpr int kQT = BlockM / 16;                                 // m16 query tiles
+            constexpr int kDqSplit = NumWarps >= kQT ? NumWarps / kQT : 1;   // warps per query tile
+            constexpr int kQTPerWarp = NumWarps >= kQT ? 1 : kQT / NumWarps;
+            constexpr int kDqCols = HeadDim / kDqSplit;                      // columns per warp
+            static_assert(kDqCols % 16 == 0, "dQ column split must give multiples of 16 columns");
+            constexpr int kDqChunk = (kDqCols <= 64) ? kDqCols
+                                   : (kDqCols % 64 == 0) ? 64
+                                   : (kDqCols % 32 == 0) ? 32 : 16;        // columns per pass
+            const int dq_col0 = kDqSplit == 1 ? 0 : (warp / kQT) * kDqCols;
+            float* gdQ = params.dq_accum
+                + attn_bwd_detail::slice_off<true>(sq, batch, hq, params.dqa_batch_stride,
+                                                   params.dqa_row_stride, params.dqa_head_stride)
+                + static_cast<long long>(m_start) * params.dqa_row_stride;
+            // A operand (dS, 16 queries x 16 keys) from the stored dS^T, .trans: key row
+            // (lane%8) + 8*(lane/16), query chunk 2*qt + (lane/8)%2.
+            const int arow = (lane % 8) + 8 * (lane / 16);
+#pragma unroll
+            for (int qi = 0; qi < kQTPerWarp; ++qi) {
+                const int qt = NumWarps >= kQT ? warp % kQT : warp + qi * NumWarps;
+                const unsigned a_addr = smem0 + kOffDS + arow * kDsRowBytes
+                    + (swizzle_chunk<BlockM / 8>(arow, 2 * qt + (lane / 8) % 2) << 4);
+#pragma unroll
+                for (int c0 = 0; c0 < kDqCols; c0 += kDqChunk) {
+                    float acc_q[kDqChunk / 8][4];
+#pragma unroll
+                    for (int nt = 0; nt < kDqChunk / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_q[nt][e] = 0.f;
+#pragma unroll 1
+                    for (int ks = 0; ks < BlockN / 16; ++ks) {
+                        unsigned a[4];
+                        ldmatrix_x4_trans(a, a_addr + ks * 16 * kDsRowBytes);
+#pragma unroll
+                        for (int j = 0; j < kDqChunk / 16; ++j) {
+                            // B operand (K rows ks*16 .. +15, columns dq_col0 + c0 + 16j ..), .trans.
+                            unsigned addr;
+                            if constexpr (kDqSplit == 1 || kDqCols % 64 == 0) {
+                                // The warp's column offset is a whole number of 8-chunk
+                                // swizzle groups: a plain byte offset.
+                                addr = t_cols.at((c0 / 16) + j, ks * 16 * kRowBytes) + dq_col0 * 2;
+                            } else {
+                                const int kr = lane % 16;
+                                const int chunk = (dq_col0 + c0) / 8 + 2 * j + lane / 16;
+                                addr = smem0 + (ks * 16 + kr) * kRowBytes
+                                     + (swizzle_chunk<HeadDim / 8>(kr, chunk) << 4);
+                            }
+                            unsigned b[4];
+                            ldmatrix_x4_trans(b, addr);
+                            mma_m16n8k16<T>(acc_q[2 * j], a, b[0], b[1]);
+                            mma_m16n8k16<T>(acc_q[2 * j + 1], a, b[2], b[3]);
+                        }
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < kDqChunk / 8; ++nt) {
+                        const int col = dq_col0 + c0 + nt * 8;   // n8 tile: all or no columns < head_dim
+                        const bool col_ok = col < head_dim;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                        // Lane pair (t, t^1) exchanges halves: even t adds row g, columns
+                        // 4*(t/2) .. +3; odd t adds row g+8, the same columns.
+                        const bool odd = (t & 1) != 0;
+                        const float s0 = odd ? acc_q[nt][0] : acc_q[nt][2];
+                        const float s1 = odd ? acc_q[nt][1] : acc_q[nt][3];
+                        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+                        const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                        const int row = qt * 16 + g + (odd ? 8 : 0);
+                        if (col_ok && row < rows_q) {
+                            float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
+                                     + col + 4 * (t >> 1);
+                            if (odd) attn_bwd_detail::red_add_v4_f32(p, r0, r1, acc_q[nt][2], acc_q[nt][3]);
+                            else     attn_bwd_detail::red_add_v4_f32(p, acc_q[nt][0], acc_q[nt][1], r0, r1);
+                        }
+#else
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int row = qt * 16 + g + 8 * h;
+                            if (col_ok && row < rows_q) {
+                                float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
+                                         + col + 2 * t;
+                                attn_bwd_detail::red_add_f32(p, acc_q[nt][2 * h]);
+                                attn_bwd_detail::red_add_f32(p + 1, acc_q[nt][2 * h + 1]);
+                            }
+                        }
+#endif
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();   // only empty groups can remain
+    __syncthreads();      // every warp is done with K, V (dQ reads all of K)
+
+    // ---- epilogue: dV, dK = scale * acc through the K/V tiles, 16-byte stores ----
+    const float scale = fp.softmax_scale;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = key0 + mt * 16 + g + 8 * h;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                const int off = swizzle_offset<HeadDim>(r, dt * 8 + 2 * t);
+                if constexpr (WithDV)
+                    *reinterpret_cast<unsigned*>(sV + off) =
+                        Tr::pack2(acc_dv[mt][dt][2 * h], acc_dv[mt][dt][2 * h + 1]);
+                if constexpr (WithDK)
+                    *reinterpret_cast<unsigned*>(sK + off) =
+                        Tr::pack2(acc_dk[mt][dt][2 * h] * scale, acc_dk[mt][dt][2 * h + 1] * scale);
+            }
+        }
+    __syncthreads();
+    if constexpr (WithDV)
+        attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(dv_ptr(), params.dv_row_stride, sV,
+                                                               rows_k, head_dim, tid);
+    if constexpr (WithDK)
+        attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(dk_ptr(), params.dk_row_stride, sK,
+                                                               rows_k, head_dim, tid);
+}
+
+}  // namespace ferroattn

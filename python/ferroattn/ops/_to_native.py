@@ -1,0 +1,106 @@
+"""Handing torch tensors to the Rust extension: what every op of :mod:`ferroattn.ops` does the
+same way before and around a ``ferroattn._native`` call.
+
+- :func:`tensor_meta`: a tensor (real, fake or meta) as the ``TensorMeta`` tuple of ``_native.pyi``,
+  for the metadata-only validations (``attn_fwd_check``, ``attn_bwd_check``) run by fake impls;
+- :func:`tile_aligned`: a tensor the kernels can read in place (16-byte rows), else a copy;
+- :func:`launch`: detach the tensors (DLPack refuses tensors that require grad), switch to the
+  tensor's CUDA device only when it is not the current one (torch exports CUDA tensors of the
+  current device only), and call the native launcher with ``torch.cuda.current_stream(device)``
+  (the capture stream while a CUDA graph is being captured); a ``BufferError`` from the export is
+  first turned into the precise error of the Rust validation when there is one.
+
+Sources: torch 2.11 DLPack export rules and stream semantics (reference/api-contracts.md §2.2,
+§2.3); DESIGN §2 (Python allocates, Rust validates and launches).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["as_int", "tensor_meta", "tile_aligned", "launch"]
+
+# DLPack device types used in TensorMeta (DLPack spec: kDLCPU = 1, kDLCUDA = 2).
+_DL_CPU, _DL_CUDA = 1, 2
+
+
+def as_int(v) -> int:
+    """A Python int for a size or stride. A symbolic size (torch.SymInt under dynamic shapes) is
+    read through its example value (hint), which adds no guard to the compiled graph."""
+    if isinstance(v, int):
+        return v
+    node = getattr(v, "node", None)
+    hint = getattr(node, "hint", None)
+    if hint is not None:
+        return int(hint)
+    return int(v)
+
+
+def tensor_meta(t: Optional[Tensor]):
+    """``TensorMeta`` of ``_native.pyi`` for a tensor (real, fake or meta), or None for None:
+    ``(shape, strides_in_elements, dtype_name, (dl_device_type, device_index))``.
+
+    Device: CUDA -> (2, index), CPU -> (1, 0). A *meta* tensor is described as CUDA device 0:
+    meta tensors exist for shape propagation (e.g. models built on the meta device), so they are
+    validated as the CUDA tensors they stand for. Any other device type is described as CPU, so
+    the Rust side rejects it as "not a CUDA tensor"."""
+    if t is None:
+        return None
+    dev = t.device
+    if dev.type == "cuda":
+        device = (_DL_CUDA, dev.index if dev.index is not None else 0)
+    elif dev.type == "meta":
+        device = (_DL_CUDA, 0)
+    else:
+        device = (_DL_CPU, 0)
+    shape = tuple(as_int(s) for s in t.shape)
+    strides = tuple(as_int(s) for s in t.stride())
+    dtype = str(t.dtype).removeprefix("torch.")
+    return (shape, strides, dtype, device)
+
+
+def tile_aligned(t: Tensor) -> Tensor:
+    """``t``, or a contiguous copy when the kernels cannot read it in place: they move rows in
+    16-byte copies, so the data pointer and every used stride (dims of size > 1, last dim
+    excepted) must be multiples of 16 bytes; e.g. ``qkv[..., 1:65]`` is copied. Tensors whose
+    last dim is not contiguous are returned as they are (the Rust validation names the error)."""
+    if t.dim() == 0 or t.numel() == 0 or t.stride(-1) != 1:
+        return t  # empty: nothing is read; stride(-1) != 1: the Rust validation names the error
+    elem = t.element_size()
+    if t.data_ptr() % 16 == 0 and all(
+            (st * elem) % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)  # a copy even when t is contiguous
+
+
+def launch(native_fn: Callable[..., None], device: torch.device, tensors: Sequence[Optional[Tensor]],
+           scalars: Sequence, on_buffer_error: Callable[[], None]) -> None:
+    """``native_fn(*detached tensors, *scalars, stream)`` on ``device``'s current stream.
+
+    Args:
+        native_fn: a ``ferroattn._native`` launcher whose last parameter is the raw stream.
+        device: the device of the call (q's); for CUDA the call runs with that device current
+            (switched only when it is not) and ``stream`` is ``torch.cuda.current_stream(device)
+            .cuda_stream`` (0 = legacy default stream); for any other device ``stream`` is 0 and
+            the Rust validation rejects the tensors.
+        tensors: the tensor arguments in the launcher's order (None allowed); detached here.
+        scalars: the arguments between the tensors and ``stream``.
+        on_buffer_error: called when torch refuses a DLPack export (a tensor on another CUDA
+            device than ``device``): it should raise the Rust validation's precise error (e.g.
+            DeviceError naming the argument); if it returns, the BufferError propagates.
+    """
+    args = [t.detach() if t is not None else None for t in tensors]
+    try:
+        if device.type == "cuda":
+            # torch exports CUDA tensors of the current device only: switch only when needed
+            other = device.index is not None and device.index != torch.cuda.current_device()
+            with torch.cuda.device(device) if other else contextlib.nullcontext():
+                native_fn(*args, *scalars, torch.cuda.current_stream(device).cuda_stream)
+        else:
+            native_fn(*args, *scalars, 0)
+    except BufferError:
+        on_buffer_error()
+        raise

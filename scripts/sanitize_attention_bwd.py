@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""A few small attention-BACKWARD calls for compute-sanitizer (memcheck, racecheck) on the GPU machine.
+
+Run as ``compute-sanitizer --tool memcheck python scripts/sanitize_attention_bwd.py`` (with
+``FERROATTN_LINEINFO=1``; scripts/gpu_check.sh runs it after scripts/sanitize_attention.py in the
+memcheck and racecheck stages, with the kernel filter ``kns=attn_`` that matches the attn_fwd_*
+and attn_bwd_* kernels). Sizes are tiny: the sanitizer slows kernels down by orders of magnitude.
+
+Cases: tails (lengths and head dims that are not tile multiples), causal with s_q < s_k and
+s_q > s_k (rows that see no key), GQA with head dim 256 (the split dK/dV plan), varlen with an
+empty sequence, a sequence without keys and one without queries, the deterministic plan (run
+twice: bitwise equal), and direct ``_native.attn_bwd`` calls with bogus cu_seqlens (values out
+of order and out of range: the kernels must stay inside the tensors; both plans).
+
+Each autograd case runs forward + backward through ``ferroattn.flash_attn_func`` /
+``flash_attn_varlen_func`` with a random ``grad_out`` and checks dq, dk, dv against an fp32
+reference (autograd through plain torch attention) with the gradient pass rule (DESIGN §5:
+``max|g - g_ref| <= 3 · max|g_lp - g_ref| + 1e-4``, g_lp = the same reference in the input
+dtype), that every gradient is finite, and that dq rows of queries that see no key are exactly 0.
+Prints one line per case and ``sanitize_attention_bwd: N/M cases passed``; exit 1 if a case
+failed, 3 without a GPU, 0 otherwise (sanitizer findings come through the sanitizer's exit code).
+
+``--list`` prints the cases without running them (no GPU needed).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+GRAD_FACTOR, GRAD_ATOL = 3.0, 1e-4
+DEVICE = "cuda"                # the CPU tests of this script's checks set "cpu"
+
+# (name, b, s_q, s_k, h, h_k, d, causal, dtype, deterministic)
+PADDED_CASES = [
+    ("bwd-tail-full-fp16", 2, 97, 97, 3, 3, 64, False, "float16", False),
+    ("bwd-causal-sq<sk-d128-bf16", 1, 33, 113, 2, 2, 128, True, "bfloat16", False),
+    ("bwd-causal-sq>sk-d40-fp16", 1, 70, 19, 2, 2, 40, True, "float16", False),
+    ("bwd-gqa-d256-bf16", 1, 65, 65, 4, 1, 256, False, "bfloat16", False),
+    ("bwd-deterministic-gqa-causal-d96-fp16", 1, 150, 150, 4, 2, 96, True, "float16", True),
+]
+# (name, q lengths, k lengths, h, h_k, d, causal, dtype, deterministic)
+VARLEN_CASES = [
+    ("bwd-varlen-empty-causal-bf16", [5, 108, 0, 33], [5, 108, 3, 0], 2, 1, 64, True, "bfloat16", False),
+]
+# (name, cu_seqlens_q values, cu_seqlens_k values)
+BOGUS_CASES = [
+    ("bwd-bogus-cu-seqlens", [0, 30, 5, 40], [-100, 29, 31, 1 << 30]),
+]
+
+
+def attention_ref(q, k, v, causal: bool, dtype):
+    """Attention in ``dtype`` with flash_attn semantics (bottom-right causal, GQA), safe to
+    differentiate when a row sees no key (its probabilities are 0, so its gradients are 0).
+    q (b, s_q, h, d), k/v (b, s_k, h_k, d) -> (b, s_q, h, d) in ``dtype``."""
+    import torch
+    from ferroattn import testing
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
+    if hk != h:
+        kc, vc = kc.repeat_interleave(h // hk, dim=2), vc.repeat_interleave(h // hk, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", qc, kc) * d ** -0.5
+    visible = testing.visible_mask(sq, sk, causal, device=q.device)
+    empty = ~visible.any(dim=-1)
+    scores = scores.masked_fill(~visible, float("-inf")).masked_fill(empty[:, None], 0.0)
+    probs = torch.softmax(scores, dim=-1).masked_fill(empty[:, None], 0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, vc)
+
+
+def _ref_grads(fn, leaves, dout, dtype):
+    import torch
+    xs = [x.detach().to(dtype).requires_grad_() for x in leaves]
+    out = fn(*xs, dtype)
+    return torch.autograd.grad(out, xs, dout.to(dtype))
+
+
+def _check(name, grads, ref, ref_lp) -> str:
+    import torch
+    from ferroattn import testing
+    parts = []
+    for gname, g, r, rl in zip(("dq", "dk", "dv"), grads, ref, ref_lp):
+        if not torch.isfinite(g).all():
+            raise AssertionError(f"{name}: {gname} has non-finite values")
+        err, bound = testing.assert_close_to_ref(g, r, rl, factor=GRAD_FACTOR, atol=GRAD_ATOL, name=f"{name} {gname}")
+        parts.append(f"{gname} {err:.1e}<={bound:.1e}")
+    return ", ".join(parts)
+
+
+def run_case_padded(case) -> str:
+    import torch
+    import ferroattn
+    from ferroattn import testing
+    name, b, sq, sk, h, hk, d, causal, dt, det = case
+    dtype = getattr(torch, dt)
+    q = torch.randn(b, sq, h, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device=DEVICE, dtype=dtype)
+
+    def ours():
+        out = ferroattn.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+        return torch.autograd.grad(out, (q, k, v), dout)
+    grads = ours()
+    torch.cuda.synchronize()
+    fn = lambda q_, k_, v_, dt_: attention_ref(q_, k_, v_, causal, dt_)  # noqa: E731
+    msg = _check(name, grads, _ref_grads(fn, (q, k, v), dout, torch.float32), _ref_grads(fn, (q, k, v), dout, dtype))
+    empty = ~testing.visible_mask(sq, sk, causal, device=q.device).any(dim=-1)
+    if empty.any() and grads[0][:, empty].abs().max() != 0:
+        raise AssertionError(f"{name}: dq rows of queries that see no key are not exactly 0")
+    if det:
+        again = ours()
+        torch.cuda.synchronize()
+        if not all(torch.equal(a, b_) for a, b_ in zip(grads, again)):
+            raise AssertionError(f"{name}: deterministic backward differs between two runs")
+        msg += ", bitwise equal twice"
+    return msg
+
+
+def run_case_varlen(case) -> str:
+    import torch
+    import ferroattn
+    from ferroattn import testing
+    name, lq, lk, h, hk, d, causal, dt, det = case
+    dtype = getattr(torch, dt)
+    cu_q = testing.random_cu_seqlens(lq, device=DEVICE)
+    cu_k = testing.random_cu_seqlens(lk, device=DEVICE)
+    q = torch.randn(sum(lq), h, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lk), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lk), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    dout = torch.randn(sum(lq), h, d, device=DEVICE, dtype=dtype)
+    out = ferroattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal, deterministic=det)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+
+    def fn(q_, k_, v_, dt_):
+        outs, q0, k0 = [], 0, 0
+        for a, c in zip(lq, lk):
+            if a:
+                if c:
+                    outs.append(attention_ref(q_[None, q0:q0 + a], k_[None, k0:k0 + c], v_[None, k0:k0 + c],
+                                              causal, dt_)[0])
+                else:  # no keys: output 0 (and no gradient)
+                    outs.append(q_[q0:q0 + a] * 0)
+            q0, k0 = q0 + a, k0 + c
+        return torch.cat(outs) + 0 * (k_.sum() + v_.sum())  # keep k, v in the graph (zero grads where unseen)
+    msg = _check(name, grads, _ref_grads(fn, (q, k, v), dout, torch.float32), _ref_grads(fn, (q, k, v), dout, dtype))
+    q0 = 0
+    for a, c in zip(lq, lk):
+        if a and not c and grads[0][q0:q0 + a].abs().max() != 0:
+            raise AssertionError(f"{name}: dq of a sequence without keys is not exactly 0")
+        q0 += a
+    return msg
+
+
+def run_case_bogus_cu_seqlens(case) -> str:
+    """The native entry point has no value check of cu_seqlens (the Python op does it, except
+    during CUDA-graph capture): garbage values must stay inside the tensors (memcheck proves it),
+    for both backward plans (atomics and deterministic)."""
+    import torch
+    from ferroattn import _native
+    name, cu_q_vals, cu_k_vals = case
+    dt = torch.float16
+    q = torch.randn(40, 2, 64, device=DEVICE, dtype=dt)
+    k, v = torch.randn_like(q[:30]), torch.randn_like(q[:30])
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.zeros(2, 40, device=DEVICE, dtype=torch.float32)
+    cu_q = torch.tensor(cu_q_vals, dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor(cu_k_vals, dtype=torch.int32, device=DEVICE)
+    stream = torch.cuda.current_stream().cuda_stream
+    for det in (False, True):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        softmax_d = torch.empty_like(lse)
+        dq_accum = None if det else torch.empty(q.shape, device=DEVICE, dtype=torch.float32)
+        _native.attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_d, dq_accum, cu_q, cu_k, 16, 16,
+                         0.125, True, det, stream)
+        torch.cuda.synchronize()
+    return "stayed in bounds (atomic and deterministic plans)"
+
+
+def cases():
+    return ([(c[0], run_case_padded, c) for c in PADDED_CASES] + [(c[0], run_case_varlen, c) for c in VARLEN_CASES]
+            + [(c[0], run_case_bogus_cu_seqlens, c) for c in BOGUS_CASES])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="small attention-backward calls for compute-sanitizer")
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    args = ap.parse_args(argv)
+    all_cases = cases()
+    if args.list:
+        for name, _, c in all_cases:
+            print(name, c[1:])
+        return 0
+    import torch
+    if not torch.cuda.is_available():
+        print("sanitize_attention_bwd: cannot run: no CUDA GPU found", file=sys.stderr)
+        return 3
+    torch.manual_seed(0)
+    failed = 0
+    for name, fn, c in all_cases:
+        try:
+            print(f"PASS {name}: {fn(c)}", flush=True)
+        except Exception as e:
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc(limit=3)
+    print(f"sanitize_attention_bwd: {len(all_cases) - failed}/{len(all_cases)} cases passed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

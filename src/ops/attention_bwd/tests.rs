@@ -1,0 +1,917 @@
+use super::*;
+use crate::tensor::Device;
+use crate::tuning::attention_bwd::BwdKind;
+
+fn t(shape: &[i64], dtype: DType) -> TensorMeta {
+    TensorMeta {
+        shape: shape.to_vec(),
+        strides: TensorMeta::contiguous_strides(shape),
+        dtype,
+        device: Device::cuda(0),
+    }
+}
+
+/// One backward call's metadata; every tensor contiguous on cuda:0.
+#[derive(Clone)]
+struct Call {
+    dout: TensorMeta,
+    q: TensorMeta,
+    k: TensorMeta,
+    v: TensorMeta,
+    out: TensorMeta,
+    lse: TensorMeta,
+    dq: TensorMeta,
+    dk: TensorMeta,
+    dv: TensorMeta,
+    d: TensorMeta,
+    dq_accum: Option<TensorMeta>,
+    cq: Option<TensorMeta>,
+    ck: Option<TensorMeta>,
+    mq: i64,
+    mk: i64,
+    deterministic: bool,
+}
+
+impl Call {
+    fn padded(b: i64, sq: i64, sk: i64, h: i64, hk: i64, d: i64) -> Call {
+        let q = t(&[b, sq, h, d], DType::F16);
+        let k = t(&[b, sk, hk, d], DType::F16);
+        let lse = t(&[b, h, sq], DType::F32);
+        Call {
+            dout: q.clone(),
+            out: q.clone(),
+            dq: q.clone(),
+            dk: k.clone(),
+            dv: k.clone(),
+            d: lse.clone(),
+            dq_accum: Some(t(&[b, sq, h, d], DType::F32)),
+            v: k.clone(),
+            q,
+            k,
+            lse,
+            cq: None,
+            ck: None,
+            mq: sq,
+            mk: sk,
+            deterministic: false,
+        }
+    }
+
+    fn varlen(batch: i64, tq: i64, tk: i64, h: i64, hk: i64, d: i64) -> Call {
+        let q = t(&[tq, h, d], DType::BF16);
+        let k = t(&[tk, hk, d], DType::BF16);
+        let lse = t(&[h, tq], DType::F32);
+        Call {
+            dout: q.clone(),
+            out: q.clone(),
+            dq: q.clone(),
+            dk: k.clone(),
+            dv: k.clone(),
+            d: lse.clone(),
+            dq_accum: Some(t(&[tq, h, d], DType::F32)),
+            v: k.clone(),
+            q,
+            k,
+            lse,
+            cq: Some(t(&[batch + 1], DType::I32)),
+            ck: Some(t(&[batch + 1], DType::I32)),
+            mq: tq.min(7),
+            mk: tk.min(9),
+            deterministic: false,
+        }
+    }
+
+    fn grads(&self) -> GradsMeta<'_> {
+        GradsMeta {
+            dq: &self.dq,
+            dk: &self.dk,
+            dv: &self.dv,
+            softmax_d: &self.d,
+            dq_accum: self.dq_accum.as_ref(),
+            deterministic: self.deterministic,
+        }
+    }
+
+    /// `attn_bwd_check` (with_grads false) or the full validation of `attn_bwd`.
+    fn run_with(&self, with_grads: bool) -> Result<Problem> {
+        let g = self.grads();
+        validate(
+            &self.dout,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.out,
+            &self.lse,
+            self.cq.as_ref(),
+            self.ck.as_ref(),
+            self.mq,
+            self.mk,
+            with_grads.then_some(&g),
+        )
+    }
+
+    fn run(&self) -> Result<Problem> {
+        self.run_with(true)
+    }
+
+    /// Views at distinct, far-apart 256-byte aligned addresses.
+    fn views(&self) -> Vec<TensorView> {
+        let metas = [
+            &self.dout, &self.q, &self.k, &self.v, &self.out, &self.lse, &self.dq, &self.dk,
+            &self.dv, &self.d,
+        ];
+        let mut v: Vec<TensorView> = metas
+            .iter()
+            .enumerate()
+            .map(|(i, m)| TensorView {
+                meta: (*m).clone(),
+                ptr: 0x1000_0000 * (i as u64 + 1),
+            })
+            .collect();
+        for (i, m) in [&self.dq_accum, &self.cq, &self.ck].into_iter().enumerate() {
+            let meta = m.clone().unwrap_or_else(|| t(&[0], DType::F32));
+            v.push(TensorView {
+                meta,
+                ptr: 0x1000_0000 * (i as u64 + 11),
+            });
+        }
+        v
+    }
+
+    fn launch(&self, views: &[TensorView], scale: f32) -> Result<()> {
+        let tensors = BwdTensors {
+            dout: &views[0],
+            q: &views[1],
+            k: &views[2],
+            v: &views[3],
+            out: &views[4],
+            softmax_lse: &views[5],
+            dq: &views[6],
+            dk: &views[7],
+            dv: &views[8],
+            softmax_d: &views[9],
+            dq_accum: self.dq_accum.as_ref().map(|_| &views[10]),
+            cu_seqlens_q: self.cq.as_ref().map(|_| &views[11]),
+            cu_seqlens_k: self.ck.as_ref().map(|_| &views[12]),
+        };
+        attn_bwd(
+            &tensors,
+            self.mq,
+            self.mk,
+            scale,
+            true,
+            self.deterministic,
+            0,
+        )
+    }
+}
+
+fn kind_of(e: &Error) -> &'static str {
+    match e {
+        Error::Argument { .. } => "Argument",
+        Error::DType { .. } => "DType",
+        Error::Device { .. } => "Device",
+        Error::NoDevice(_) => "NoDevice",
+        _ => "other",
+    }
+}
+
+/// The error must be of `kind`, and its message name `arg` and contain every `parts`.
+fn check_err(r: Result<impl std::fmt::Debug>, kind: &str, arg: &str, parts: &[&str]) {
+    let e = r.expect_err("expected an error");
+    let msg = e.to_string();
+    assert_eq!(kind_of(&e), kind, "{msg}");
+    assert!(msg.starts_with(&format!("{arg}: ")), "{msg}");
+    for p in parts {
+        assert!(msg.contains(p), "{msg:?} lacks {p:?}");
+    }
+}
+
+fn expect_err(c: &Call, kind: &str, arg: &str, parts: &[&str]) {
+    check_err(c.run(), kind, arg, parts);
+}
+
+#[test]
+fn params_layout_matches_header() {
+    use std::mem::{align_of, offset_of, size_of};
+    // AttnFwdParams (208 bytes), 6 pointers, 15 long long, in declaration order (bwd_params.cuh).
+    assert_eq!(offset_of!(AttnBwdParams, fwd), 0);
+    assert_eq!(size_of::<AttnFwdParams>(), 208);
+    assert_eq!(offset_of!(AttnBwdParams, dout), 208);
+    assert_eq!(offset_of!(AttnBwdParams, dq), 216);
+    assert_eq!(offset_of!(AttnBwdParams, dk), 224);
+    assert_eq!(offset_of!(AttnBwdParams, dv), 232);
+    assert_eq!(offset_of!(AttnBwdParams, softmax_d), 240);
+    assert_eq!(offset_of!(AttnBwdParams, dq_accum), 248);
+    assert_eq!(offset_of!(AttnBwdParams, do_batch_stride), 256);
+    assert_eq!(offset_of!(AttnBwdParams, dq_batch_stride), 256 + 3 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dk_batch_stride), 256 + 6 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dv_batch_stride), 256 + 9 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dqa_batch_stride), 256 + 12 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dqa_head_stride), 256 + 14 * 8);
+    assert_eq!(size_of::<AttnBwdParams>(), 376);
+    assert_eq!(align_of::<AttnBwdParams>(), 8);
+    // every field of the header is mirrored, by name, in order
+    let header = crate::jit::sources::get("attention/bwd_params.cuh").unwrap();
+    let start = header.find("struct AttnBwdParams").unwrap();
+    let body = &header[start..start + header[start..].find("};").unwrap()];
+    let names: Vec<&str> = body
+        .lines()
+        .map(|l| l.split("//").next().unwrap().trim())
+        .filter(|l| l.ends_with(';'))
+        .flat_map(|l| {
+            l.trim_end_matches(';')
+                .split(',')
+                .map(|f| f.split_whitespace().last().unwrap().trim_start_matches('*'))
+        })
+        .collect();
+    let want = [
+        "fwd",
+        "dout",
+        "dq",
+        "dk",
+        "dv",
+        "softmax_d",
+        "dq_accum",
+        "do_batch_stride",
+        "do_row_stride",
+        "do_head_stride",
+        "dq_batch_stride",
+        "dq_row_stride",
+        "dq_head_stride",
+        "dk_batch_stride",
+        "dk_row_stride",
+        "dk_head_stride",
+        "dv_batch_stride",
+        "dv_row_stride",
+        "dv_head_stride",
+        "dqa_batch_stride",
+        "dqa_row_stride",
+        "dqa_head_stride",
+    ];
+    assert_eq!(names, want);
+}
+
+#[test]
+fn params_layout_matches_nvrtc() {
+    let Some(arch) = crate::jit::nvrtc::tests::toolchain() else {
+        return;
+    };
+    let src = format!(
+        "#include \"attention/bwd_params.cuh\"\n\
+         static_assert(sizeof(AttnBwdParams) == {}, \"size\");\n\
+         static_assert(alignof(AttnBwdParams) == {}, \"align\");\n\
+         __global__ void probe(AttnBwdParams p) {{}}\n",
+        std::mem::size_of::<AttnBwdParams>(),
+        std::mem::align_of::<AttnBwdParams>()
+    );
+    let opts = crate::jit::nvrtc::options(arch).unwrap();
+    crate::jit::nvrtc::compile(&src, "probe", &opts, arch.name()).unwrap();
+}
+
+#[test]
+fn valid_calls() {
+    let p = Call::padded(2, 97, 113, 8, 2, 72).run().unwrap();
+    assert_eq!(
+        (p.batch, p.seqlen_q, p.seqlen_k, p.heads, p.heads_k, p.head_dim),
+        (2, 97, 113, 8, 2, 72)
+    );
+    let p = Call::varlen(3, 20, 30, 4, 4, 128).run().unwrap();
+    assert!(p.varlen);
+    assert_eq!((p.batch, p.seqlen_q, p.seqlen_k), (3, 7, 9));
+    // metadata only (attn_bwd_check): outputs not looked at
+    let mut c = Call::padded(1, 3, 5, 2, 1, 64);
+    c.dq = t(&[9], DType::F32);
+    c.dq_accum = None;
+    c.run_with(false).unwrap();
+    // deterministic: dq_accum ignored, also when given and wrong
+    let mut c = Call::padded(1, 3, 5, 2, 1, 64);
+    c.deterministic = true;
+    c.dq_accum = Some(t(&[1], DType::F16));
+    c.run().unwrap();
+    c.dq_accum = None;
+    c.run().unwrap();
+    // inputs (out, dout) may have any strides with stride(-1) == 1: here a transposed layout
+    // with padded rows (not dense)
+    let mut c = Call::padded(2, 5, 5, 4, 4, 32);
+    c.dout.strides = vec![64, 2 * 4 * 64, 2 * 64, 1];
+    c.out.strides = vec![4 * 5 * 40, 4 * 40, 40, 1];
+    c.run().unwrap();
+    // outputs: slices of a packed (b, s, 3, h, d) gradient
+    let mut c = Call::padded(2, 5, 5, 4, 4, 32);
+    for g in [&mut c.dq, &mut c.dk, &mut c.dv] {
+        g.strides = vec![5 * 3 * 4 * 32, 3 * 4 * 32, 32, 1];
+    }
+    c.run().unwrap();
+}
+
+#[test]
+fn forward_checks_are_reused() {
+    let mut c = Call::padded(1, 4, 4, 2, 2, 64);
+    c.q.dtype = DType::F32;
+    expect_err(&c, "DType", "q", &["float16 or bfloat16", "float32"]);
+    let c = Call::padded(1, 4, 4, 6, 4, 64);
+    expect_err(&c, "Argument", "k", &["divides q's 6", "4 heads"]);
+    let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
+    c.ck = None;
+    expect_err(
+        &c,
+        "Argument",
+        "cu_seqlens_k",
+        &["cu_seqlens_q was given", "None"],
+    );
+    let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
+    c.mq = 0;
+    expect_err(&c, "Argument", "max_seqlen_q", &[">= 1", "got 0"]);
+    let mut c = Call::padded(1, 4, 4, 2, 2, 64);
+    c.q.device = Device::CPU;
+    expect_err(&c, "Device", "q", &["CUDA", "cpu"]);
+}
+
+#[test]
+fn softmax_lse_errors() {
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.lse.dtype = DType::F16;
+    expect_err(&c, "DType", "softmax_lse", &["float32", "float16"]);
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.lse = t(&[2, 4, 2], DType::F32);
+    c.d = c.lse.clone();
+    expect_err(
+        &c,
+        "Argument",
+        "softmax_lse",
+        &["(2, 2, 4) (batch, heads, seqlen_q)", "(2, 4, 2)"],
+    );
+    let mut c = Call::varlen(2, 10, 10, 3, 3, 64);
+    c.lse = t(&[3, 11], DType::F32);
+    expect_err(
+        &c,
+        "Argument",
+        "softmax_lse",
+        &["(3, 10) (heads, total_q)", "(3, 11)"],
+    );
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.lse.strides = vec![16, 4, 1]; // not dense
+    expect_err(&c, "Argument", "softmax_lse", &["dense"]);
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.lse.device = Device::cuda(1);
+    expect_err(&c, "Device", "softmax_lse", &["cuda:0", "cuda:1"]);
+}
+
+impl Call {
+    fn field(&mut self, arg: &str) -> &mut TensorMeta {
+        match arg {
+            "out" => &mut self.out,
+            "dout" => &mut self.dout,
+            "dq" => &mut self.dq,
+            "dk" => &mut self.dk,
+            "dv" => &mut self.dv,
+            _ => unreachable!("{arg}"),
+        }
+    }
+
+    /// A valid padded call (b 2, s_q 4, s_k 6, h 4, h_k 2, d 64) with `arg` edited by `f`.
+    fn edited(arg: &str, f: impl Fn(&mut TensorMeta)) -> Call {
+        let mut c = Call::padded(2, 4, 6, 4, 2, 64);
+        f(c.field(arg));
+        c
+    }
+}
+
+#[test]
+fn out_and_dout_errors() {
+    for arg in ["out", "dout"] {
+        let c = Call::edited(arg, |m| m.dtype = DType::BF16);
+        expect_err(&c, "DType", arg, &["float16 (q's dtype)", "bfloat16"]);
+        let c = Call::edited(arg, |m| *m = t(&[2, 4, 4, 32], DType::F16));
+        expect_err(
+            &c,
+            "Argument",
+            arg,
+            &["(2, 4, 4, 64) (q's shape)", "(2, 4, 4, 32)"],
+        );
+        let c = Call::edited(arg, |m| *m = t(&[2, 6, 4, 64], DType::F16));
+        expect_err(&c, "Argument", arg, &["(2, 4, 4, 64)", "(2, 6, 4, 64)"]);
+        let c = Call::edited(arg, |m| m.strides = vec![1024, 256, 64, 2]);
+        expect_err(
+            &c,
+            "Argument",
+            arg,
+            &["stride 1 in the last dim", "stride 2"],
+        );
+        let c = Call::edited(arg, |m| m.strides = vec![1024, -256, 64, 1]);
+        expect_err(&c, "Argument", arg, &["non-negative strides", "-256"]);
+        let c = Call::edited(arg, |m| m.device = Device::cuda(3));
+        expect_err(&c, "Device", arg, &["cuda:0", "cuda:3"]);
+    }
+}
+
+#[test]
+fn gradient_output_errors() {
+    for (arg, like, shape) in [
+        ("dq", "q", "(2, 4, 4, 64)"),
+        ("dk", "k", "(2, 6, 2, 64)"),
+        ("dv", "v", "(2, 6, 2, 64)"),
+    ] {
+        let c = Call::edited(arg, |m| m.dtype = DType::BF16);
+        expect_err(
+            &c,
+            "DType",
+            arg,
+            &[&format!("float16 ({like}'s dtype)"), "bfloat16"],
+        );
+        let c = Call::edited(arg, |m| m.dtype = DType::F32);
+        expect_err(&c, "DType", arg, &["float16", "float32"]);
+        let c = Call::edited(arg, |m| *m = t(&[2, 5, 4, 64], DType::F16));
+        expect_err(
+            &c,
+            "Argument",
+            arg,
+            &[&format!("{shape} ({like}'s shape)"), "(2, 5, 4, 64)"],
+        );
+        let c = Call::edited(arg, |m| m.strides[3] = 3);
+        expect_err(
+            &c,
+            "Argument",
+            arg,
+            &["stride 1 in the last dim", "stride 3"],
+        );
+        let c = Call::edited(arg, |m| m.strides[0] = 0); // every batch writes the same memory
+        expect_err(&c, "Argument", arg, &["non-overlapping", "strides [0, "]);
+        let c = Call::edited(arg, |m| m.strides[1] = 8); // rows overlap (row stride < heads · d)
+        expect_err(&c, "Argument", arg, &["non-overlapping"]);
+        let c = Call::edited(arg, |m| m.device = Device::CPU);
+        expect_err(&c, "Device", arg, &["cuda:0", "cpu"]);
+    }
+}
+
+#[test]
+fn softmax_d_errors() {
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.d.dtype = DType::F16;
+    expect_err(&c, "DType", "softmax_d", &["float32", "float16"]);
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.d = t(&[2, 2, 5], DType::F32);
+    expect_err(
+        &c,
+        "Argument",
+        "softmax_d",
+        &["(2, 2, 4) (softmax_lse's shape)", "(2, 2, 5)"],
+    );
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.d.strides = vec![8, 0, 1];
+    expect_err(&c, "Argument", "softmax_d", &["dense"]);
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.d.strides = vec![4, 8, 1]; // dense but batch and head swapped: not lse's layout
+    expect_err(
+        &c,
+        "Argument",
+        "softmax_d",
+        &["strides [8, 4, 1] (softmax_lse's layout", "[4, 8, 1]"],
+    );
+    // empty: strides never used
+    let mut c = Call::padded(2, 0, 4, 2, 2, 64);
+    c.d.strides = vec![1, 2, 1]; // dense, but not lse's layout
+    c.lse.strides = vec![2, 1, 1];
+    c.run().unwrap();
+    // the same permuted layout as lse is fine
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.d.strides = vec![4, 8, 1];
+    c.lse.strides = vec![4, 8, 1];
+    c.run().unwrap();
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.d.device = Device::cuda(1);
+    expect_err(&c, "Device", "softmax_d", &["cuda:0", "cuda:1"]);
+}
+
+#[test]
+fn dq_accum_errors() {
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.dq_accum = None;
+    expect_err(
+        &c,
+        "Argument",
+        "dq_accum",
+        &["deterministic is False", "None"],
+    );
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.dq_accum = Some(t(&[2, 4, 2, 64], DType::F16));
+    expect_err(&c, "DType", "dq_accum", &["float32", "float16"]);
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.dq_accum = Some(t(&[2, 4, 2, 128], DType::F32));
+    expect_err(
+        &c,
+        "Argument",
+        "dq_accum",
+        &["(2, 4, 2, 64) (q's shape)", "(2, 4, 2, 128)"],
+    );
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.dq_accum.as_mut().unwrap().strides = vec![1024, 256, 128, 1];
+    expect_err(
+        &c,
+        "Argument",
+        "dq_accum",
+        &["dense", "[1024, 256, 128, 1]"],
+    );
+    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    c.dq_accum.as_mut().unwrap().device = Device::CPU;
+    expect_err(&c, "Device", "dq_accum", &["cuda:0", "cpu"]);
+    let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
+    c.dq_accum = Some(t(&[2, 10, 2, 64], DType::F32));
+    expect_err(
+        &c,
+        "Argument",
+        "dq_accum",
+        &["(10, 2, 64)", "(2, 10, 2, 64)"],
+    );
+}
+
+#[test]
+fn softmax_scale_must_be_finite_and_positive() {
+    let c = Call::padded(1, 4, 4, 2, 2, 64);
+    let views = c.views();
+    for bad in [0.0f32, -0.5, f32::NAN, f32::INFINITY, -0.0] {
+        check_err(
+            c.launch(&views, bad),
+            "Argument",
+            "softmax_scale",
+            &["finite number > 0"],
+        );
+    }
+    check_err(
+        c.launch(&views, f32::NAN),
+        "Argument",
+        "softmax_scale",
+        &["NaN"],
+    );
+}
+
+#[test]
+fn plan_launch_shapes() {
+    let c = Call::padded(3, 200, 50, 8, 2, 80);
+    let p = c.run().unwrap();
+    for deterministic in [false, true] {
+        let plan = bwd_plan(80, true, deterministic, DType::F16, Arch::Sm80);
+        let shapes = launch_shapes(&p, &plan);
+        assert_eq!(shapes.len(), plan.len());
+        for ((cfg, s), planned) in shapes.iter().zip(&plan) {
+            assert_eq!(cfg, planned);
+            assert_eq!(cfg.head_dim, 96);
+            assert_eq!(s.block, (cfg.num_warps * 32, 1, 1));
+            assert_eq!(s.dynamic_smem_bytes, cfg.smem_bytes());
+            let want = match cfg.kind {
+                BwdKind::DkDv { .. } => (50u32.div_ceil(cfg.block_n), 2, 3),
+                _ => (200u32.div_ceil(cfg.block_m), 8, 3),
+            };
+            assert_eq!(s.grid, want, "{cfg:?}");
+            s.check().unwrap();
+        }
+    }
+    // seqlen_q == 0: only the dK/dV kernels run (they write dk = dv = 0)
+    let p = Call::padded(2, 0, 70, 4, 2, 256).run().unwrap();
+    assert!(needs_launch(&p));
+    let plan = bwd_plan(256, false, false, DType::BF16, Arch::Sm90a);
+    let kinds: Vec<_> = launch_shapes(&p, &plan)
+        .iter()
+        .map(|(c, _)| c.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            BwdKind::DkDv {
+                dk: false,
+                dv: true,
+                dq: false
+            },
+            BwdKind::DkDv {
+                dk: true,
+                dv: false,
+                dq: true
+            }
+        ]
+    );
+    // seqlen_k == 0: dQ side only (dq = 0 from the convert or dq kernel)
+    let p = Call::padded(2, 9, 0, 4, 2, 64).run().unwrap();
+    for det in [false, true] {
+        let plan = bwd_plan(64, false, det, DType::F16, Arch::Sm80);
+        let shapes = launch_shapes(&p, &plan);
+        assert!(shapes
+            .iter()
+            .all(|(c, _)| !matches!(c.kind, BwdKind::DkDv { .. })));
+        assert_eq!(shapes.len(), 2);
+    }
+    // nothing at all
+    for p in [
+        Call::padded(0, 5, 5, 2, 2, 64).run().unwrap(),
+        Call::padded(2, 0, 0, 2, 2, 64).run().unwrap(),
+    ] {
+        assert!(!needs_launch(&p));
+        for arch in [Arch::Sm80, Arch::Sm90a, Arch::Sm86] {
+            assert!(launch_shapes(&p, &bwd_plan(64, true, false, DType::F16, arch)).is_empty());
+        }
+    }
+    // a grid beyond the driver's limits is caught by LaunchShape::check
+    let mut p = Call::padded(1, 4, 4, 2, 2, 64).run().unwrap();
+    p.seqlen_q = (i64::from(i32::MAX) + 1) * 64;
+    let shapes = launch_shapes(&p, &bwd_plan(64, false, false, DType::F16, Arch::Sm80));
+    assert!(shapes.iter().any(|(_, s)| s.check().is_err()));
+}
+
+#[test]
+fn params_values() {
+    let c = Call::padded(3, 200, 50, 8, 2, 80);
+    let p = c.run().unwrap();
+    let views = c.views();
+    let tensors = BwdTensors {
+        dout: &views[0],
+        q: &views[1],
+        k: &views[2],
+        v: &views[3],
+        out: &views[4],
+        softmax_lse: &views[5],
+        dq: &views[6],
+        dk: &views[7],
+        dv: &views[8],
+        softmax_d: &views[9],
+        dq_accum: Some(&views[10]),
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
+    };
+    let prm = params(&p, &tensors, tensors.workspace(false), 0.125);
+    assert_eq!(prm.fwd.q as u64, views[1].ptr);
+    assert_eq!(
+        prm.fwd.o as u64, views[4].ptr,
+        "fwd.o is the forward's output"
+    );
+    assert_eq!(prm.fwd.lse as u64, views[5].ptr, "fwd.lse is softmax_lse");
+    assert_eq!(
+        (prm.fwd.lse_batch_stride, prm.fwd.lse_head_stride),
+        (8 * 200, 200)
+    );
+    assert_eq!(
+        (prm.fwd.batch, prm.fwd.num_heads, prm.fwd.num_heads_k),
+        (3, 8, 2)
+    );
+    assert_eq!(
+        (prm.fwd.head_dim, prm.fwd.seqlen_q, prm.fwd.seqlen_k),
+        (80, 200, 50)
+    );
+    assert_eq!(prm.fwd.softmax_scale, 0.125);
+    assert_eq!(
+        [
+            prm.dout as u64,
+            prm.dq as u64,
+            prm.dk as u64,
+            prm.dv as u64,
+            prm.softmax_d as u64
+        ],
+        [
+            views[0].ptr,
+            views[6].ptr,
+            views[7].ptr,
+            views[8].ptr,
+            views[9].ptr
+        ]
+    );
+    assert_eq!(prm.dq_accum as u64, views[10].ptr);
+    let q_strides = (200 * 8 * 80, 8 * 80, 80);
+    let k_strides = (50 * 2 * 80, 2 * 80, 80);
+    assert_eq!(
+        (prm.do_batch_stride, prm.do_row_stride, prm.do_head_stride),
+        q_strides
+    );
+    assert_eq!(
+        (prm.dq_batch_stride, prm.dq_row_stride, prm.dq_head_stride),
+        q_strides
+    );
+    assert_eq!(
+        (prm.dk_batch_stride, prm.dk_row_stride, prm.dk_head_stride),
+        k_strides
+    );
+    assert_eq!(
+        (prm.dv_batch_stride, prm.dv_row_stride, prm.dv_head_stride),
+        k_strides
+    );
+    assert_eq!(
+        (
+            prm.dqa_batch_stride,
+            prm.dqa_row_stride,
+            prm.dqa_head_stride
+        ),
+        q_strides
+    );
+    // deterministic: no workspace
+    let prm = params(&p, &tensors, tensors.workspace(true), 0.125);
+    assert!(prm.dq_accum.is_null());
+    assert_eq!(
+        (
+            prm.dqa_batch_stride,
+            prm.dqa_row_stride,
+            prm.dqa_head_stride
+        ),
+        (0, 0, 0)
+    );
+
+    // varlen: no batch strides; each tensor's own strides
+    let mut c = Call::varlen(2, 10, 12, 4, 2, 64);
+    c.dout.strides = vec![4 * 72, 72, 1];
+    c.dk.strides = vec![2 * 64 * 3, 64, 1];
+    let p = c.run().unwrap();
+    let views = c.views();
+    let tensors = BwdTensors {
+        dout: &views[0],
+        q: &views[1],
+        k: &views[2],
+        v: &views[3],
+        out: &views[4],
+        softmax_lse: &views[5],
+        dq: &views[6],
+        dk: &views[7],
+        dv: &views[8],
+        softmax_d: &views[9],
+        dq_accum: Some(&views[10]),
+        cu_seqlens_q: Some(&views[11]),
+        cu_seqlens_k: Some(&views[12]),
+    };
+    let prm = params(&p, &tensors, tensors.workspace(false), 1.0);
+    assert_eq!(
+        (prm.do_batch_stride, prm.do_row_stride, prm.do_head_stride),
+        (0, 4 * 72, 72)
+    );
+    assert_eq!(
+        (prm.dk_batch_stride, prm.dk_row_stride, prm.dk_head_stride),
+        (0, 2 * 64 * 3, 64)
+    );
+    assert_eq!(
+        (
+            prm.dqa_batch_stride,
+            prm.dqa_row_stride,
+            prm.dqa_head_stride
+        ),
+        (0, 4 * 64, 64)
+    );
+    assert_eq!(
+        (prm.fwd.cu_seqlens_q as u64, prm.fwd.cu_seqlens_k as u64),
+        (views[11].ptr, views[12].ptr)
+    );
+    assert_eq!(
+        (prm.fwd.total_q, prm.fwd.total_k, prm.fwd.lse_head_stride),
+        (10, 12, 10)
+    );
+}
+
+#[test]
+fn attn_bwd_without_gpu_fails_cleanly_after_validation() {
+    let c = Call::padded(1, 4, 4, 2, 2, 64);
+    let views = c.views();
+    let r = c.launch(&views, 0.125);
+    if !crate::device::cuda_available() {
+        assert!(matches!(r, Err(Error::NoDevice(_))), "{r:?}");
+    }
+    // empty problems touch no device
+    for e in [
+        Call::padded(0, 4, 4, 2, 2, 64),
+        Call::padded(3, 0, 0, 2, 2, 64),
+    ] {
+        e.launch(&e.views(), 0.125).unwrap();
+    }
+    // seqlen_q == 0 but keys exist: the dK/dV kernels must run, so the device is needed
+    let e = Call::padded(1, 0, 4, 2, 2, 64);
+    let r = e.launch(&e.views(), 0.125);
+    if !crate::device::cuda_available() {
+        assert!(matches!(r, Err(Error::NoDevice(_))), "{r:?}");
+    }
+    // CPU tensors: DeviceError naming q
+    let mut c = Call::padded(1, 4, 4, 2, 2, 64);
+    for m in [
+        &mut c.dout,
+        &mut c.q,
+        &mut c.k,
+        &mut c.v,
+        &mut c.out,
+        &mut c.lse,
+        &mut c.dq,
+        &mut c.dk,
+        &mut c.dv,
+        &mut c.d,
+    ] {
+        m.device = Device::CPU;
+    }
+    c.dq_accum.as_mut().unwrap().device = Device::CPU;
+    check_err(c.launch(&c.views(), 0.125), "Device", "q", &["CUDA", "cpu"]);
+}
+
+#[test]
+fn pointer_checks_before_any_device_access() {
+    let c = Call::padded(1, 4, 4, 2, 2, 64);
+    // NULL output
+    let mut views = c.views();
+    views[7].ptr = 0;
+    check_err(
+        c.launch(&views, 0.125),
+        "Argument",
+        "dk",
+        &["non-NULL", "NULL"],
+    );
+    // misaligned dq / dout
+    let mut views = c.views();
+    views[6].ptr += 8;
+    check_err(
+        c.launch(&views, 0.125),
+        "Argument",
+        "dq",
+        &["16-byte aligned data pointer"],
+    );
+    let mut views = c.views();
+    views[0].ptr += 2;
+    check_err(
+        c.launch(&views, 0.125),
+        "Argument",
+        "dout",
+        &["16-byte aligned"],
+    );
+    // dq written over q (in place)
+    let mut views = c.views();
+    views[6].ptr = views[1].ptr;
+    check_err(
+        c.launch(&views, 0.125),
+        "Argument",
+        "dq",
+        &["does not overlap q", "overlapping q"],
+    );
+    // dk and dv the same memory
+    let mut views = c.views();
+    views[8].ptr = views[7].ptr;
+    check_err(
+        c.launch(&views, 0.125),
+        "Argument",
+        "dk",
+        &["does not overlap dv"],
+    );
+    // softmax_d over softmax_lse
+    let mut views = c.views();
+    views[9].ptr = views[5].ptr + 4;
+    check_err(
+        c.launch(&views, 0.125),
+        "Argument",
+        "softmax_d",
+        &["does not overlap softmax_lse"],
+    );
+    // dq_accum overlapping dq
+    let mut views = c.views();
+    views[10].ptr = views[6].ptr + 256;
+    check_err(
+        c.launch(&views, 0.125),
+        "Argument",
+        "dq",
+        &["does not overlap dq_accum"],
+    );
+    // deterministic: dq_accum is ignored, whatever it points at
+    let mut d = c.clone();
+    d.deterministic = true;
+    let mut views = d.views();
+    views[10].ptr = views[6].ptr;
+    let r = d.launch(&views, 0.125);
+    assert!(!matches!(r, Err(Error::Argument { .. })), "{r:?}");
+    // dq, dk, dv interleaved in one packed (b, s, 3, h, d) buffer: accepted
+    let mut c = Call::padded(2, 5, 5, 4, 4, 32);
+    let st = vec![5 * 3 * 4 * 32, 3 * 4 * 32, 32, 1];
+    for g in [&mut c.dq, &mut c.dk, &mut c.dv] {
+        g.strides = st.clone();
+    }
+    let mut views = c.views();
+    let base = 0x7000_0000u64;
+    for (i, slot) in [6, 7, 8].into_iter().enumerate() {
+        views[slot].ptr = base + (i as u64) * 4 * 32 * 2;
+    }
+    let r = c.launch(&views, 0.125);
+    assert!(!matches!(r, Err(Error::Argument { .. })), "{r:?}");
+}
+
+#[test]
+fn production_specs_cover_bwd_plan() {
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let specs = production_specs(arch);
+        for d in (8..=256).step_by(8) {
+            for causal in [false, true] {
+                for deterministic in [false, true] {
+                    for dtype in [DType::F16, DType::BF16] {
+                        for cfg in bwd_plan(d, causal, deterministic, dtype, arch) {
+                            assert!(specs.contains(&cfg), "{cfg:?} not precompiled");
+                            assert!(cfg.smem_bytes() <= arch.max_smem_per_block());
+                        }
+                    }
+                }
+            }
+        }
+        assert!(specs.iter().all(|s| s.arch == arch));
+    }
+    let cfg = bwd_plan(64, true, false, DType::BF16, Arch::Sm90a)[1];
+    assert_eq!(KernelSpec::header(&cfg), "attention/bwd_dkdv_sm80.cuh");
+    assert_eq!(KernelSpec::kernel(&cfg), "ferroattn::attn_bwd_dkdv_sm80");
+    assert_eq!(KernelSpec::dynamic_smem_bytes(&cfg), cfg.smem_bytes());
+    assert_eq!(KernelSpec::name_expression(&cfg), cfg.name_expression());
+    assert!(cfg
+        .name_expression()
+        .ends_with(", true, true, true, true, __nv_bfloat16>"));
+}
