@@ -200,8 +200,11 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     constexpr int kAccBudget = FERROATTN_BWD_ACC_BUDGET;   // experiments only
 #else
     // Two key tiles per warp (MT = 2) need more registers for fragments and addresses, and the
-    // single-stage loop (loads issued inside the loop) for its addresses: both spill at 192.
-    constexpr int kAccBudget = (MT >= 2 || Stages == 1) ? 160 : 192;
+    // single-stage loop (loads issued inside the loop) for its addresses: both spill at 192. Head
+    // dims below 128 ending in a 4-chunk swizzle group (d = 96) carry 4 more address registers
+    // (LdsmCols tail) and spill even at 160.
+    constexpr int kAccBudget = (HeadDim % 64 != 0 && HeadDim < 128) ? 128
+                             : (MT >= 2 || Stages == 1) ? 160 : 192;
 #endif
     constexpr int kAccFixed = MT * HeadDim / 2 * ((WithDK ? 1 : 0) + (WithDV ? 1 : 0));
     constexpr int kAccPerQ = MT * (kDS ? 2 : 1);   // registers per 2 queries of the step

@@ -160,9 +160,21 @@ pub fn dq_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
 }
 
 fn fit(mut c: AttnBwdConfig) -> AttnBwdConfig {
-    // GPUs with less shared memory per block (sm_86/89: 99 KiB) get a shallower pipeline.
-    while c.smem_bytes() > c.arch.max_smem_per_block() && c.stages > 1 {
-        c.stages -= 1;
+    // GPUs with less shared memory per block (sm_86/89/120: 99 KiB) get a shallower pipeline,
+    // then (dK/dV) shorter query tiles down to 32 rows, then fewer keys per block with the same
+    // keys per warp (block_n and num_warps halved together keep the kernel's constraints).
+    let max = c.arch.max_smem_per_block();
+    while c.smem_bytes() > max {
+        if c.stages > 1 {
+            c.stages -= 1;
+        } else if matches!(c.kind, BwdKind::DkDv { .. }) && c.block_m > 32 {
+            c.block_m /= 2;
+        } else if matches!(c.kind, BwdKind::DkDv { .. }) && c.num_warps > 1 {
+            c.block_n /= 2;
+            c.num_warps /= 2;
+        } else {
+            break;
+        }
     }
     c
 }
