@@ -99,19 +99,24 @@ BOGUS_CASES = [
 ]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="small attention calls for compute-sanitizer")
+def run_cases(prog: str, description: str, cases, argv=None) -> int:
+    """The command line of the sanitizer scripts (this one and sanitize_attention_bwd.py).
+
+    ``cases`` are (name, run function, case tuple); ``--list`` prints each name and the rest of
+    its tuple (no GPU needed). Otherwise every case runs (seed 0), printing ``PASS name: what it
+    returned`` or ``FAIL name: error`` and finally ``<prog>: N/M cases passed``. Returns 0 when
+    all passed, 1 when one failed, 3 without a CUDA GPU.
+    """
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args(argv)
-    cases = ([(c[0], run_case_padded, c) for c in PADDED_CASES] + [(c[0], run_case_varlen, c) for c in VARLEN_CASES]
-             + [(c[0], run_case_bogus_cu_seqlens, c) for c in BOGUS_CASES])
     if args.list:
         for name, _, c in cases:
             print(name, c[1:])
         return 0
     import torch
     if not torch.cuda.is_available():
-        print("sanitize_attention: cannot run: no CUDA GPU found", file=sys.stderr)
+        print(f"{prog}: cannot run: no CUDA GPU found", file=sys.stderr)
         return 3
     torch.manual_seed(0)
     failed = 0
@@ -122,8 +127,14 @@ def main(argv=None) -> int:
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
             traceback.print_exc(limit=3)
-    print(f"sanitize_attention: {len(cases) - failed}/{len(cases)} cases passed", flush=True)
+    print(f"{prog}: {len(cases) - failed}/{len(cases)} cases passed", flush=True)
     return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    cases = ([(c[0], run_case_padded, c) for c in PADDED_CASES] + [(c[0], run_case_varlen, c) for c in VARLEN_CASES]
+             + [(c[0], run_case_bogus_cu_seqlens, c) for c in BOGUS_CASES])
+    return run_cases("sanitize_attention", "small attention calls for compute-sanitizer", cases, argv)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,13 @@ failed, 3 without a GPU, 0 otherwise (sanitizer findings come through the saniti
 """
 from __future__ import annotations
 
-import argparse
+import os
 import sys
-import traceback
+
+# The command line is the forward script's (scripts/ is not a package; when run as a script, its
+# folder is already on sys.path, not when a test imports this file by path).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sanitize_attention import run_cases  # noqa: E402
 
 GRAD_FACTOR, GRAD_ATOL = 3.0, 1e-4
 DEVICE = "cuda"                # the CPU tests of this script's checks set "cpu"
@@ -184,29 +188,8 @@ def cases():
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="small attention-backward calls for compute-sanitizer")
-    ap.add_argument("--list", action="store_true", help="print the cases and exit")
-    args = ap.parse_args(argv)
-    all_cases = cases()
-    if args.list:
-        for name, _, c in all_cases:
-            print(name, c[1:])
-        return 0
-    import torch
-    if not torch.cuda.is_available():
-        print("sanitize_attention_bwd: cannot run: no CUDA GPU found", file=sys.stderr)
-        return 3
-    torch.manual_seed(0)
-    failed = 0
-    for name, fn, c in all_cases:
-        try:
-            print(f"PASS {name}: {fn(c)}", flush=True)
-        except Exception as e:
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-            traceback.print_exc(limit=3)
-    print(f"sanitize_attention_bwd: {len(all_cases) - failed}/{len(all_cases)} cases passed", flush=True)
-    return 1 if failed else 0
+    return run_cases("sanitize_attention_bwd", "small attention-backward calls for compute-sanitizer", cases(),
+                     argv)
 
 
 if __name__ == "__main__":

@@ -5,27 +5,19 @@ scripts/gpu_check_summary.py, and scripts/sanitize_attention_bwd.py's checks (ru
 reference standing in for our kernels)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import ferroattn.__main__ as cli
 from ferroattn.bench import attention, attention_bwd, report, timing
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from _scripts import ROOT
+from _scripts import load_script as _load_script
 
 
 # ---- FLOPs and grid ---------------------------------------------------------------------

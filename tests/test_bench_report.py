@@ -3,24 +3,15 @@ summary statistics, table and JSON formatting on synthetic numbers, input rotati
 gpu_check summary (scripts/gpu_check_summary.py) on synthetic stage outputs."""
 from __future__ import annotations
 
-import importlib.util
 import json
-
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from ferroattn.bench import attention, report, timing
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from _scripts import ROOT
+from _scripts import load_script as _load_script
 
 
 # ---- FLOPs ------------------------------------------------------------------------------

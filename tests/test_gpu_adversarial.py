@@ -36,27 +36,15 @@ from ferroattn.testing import (
     random_cu_seqlens,
 )
 
-pytestmark = pytest.mark.gpu
+from _gpu_common import BF16, DEV, DTYPES
+from _gpu_common import assert_lse_close as _lse_ok
+from _gpu_common import rand as _rand
 
-BF16, FP16 = torch.bfloat16, torch.float16
-DTYPES = [BF16, FP16]
-LSE_ATOL = 2e-3
-DEV = "cuda"
+pytestmark = pytest.mark.gpu
 
 
 def bug(reason: str):
     return pytest.mark.xfail(strict=True, reason=f"BUG: {reason}")
-
-
-def _rand(*shape, dtype=BF16):
-    return torch.randn(*shape, dtype=dtype, device=DEV)
-
-
-def _lse_ok(lse, ref_lse):
-    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
-    finite = ref_lse[torch.isfinite(ref_lse)]
-    scale = 1.0 + (float(finite.abs().max()) if finite.numel() else 0.0)
-    assert max_abs_diff(lse, ref_lse) <= LSE_ATOL * scale  # equal infinities count as equal
 
 
 def check_padded(q, k, v, causal=False, softmax_scale=None):

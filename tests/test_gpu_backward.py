@@ -30,16 +30,14 @@ from ferroattn.flash_attn_interface import (
 )
 from ferroattn.testing import assert_close_to_ref, attention_grads_ref, random_cu_seqlens
 
+from _gpu_common import BF16, DEV, DTYPES, FP16, rand
+
 pytestmark = pytest.mark.gpu
 
-BF16, FP16 = torch.bfloat16, torch.float16
-DTYPES = [BF16, FP16]
-DEV = "cuda"
 
 
 def _rand(*shape, dtype=BF16, grad=True):
-    x = torch.randn(*shape, dtype=dtype, device=DEV)
-    return x.requires_grad_(grad)
+    return rand(*shape, dtype=dtype, grad=grad)
 
 
 def _check_grads(got, q, k, v, dout, causal, scale=None, cu_q=None, cu_k=None):

@@ -26,8 +26,7 @@ __device__ __forceinline__ BwdQueryOffsets bwd_query_offsets(const AttnBwdParams
                                                              int batch) {
     BwdQueryOffsets r;
     if (p.fwd.cu_seqlens_q != nullptr) {
-        // The clamp of attn_detail::seq_coords: the sequence starts inside [0, total_q].
-        const long long q0 = min(max(p.fwd.cu_seqlens_q[batch], 0), p.fwd.total_q);
+        const long long q0 = attn_detail::seq_start(p.fwd.cu_seqlens_q, batch, p.fwd.total_q);
         r.do_off = q0 * p.do_row_stride;
         r.dq_off = q0 * p.dq_row_stride;
         r.dqa_off = q0 * p.dqa_row_stride;

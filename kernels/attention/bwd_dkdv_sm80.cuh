@@ -24,7 +24,8 @@
 //
 // Launch: grid (ceil(max_seqlen_k / BlockN), num_heads_k, batch), block NumWarps*32 threads,
 // dynamic shared memory attn_bwd_dkdv_sm80_smem_bytes<...>() =
-// (2*BlockN*HeadDim + 2*Stages*BlockM*HeadDim + BlockN*BlockM) * 2 + Stages*BlockM*8 bytes
+// (2*BlockN*HeadDim + 2*Stages*BlockM*HeadDim + NDs*BlockN*BlockM) * 2 + Stages*BlockM*8 bytes,
+// NDs = 2 with WithDQ and HeadDim <= 128, else 1
 // (the DkDv formula of AttnBwdConfig::smem_bytes in src/tuning/attention_bwd.rs); above 48 KiB
 // the caller raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. WithDQ: dq_accum zeroed
 // before the launch (preprocess kernel).
@@ -50,15 +51,18 @@
 // per-query LSE and D come from small fp32 shared arrays staged with the Q/dO tile (cp.async,
 // 4 bytes, zero-filled past seqlen_q). WithDQ: each warp stores its dS^T (as T) into a swizzled
 // BlockN x BlockM shared tile; after a barrier the warps split dQ_tile = dS K (A = dS by
-// ldmatrix.trans of the stored dS^T, B = K by ldmatrix.trans) over query m16 tiles and column
-// ranges, and add it to dq_accum (sm_90: red.global.add.v4.f32 after one lane-pair exchange;
-// older: scalar red.global.add.f32). dK/dV stay in fp32 registers for the whole block (HeadDim
-// registers per thread per m16 tile for both: head dims > 128 run split, see dkdv_split()) and
-// are written at the end through the K/V tiles as 16-byte stores.
+// ldmatrix.trans of the stored dS^T, B = K by ldmatrix.trans; key loop unrolled for
+// HeadDim <= 128) over query m16 tiles and column ranges, and add it to dq_accum (sm_90:
+// red.global.add.v4.f32 after one lane-pair exchange; older: scalar red.global.add.f32). dK/dV
+// stay in fp32 registers for the whole block (HeadDim registers per thread per m16 tile for
+// both: head dims > 128 run split, see dkdv_split()) and are written at the end through the K/V tiles as 16-byte stores. With two dS^T buffers
+// (HeadDim <= 128) the barrier that opens query tile it also completes tile it-1's dS^T: the
+// warps run the dQ product of tile it-1 first, then tile it (one barrier per tile); with one
+// buffer, dQ follows a second barrier inside the tile.
 // A query tile is processed in sub-tiles of kSubM queries when the S^T and dP^T accumulators
 // next to dK/dV would pass a register budget (kAccBudget).
-// Shared memory: K, V (BlockN x HeadDim), Stages x (Q, dO) (BlockM x HeadDim), dS^T (BlockN x
-// BlockM), Stages x (LSE*1, D) (BlockM fp32 each); 16-bit tiles XOR-swizzled in 16-byte chunks
+// Shared memory: K, V (BlockN x HeadDim), Stages x (Q, dO) (BlockM x HeadDim), NDs x dS^T
+// (BlockN x BlockM), Stages x (LSE*1, D) (BlockM fp32 each); 16-bit tiles XOR-swizzled in 16-byte chunks
 // (common/swizzle.cuh): ldmatrix, cp.async and the dS^T stores are conflict-free.
 // Registers: the production configurations compile without spills for sm_80 and sm_90a
 // (bench/NOTES.md, "Backward").
@@ -75,9 +79,23 @@
 
 namespace ferroattn {
 
-template <int HeadDim, int BlockM, int BlockN, int Stages>
+// dS^T tiles in shared memory: two with WithDQ and HeadDim <= 128 (the dQ product of query
+// tile it-1 runs after the barrier that opens tile it, reading the other buffer: one barrier
+// per tile), else one (dQ after a second barrier; head dims > 128 spill with two; without
+// WithDQ the tile is unused, kept so that the layout does not depend on the flag otherwise).
+template <int HeadDim, bool WithDQ>
+__host__ __device__ constexpr int attn_bwd_dkdv_sm80_ds_bufs() {
+#ifdef FERROATTN_BWD_DS_SINGLE
+    return 1;   // experiments only
+#else
+    return (WithDQ && HeadDim <= 128) ? 2 : 1;
+#endif
+}
+
+template <int HeadDim, int BlockM, int BlockN, int Stages, bool WithDQ>
 __host__ __device__ constexpr int attn_bwd_dkdv_sm80_smem_bytes() {
-    return (2 * BlockN * HeadDim + 2 * Stages * BlockM * HeadDim + BlockN * BlockM) * 2
+    return (2 * BlockN * HeadDim + 2 * Stages * BlockM * HeadDim
+            + attn_bwd_dkdv_sm80_ds_bufs<HeadDim, WithDQ>() * BlockN * BlockM) * 2
          + Stages * BlockM * 8;
 }
 
@@ -187,7 +205,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     static_assert(Stages >= 1, "Stages must be >= 1");
     static_assert(WithDK || WithDV, "at least one of dK, dV");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
-    static_assert(attn_bwd_dkdv_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>() <= 227 * 1024,
+    static_assert(attn_bwd_dkdv_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ>() <= 227 * 1024,
                   "tile does not fit in 227 KiB of shared memory");
 
     constexpr int kThreads = NumWarps * 32;
@@ -224,10 +242,12 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     constexpr unsigned kOffQ = 2 * kTileKV;
     constexpr unsigned kOffDO = kOffQ + Stages * kTileQ;
     constexpr unsigned kOffDS = kOffDO + Stages * kTileQ;
-    constexpr unsigned kOffLse = kOffDS + BlockN * kDsRowBytes;
+    constexpr int kDsBufs = attn_bwd_dkdv_sm80_ds_bufs<HeadDim, WithDQ>();
+    constexpr unsigned kTileDS = BlockN * kDsRowBytes;
+    constexpr unsigned kOffLse = kOffDS + kDsBufs * kTileDS;
     constexpr unsigned kOffD = kOffLse + Stages * BlockM * 4;
     static_assert(kOffD + Stages * BlockM * 4 ==
-                  static_cast<unsigned>(attn_bwd_dkdv_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>()),
+                  static_cast<unsigned>(attn_bwd_dkdv_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ>()),
                   "shared-memory map and formula disagree");
     using Tr = DTypeTraits<T>;
     const AttnFwdParams& fp = params.fwd;
@@ -433,6 +453,106 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
         }
     };
 
+    // ---- dQ of one query tile (head hq, rows [m_start, m_start + rows_q)): dQ_tile = dS K (dS^T from the shared buffer at ds_off), added to
+    // dq_accum. The caller guarantees a barrier between the dS^T stores and this call. ----
+    auto dq_phase = [&](int hq, int m_start, int rows_q, unsigned ds_off) {
+        {
+            constexpr int kQT = BlockM / 16;                                 // m16 query tiles
+            constexpr int kDqSplit = NumWarps >= kQT ? NumWarps / kQT : 1;   // warps per query tile
+            constexpr int kQTPerWarp = NumWarps >= kQT ? 1 : kQT / NumWarps;
+            constexpr int kDqCols = HeadDim / kDqSplit;                      // columns per warp
+            static_assert(kDqCols % 16 == 0, "dQ column split must give multiples of 16 columns");
+            constexpr int kDqChunk = (kDqCols <= 64) ? kDqCols
+                                   : (kDqCols % 64 == 0) ? 64
+                                   : (kDqCols % 32 == 0) ? 32 : 16;        // columns per pass
+#ifdef FERROATTN_BWD_DQ_ROLLED
+            constexpr int kDqUnroll = 1;   // experiments only
+#else
+            constexpr int kDqUnroll = HeadDim <= 128 ? BlockN / 16 : 1;
+#endif
+            const int dq_col0 = kDqSplit == 1 ? 0 : (warp / kQT) * kDqCols;
+            float* gdQ = params.dq_accum
+                + attn_bwd_detail::slice_off<true>(sq, batch, hq, params.dqa_batch_stride,
+                                                   params.dqa_row_stride, params.dqa_head_stride)
+                + static_cast<long long>(m_start) * params.dqa_row_stride;
+            // A operand (dS, 16 queries x 16 keys) from the stored dS^T, .trans: key row
+            // (lane%8) + 8*(lane/16), query chunk 2*qt + (lane/8)%2.
+            const int arow = (lane % 8) + 8 * (lane / 16);
+#pragma unroll
+            for (int qi = 0; qi < kQTPerWarp; ++qi) {
+                const int qt = NumWarps >= kQT ? warp % kQT : warp + qi * NumWarps;
+                const unsigned a_addr = smem0 + ds_off + arow * kDsRowBytes
+                    + (swizzle_chunk<BlockM / 8>(arow, 2 * qt + (lane / 8) % 2) << 4);
+#pragma unroll
+                for (int c0 = 0; c0 < kDqCols; c0 += kDqChunk) {
+                    float acc_q[kDqChunk / 8][4];
+#pragma unroll
+                    for (int nt = 0; nt < kDqChunk / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_q[nt][e] = 0.f;
+                    // Unrolled (ldmatrix of key step ks+1 overlaps the mma of ks) where the
+                    // registers allow it: head dims <= 128; the larger ones spill unrolled.
+#pragma unroll (kDqUnroll)
+                    for (int ks = 0; ks < BlockN / 16; ++ks) {
+                        unsigned a[4];
+                        ldmatrix_x4_trans(a, a_addr + ks * 16 * kDsRowBytes);
+#pragma unroll
+                        for (int j = 0; j < kDqChunk / 16; ++j) {
+                            // B operand (K rows ks*16 .. +15, columns dq_col0 + c0 + 16j ..), .trans.
+                            unsigned addr;
+                            if constexpr (kDqSplit == 1 || kDqCols % 64 == 0) {
+                                // The warp's column offset is a whole number of 8-chunk
+                                // swizzle groups: a plain byte offset.
+                                addr = t_cols.at((c0 / 16) + j, ks * 16 * kRowBytes) + dq_col0 * 2;
+                            } else {
+                                const int kr = lane % 16;
+                                const int chunk = (dq_col0 + c0) / 8 + 2 * j + lane / 16;
+                                addr = smem0 + (ks * 16 + kr) * kRowBytes
+                                     + (swizzle_chunk<HeadDim / 8>(kr, chunk) << 4);
+                            }
+                            unsigned b[4];
+                            ldmatrix_x4_trans(b, addr);
+                            mma_m16n8k16<T>(acc_q[2 * j], a, b[0], b[1]);
+                            mma_m16n8k16<T>(acc_q[2 * j + 1], a, b[2], b[3]);
+                        }
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < kDqChunk / 8; ++nt) {
+                        const int col = dq_col0 + c0 + nt * 8;   // n8 tile: all or no columns < head_dim
+                        const bool col_ok = col < head_dim;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                        // Lane pair (t, t^1) exchanges halves: even t adds row g, columns
+                        // 4*(t/2) .. +3; odd t adds row g+8, the same columns.
+                        const bool odd = (t & 1) != 0;
+                        const float s0 = odd ? acc_q[nt][0] : acc_q[nt][2];
+                        const float s1 = odd ? acc_q[nt][1] : acc_q[nt][3];
+                        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+                        const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                        const int row = qt * 16 + g + (odd ? 8 : 0);
+                        if (col_ok && row < rows_q) {
+                            float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
+                                     + col + 4 * (t >> 1);
+                            if (odd) attn_bwd_detail::red_add_v4_f32(p, r0, r1, acc_q[nt][2], acc_q[nt][3]);
+                            else     attn_bwd_detail::red_add_v4_f32(p, acc_q[nt][0], acc_q[nt][1], r0, r1);
+                        }
+#else
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int row = qt * 16 + g + 8 * h;
+                            if (col_ok && row < rows_q) {
+                                float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
+                                         + col + 2 * t;
+                                attn_bwd_detail::red_add_f32(p, acc_q[nt][2 * h]);
+                                attn_bwd_detail::red_add_f32(p + 1, acc_q[nt][2 * h + 1]);
+                            }
+                        }
+#endif
+                    }
+                }
+            }
+        }
+    };
+
     for (int it = 0; it < n_iter; ++it) {
         const int slot = Stages == 1 ? 0 : it % Stages;
         if constexpr (Stages == 1) {
@@ -447,6 +567,16 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             if (it + Stages - 1 < n_iter) load_iter(it + Stages - 1);
             cp_async_commit();
         }
+        // Double-buffered dS^T: the barrier above made tile it-1's dS^T complete, and every
+        // warp is past the dQ of tile it-2, the last reader of the buffer tile it writes.
+        if constexpr (WithDQ && kDsBufs == 2) {
+            if (it > 0) {
+                const int ip = it - 1;
+                const int m_prev = (m_first + ip % per_head) * BlockM;
+                dq_phase(head_k * group + ip / per_head, m_prev, min(BlockM, seqlen_q - m_prev),
+                         kOffDS + (ip & 1) * kTileDS);
+            }
+        }
         const int hq = head_k * group + it / per_head;
         const int m_start = (m_first + it % per_head) * BlockM;
         const int rows_q = min(BlockM, seqlen_q - m_start);
@@ -458,6 +588,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
                                (IsCausal && m_start + diag < n0 + BlockN - 1);
         const int causal_off = n0 - m_start - diag;   // query q sees key k iff q >= k + causal_off
+        const int ds_elem = kDsBufs == 2 ? (it & 1) * (BlockN * BlockM) : 0;   // this tile's dS^T
 
 #pragma unroll 1
         for (int sub = 0; sub < BlockM / kSubM; ++sub) {
@@ -534,7 +665,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
 #pragma unroll
                             for (int nt = 0; nt < NQ; ++nt) {
                                 *reinterpret_cast<unsigned*>(
-                                    sdS + swizzle_offset<BlockM>(r, sub * kSubM + nt * 8 + 2 * t)) =
+                                    sdS + ds_elem + swizzle_offset<BlockM>(r, sub * kSubM + nt * 8 + 2 * t)) =
                                     Tr::pack2(acc_p[mt][nt][2 * h], acc_p[mt][nt][2 * h + 1]);
                             }
                         }
@@ -542,96 +673,17 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             }
         }
 
-        if constexpr (WithDQ) {
-            // ---- dQ_tile += dS K, added to dq_accum ----
+        if constexpr (WithDQ && kDsBufs == 1) {
             __syncthreads();   // dS^T tile complete
-            constexpr int kQT = BlockM / 16;                                 // m16 query tiles
-            constexpr int kDqSplit = NumWarps >= kQT ? NumWarps / kQT : 1;   // warps per query tile
-            constexpr int kQTPerWarp = NumWarps >= kQT ? 1 : kQT / NumWarps;
-            constexpr int kDqCols = HeadDim / kDqSplit;                      // columns per warp
-            static_assert(kDqCols % 16 == 0, "dQ column split must give multiples of 16 columns");
-            constexpr int kDqChunk = (kDqCols <= 64) ? kDqCols
-                                   : (kDqCols % 64 == 0) ? 64
-                                   : (kDqCols % 32 == 0) ? 32 : 16;        // columns per pass
-            const int dq_col0 = kDqSplit == 1 ? 0 : (warp / kQT) * kDqCols;
-            float* gdQ = params.dq_accum
-                + attn_bwd_detail::slice_off<true>(sq, batch, hq, params.dqa_batch_stride,
-                                                   params.dqa_row_stride, params.dqa_head_stride)
-                + static_cast<long long>(m_start) * params.dqa_row_stride;
-            // A operand (dS, 16 queries x 16 keys) from the stored dS^T, .trans: key row
-            // (lane%8) + 8*(lane/16), query chunk 2*qt + (lane/8)%2.
-            const int arow = (lane % 8) + 8 * (lane / 16);
-#pragma unroll
-            for (int qi = 0; qi < kQTPerWarp; ++qi) {
-                const int qt = NumWarps >= kQT ? warp % kQT : warp + qi * NumWarps;
-                const unsigned a_addr = smem0 + kOffDS + arow * kDsRowBytes
-                    + (swizzle_chunk<BlockM / 8>(arow, 2 * qt + (lane / 8) % 2) << 4);
-#pragma unroll
-                for (int c0 = 0; c0 < kDqCols; c0 += kDqChunk) {
-                    float acc_q[kDqChunk / 8][4];
-#pragma unroll
-                    for (int nt = 0; nt < kDqChunk / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc_q[nt][e] = 0.f;
-#pragma unroll 1
-                    for (int ks = 0; ks < BlockN / 16; ++ks) {
-                        unsigned a[4];
-                        ldmatrix_x4_trans(a, a_addr + ks * 16 * kDsRowBytes);
-#pragma unroll
-                        for (int j = 0; j < kDqChunk / 16; ++j) {
-                            // B operand (K rows ks*16 .. +15, columns dq_col0 + c0 + 16j ..), .trans.
-                            unsigned addr;
-                            if constexpr (kDqSplit == 1 || kDqCols % 64 == 0) {
-                                // The warp's column offset is a whole number of 8-chunk
-                                // swizzle groups: a plain byte offset.
-                                addr = t_cols.at((c0 / 16) + j, ks * 16 * kRowBytes) + dq_col0 * 2;
-                            } else {
-                                const int kr = lane % 16;
-                                const int chunk = (dq_col0 + c0) / 8 + 2 * j + lane / 16;
-                                addr = smem0 + (ks * 16 + kr) * kRowBytes
-                                     + (swizzle_chunk<HeadDim / 8>(kr, chunk) << 4);
-                            }
-                            unsigned b[4];
-                            ldmatrix_x4_trans(b, addr);
-                            mma_m16n8k16<T>(acc_q[2 * j], a, b[0], b[1]);
-                            mma_m16n8k16<T>(acc_q[2 * j + 1], a, b[2], b[3]);
-                        }
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < kDqChunk / 8; ++nt) {
-                        const int col = dq_col0 + c0 + nt * 8;   // n8 tile: all or no columns < head_dim
-                        const bool col_ok = col < head_dim;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                        // Lane pair (t, t^1) exchanges halves: even t adds row g, columns
-                        // 4*(t/2) .. +3; odd t adds row g+8, the same columns.
-                        const bool odd = (t & 1) != 0;
-                        const float s0 = odd ? acc_q[nt][0] : acc_q[nt][2];
-                        const float s1 = odd ? acc_q[nt][1] : acc_q[nt][3];
-                        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-                        const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-                        const int row = qt * 16 + g + (odd ? 8 : 0);
-                        if (col_ok && row < rows_q) {
-                            float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
-                                     + col + 4 * (t >> 1);
-                            if (odd) attn_bwd_detail::red_add_v4_f32(p, r0, r1, acc_q[nt][2], acc_q[nt][3]);
-                            else     attn_bwd_detail::red_add_v4_f32(p, acc_q[nt][0], acc_q[nt][1], r0, r1);
-                        }
-#else
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int row = qt * 16 + g + 8 * h;
-                            if (col_ok && row < rows_q) {
-                                float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
-                                         + col + 2 * t;
-                                attn_bwd_detail::red_add_f32(p, acc_q[nt][2 * h]);
-                                attn_bwd_detail::red_add_f32(p + 1, acc_q[nt][2 * h + 1]);
-                            }
-                        }
-#endif
-                    }
-                }
-            }
+            dq_phase(hq, m_start, rows_q, kOffDS);
         }
+    }
+    if constexpr (WithDQ && kDsBufs == 2) {
+        __syncthreads();   // dS^T of the last tile complete
+        const int il = n_iter - 1;
+        const int m_last = (m_first + il % per_head) * BlockM;
+        dq_phase(head_k * group + il / per_head, m_last, min(BlockM, seqlen_q - m_last),
+                 kOffDS + (il & 1) * kTileDS);
     }
     cp_async_wait<0>();   // only empty groups can remain
     __syncthreads();      // every warp is done with K, V (dQ reads all of K)

@@ -40,12 +40,37 @@
 
 namespace ferroattn {
 
+namespace attn_bwd_detail {
+
+// The rows of one elementwise block: block (blockIdx.x, head blockIdx.y, batch blockIdx.z)
+// covers query rows [m_start, m_start + rows_q) of its sequence.
+struct RowBlock {
+    attn_detail::SeqCoords sc;
+    BwdQueryOffsets bo;
+    int m_start, rows_q;
+};
+
+// Fills rb; false when the block starts past the end of its sequence (nothing to do).
 template <int HeadDim, int BlockM, typename T>
-__global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams params) {
+__device__ __forceinline__ bool row_block(const AttnBwdParams& params, RowBlock& rb) {
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
     static_assert(BlockM % 64 == 0, "BlockM must be a multiple of 64");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    rb.sc = attn_detail::seq_coords(params.fwd, head, batch);
+    rb.m_start = blockIdx.x * BlockM;
+    if (rb.m_start >= rb.sc.seqlen_q) return false;
+    rb.rows_q = min(rb.sc.seqlen_q - rb.m_start, BlockM);
+    rb.bo = bwd_query_offsets(params, head, batch);
+    return true;
+}
+
+}  // namespace attn_bwd_detail
+
+template <int HeadDim, int BlockM, typename T>
+__global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams params) {
     constexpr int kThreads = 256;
     constexpr int kLanesPerRow = 4;
     constexpr int kRowsPerPass = kThreads / kLanesPerRow;   // 64
@@ -53,14 +78,11 @@ __global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams p
     constexpr int kPerLane = kChunks / kLanesPerRow;        // HeadDim % 32 == 0: exact
 
     const int tid = threadIdx.x;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    const attn_detail::SeqCoords sc = attn_detail::seq_coords(params.fwd, head, batch);
-    const int m_start = blockIdx.x * BlockM;
-    if (m_start >= sc.seqlen_q) return;
-    const int rows_q = min(sc.seqlen_q - m_start, BlockM);
-    const int head_dim = params.fwd.head_dim;
-    const attn_bwd_detail::BwdQueryOffsets bo = attn_bwd_detail::bwd_query_offsets(params, head, batch);
+    attn_bwd_detail::RowBlock rb;
+    if (!attn_bwd_detail::row_block<HeadDim, BlockM, T>(params, rb)) return;
+    const attn_detail::SeqCoords& sc = rb.sc;
+    const attn_bwd_detail::BwdQueryOffsets& bo = rb.bo;
+    const int m_start = rb.m_start, rows_q = rb.rows_q, head_dim = params.fwd.head_dim;
     const int quarter = tid % kLanesPerRow;
 
 #pragma unroll
@@ -115,10 +137,6 @@ __global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams p
 
 template <int HeadDim, int BlockM, typename T>
 __global__ void __launch_bounds__(256) attn_bwd_convert_dq(const AttnBwdParams params) {
-    static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
-                  "HeadDim must be a multiple of 32 in [32, 256]");
-    static_assert(BlockM % 64 == 0, "BlockM must be a multiple of 64");
-    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
     constexpr int kThreads = 256;
     constexpr int kChunks = HeadDim / 8;
     constexpr int kTotal = BlockM * kChunks;
@@ -126,14 +144,11 @@ __global__ void __launch_bounds__(256) attn_bwd_convert_dq(const AttnBwdParams p
     using Tr = DTypeTraits<T>;
 
     const int tid = threadIdx.x;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    const attn_detail::SeqCoords sc = attn_detail::seq_coords(params.fwd, head, batch);
-    const int m_start = blockIdx.x * BlockM;
-    if (m_start >= sc.seqlen_q) return;
-    const int rows_q = min(sc.seqlen_q - m_start, BlockM);
-    const int head_dim = params.fwd.head_dim;
-    const attn_bwd_detail::BwdQueryOffsets bo = attn_bwd_detail::bwd_query_offsets(params, head, batch);
+    attn_bwd_detail::RowBlock rb;
+    if (!attn_bwd_detail::row_block<HeadDim, BlockM, T>(params, rb)) return;
+    const attn_detail::SeqCoords& sc = rb.sc;
+    const attn_bwd_detail::BwdQueryOffsets& bo = rb.bo;
+    const int m_start = rb.m_start, rows_q = rb.rows_q, head_dim = params.fwd.head_dim;
     const float scale = params.fwd.softmax_scale;
     const float* gacc = params.dq_accum + bo.dqa_off + static_cast<long long>(m_start) * params.dqa_row_stride;
     T* gdq = static_cast<T*>(params.dq) + bo.dq_off + static_cast<long long>(m_start) * params.dq_row_stride;

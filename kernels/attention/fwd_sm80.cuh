@@ -161,6 +161,13 @@ struct SeqCoords {
     long long q_off, k_off, v_off, o_off, lse_off;
 };
 
+// First row of sequence `batch` in a varlen tensor of `total` rows: cu_seqlens[batch] clamped
+// to [0, total], so that no cu_seqlens value (unchecked during CUDA-graph capture) can move an
+// access outside the tensor.
+__device__ __forceinline__ int seq_start(const int* cu_seqlens, int batch, int total) {
+    return min(max(cu_seqlens[batch], 0), total);
+}
+
 __device__ __forceinline__ SeqCoords seq_coords(const AttnFwdParams& p, int head, int batch) {
     SeqCoords c;
     const int head_k = head / (p.num_heads / p.num_heads_k);
@@ -168,8 +175,8 @@ __device__ __forceinline__ SeqCoords seq_coords(const AttnFwdParams& p, int head
         // Clamped so that no cu_seqlens value (unchecked during CUDA-graph capture) can move a
         // read or write outside q/k/v/o: a sequence is [q0, q1) within [0, total_q), at most
         // seqlen_q (max_seqlen_q, the grid's size) rows long; likewise for k.
-        const int q0 = min(max(p.cu_seqlens_q[batch], 0), p.total_q);
-        const int k0 = min(max(p.cu_seqlens_k[batch], 0), p.total_k);
+        const int q0 = seq_start(p.cu_seqlens_q, batch, p.total_q);
+        const int k0 = seq_start(p.cu_seqlens_k, batch, p.total_k);
         const int q1 = min(max(p.cu_seqlens_q[batch + 1], q0), p.total_q);
         const int k1 = min(max(p.cu_seqlens_k[batch + 1], k0), p.total_k);
         c.seqlen_q = min(q1 - q0, p.seqlen_q);

@@ -21,7 +21,10 @@ is the custom op ``ferroattn::attn_bwd`` (:mod:`ferroattn.ops.attention_bwd`), c
 autograd formula of ``ferroattn::attn_fwd``; only q, k, v, out and the fp32 LSE are saved
 (O(b·h·s) extra memory). ``deterministic=True`` makes the backward bitwise reproducible (no
 atomics; a bit slower); the forward is always deterministic. As in flash_attn, the gradient of the
-returned ``softmax_lse`` is ignored (it is treated as a constant).
+returned ``softmax_lse`` is ignored (it is treated as a constant). Reverse mode only: forward-mode
+AD (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad`` dual inputs) raises
+NotImplementedError naming the input; a second derivative (``create_graph=True`` then a grad of
+the gradients) and ``torch.func.grad`` / ``vjp`` raise torch's RuntimeError (no formula).
 
 Not implemented yet, and never silently ignored (``NotImplementedError`` naming the argument):
 ``dropout_p > 0``, a window other than the full or causal one, ``softcap != 0``,

@@ -2,6 +2,8 @@
 
 pub mod attention;
 pub mod attention_bwd;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 use crate::error::Result;
 use crate::jit::{precompile as pc, Arch};

@@ -13,8 +13,15 @@ pub(super) fn meta(arg: &str, t: MetaTuple) -> Result<TensorMeta> {
     TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "float16 or bfloat16")
 }
 
-pub(super) fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
+fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
     t.map(|t| TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "int32")).transpose()
+}
+
+/// Optional (cu_seqlens_q, cu_seqlens_k) metadata, int32.
+pub(super) type CuMetas = (Option<TensorMeta>, Option<TensorMeta>);
+
+pub(super) fn cu_metas(cu_seqlens_q: Option<MetaTuple>, cu_seqlens_k: Option<MetaTuple>) -> Result<CuMetas> {
+    Ok((meta_opt("cu_seqlens_q", cu_seqlens_q)?, meta_opt("cu_seqlens_k", cu_seqlens_k)?))
 }
 
 /// Validate attention-forward arguments from metadata alone (same checks and errors as attn_fwd).
@@ -30,10 +37,7 @@ fn attn_fwd_check(
     max_seqlen_k: i64,
 ) -> Result<()> {
     let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
-    let (cq, ck) = (
-        meta_opt("cu_seqlens_q", cu_seqlens_q)?,
-        meta_opt("cu_seqlens_k", cu_seqlens_k)?,
-    );
+    let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
     op::validate(
         &q,
         &k,
@@ -64,10 +68,18 @@ pub(super) fn stream_handle(stream: &Bound<'_, PyAny>) -> Result<u64> {
     })
 }
 
-pub(super) fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
+fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
     t.filter(|t| !t.is_none())
         .map(|t| import(t, arg))
         .transpose()
+}
+
+/// Optional (cu_seqlens_q, cu_seqlens_k) tensors; a Python None counts as absent.
+pub(super) fn import_cu(
+    cu_seqlens_q: Option<&Bound<'_, PyAny>>,
+    cu_seqlens_k: Option<&Bound<'_, PyAny>>,
+) -> Result<(Option<Imported>, Option<Imported>)> {
+    Ok((import_opt(cu_seqlens_q, "cu_seqlens_q")?, import_opt(cu_seqlens_k, "cu_seqlens_k")?))
 }
 
 /// Launch attention forward on `stream` (raw CUstream; 0 = legacy default) in q's device's
@@ -92,8 +104,7 @@ fn attn_fwd(
     let stream = stream_handle(stream)?;
     let (q, k, v) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
     let (o, lse) = (import_writable(out, "out")?, import_writable(softmax_lse, "softmax_lse")?);
-    let cq = import_opt(cu_seqlens_q, "cu_seqlens_q")?;
-    let ck = import_opt(cu_seqlens_k, "cu_seqlens_k")?;
+    let (cq, ck) = import_cu(cu_seqlens_q, cu_seqlens_k)?;
     let (qv, kv, vv, ov, lv) = (&q.view, &k.view, &v.view, &o.view, &lse.view);
     let (cqv, ckv) = (cq.as_ref().map(|t| &t.view), ck.as_ref().map(|t| &t.view));
     // Detached: the first call of a configuration compiles or loads a module.

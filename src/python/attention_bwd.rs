@@ -1,6 +1,6 @@
 //! attn_bwd_check (metadata) and attn_bwd (DLPack tensors) → ops::attention_bwd.
 
-use super::attention::{import_opt, meta, meta_opt, stream_handle, MetaTuple};
+use super::attention::{cu_metas, import_cu, meta, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::attention_bwd as op;
@@ -31,10 +31,7 @@ fn attn_bwd_check(
     );
     let l = softmax_lse;
     let lse = TensorMeta::from_parts("softmax_lse", l.0, l.1, &l.2, l.3, "float32")?;
-    let (cq, ck) = (
-        meta_opt("cu_seqlens_q", cu_seqlens_q)?,
-        meta_opt("cu_seqlens_k", cu_seqlens_k)?,
-    );
+    let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
     op::validate(
         &dout,
         &q,
@@ -95,8 +92,7 @@ fn attn_bwd(
         .filter(|t| !t.is_none())
         .map(|t| import_writable(t, "dq_accum"))
         .transpose()?;
-    let cq = import_opt(cu_seqlens_q, "cu_seqlens_q")?;
-    let ck = import_opt(cu_seqlens_k, "cu_seqlens_k")?;
+    let (cq, ck) = import_cu(cu_seqlens_q, cu_seqlens_k)?;
     let tensors = op::BwdTensors {
         dout: &dout.view,
         q: &q.view,

@@ -91,34 +91,52 @@ pub fn fwd_config(head_dim: u32, causal: bool, dtype: DType, arch: Arch) -> Attn
     config
 }
 
+/// The (kernel head dim, causal, dtype) points that production configurations are built for:
+/// every multiple of 32 in [32, 256], both mask modes, both 16-bit dtypes, in that nesting.
+pub fn production_points() -> impl Iterator<Item = (u32, bool, DType)> {
+    (32..=256).step_by(32).flat_map(|hd| {
+        [false, true]
+            .into_iter()
+            .flat_map(move |causal| [DType::F16, DType::BF16].into_iter().map(move |dtype| (hd, causal, dtype)))
+    })
+}
+
 /// Every configuration `fwd_config` can return for `arch`: what `precompile` builds.
 pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
-    let mut out = Vec::new();
-    for hd in (32..=256).step_by(32) {
-        for causal in [false, true] {
-            for dtype in [DType::F16, DType::BF16] {
-                out.push(fwd_config(hd, causal, dtype, arch));
-            }
-        }
-    }
-    out
+    production_points().map(|(hd, causal, dtype)| fwd_config(hd, causal, dtype, arch)).collect()
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::jit::KernelSpec;
+
+    /// `c`'s dynamic shared memory fits in its arch's per-block limit.
+    pub(crate) fn assert_fits_smem(c: &impl KernelSpec) {
+        assert!(
+            c.dynamic_smem_bytes() <= c.arch().max_smem_per_block(),
+            "{} needs {} B on {:?}",
+            c.name_expression(),
+            c.dynamic_smem_bytes(),
+            c.arch()
+        );
+    }
+
+    #[test]
+    fn production_points_cover_the_grid_once() {
+        let points: Vec<_> = production_points().collect();
+        assert_eq!(points.len(), 8 * 2 * 2);
+        assert_eq!(points[0], (32, false, DType::F16));
+        assert_eq!(points[1], (32, false, DType::BF16));
+        assert_eq!(points[2], (32, true, DType::F16));
+        assert_eq!(points[31], (256, true, DType::BF16));
+    }
 
     #[test]
     fn every_production_config_fits_its_arch() {
         for arch in Arch::ALL {
             for c in fwd_production_configs(arch) {
-                assert!(
-                    c.smem_bytes() <= arch.max_smem_per_block(),
-                    "{} needs {} B on {:?}",
-                    c.name_expression(),
-                    c.smem_bytes(),
-                    arch
-                );
+                assert_fits_smem(&c);
                 assert_eq!(c.block_m % (16 * c.num_warps), 0, "{}", c.name_expression());
             }
         }

@@ -10,7 +10,7 @@
 
 use crate::dtype::DType;
 use crate::jit::Arch;
-use crate::tuning::attention::kernel_head_dim;
+use crate::tuning::attention::{kernel_head_dim, production_points};
 
 /// Which backward kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -91,15 +91,19 @@ impl AttnBwdConfig {
 
     /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert):
     /// - DkDv: K and V tiles (block_n × d each), `stages` × (Q and dO tiles, block_m × d each),
-    ///   the dSᵀ tile (block_n × block_m) and `stages` × (LSE, D) rows (2 × block_m fp32);
-    ///   16-bit elements.
+    ///   the dSᵀ tiles (block_n × block_m; two with dq and d ≤ 128: the dQ product of query
+    ///   tile i runs after the barrier that opens tile i+1, from the other buffer) and `stages` × (LSE, D)
+    ///   rows (2 × block_m fp32); 16-bit elements.
     /// - Dq: Q and dO tiles (block_m × d each) and `stages` × (K and V tiles, block_n × d each).
     /// - Preprocess / ConvertDq: none.
     pub fn smem_bytes(&self) -> u32 {
         let (d, bm, bn, st) = (self.head_dim, self.block_m, self.block_n, self.stages);
         match self.kind {
             BwdKind::Preprocess | BwdKind::ConvertDq => 0,
-            BwdKind::DkDv { .. } => (2 * bn * d + 2 * st * bm * d + bn * bm) * 2 + st * bm * 8,
+            BwdKind::DkDv { dq, .. } => {
+                let ds_tiles = if dq && d <= 128 { 2 } else { 1 };
+                (2 * bn * d + 2 * st * bm * d + ds_tiles * bn * bm) * 2 + st * bm * 8
+            }
             BwdKind::Dq => (2 * bm * d + 2 * st * bn * d) * 2,
         }
     }
@@ -131,7 +135,7 @@ pub fn dkdv_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
     match head_dim {
         0..=64 => (64, 128, 4, 2),
         65..=96 => (64, 128, 8, 2),
-        97..=128 => (128, 128, 8, 2),
+        97..=128 => (64, 128, 8, 2),
         _ => (32, 64, 4, 2),
     }
 }
@@ -193,20 +197,10 @@ pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, 
         dtype,
         arch,
     };
-    let (bm, bn, nw, st) = dkdv_tile(hd, causal);
-    let dkdv = |dk, dv, dq| {
-        fit(AttnBwdConfig {
-            kind: BwdKind::DkDv { dk, dv, dq },
-            head_dim: hd,
-            block_m: bm,
-            block_n: bn,
-            num_warps: nw,
-            stages: st,
-            causal,
-            dtype,
-            arch,
-        })
+    let tiled = |kind, (block_m, block_n, num_warps, stages): (u32, u32, u32, u32)| {
+        fit(AttnBwdConfig { kind, head_dim: hd, block_m, block_n, num_warps, stages, causal, dtype, arch })
     };
+    let dkdv = |dk, dv, dq| tiled(BwdKind::DkDv { dk, dv, dq }, dkdv_tile(hd, causal));
     let dq_atomic = !deterministic;
     let mut plan = vec![elementwise(BwdKind::Preprocess)];
     if dkdv_split(hd) {
@@ -216,18 +210,7 @@ pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, 
         plan.push(dkdv(true, true, dq_atomic));
     }
     if deterministic {
-        let (bm, bn, nw, st) = dq_tile(hd, causal);
-        plan.push(fit(AttnBwdConfig {
-            kind: BwdKind::Dq,
-            head_dim: hd,
-            block_m: bm,
-            block_n: bn,
-            num_warps: nw,
-            stages: st,
-            causal,
-            dtype,
-            arch,
-        }));
+        plan.push(tiled(BwdKind::Dq, dq_tile(hd, causal)));
     } else {
         plan.push(elementwise(BwdKind::ConvertDq));
     }
@@ -237,15 +220,11 @@ pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, 
 /// Every configuration `bwd_plan` can return for `arch`: what `precompile` builds.
 pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
-    for hd in (32..=256).step_by(32) {
-        for causal in [false, true] {
-            for deterministic in [false, true] {
-                for dtype in [DType::F16, DType::BF16] {
-                    for c in bwd_plan(hd, causal, deterministic, dtype, arch) {
-                        if !out.contains(&c) {
-                            out.push(c);
-                        }
-                    }
+    for (hd, causal, dtype) in production_points() {
+        for deterministic in [false, true] {
+            for c in bwd_plan(hd, causal, deterministic, dtype, arch) {
+                if !out.contains(&c) {
+                    out.push(c);
                 }
             }
         }
@@ -261,13 +240,7 @@ mod tests {
     fn every_production_config_fits_its_arch() {
         for arch in Arch::ALL {
             for c in bwd_production_configs(arch) {
-                assert!(
-                    c.smem_bytes() <= arch.max_smem_per_block(),
-                    "{} needs {} B on {:?}",
-                    c.name_expression(),
-                    c.smem_bytes(),
-                    arch
-                );
+                crate::tuning::attention::tests::assert_fits_smem(&c);
                 if let BwdKind::DkDv { .. } = c.kind {
                     assert_eq!(c.block_n % (16 * c.num_warps), 0, "{}", c.name_expression());
                 }

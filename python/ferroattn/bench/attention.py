@@ -240,6 +240,37 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
     return final, code
 
 
+def check_args(prog: str, args: argparse.Namespace, default_peers: Sequence[str],
+               grid_fn: Callable[..., Any]) -> tuple[int | None, list[str], list[str] | None]:
+    """What ``bench attention`` (forward: this module's grid; ``--backward``: attention_bwd's) checks
+    before it runs: --peers names (default ``default_peers``), then --dtypes / --head-dims /
+    --seqlens through ``grid_fn`` (before touching the GPU), then torch importable and a CUDA GPU.
+    Messages go to stderr, prefixed ``prog``. Returns (exit code: 2 bad arguments, 3 cannot run,
+    None to go on; peer names; dtypes or None for the default)."""
+    peers_text = args.peers if args.peers is not None else ",".join(default_peers)
+    peer_names = [x.strip() for x in peers_text.split(",") if x.strip()]
+    bad = [x for x in peer_names if x not in ("flash", "cudnn", "efficient", "math")]
+    if bad or not peer_names:
+        print(f"{prog}: --peers: expected names from flash,cudnn,efficient,math, got {bad or peers_text!r}",
+              file=sys.stderr)
+        return 2, peer_names, None
+    dtypes = [x.strip() for x in args.dtypes.split(",")] if args.dtypes else None
+    try:
+        grid_fn(args.quick, dtypes, args.head_dims, args.seqlens)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2, peer_names, dtypes
+    try:
+        import torch
+    except ImportError as e:
+        print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
+        return 3, peer_names, dtypes
+    if not torch.cuda.is_available():
+        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 3, peer_names, dtypes
+    return None, peer_names, dtypes
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", "attention") != "attention":
         print(f"ferroattn bench: unknown benchmark {args.bench_command!r}", file=sys.stderr)
@@ -248,29 +279,9 @@ def main_from_args(args: argparse.Namespace) -> int:
         print("ferroattn bench attention: --deterministic: only with --backward (the forward is always "
               "deterministic)", file=sys.stderr)
         return 2
-    peers_text = args.peers if args.peers is not None else ",".join(DEFAULT_PEERS)
-    peer_names = [x.strip() for x in peers_text.split(",") if x.strip()]
-    bad = [x for x in peer_names if x not in ("flash", "cudnn", "efficient", "math")]
-    if bad or not peer_names:
-        print(f"ferroattn bench attention: --peers: expected names from flash,cudnn,efficient,math, got "
-              f"{bad or peers_text!r}",
-              file=sys.stderr)
-        return 2
-    dtypes = [x.strip() for x in args.dtypes.split(",")] if args.dtypes else None
-    try:
-        grid(args.quick, dtypes, args.head_dims, args.seqlens)  # validate before touching the GPU
-    except ValueError as e:
-        print(f"ferroattn bench attention: {e}", file=sys.stderr)
-        return 2
-    try:
-        import torch
-    except ImportError as e:
-        print(f"ferroattn bench attention: cannot run: torch is not importable ({e})", file=sys.stderr)
-        return 3
-    if not torch.cuda.is_available():
-        print("ferroattn bench attention: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)",
-              file=sys.stderr)
-        return 3
+    code, peer_names, dtypes = check_args("ferroattn bench attention", args, DEFAULT_PEERS, grid)
+    if code is not None:
+        return code
     _, code = run(args.quick, args.out, dtypes, args.head_dims, args.seqlens, args.rep_ms,
                   args.time_budget_s, peer_names)
     return code

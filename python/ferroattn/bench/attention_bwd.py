@@ -36,7 +36,6 @@ point was skipped for a fatal error, 3 without a CUDA GPU.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -306,27 +305,10 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
 
 def main_from_args(args: argparse.Namespace) -> int:
     """``bench attention --backward``: validate the arguments (exit 2), check for a GPU (exit 3), run."""
-    prog = "ferroattn bench attention --backward"
-    peer_names = [x.strip() for x in args.peers.split(",") if x.strip()] if args.peers else list(DEFAULT_PEERS)
-    bad = [x for x in peer_names if x not in ("flash", "cudnn", "efficient", "math")]
-    if bad or not peer_names:
-        print(f"{prog}: --peers: expected names from flash,cudnn,efficient,math, got {bad or args.peers!r}",
-              file=sys.stderr)
-        return 2
-    dtypes = [x.strip() for x in args.dtypes.split(",")] if args.dtypes else None
-    try:
-        grid(args.quick, dtypes, args.head_dims, args.seqlens)  # validate before touching the GPU
-    except ValueError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 2
-    try:
-        import torch
-    except ImportError as e:
-        print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
-        return 3
-    if not torch.cuda.is_available():
-        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 3
+    code, peer_names, dtypes = attention.check_args("ferroattn bench attention --backward", args, DEFAULT_PEERS,
+                                                     grid)
+    if code is not None:
+        return code
     _, code = run(args.quick, args.out, dtypes, args.head_dims, args.seqlens, args.rep_ms,
                   args.time_budget_s, peer_names, deterministic=bool(getattr(args, "deterministic", False)))
     return code

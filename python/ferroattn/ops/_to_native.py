@@ -4,6 +4,8 @@ same way before and around a ``ferroattn._native`` call.
 - :func:`tensor_meta`: a tensor (real, fake or meta) as the ``TensorMeta`` tuple of ``_native.pyi``,
   for the metadata-only validations (``attn_fwd_check``, ``attn_bwd_check``) run by fake impls;
 - :func:`tile_aligned`: a tensor the kernels can read in place (16-byte rows), else a copy;
+- :func:`reject_forward_ad`: NotImplementedError when forward-mode AD tracks an input (neither op has
+  a jvp formula, and torch would otherwise drop the tangent silently);
 - :func:`launch`: detach the tensors (DLPack refuses tensors that require grad), switch to the
   tensor's CUDA device only when it is not the current one (torch exports CUDA tensors of the
   current device only), and call the native launcher with ``torch.cuda.current_stream(device)``
@@ -19,9 +21,10 @@ import contextlib
 from typing import Callable, Optional, Sequence
 
 import torch
+import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 
-__all__ = ["as_int", "tensor_meta", "tile_aligned", "launch"]
+__all__ = ["as_int", "tensor_meta", "tile_aligned", "launch", "reject_forward_ad"]
 
 # DLPack device types used in TensorMeta (DLPack spec: kDLCPU = 1, kDLCUDA = 2).
 _DL_CPU, _DL_CUDA = 1, 2
@@ -60,6 +63,35 @@ def tensor_meta(t: Optional[Tensor]):
     strides = tuple(as_int(s) for s in t.stride())
     dtype = str(t.dtype).removeprefix("torch.")
     return (shape, strides, dtype, device)
+
+
+def reject_forward_ad(op: str, tensors) -> None:
+    """Raise NotImplementedError when forward-mode AD (``torch.func.jvp`` / ``jacfwd``,
+    ``torch.autograd.forward_ad`` dual tensors) tracks one of ``tensors`` ((name, tensor) pairs).
+
+    Neither attention op has a forward-mode (jvp) formula, and torch's ``custom_op`` autograd
+    wrapper does not raise for dual tensors that do not also require grad: it runs the op and
+    *drops the tangent* (a silent zero / missing derivative). Costs one read of a module global
+    when no dual level is active. Where the tangent cannot be inspected (a vmap inside a jvp),
+    forward AD is rejected conservatively.
+
+    Limitation: the check sees the tensors the caller holds; ``torch.ops.ferroattn.attn_fwd``
+    called *directly* inside ``torch.func.jvp`` receives tensors already unwrapped by functorch,
+    whose tangents are invisible here (the flash_attn functions check before the op)."""
+    if _fwad._current_level < 0:
+        return
+    for name, t in tensors:
+        if t is None:
+            continue
+        try:
+            tangent = _fwad.unpack_dual(t).tangent
+        except RuntimeError:  # e.g. a vmap-batched tensor inside a jvp: cannot tell, refuse
+            tangent = t
+        if tangent is not None:
+            raise NotImplementedError(
+                f"{name}: expected a tensor without a forward-mode AD tangent ({op} has no jvp formula; "
+                f"use reverse mode: .backward() / torch.autograd.grad), got a dual tensor "
+                f"(torch.func.jvp / jacfwd / torch.autograd.forward_ad)")
 
 
 def tile_aligned(t: Tensor) -> Tensor:

@@ -38,11 +38,13 @@ from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 from ._to_native import as_int as _as_int
 from ._to_native import launch as _launch
+from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
 from ._to_native import tile_aligned as _tile_aligned
 
 __all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "check_varlen_values", "tensor_meta",
-           "attn_fwd_flops", "causal_pairs", "lse_shape", "rank_error", "positive_scale"]
+           "attn_fwd_flops", "causal_pairs", "lse_shape", "rank_error", "positive_scale", "check_softmax_scale",
+           "scale_is_zero"]
 
 #: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
 #: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
@@ -164,16 +166,41 @@ def check_varlen_values(q: Tensor, k: Tensor, cu_seqlens_q: Optional[Tensor], cu
             check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
 
 
+#: The smallest magnitude that rounds to inf in fp32 (fp32 max + half an ulp).
+_F32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
+#: The largest magnitude that rounds to 0 in fp32 (half the smallest subnormal; ties go to even, 0).
+_F32_UNDERFLOW = 2.0**-150
+
+
+def check_softmax_scale(softmax_scale) -> None:
+    """``softmax_scale`` must be finite in fp32 (the kernels take an fp32 scale: nan, ±inf and
+    1e300 are rejected here with the caller's value, before the mapping of :func:`positive_scale`
+    could change its sign). A symbolic scale (torch.SymFloat under dynamic shapes) is not read.
+    Raises :class:`~ferroattn.errors.ArgumentError`."""
+    if not isinstance(softmax_scale, (int, float)):
+        return
+    if not abs(softmax_scale) < _F32_OVERFLOW:  # also true for nan
+        raise ArgumentError(f"softmax_scale: expected a real number finite in float32, got {softmax_scale!r}")
+
+
+def scale_is_zero(softmax_scale: float) -> bool:
+    """True when ``softmax_scale`` is 0 in fp32 (|s| <= 2^-150), the precision the kernels use:
+    a tiny non-zero scale such as 1e-50 is treated as 0 (every score 0), as the kernels would."""
+    return abs(softmax_scale) <= _F32_UNDERFLOW
+
+
 def positive_scale(q: Tensor, softmax_scale: float) -> Tuple[Tensor, float]:
     """``(q', s')`` with ``s' > 0`` and ``s'·q'kᵀ == softmax_scale·qkᵀ`` exactly, for kernels that
     need a positive scale (they fold it into exp2 after a max over the raw scores):
-    ``(q, s)`` for s > 0, ``(−q, −s)`` for s < 0, ``(zeros_like(q), 1.0)`` for s == 0 (all scores 0).
-    Costs one copy of q when s <= 0. The backward maps its gradients accordingly
-    (:mod:`ferroattn.ops.attention_bwd`: dq = −dq' for s < 0, dq = 0 for s == 0)."""
+    ``(q, s)`` for s > 0, ``(−q, −s)`` for s < 0, ``(zeros_like(q), 1.0)`` for s == 0 in fp32
+    (:func:`scale_is_zero`: all scores 0; also 0 < |s| <= 2^-150, which fp32 rounds to 0 and the
+    backward launcher would reject). Costs one copy of q when s <= 0. The backward maps its
+    gradients accordingly (:mod:`ferroattn.ops.attention_bwd`: dq = −dq' for s < 0, dq = 0 for
+    s == 0)."""
+    if scale_is_zero(softmax_scale):
+        return torch.zeros_like(q), 1.0
     if softmax_scale > 0.0:
         return q, softmax_scale
-    if softmax_scale == 0.0:
-        return torch.zeros_like(q), 1.0
     return -q, -softmax_scale
 
 
@@ -210,12 +237,16 @@ def _attn_fwd_impl(
             or (h, total_q) varlen; +inf for a row that sees no key (its output is 0).
 
     Raises: the ferroattn.errors classes from the Rust validation (DTypeError, DeviceError,
-    ArgumentError, ...), ArgumentError from :func:`check_cu_seqlens_values`, CUDA/NVRTC errors.
+    ArgumentError, ...), ArgumentError from :func:`check_cu_seqlens_values`, CUDA/NVRTC errors;
+    ArgumentError for a softmax_scale not finite in fp32 (:func:`check_softmax_scale`);
+    NotImplementedError when forward-mode AD tracks an input (no jvp formula).
     """
+    _reject_forward_ad("ferroattn::attn_fwd", (("q", q), ("k", k), ("v", v)))
     lse_shape_ = lse_shape(q, cu_seqlens_q)
     if lse_shape_ is None:
         _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         raise rank_error(q, cu_seqlens_q)
+    check_softmax_scale(softmax_scale)
     out = torch.empty_like(q)
     softmax_lse = torch.empty(lse_shape_, dtype=torch.float32, device=q.device)
     check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -240,7 +271,12 @@ def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
     transforms, or autograd (grad mode on and an input requires grad: the op's autograd
     registration records the backward) -- and otherwise, in a plain eager call on plain CUDA
     tensors, through the op's implementation directly, which skips tens of µs of dispatcher and
-    autograd-wrapper overhead per call. Both routes run the same code."""
+    autograd-wrapper overhead per call. Both routes run the same code.
+
+    Forward-mode AD (torch.func.jvp / jacfwd, forward_ad dual tensors) raises NotImplementedError
+    naming the tracked input (:func:`ferroattn.ops._to_native.reject_forward_ad`), checked here on
+    the caller's tensors, where functorch's tangents are still visible."""
+    _reject_forward_ad("ferroattn::attn_fwd", (("q", q), ("k", k), ("v", v)))
     if (q.device.type == "cuda" and type(q) is Tensor
             and not torch.compiler.is_compiling()
             and torch._C._len_torch_dispatch_stack() == 0
@@ -256,11 +292,13 @@ def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
 @attn_fwd.register_fake
 def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                    deterministic=False):
+    _reject_forward_ad("ferroattn::attn_fwd", (("q", q), ("k", k), ("v", v)))
     # Same validation as the real op, from metadata (works for fake and meta tensors).
     _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     lse_shape_ = lse_shape(q, cu_seqlens_q)
     if lse_shape_ is None:
         raise rank_error(q, cu_seqlens_q)
+    check_softmax_scale(softmax_scale)
     out = torch.empty_like(q)
     softmax_lse = q.new_empty(lse_shape_, dtype=torch.float32)
     return out, softmax_lse
@@ -285,6 +323,8 @@ def _backward(ctx, grad_out, grad_lse):
     flash_attn ignores it: the LSE output is treated as a constant (a loss on softmax_lse alone
     gives zero gradients)."""
     q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    # forward-over-reverse (a dual grad_out): attn_bwd has no jvp formula either
+    _reject_forward_ad("ferroattn::attn_bwd", (("dout", grad_out),))
     dq, dk, dv = torch.ops.ferroattn.attn_bwd(
         grad_out, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
         ctx.softmax_scale, ctx.causal, ctx.deterministic)

@@ -37,8 +37,9 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
-from ._to_native import as_int, launch, tensor_meta, tile_aligned
-from .attention import attn_fwd_flops, check_varlen_values, lse_shape, positive_scale, rank_error
+from ._to_native import as_int, launch, reject_forward_ad, tensor_meta, tile_aligned
+from .attention import (attn_fwd_flops, check_softmax_scale, check_varlen_values, lse_shape, positive_scale,
+                        rank_error, scale_is_zero)
 
 __all__ = ["attn_bwd", "attn_bwd_flops"]
 
@@ -55,8 +56,15 @@ def _check_meta(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max
 def _readable(t: Tensor) -> Tensor:
     """A tensor whose last dim the kernels can read: copied when ``stride(-1) != 1`` (e.g. the
     expanded ``ones`` that ``out.sum().backward()`` passes as ``dout``, whose strides are all 0), as
-    flash_attn's ``maybe_contiguous`` does. Works on fake tensors (no data pointer read)."""
-    return t.contiguous() if t.dim() > 0 and t.stride(-1) != 1 else t
+    flash_attn's ``maybe_contiguous`` does. An *empty* such tensor (the ``sum()`` gradient of an
+    empty batch or s_q = 0) is replaced by a fresh contiguous one: ``contiguous()`` returns an
+    empty tensor unchanged, strides 0 included, which the validation would reject. Works on fake
+    tensors (no data pointer read)."""
+    if t.dim() == 0 or t.stride(-1) == 1:
+        return t
+    if t.numel() == 0:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return t.contiguous()
 
 
 def _attn_bwd_impl(
@@ -85,7 +93,7 @@ def _attn_bwd_impl(
         softmax_lse: the forward's fp32 LSE, (b, h, s_q) padded or (h, total_q) varlen.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: as given to the forward.
         softmax_scale: as given to the forward (any finite value; the forward's mapping of
-            s <= 0 is mirrored: s < 0 runs with (−q, −s) and negates dq, s == 0 runs with
+            s <= 0 is mirrored: s < 0 runs with (−q, −s) and negates dq, s == 0 (in fp32) runs with
             (0, 1) and returns dq = 0, which are the exact gradients).
         deterministic: True -> kernels without atomics, bitwise identical results across runs;
             False -> dQ accumulated with fp32 atomics (faster; last bits may vary).
@@ -99,12 +107,16 @@ def _attn_bwd_impl(
 
     Raises: the ferroattn.errors classes from the Rust validation (DTypeError, DeviceError,
     ArgumentError naming the argument), ArgumentError from the cu_seqlens value check,
-    CUDA/NVRTC errors.
+    CUDA/NVRTC errors;
+    ArgumentError for a softmax_scale not finite in fp32; NotImplementedError when forward-mode AD
+    tracks an input (no jvp formula).
     """
+    reject_forward_ad("ferroattn::attn_bwd", (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)))
     lse_shape_ = lse_shape(q, cu_seqlens_q)
     if lse_shape_ is None:
         _check_meta(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         raise rank_error(q, cu_seqlens_q)
+    check_softmax_scale(softmax_scale)
     varlen = cu_seqlens_q is not None
     alloc = torch.zeros_like if varlen else torch.empty_like
     dq, dk, dv = alloc(q), alloc(k), alloc(v)
@@ -120,8 +132,8 @@ def _attn_bwd_impl(
            (max_seqlen_q, max_seqlen_k, scale_run, causal, deterministic),
            lambda: _check_meta(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k))
-    if softmax_scale == 0.0:
-        dq.zero_()  # the scores do not depend on q: its gradient is exactly 0
+    if scale_is_zero(softmax_scale):
+        dq.zero_()  # the scores do not depend on q (0 in fp32): its gradient is 0
     elif softmax_scale < 0.0:
         dq.neg_()  # the kernel differentiated with respect to −q
     return dq, dk, dv
@@ -133,11 +145,13 @@ attn_bwd = torch.library.custom_op("ferroattn::attn_bwd", mutates_args=())(_attn
 @attn_bwd.register_fake
 def _attn_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    softmax_scale, causal, deterministic):
+    reject_forward_ad("ferroattn::attn_bwd", (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)))
     # Same validation as the real op, from metadata, on the layouts the real op hands to Rust.
     _check_meta(_readable(dout), q, k, v, out, softmax_lse.contiguous(), cu_seqlens_q, cu_seqlens_k,
                 max_seqlen_q, max_seqlen_k)
     if lse_shape(q, cu_seqlens_q) is None:
         raise rank_error(q, cu_seqlens_q)
+    check_softmax_scale(softmax_scale)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -1,14 +1,7 @@
 use super::*;
 use crate::tensor::Device;
 
-fn t(shape: &[i64], dtype: DType) -> TensorMeta {
-    TensorMeta {
-        shape: shape.to_vec(),
-        strides: TensorMeta::contiguous_strides(shape),
-        dtype,
-        device: Device::cuda(0),
-    }
-}
+use crate::ops::test_support::{check_err, header_fields, t};
 
 struct Call {
     q: TensorMeta,
@@ -66,21 +59,8 @@ impl Call {
     }
 }
 
-/// The error must be of `kind`, and its message name `arg` and contain every `parts`.
 fn expect_err(c: &Call, kind: &str, arg: &str, parts: &[&str]) {
-    let e = c.run().expect_err("expected an error");
-    let got_kind = match &e {
-        Error::Argument { .. } => "Argument",
-        Error::DType { .. } => "DType",
-        Error::Device { .. } => "Device",
-        _ => "other",
-    };
-    let msg = e.to_string();
-    assert_eq!(got_kind, kind, "{msg}");
-    assert!(msg.starts_with(&format!("{arg}: ")), "{msg}");
-    for p in parts {
-        assert!(msg.contains(p), "{msg:?} lacks {p:?}");
-    }
+    check_err(c.run(), kind, arg, parts);
 }
 
 #[test]
@@ -100,18 +80,7 @@ fn params_layout_matches_header() {
     assert_eq!(size_of::<AttnFwdParams>(), 208);
     assert_eq!(align_of::<AttnFwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
-    let header = crate::jit::sources::get("attention/params.cuh").unwrap();
-    let body = &header[header.find("struct AttnFwdParams").unwrap()..];
-    let names: Vec<&str> = body
-        .lines()
-        .map(|l| l.split("//").next().unwrap().trim())
-        .filter(|l| l.ends_with(';') && !l.starts_with('}'))
-        .flat_map(|l| {
-            l.trim_end_matches(';')
-                .split(',')
-                .map(|f| f.split_whitespace().last().unwrap().trim_start_matches('*'))
-        })
-        .collect();
+    let names = header_fields("attention/params.cuh", "AttnFwdParams");
     assert_eq!(names.len(), 31, "{names:?}");
     assert_eq!(names.first(), Some(&"q"));
     assert_eq!(names.last(), Some(&"total_k"));
@@ -119,19 +88,7 @@ fn params_layout_matches_header() {
 
 #[test]
 fn params_layout_matches_nvrtc() {
-    // NVRTC has no offsetof; size and alignment are checked against the real header here,
-    // field names/order by params_layout_matches_header, offsets by the C layout rules above.
-    let Some(arch) = crate::jit::nvrtc::tests::toolchain() else {
-        return;
-    };
-    let src = format!(
-        "#include \"attention/params.cuh\"\nstatic_assert(sizeof(AttnFwdParams) == {}, \"size\");\n\
-         static_assert(alignof(AttnFwdParams) == {}, \"align\");\n__global__ void probe(AttnFwdParams p) {{}}\n",
-        std::mem::size_of::<AttnFwdParams>(),
-        std::mem::align_of::<AttnFwdParams>()
-    );
-    let opts = crate::jit::nvrtc::options(arch).unwrap();
-    crate::jit::nvrtc::compile(&src, "probe", &opts, arch.name()).unwrap();
+    crate::ops::test_support::check_layout_with_nvrtc::<AttnFwdParams>("attention/params.cuh", "AttnFwdParams");
 }
 
 #[test]

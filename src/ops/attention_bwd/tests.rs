@@ -2,14 +2,7 @@ use super::*;
 use crate::tensor::Device;
 use crate::tuning::attention_bwd::BwdKind;
 
-fn t(shape: &[i64], dtype: DType) -> TensorMeta {
-    TensorMeta {
-        shape: shape.to_vec(),
-        strides: TensorMeta::contiguous_strides(shape),
-        dtype,
-        device: Device::cuda(0),
-    }
-}
+use crate::ops::test_support::{check_err, header_fields, t};
 
 /// One backward call's metadata; every tensor contiguous on cuda:0.
 #[derive(Clone)]
@@ -138,8 +131,9 @@ impl Call {
         v
     }
 
-    fn launch(&self, views: &[TensorView], scale: f32) -> Result<()> {
-        let tensors = BwdTensors {
+    /// The tensors of `views` (as made by `views()`): the optional ones where this call has them.
+    fn tensors<'a>(&self, views: &'a [TensorView]) -> BwdTensors<'a> {
+        BwdTensors {
             dout: &views[0],
             q: &views[1],
             k: &views[2],
@@ -153,9 +147,12 @@ impl Call {
             dq_accum: self.dq_accum.as_ref().map(|_| &views[10]),
             cu_seqlens_q: self.cq.as_ref().map(|_| &views[11]),
             cu_seqlens_k: self.ck.as_ref().map(|_| &views[12]),
-        };
+        }
+    }
+
+    fn launch(&self, views: &[TensorView], scale: f32) -> Result<()> {
         attn_bwd(
-            &tensors,
+            &self.tensors(views),
             self.mq,
             self.mk,
             scale,
@@ -163,27 +160,6 @@ impl Call {
             self.deterministic,
             0,
         )
-    }
-}
-
-fn kind_of(e: &Error) -> &'static str {
-    match e {
-        Error::Argument { .. } => "Argument",
-        Error::DType { .. } => "DType",
-        Error::Device { .. } => "Device",
-        Error::NoDevice(_) => "NoDevice",
-        _ => "other",
-    }
-}
-
-/// The error must be of `kind`, and its message name `arg` and contain every `parts`.
-fn check_err(r: Result<impl std::fmt::Debug>, kind: &str, arg: &str, parts: &[&str]) {
-    let e = r.expect_err("expected an error");
-    let msg = e.to_string();
-    assert_eq!(kind_of(&e), kind, "{msg}");
-    assert!(msg.starts_with(&format!("{arg}: ")), "{msg}");
-    for p in parts {
-        assert!(msg.contains(p), "{msg:?} lacks {p:?}");
     }
 }
 
@@ -212,19 +188,7 @@ fn params_layout_matches_header() {
     assert_eq!(size_of::<AttnBwdParams>(), 376);
     assert_eq!(align_of::<AttnBwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
-    let header = crate::jit::sources::get("attention/bwd_params.cuh").unwrap();
-    let start = header.find("struct AttnBwdParams").unwrap();
-    let body = &header[start..start + header[start..].find("};").unwrap()];
-    let names: Vec<&str> = body
-        .lines()
-        .map(|l| l.split("//").next().unwrap().trim())
-        .filter(|l| l.ends_with(';'))
-        .flat_map(|l| {
-            l.trim_end_matches(';')
-                .split(',')
-                .map(|f| f.split_whitespace().last().unwrap().trim_start_matches('*'))
-        })
-        .collect();
+    let names = header_fields("attention/bwd_params.cuh", "AttnBwdParams");
     let want = [
         "fwd",
         "dout",
@@ -254,19 +218,7 @@ fn params_layout_matches_header() {
 
 #[test]
 fn params_layout_matches_nvrtc() {
-    let Some(arch) = crate::jit::nvrtc::tests::toolchain() else {
-        return;
-    };
-    let src = format!(
-        "#include \"attention/bwd_params.cuh\"\n\
-         static_assert(sizeof(AttnBwdParams) == {}, \"size\");\n\
-         static_assert(alignof(AttnBwdParams) == {}, \"align\");\n\
-         __global__ void probe(AttnBwdParams p) {{}}\n",
-        std::mem::size_of::<AttnBwdParams>(),
-        std::mem::align_of::<AttnBwdParams>()
-    );
-    let opts = crate::jit::nvrtc::options(arch).unwrap();
-    crate::jit::nvrtc::compile(&src, "probe", &opts, arch.name()).unwrap();
+    crate::ops::test_support::check_layout_with_nvrtc::<AttnBwdParams>("attention/bwd_params.cuh", "AttnBwdParams");
 }
 
 #[test]
@@ -617,26 +569,24 @@ fn plan_launch_shapes() {
     assert!(shapes.iter().any(|(_, s)| s.check().is_err()));
 }
 
+/// (batch, row, head) strides of dout, dq, dk, dv and dq_accum, in that order.
+fn grad_strides(p: &AttnBwdParams) -> [(i64, i64, i64); 5] {
+    [
+        (p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+        (p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
+        (p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
+        (p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
+        (p.dqa_batch_stride, p.dqa_row_stride, p.dqa_head_stride),
+    ]
+}
+
 #[test]
 fn params_values() {
     let c = Call::padded(3, 200, 50, 8, 2, 80);
     let p = c.run().unwrap();
     let views = c.views();
-    let tensors = BwdTensors {
-        dout: &views[0],
-        q: &views[1],
-        k: &views[2],
-        v: &views[3],
-        out: &views[4],
-        softmax_lse: &views[5],
-        dq: &views[6],
-        dk: &views[7],
-        dv: &views[8],
-        softmax_d: &views[9],
-        dq_accum: Some(&views[10]),
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-    };
+    let tensors = c.tensors(&views);
+    assert!(tensors.dq_accum.is_some() && tensors.cu_seqlens_q.is_none());
     let prm = params(&p, &tensors, tensors.workspace(false), 0.125);
     assert_eq!(prm.fwd.q as u64, views[1].ptr);
     assert_eq!(
@@ -677,40 +627,13 @@ fn params_values() {
     let q_strides = (200 * 8 * 80, 8 * 80, 80);
     let k_strides = (50 * 2 * 80, 2 * 80, 80);
     assert_eq!(
-        (prm.do_batch_stride, prm.do_row_stride, prm.do_head_stride),
-        q_strides
-    );
-    assert_eq!(
-        (prm.dq_batch_stride, prm.dq_row_stride, prm.dq_head_stride),
-        q_strides
-    );
-    assert_eq!(
-        (prm.dk_batch_stride, prm.dk_row_stride, prm.dk_head_stride),
-        k_strides
-    );
-    assert_eq!(
-        (prm.dv_batch_stride, prm.dv_row_stride, prm.dv_head_stride),
-        k_strides
-    );
-    assert_eq!(
-        (
-            prm.dqa_batch_stride,
-            prm.dqa_row_stride,
-            prm.dqa_head_stride
-        ),
-        q_strides
+        grad_strides(&prm),
+        [q_strides, q_strides, k_strides, k_strides, q_strides]
     );
     // deterministic: no workspace
     let prm = params(&p, &tensors, tensors.workspace(true), 0.125);
     assert!(prm.dq_accum.is_null());
-    assert_eq!(
-        (
-            prm.dqa_batch_stride,
-            prm.dqa_row_stride,
-            prm.dqa_head_stride
-        ),
-        (0, 0, 0)
-    );
+    assert_eq!(grad_strides(&prm)[4], (0, 0, 0));
 
     // varlen: no batch strides; each tensor's own strides
     let mut c = Call::varlen(2, 10, 12, 4, 2, 64);
@@ -718,37 +641,13 @@ fn params_values() {
     c.dk.strides = vec![2 * 64 * 3, 64, 1];
     let p = c.run().unwrap();
     let views = c.views();
-    let tensors = BwdTensors {
-        dout: &views[0],
-        q: &views[1],
-        k: &views[2],
-        v: &views[3],
-        out: &views[4],
-        softmax_lse: &views[5],
-        dq: &views[6],
-        dk: &views[7],
-        dv: &views[8],
-        softmax_d: &views[9],
-        dq_accum: Some(&views[10]),
-        cu_seqlens_q: Some(&views[11]),
-        cu_seqlens_k: Some(&views[12]),
-    };
+    let tensors = c.tensors(&views);
+    assert!(tensors.dq_accum.is_some() && tensors.cu_seqlens_k.is_some());
     let prm = params(&p, &tensors, tensors.workspace(false), 1.0);
+    let [do_s, _, dk_s, _, dqa_s] = grad_strides(&prm);
     assert_eq!(
-        (prm.do_batch_stride, prm.do_row_stride, prm.do_head_stride),
-        (0, 4 * 72, 72)
-    );
-    assert_eq!(
-        (prm.dk_batch_stride, prm.dk_row_stride, prm.dk_head_stride),
-        (0, 2 * 64 * 3, 64)
-    );
-    assert_eq!(
-        (
-            prm.dqa_batch_stride,
-            prm.dqa_row_stride,
-            prm.dqa_head_stride
-        ),
-        (0, 4 * 64, 64)
+        [do_s, dk_s, dqa_s],
+        [(0, 4 * 72, 72), (0, 2 * 64 * 3, 64), (0, 4 * 64, 64)]
     );
     assert_eq!(
         (prm.fwd.cu_seqlens_q as u64, prm.fwd.cu_seqlens_k as u64),
@@ -804,68 +703,22 @@ fn attn_bwd_without_gpu_fails_cleanly_after_validation() {
 #[test]
 fn pointer_checks_before_any_device_access() {
     let c = Call::padded(1, 4, 4, 2, 2, 64);
-    // NULL output
-    let mut views = c.views();
-    views[7].ptr = 0;
-    check_err(
-        c.launch(&views, 0.125),
-        "Argument",
-        "dk",
-        &["non-NULL", "NULL"],
-    );
-    // misaligned dq / dout
-    let mut views = c.views();
-    views[6].ptr += 8;
-    check_err(
-        c.launch(&views, 0.125),
-        "Argument",
-        "dq",
-        &["16-byte aligned data pointer"],
-    );
-    let mut views = c.views();
-    views[0].ptr += 2;
-    check_err(
-        c.launch(&views, 0.125),
-        "Argument",
-        "dout",
-        &["16-byte aligned"],
-    );
-    // dq written over q (in place)
-    let mut views = c.views();
-    views[6].ptr = views[1].ptr;
-    check_err(
-        c.launch(&views, 0.125),
-        "Argument",
-        "dq",
-        &["does not overlap q", "overlapping q"],
-    );
-    // dk and dv the same memory
-    let mut views = c.views();
-    views[8].ptr = views[7].ptr;
-    check_err(
-        c.launch(&views, 0.125),
-        "Argument",
-        "dk",
-        &["does not overlap dv"],
-    );
-    // softmax_d over softmax_lse
-    let mut views = c.views();
-    views[9].ptr = views[5].ptr + 4;
-    check_err(
-        c.launch(&views, 0.125),
-        "Argument",
-        "softmax_d",
-        &["does not overlap softmax_lse"],
-    );
-    // dq_accum overlapping dq
-    let mut views = c.views();
-    views[10].ptr = views[6].ptr + 256;
-    check_err(
-        c.launch(&views, 0.125),
-        "Argument",
-        "dq",
-        &["does not overlap dq_accum"],
-    );
+    // (slot edited, its new pointer from the valid views, argument named, message parts)
+    type Edit = (usize, fn(&[TensorView]) -> u64, &'static str, &'static [&'static str]);
+    let edits: [Edit; 7] = [
+        (7, |_| 0, "dk", &["non-NULL", "NULL"]), // NULL output
+        (6, |v| v[6].ptr + 8, "dq", &["16-byte aligned data pointer"]), // misaligned dq
+        (0, |v| v[0].ptr + 2, "dout", &["16-byte aligned"]), // misaligned dout
+        (6, |v| v[1].ptr, "dq", &["does not overlap q", "overlapping q"]), // dq over q (in place)
+        (8, |v| v[7].ptr, "dk", &["does not overlap dv"]), // dk and dv the same memory
+        (9, |v| v[5].ptr + 4, "softmax_d", &["does not overlap softmax_lse"]),
+        (10, |v| v[6].ptr + 256, "dq", &["does not overlap dq_accum"]), // dq_accum overlapping dq
+    ];
+    for (slot, ptr, arg, parts) in edits {
+        let mut views = c.views();
+        views[slot].ptr = ptr(&views);
+        check_err(c.launch(&views, 0.125), "Argument", arg, parts);
+    }
     // deterministic: dq_accum is ignored, whatever it points at
     let mut d = c.clone();
     d.deterministic = true;
