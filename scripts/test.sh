@@ -7,7 +7,11 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH" VIRTUAL_ENV="$PWD/.venv"
 export PYO3_PYTHON="$PWD/.venv/bin/python"
 # NVRTC is loaded from the pip wheels; precompile writes to a throw-away cache.
-export FERROATTN_CACHE_DIR="${FERROATTN_CACHE_DIR:-$(mktemp -d)}"
+if [ -z "${FERROATTN_CACHE_DIR:-}" ]; then
+    FERROATTN_CACHE_DIR=$(mktemp -d)
+    trap 'rm -rf "$FERROATTN_CACHE_DIR"' EXIT
+fi
+export FERROATTN_CACHE_DIR
 # The Rust NVRTC tests compile real kernels against the headers of the nvidia-cuda-runtime wheel.
 export FERROATTN_TEST_CUDA_INCLUDE="$(python -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))')"
 echo "== cargo test =="
