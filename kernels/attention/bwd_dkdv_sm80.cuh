@@ -458,8 +458,17 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     auto dq_phase = [&](int hq, int m_start, int rows_q, unsigned ds_off) {
         {
             constexpr int kQT = BlockM / 16;                                 // m16 query tiles
-            constexpr int kDqSplit = NumWarps >= kQT ? NumWarps / kQT : 1;   // warps per query tile
-            constexpr int kQTPerWarp = NumWarps >= kQT ? 1 : kQT / NumWarps;
+#ifdef FERROATTN_BWD_DQ_QT2
+            // experiments only: a warp takes 2 query m16 tiles (sharing each K fragment) and
+            // half the columns, where the warps still cover every column with >= 16 each.
+            constexpr int kQG = (NumWarps >= kQT && kQT % 2 == 0 && HeadDim <= 128
+                                 && HeadDim / (NumWarps / (kQT / 2)) >= 16) ? 2 : 1;
+#else
+            constexpr int kQG = 1;                                           // m16 query tiles per warp group
+#endif
+            constexpr int kQGroups = kQT / kQG;
+            constexpr int kDqSplit = NumWarps >= kQGroups ? NumWarps / kQGroups : 1;   // warps per query group
+            constexpr int kQTPerWarp = NumWarps >= kQGroups ? 1 : kQGroups / NumWarps;
             constexpr int kDqCols = HeadDim / kDqSplit;                      // columns per warp
             static_assert(kDqCols % 16 == 0, "dQ column split must give multiples of 16 columns");
             constexpr int kDqChunk = (kDqCols <= 64) ? kDqCols
@@ -470,7 +479,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
 #else
             constexpr int kDqUnroll = HeadDim <= 128 ? BlockN / 16 : 1;
 #endif
-            const int dq_col0 = kDqSplit == 1 ? 0 : (warp / kQT) * kDqCols;
+            const int dq_col0 = kDqSplit == 1 ? 0 : (warp / kQGroups) * kDqCols;
             float* gdQ = params.dq_accum
                 + attn_bwd_detail::slice_off<true>(sq, batch, hq, params.dqa_batch_stride,
                                                    params.dqa_row_stride, params.dqa_head_stride)
@@ -478,24 +487,37 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             // A operand (dS, 16 queries x 16 keys) from the stored dS^T, .trans: key row
             // (lane%8) + 8*(lane/16), query chunk 2*qt + (lane/8)%2.
             const int arow = (lane % 8) + 8 * (lane / 16);
+#ifdef FERROATTN_BWD_DQ_NORED
+            // experiments only (timing): the dQ product without its reductions; the condition is
+            // never true at run time but keeps the product alive.
+            const bool kRedOn = params.dqa_head_stride == -123456789LL;
+#else
+            constexpr bool kRedOn = true;
+#endif
 #pragma unroll
             for (int qi = 0; qi < kQTPerWarp; ++qi) {
-                const int qt = NumWarps >= kQT ? warp % kQT : warp + qi * NumWarps;
-                const unsigned a_addr = smem0 + ds_off + arow * kDsRowBytes
-                    + (swizzle_chunk<BlockM / 8>(arow, 2 * qt + (lane / 8) % 2) << 4);
+                const int qg = NumWarps >= kQGroups ? warp % kQGroups : warp + qi * NumWarps;
+                unsigned a_addr[kQG];
+#pragma unroll
+                for (int u = 0; u < kQG; ++u)
+                    a_addr[u] = smem0 + ds_off + arow * kDsRowBytes
+                        + (swizzle_chunk<BlockM / 8>(arow, 2 * (qg * kQG + u) + (lane / 8) % 2) << 4);
 #pragma unroll
                 for (int c0 = 0; c0 < kDqCols; c0 += kDqChunk) {
-                    float acc_q[kDqChunk / 8][4];
+                    float acc_q[kQG][kDqChunk / 8][4];
+#pragma unroll
+                    for (int u = 0; u < kQG; ++u)
 #pragma unroll
                     for (int nt = 0; nt < kDqChunk / 8; ++nt)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) acc_q[nt][e] = 0.f;
+                        for (int e = 0; e < 4; ++e) acc_q[u][nt][e] = 0.f;
                     // Unrolled (ldmatrix of key step ks+1 overlaps the mma of ks) where the
                     // registers allow it: head dims <= 128; the larger ones spill unrolled.
 #pragma unroll (kDqUnroll)
                     for (int ks = 0; ks < BlockN / 16; ++ks) {
-                        unsigned a[4];
-                        ldmatrix_x4_trans(a, a_addr + ks * 16 * kDsRowBytes);
+                        unsigned a[kQG][4];
+#pragma unroll
+                        for (int u = 0; u < kQG; ++u) ldmatrix_x4_trans(a[u], a_addr[u] + ks * 16 * kDsRowBytes);
 #pragma unroll
                         for (int j = 0; j < kDqChunk / 16; ++j) {
                             // B operand (K rows ks*16 .. +15, columns dq_col0 + c0 + 16j ..), .trans.
@@ -512,10 +534,16 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                             }
                             unsigned b[4];
                             ldmatrix_x4_trans(b, addr);
-                            mma_m16n8k16<T>(acc_q[2 * j], a, b[0], b[1]);
-                            mma_m16n8k16<T>(acc_q[2 * j + 1], a, b[2], b[3]);
+#pragma unroll
+                            for (int u = 0; u < kQG; ++u) {
+                                mma_m16n8k16<T>(acc_q[u][2 * j], a[u], b[0], b[1]);
+                                mma_m16n8k16<T>(acc_q[u][2 * j + 1], a[u], b[2], b[3]);
+                            }
                         }
                     }
+#pragma unroll
+                    for (int u = 0; u < kQG; ++u) {
+                    const int qt = qg * kQG + u;
 #pragma unroll
                     for (int nt = 0; nt < kDqChunk / 8; ++nt) {
                         const int col = dq_col0 + c0 + nt * 8;   // n8 tile: all or no columns < head_dim
@@ -524,29 +552,30 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                         // Lane pair (t, t^1) exchanges halves: even t adds row g, columns
                         // 4*(t/2) .. +3; odd t adds row g+8, the same columns.
                         const bool odd = (t & 1) != 0;
-                        const float s0 = odd ? acc_q[nt][0] : acc_q[nt][2];
-                        const float s1 = odd ? acc_q[nt][1] : acc_q[nt][3];
+                        const float s0 = odd ? acc_q[u][nt][0] : acc_q[u][nt][2];
+                        const float s1 = odd ? acc_q[u][nt][1] : acc_q[u][nt][3];
                         const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
                         const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
                         const int row = qt * 16 + g + (odd ? 8 : 0);
-                        if (col_ok && row < rows_q) {
+                        if (col_ok && row < rows_q && kRedOn) {
                             float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
                                      + col + 4 * (t >> 1);
-                            if (odd) attn_bwd_detail::red_add_v4_f32(p, r0, r1, acc_q[nt][2], acc_q[nt][3]);
-                            else     attn_bwd_detail::red_add_v4_f32(p, acc_q[nt][0], acc_q[nt][1], r0, r1);
+                            if (odd) attn_bwd_detail::red_add_v4_f32(p, r0, r1, acc_q[u][nt][2], acc_q[u][nt][3]);
+                            else     attn_bwd_detail::red_add_v4_f32(p, acc_q[u][nt][0], acc_q[u][nt][1], r0, r1);
                         }
 #else
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const int row = qt * 16 + g + 8 * h;
-                            if (col_ok && row < rows_q) {
+                            if (col_ok && row < rows_q && kRedOn) {
                                 float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
                                          + col + 2 * t;
-                                attn_bwd_detail::red_add_f32(p, acc_q[nt][2 * h]);
-                                attn_bwd_detail::red_add_f32(p + 1, acc_q[nt][2 * h + 1]);
+                                attn_bwd_detail::red_add_f32(p, acc_q[u][nt][2 * h]);
+                                attn_bwd_detail::red_add_f32(p + 1, acc_q[u][nt][2 * h + 1]);
                             }
                         }
 #endif
+                    }
                     }
                 }
             }
