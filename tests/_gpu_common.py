@@ -1,5 +1,6 @@
-"""Shared by the GPU test files (test_gpu.py, test_gpu_backward.py, test_gpu_adversarial.py): the
-device they run on, the dtypes they cover, the LSE tolerance and a random-input factory."""
+"""Shared by the GPU test files (test_gpu.py, test_gpu_backward.py, test_gpu_adversarial.py,
+test_gpu_adversarial_bwd.py): the device they run on, the dtypes they cover, the LSE tolerance,
+random-input factories, the gradient check and the transformers setup."""
 from __future__ import annotations
 
 import torch
@@ -24,3 +25,37 @@ def assert_lse_close(lse, ref_lse):
     finite = ref_lse[torch.isfinite(ref_lse)]
     scale = 1.0 + (float(finite.abs().max()) if finite.numel() else 0.0)
     assert max_abs_diff(lse, ref_lse) <= LSE_ATOL * scale
+
+
+def rand_leaf(*shape, dtype=BF16, grad=True):
+    """``rand`` that requires grad unless ``grad`` is False (the backward tests' inputs)."""
+    return rand(*shape, dtype=dtype, grad=grad)
+
+
+def check_grads(got, q, k, v, dout, causal, scale=None, cu_q=None, cu_k=None):
+    """got = (dq, dk, dv): shapes and dtypes of q, k, v, finite, and within the pass rule
+    (:func:`ferroattn.testing.assert_close_to_ref`, factor 3) against the fp32 reference."""
+    from ferroattn.testing import assert_close_to_ref, attention_grads_ref
+
+    refs = attention_grads_ref(q, k, v, dout, causal, scale, cu_q, cu_k)
+    refs_lp = attention_grads_ref(q, k, v, dout, causal, scale, cu_q, cu_k, upcast=False)
+    for name, g, r, r_lp, x in zip("qkv", got, refs, refs_lp, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        assert torch.isfinite(g).all(), f"d{name} is not finite"
+        assert_close_to_ref(g, r, r_lp, factor=3.0, name=f"d{name}")
+
+
+def llama_transformers():
+    """The transformers module (the test is skipped without it), offline, with
+    attn_implementation="ferroattn" registered; seeds torch with 0 for the model's weights."""
+    import os
+
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ferroattn.integrations.transformers import register
+
+    register()
+    torch.manual_seed(0)
+    return transformers

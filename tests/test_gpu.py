@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ from ferroattn.testing import (
     random_cu_seqlens,
 )
 
-from _gpu_common import BF16, DEV, DTYPES, LSE_ATOL, assert_lse_close
+from _gpu_common import BF16, DEV, DTYPES, LSE_ATOL, assert_lse_close, llama_transformers
 from _gpu_common import rand as _rand
 
 pytestmark = pytest.mark.gpu
@@ -334,12 +333,7 @@ def test_other_gpu():
 
 # ---- transformers -------------------------------------------------------------------------
 def test_tiny_llama_matches_sdpa():
-    transformers = pytest.importorskip("transformers")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ferroattn.integrations.transformers import register
-
-    register()
-    torch.manual_seed(0)
+    transformers = llama_transformers()
     kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256)
     ours = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw, attn_implementation="ferroattn"))

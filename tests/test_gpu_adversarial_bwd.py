@@ -19,26 +19,13 @@ import torch
 from ferroattn import _native, errors
 from ferroattn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 from ferroattn.ops import attention as fwd_mod
-from ferroattn.testing import assert_close_to_ref, attention_grads_ref, random_cu_seqlens
+from ferroattn.testing import attention_grads_ref, random_cu_seqlens
+
+from _gpu_common import BF16, DEV
+from _gpu_common import check_grads as _check_grads
+from _gpu_common import rand_leaf as _rand
 
 pytestmark = pytest.mark.gpu
-
-BF16, FP16 = torch.bfloat16, torch.float16
-DEV = "cuda"
-
-
-def _rand(*shape, dtype=BF16, grad=True):
-    return torch.randn(*shape, dtype=dtype, device=DEV).requires_grad_(grad)
-
-
-def _check_grads(got, q, k, v, dout, causal, scale=None, cu_q=None, cu_k=None):
-    refs = attention_grads_ref(q, k, v, dout, causal, scale, cu_q, cu_k)
-    refs_lp = attention_grads_ref(q, k, v, dout, causal, scale, cu_q, cu_k, upcast=False)
-    for name, g, r, r_lp, x in zip("qkv", got, refs, refs_lp, (q, k, v)):
-        assert g.shape == x.shape and g.dtype == x.dtype, name
-        assert torch.isfinite(g).all(), f"d{name} is not finite"
-        assert_close_to_ref(g, r, r_lp, factor=3.0, name=f"d{name}")
-
 
 def _valid_backward_ok():
     """A valid forward + backward after a rejected call: right gradients, no sticky error."""

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
-
 import pytest
 import torch
 
@@ -28,26 +26,14 @@ from ferroattn.flash_attn_interface import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
-from ferroattn.testing import assert_close_to_ref, attention_grads_ref, random_cu_seqlens
+from ferroattn.testing import random_cu_seqlens
 
-from _gpu_common import BF16, DEV, DTYPES, FP16, rand
+from _gpu_common import BF16, DEV, DTYPES, FP16, llama_transformers
+from _gpu_common import check_grads as _check_grads
+from _gpu_common import rand_leaf as _rand
 
 pytestmark = pytest.mark.gpu
 
-
-
-def _rand(*shape, dtype=BF16, grad=True):
-    return rand(*shape, dtype=dtype, grad=grad)
-
-
-def _check_grads(got, q, k, v, dout, causal, scale=None, cu_q=None, cu_k=None):
-    """got = (dq, dk, dv): shapes and dtypes of q, k, v, finite, and within the pass rule."""
-    refs = attention_grads_ref(q, k, v, dout, causal, scale, cu_q, cu_k)
-    refs_lp = attention_grads_ref(q, k, v, dout, causal, scale, cu_q, cu_k, upcast=False)
-    for name, g, r, r_lp, x in zip("qkv", got, refs, refs_lp, (q, k, v)):
-        assert g.shape == x.shape and g.dtype == x.dtype, name
-        assert torch.isfinite(g).all(), f"d{name} is not finite"
-        assert_close_to_ref(g, r, r_lp, factor=3.0, name=f"d{name}")
 
 
 def _padded(q, k, v, causal, scale=None, deterministic=False, dout=None):
@@ -373,11 +359,7 @@ def test_tiny_llama_training_step_gradients():
     """A padded batch through attn_implementation="ferroattn" (unpad -> varlen -> pad) trains: the
     loss matches sdpa's and the gradient error against an fp32 sdpa model is within 3× of bf16
     sdpa's own error (all parameters together)."""
-    transformers = pytest.importorskip("transformers")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ferroattn.integrations.transformers import register
-
-    register()
+    transformers = llama_transformers()
     torch.manual_seed(13)
     kw = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256)

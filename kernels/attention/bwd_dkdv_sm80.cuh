@@ -190,6 +190,17 @@ __device__ __forceinline__ void store_tile(T* g, long long row_stride, const T* 
     }
 }
 
+// Zero an mma accumulator: A × B fragments of 4 fp32 values per thread.
+template <int A, int B>
+__device__ __forceinline__ void zero_frags(float (&acc)[A][B][4]) {
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.f;
+}
+
 }  // namespace attn_bwd_detail
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
@@ -624,12 +635,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             const unsigned q_sub = sub * kSubM * kRowBytes;
             // ---- S^T = K_w Q_sub^T, then P^T ----
             float acc_s[MT][NQ][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+            attn_bwd_detail::zero_frags(acc_s);
             gemm_nt(acc_s, 0u, offQ + q_sub);
             // Mask: key row kr keeps query columns [lo, hi) of the tile: hi = rows_q (0 for a
             // key past seqlen_k), lo = kr + causal_off (causal) or 0. Relative to this thread's
@@ -666,12 +672,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             if constexpr (kDS) {
                 // ---- dP^T = V_w dO_sub^T, dS^T = P^T o (dP^T - D) ----
                 float acc_p[MT][NQ][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc_p[mt][nt][e] = 0.f;
+                attn_bwd_detail::zero_frags(acc_p);
                 gemm_nt(acc_p, kOffV, offDO + q_sub);
 #pragma unroll
                 for (int nt = 0; nt < NQ; ++nt) {

@@ -80,8 +80,6 @@ __global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams p
     const int tid = threadIdx.x;
     attn_bwd_detail::RowBlock rb;
     if (!attn_bwd_detail::row_block<HeadDim, BlockM, T>(params, rb)) return;
-    const attn_detail::SeqCoords& sc = rb.sc;
-    const attn_bwd_detail::BwdQueryOffsets& bo = rb.bo;
     const int m_start = rb.m_start, rows_q = rb.rows_q, head_dim = params.fwd.head_dim;
     const int quarter = tid % kLanesPerRow;
 
@@ -90,8 +88,8 @@ __global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams p
         const int r = pass * kRowsPerPass + tid / kLanesPerRow;
         const bool row_ok = r < rows_q;
         const long long row = m_start + r;
-        const T* gdo = static_cast<const T*>(params.dout) + bo.do_off + row * params.do_row_stride;
-        const T* go = static_cast<const T*>(params.fwd.o) + sc.o_off + row * params.fwd.o_row_stride;
+        const T* gdo = static_cast<const T*>(params.dout) + rb.bo.do_off + row * params.do_row_stride;
+        const T* go = static_cast<const T*>(params.fwd.o) + rb.sc.o_off + row * params.fwd.o_row_stride;
         uint4 a[kPerLane], b[kPerLane];
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
@@ -120,9 +118,9 @@ __global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams p
         // The 4 threads of a row are consecutive lanes of one warp; every lane takes part.
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        if (row_ok && quarter == 0) params.softmax_d[sc.lse_off + row] = acc;
+        if (row_ok && quarter == 0) params.softmax_d[rb.sc.lse_off + row] = acc;
         if (params.dq_accum != nullptr && row_ok) {
-            float* gacc = params.dq_accum + bo.dqa_off + row * params.dqa_row_stride;
+            float* gacc = params.dq_accum + rb.bo.dqa_off + row * params.dqa_row_stride;
 #pragma unroll
             for (int i = 0; i < kPerLane; ++i) {
                 const int c = quarter + i * kLanesPerRow;
@@ -146,12 +144,10 @@ __global__ void __launch_bounds__(256) attn_bwd_convert_dq(const AttnBwdParams p
     const int tid = threadIdx.x;
     attn_bwd_detail::RowBlock rb;
     if (!attn_bwd_detail::row_block<HeadDim, BlockM, T>(params, rb)) return;
-    const attn_detail::SeqCoords& sc = rb.sc;
-    const attn_bwd_detail::BwdQueryOffsets& bo = rb.bo;
     const int m_start = rb.m_start, rows_q = rb.rows_q, head_dim = params.fwd.head_dim;
     const float scale = params.fwd.softmax_scale;
-    const float* gacc = params.dq_accum + bo.dqa_off + static_cast<long long>(m_start) * params.dqa_row_stride;
-    T* gdq = static_cast<T*>(params.dq) + bo.dq_off + static_cast<long long>(m_start) * params.dq_row_stride;
+    const float* gacc = params.dq_accum + rb.bo.dqa_off + static_cast<long long>(m_start) * params.dqa_row_stride;
+    T* gdq = static_cast<T*>(params.dq) + rb.bo.dq_off + static_cast<long long>(m_start) * params.dq_row_stride;
 
 #pragma unroll
     for (int i = 0; i < kTotal / kThreads; ++i) {

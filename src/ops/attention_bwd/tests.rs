@@ -26,10 +26,10 @@ struct Call {
 }
 
 impl Call {
-    fn padded(b: i64, sq: i64, sk: i64, h: i64, hk: i64, d: i64) -> Call {
-        let q = t(&[b, sq, h, d], DType::F16);
-        let k = t(&[b, sk, hk, d], DType::F16);
-        let lse = t(&[b, h, sq], DType::F32);
+    /// Every tensor derived from q, k and lse: dout, out, dq and dq_accum (fp32) like q; v, dk
+    /// and dv like k; softmax_d like lse. `cu` is both cu_seqlens (varlen) or None (padded).
+    fn new(q: TensorMeta, k: TensorMeta, lse: TensorMeta, cu: Option<TensorMeta>, mq: i64, mk: i64) -> Call {
+        let dq_accum = TensorMeta { dtype: DType::F32, ..q.clone() };
         Call {
             dout: q.clone(),
             out: q.clone(),
@@ -37,41 +37,27 @@ impl Call {
             dk: k.clone(),
             dv: k.clone(),
             d: lse.clone(),
-            dq_accum: Some(t(&[b, sq, h, d], DType::F32)),
+            dq_accum: Some(dq_accum),
             v: k.clone(),
             q,
             k,
             lse,
-            cq: None,
-            ck: None,
-            mq: sq,
-            mk: sk,
+            cq: cu.clone(),
+            ck: cu,
+            mq,
+            mk,
             deterministic: false,
         }
     }
 
+    fn padded(b: i64, sq: i64, sk: i64, h: i64, hk: i64, d: i64) -> Call {
+        let (q, k) = (t(&[b, sq, h, d], DType::F16), t(&[b, sk, hk, d], DType::F16));
+        Call::new(q, k, t(&[b, h, sq], DType::F32), None, sq, sk)
+    }
+
     fn varlen(batch: i64, tq: i64, tk: i64, h: i64, hk: i64, d: i64) -> Call {
-        let q = t(&[tq, h, d], DType::BF16);
-        let k = t(&[tk, hk, d], DType::BF16);
-        let lse = t(&[h, tq], DType::F32);
-        Call {
-            dout: q.clone(),
-            out: q.clone(),
-            dq: q.clone(),
-            dk: k.clone(),
-            dv: k.clone(),
-            d: lse.clone(),
-            dq_accum: Some(t(&[tq, h, d], DType::F32)),
-            v: k.clone(),
-            q,
-            k,
-            lse,
-            cq: Some(t(&[batch + 1], DType::I32)),
-            ck: Some(t(&[batch + 1], DType::I32)),
-            mq: tq.min(7),
-            mk: tk.min(9),
-            deterministic: false,
-        }
+        let (q, k) = (t(&[tq, h, d], DType::BF16), t(&[tk, hk, d], DType::BF16));
+        Call::new(q, k, t(&[h, tq], DType::F32), Some(t(&[batch + 1], DType::I32)), tq.min(7), tk.min(9))
     }
 
     fn grads(&self) -> GradsMeta<'_> {
@@ -167,6 +153,28 @@ fn expect_err(c: &Call, kind: &str, arg: &str, parts: &[&str]) {
     check_err(c.run(), kind, arg, parts);
 }
 
+/// One error case: an edit of a fresh valid call, then the error kind, argument named and
+/// message parts `expect_err` requires.
+type Case = (fn(&mut Call), &'static str, &'static str, &'static [&'static str]);
+
+/// Each case's edit applied to its own `base()` call must fail as the case says.
+fn expect_errs(base: fn() -> Call, cases: &[Case]) {
+    for (i, (edit, kind, arg, parts)) in cases.iter().enumerate() {
+        let mut c = base();
+        edit(&mut c);
+        eprintln!("case {i}: {arg}");
+        expect_err(&c, kind, arg, parts);
+    }
+}
+
+fn padded_2x4() -> Call {
+    Call::padded(2, 4, 4, 2, 2, 64)
+}
+
+fn varlen_2x10() -> Call {
+    Call::varlen(2, 10, 10, 2, 2, 64)
+}
+
 #[test]
 fn params_layout_matches_header() {
     use std::mem::{align_of, offset_of, size_of};
@@ -189,30 +197,10 @@ fn params_layout_matches_header() {
     assert_eq!(align_of::<AttnBwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
     let names = header_fields("attention/bwd_params.cuh", "AttnBwdParams");
-    let want = [
-        "fwd",
-        "dout",
-        "dq",
-        "dk",
-        "dv",
-        "softmax_d",
-        "dq_accum",
-        "do_batch_stride",
-        "do_row_stride",
-        "do_head_stride",
-        "dq_batch_stride",
-        "dq_row_stride",
-        "dq_head_stride",
-        "dk_batch_stride",
-        "dk_row_stride",
-        "dk_head_stride",
-        "dv_batch_stride",
-        "dv_row_stride",
-        "dv_head_stride",
-        "dqa_batch_stride",
-        "dqa_row_stride",
-        "dqa_head_stride",
-    ];
+    let mut want = vec!["fwd", "dout", "dq", "dk", "dv", "softmax_d", "dq_accum"].into_iter().map(String::from).collect::<Vec<_>>();
+    for g in ["do", "dq", "dk", "dv", "dqa"] {
+        want.extend(["batch", "row", "head"].map(|s| format!("{g}_{s}_stride")));
+    }
     assert_eq!(names, want);
 }
 
@@ -259,55 +247,37 @@ fn valid_calls() {
 
 #[test]
 fn forward_checks_are_reused() {
-    let mut c = Call::padded(1, 4, 4, 2, 2, 64);
-    c.q.dtype = DType::F32;
-    expect_err(&c, "DType", "q", &["float16 or bfloat16", "float32"]);
+    expect_errs(padded_2x4, &[
+        (|c| c.q.dtype = DType::F32, "DType", "q", &["float16 or bfloat16", "float32"]),
+        (|c| c.q.device = Device::CPU, "Device", "q", &["CUDA", "cpu"]),
+    ]);
     let c = Call::padded(1, 4, 4, 6, 4, 64);
     expect_err(&c, "Argument", "k", &["divides q's 6", "4 heads"]);
-    let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
-    c.ck = None;
-    expect_err(
-        &c,
-        "Argument",
-        "cu_seqlens_k",
-        &["cu_seqlens_q was given", "None"],
-    );
-    let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
-    c.mq = 0;
-    expect_err(&c, "Argument", "max_seqlen_q", &[">= 1", "got 0"]);
-    let mut c = Call::padded(1, 4, 4, 2, 2, 64);
-    c.q.device = Device::CPU;
-    expect_err(&c, "Device", "q", &["CUDA", "cpu"]);
+    expect_errs(varlen_2x10, &[
+        (|c| c.ck = None, "Argument", "cu_seqlens_k", &["cu_seqlens_q was given", "None"]),
+        (|c| c.mq = 0, "Argument", "max_seqlen_q", &[">= 1", "got 0"]),
+    ]);
 }
 
 #[test]
 fn softmax_lse_errors() {
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.lse.dtype = DType::F16;
-    expect_err(&c, "DType", "softmax_lse", &["float32", "float16"]);
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.lse = t(&[2, 4, 2], DType::F32);
-    c.d = c.lse.clone();
-    expect_err(
-        &c,
-        "Argument",
-        "softmax_lse",
-        &["(2, 2, 4) (batch, heads, seqlen_q)", "(2, 4, 2)"],
-    );
+    expect_errs(padded_2x4, &[
+        (|c| c.lse.dtype = DType::F16, "DType", "softmax_lse", &["float32", "float16"]),
+        (
+            |c| {
+                c.lse = t(&[2, 4, 2], DType::F32);
+                c.d = c.lse.clone();
+            },
+            "Argument",
+            "softmax_lse",
+            &["(2, 2, 4) (batch, heads, seqlen_q)", "(2, 4, 2)"],
+        ),
+        (|c| c.lse.strides = vec![16, 4, 1], "Argument", "softmax_lse", &["dense"]), // not dense
+        (|c| c.lse.device = Device::cuda(1), "Device", "softmax_lse", &["cuda:0", "cuda:1"]),
+    ]);
     let mut c = Call::varlen(2, 10, 10, 3, 3, 64);
     c.lse = t(&[3, 11], DType::F32);
-    expect_err(
-        &c,
-        "Argument",
-        "softmax_lse",
-        &["(3, 10) (heads, total_q)", "(3, 11)"],
-    );
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.lse.strides = vec![16, 4, 1]; // not dense
-    expect_err(&c, "Argument", "softmax_lse", &["dense"]);
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.lse.device = Device::cuda(1);
-    expect_err(&c, "Device", "softmax_lse", &["cuda:0", "cuda:1"]);
+    expect_err(&c, "Argument", "softmax_lse", &["(3, 10) (heads, total_q)", "(3, 11)"]);
 }
 
 impl Call {
@@ -330,31 +300,27 @@ impl Call {
     }
 }
 
+/// An edit of one tensor's metadata, then the error kind and message parts expected.
+type FieldCase = (fn(&mut TensorMeta), &'static str, &'static [&'static str]);
+
+/// Each case applied to `arg` of its own `Call::edited` call must fail naming `arg`.
+fn expect_field_errs(arg: &str, cases: &[FieldCase]) {
+    for (edit, kind, parts) in cases {
+        expect_err(&Call::edited(arg, edit), kind, arg, parts);
+    }
+}
+
 #[test]
 fn out_and_dout_errors() {
     for arg in ["out", "dout"] {
-        let c = Call::edited(arg, |m| m.dtype = DType::BF16);
-        expect_err(&c, "DType", arg, &["float16 (q's dtype)", "bfloat16"]);
-        let c = Call::edited(arg, |m| *m = t(&[2, 4, 4, 32], DType::F16));
-        expect_err(
-            &c,
-            "Argument",
-            arg,
-            &["(2, 4, 4, 64) (q's shape)", "(2, 4, 4, 32)"],
-        );
-        let c = Call::edited(arg, |m| *m = t(&[2, 6, 4, 64], DType::F16));
-        expect_err(&c, "Argument", arg, &["(2, 4, 4, 64)", "(2, 6, 4, 64)"]);
-        let c = Call::edited(arg, |m| m.strides = vec![1024, 256, 64, 2]);
-        expect_err(
-            &c,
-            "Argument",
-            arg,
-            &["stride 1 in the last dim", "stride 2"],
-        );
-        let c = Call::edited(arg, |m| m.strides = vec![1024, -256, 64, 1]);
-        expect_err(&c, "Argument", arg, &["non-negative strides", "-256"]);
-        let c = Call::edited(arg, |m| m.device = Device::cuda(3));
-        expect_err(&c, "Device", arg, &["cuda:0", "cuda:3"]);
+        expect_field_errs(arg, &[
+            (|m| m.dtype = DType::BF16, "DType", &["float16 (q's dtype)", "bfloat16"]),
+            (|m| *m = t(&[2, 4, 4, 32], DType::F16), "Argument", &["(2, 4, 4, 64) (q's shape)", "(2, 4, 4, 32)"]),
+            (|m| *m = t(&[2, 6, 4, 64], DType::F16), "Argument", &["(2, 4, 4, 64)", "(2, 6, 4, 64)"]),
+            (|m| m.strides = vec![1024, 256, 64, 2], "Argument", &["stride 1 in the last dim", "stride 2"]),
+            (|m| m.strides = vec![1024, -256, 64, 1], "Argument", &["non-negative strides", "-256"]),
+            (|m| m.device = Device::cuda(3), "Device", &["cuda:0", "cuda:3"]),
+        ]);
     }
 }
 
@@ -366,116 +332,58 @@ fn gradient_output_errors() {
         ("dv", "v", "(2, 6, 2, 64)"),
     ] {
         let c = Call::edited(arg, |m| m.dtype = DType::BF16);
-        expect_err(
-            &c,
-            "DType",
-            arg,
-            &[&format!("float16 ({like}'s dtype)"), "bfloat16"],
-        );
-        let c = Call::edited(arg, |m| m.dtype = DType::F32);
-        expect_err(&c, "DType", arg, &["float16", "float32"]);
+        expect_err(&c, "DType", arg, &[&format!("float16 ({like}'s dtype)"), "bfloat16"]);
         let c = Call::edited(arg, |m| *m = t(&[2, 5, 4, 64], DType::F16));
-        expect_err(
-            &c,
-            "Argument",
-            arg,
-            &[&format!("{shape} ({like}'s shape)"), "(2, 5, 4, 64)"],
-        );
-        let c = Call::edited(arg, |m| m.strides[3] = 3);
-        expect_err(
-            &c,
-            "Argument",
-            arg,
-            &["stride 1 in the last dim", "stride 3"],
-        );
-        let c = Call::edited(arg, |m| m.strides[0] = 0); // every batch writes the same memory
-        expect_err(&c, "Argument", arg, &["non-overlapping", "strides [0, "]);
-        let c = Call::edited(arg, |m| m.strides[1] = 8); // rows overlap (row stride < heads · d)
-        expect_err(&c, "Argument", arg, &["non-overlapping"]);
-        let c = Call::edited(arg, |m| m.device = Device::CPU);
-        expect_err(&c, "Device", arg, &["cuda:0", "cpu"]);
+        expect_err(&c, "Argument", arg, &[&format!("{shape} ({like}'s shape)"), "(2, 5, 4, 64)"]);
+        expect_field_errs(arg, &[
+            (|m| m.dtype = DType::F32, "DType", &["float16", "float32"]),
+            (|m| m.strides[3] = 3, "Argument", &["stride 1 in the last dim", "stride 3"]),
+            // every batch writes the same memory
+            (|m| m.strides[0] = 0, "Argument", &["non-overlapping", "strides [0, "]),
+            // rows overlap (row stride < heads · d)
+            (|m| m.strides[1] = 8, "Argument", &["non-overlapping"]),
+            (|m| m.device = Device::CPU, "Device", &["cuda:0", "cpu"]),
+        ]);
     }
 }
 
 #[test]
 fn softmax_d_errors() {
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.d.dtype = DType::F16;
-    expect_err(&c, "DType", "softmax_d", &["float32", "float16"]);
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.d = t(&[2, 2, 5], DType::F32);
-    expect_err(
-        &c,
-        "Argument",
-        "softmax_d",
-        &["(2, 2, 4) (softmax_lse's shape)", "(2, 2, 5)"],
-    );
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.d.strides = vec![8, 0, 1];
-    expect_err(&c, "Argument", "softmax_d", &["dense"]);
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.d.strides = vec![4, 8, 1]; // dense but batch and head swapped: not lse's layout
-    expect_err(
-        &c,
-        "Argument",
-        "softmax_d",
-        &["strides [8, 4, 1] (softmax_lse's layout", "[4, 8, 1]"],
-    );
+    expect_errs(padded_2x4, &[
+        (|c| c.d.dtype = DType::F16, "DType", "softmax_d", &["float32", "float16"]),
+        (|c| c.d = t(&[2, 2, 5], DType::F32), "Argument", "softmax_d", &["(2, 2, 4) (softmax_lse's shape)", "(2, 2, 5)"]),
+        (|c| c.d.strides = vec![8, 0, 1], "Argument", "softmax_d", &["dense"]),
+        // dense but batch and head swapped: not lse's layout
+        (|c| c.d.strides = vec![4, 8, 1], "Argument", "softmax_d", &["strides [8, 4, 1] (softmax_lse's layout", "[4, 8, 1]"]),
+        (|c| c.d.device = Device::cuda(1), "Device", "softmax_d", &["cuda:0", "cuda:1"]),
+    ]);
     // empty: strides never used
     let mut c = Call::padded(2, 0, 4, 2, 2, 64);
     c.d.strides = vec![1, 2, 1]; // dense, but not lse's layout
     c.lse.strides = vec![2, 1, 1];
     c.run().unwrap();
     // the same permuted layout as lse is fine
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
+    let mut c = padded_2x4();
     c.d.strides = vec![4, 8, 1];
     c.lse.strides = vec![4, 8, 1];
     c.run().unwrap();
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.d.device = Device::cuda(1);
-    expect_err(&c, "Device", "softmax_d", &["cuda:0", "cuda:1"]);
 }
 
 #[test]
 fn dq_accum_errors() {
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.dq_accum = None;
-    expect_err(
-        &c,
-        "Argument",
-        "dq_accum",
-        &["deterministic is False", "None"],
-    );
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.dq_accum = Some(t(&[2, 4, 2, 64], DType::F16));
-    expect_err(&c, "DType", "dq_accum", &["float32", "float16"]);
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.dq_accum = Some(t(&[2, 4, 2, 128], DType::F32));
-    expect_err(
-        &c,
-        "Argument",
-        "dq_accum",
-        &["(2, 4, 2, 64) (q's shape)", "(2, 4, 2, 128)"],
-    );
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.dq_accum.as_mut().unwrap().strides = vec![1024, 256, 128, 1];
-    expect_err(
-        &c,
-        "Argument",
-        "dq_accum",
-        &["dense", "[1024, 256, 128, 1]"],
-    );
-    let mut c = Call::padded(2, 4, 4, 2, 2, 64);
-    c.dq_accum.as_mut().unwrap().device = Device::CPU;
-    expect_err(&c, "Device", "dq_accum", &["cuda:0", "cpu"]);
-    let mut c = Call::varlen(2, 10, 10, 2, 2, 64);
-    c.dq_accum = Some(t(&[2, 10, 2, 64], DType::F32));
-    expect_err(
-        &c,
-        "Argument",
-        "dq_accum",
-        &["(10, 2, 64)", "(2, 10, 2, 64)"],
-    );
+    fn accum(c: &mut Call) -> &mut TensorMeta {
+        c.dq_accum.as_mut().unwrap()
+    }
+    expect_errs(padded_2x4, &[
+        (|c| c.dq_accum = None, "Argument", "dq_accum", &["deterministic is False", "None"]),
+        (|c| c.dq_accum = Some(t(&[2, 4, 2, 64], DType::F16)), "DType", "dq_accum", &["float32", "float16"]),
+        (|c| c.dq_accum = Some(t(&[2, 4, 2, 128], DType::F32)), "Argument", "dq_accum", &["(2, 4, 2, 64) (q's shape)", "(2, 4, 2, 128)"]),
+        (|c| accum(c).strides = vec![1024, 256, 128, 1], "Argument", "dq_accum", &["dense", "[1024, 256, 128, 1]"]),
+        (|c| accum(c).device = Device::CPU, "Device", "dq_accum", &["cuda:0", "cpu"]),
+    ]);
+    expect_errs(varlen_2x10, &[
+        (|c| c.dq_accum = Some(t(&[2, 10, 2, 64], DType::F32)), "Argument", "dq_accum", &["(10, 2, 64)", "(2, 10, 2, 64)"]),
+    ]);
 }
 
 #[test]

@@ -1,0 +1,49 @@
+"""ferroattn.profiler: where the GPU time of a model goes, how close each kernel is to the
+hardware's limits, and where the knee is as batch and sequence length grow (issue 5).
+
+Importing this package needs neither torch, a GPU nor matplotlib (they are imported on use).
+
+Built (GPU-independent, tested on CPU):
+
+- :mod:`.knee`      :func:`detect_knee` on a {(batch, seqlen): ms} grid -> :class:`Knee`
+                    (largest growth of the marginal cost per unit of work; definition there);
+- :mod:`.ceilings`  :class:`Ceilings` (TFLOP/s + GB/s with what was timed, device, date) and
+                    :func:`measure_ceilings` (times them with :mod:`ferroattn.bench.ceilings`,
+                    caches them once per device/driver/torch/CUDA as JSON in the kernel cache dir);
+- :mod:`.roofline`  :func:`arithmetic_intensity`, :func:`attainable_tflops`, :func:`ridge_point`,
+                    :func:`utilisation` -> :class:`Utilisation` (carries its ceilings),
+                    :func:`plot_roofline` (matplotlib, log-log, both ceilings, one point per kernel);
+- :mod:`.events`    record types :class:`ModuleRecord` (one module call) and :class:`KernelRecord`
+                    (one launch of our kernels), :class:`Records` (one profile) and the Chrome trace
+                    (Trace Event Format JSON) export;
+- :mod:`.table`     :func:`key_averages` by "module" / "kernel" / "op" -> :class:`KeyAverages`
+                    with ``.table(sort_by=..., row_limit=...)`` in torch.profiler's layout.
+
+Plan for the GPU parts (next session; they only fill the records above):
+
+1. ``profile(model=None, record_shapes=True, with_flops=True, schedule=None, on_trace_ready=None)``
+   context manager with ``step()``, ``key_averages(group_by)`` and ``export_chrome_trace(path)``
+   delegating to a :class:`Records`; ``schedule``/``on_trace_ready`` mirror torch.profiler's cycle.
+2. Module hooks: forward pre/post hooks on every decoder layer and its attention and MLP children
+   record a CUDA event pair per call into a list (no host sync in the forward) plus
+   ``torch.profiler.record_function`` and NVTX ranges; resolved at ``__exit__``/``step()`` into
+   :class:`ModuleRecord` (gpu_ms = elapsed_time, start_us from the first event, depth from nesting).
+3. Kernel records: ``src/profiler.rs`` records at launch (name, config name expression, grid, block,
+   registers/smem via cuFuncGetAttribute, theoretical occupancy via
+   cuOccupancyMaxActiveBlocksPerMultiprocessor, FLOPs, bytes, event pair) when enabled; Python
+   drains it into :class:`KernelRecord` (needs a _native.pyi contract from the lead).
+4. CLI ``python -m ferroattn profile`` sweeping batch x seqlen -> heatmap + :func:`detect_knee`.
+"""
+from .ceilings import Ceilings, default_cache_dir, measure_ceilings
+from .events import KernelRecord, ModuleRecord, Records, chrome_trace_events, export_chrome_trace
+from .knee import Knee, LineKnee, detect_knee
+from .roofline import (RooflinePoint, Utilisation, arithmetic_intensity, attainable_tflops, plot_roofline,
+                       ridge_point, utilisation)
+from .table import Average, KeyAverages, key_averages, sort_keys
+
+__all__ = [
+    "Average", "Ceilings", "KernelRecord", "KeyAverages", "Knee", "LineKnee", "ModuleRecord", "Records",
+    "RooflinePoint", "Utilisation", "arithmetic_intensity", "attainable_tflops", "chrome_trace_events",
+    "default_cache_dir", "detect_knee", "export_chrome_trace", "key_averages", "measure_ceilings",
+    "plot_roofline", "ridge_point", "sort_keys", "utilisation",
+]

@@ -1,0 +1,213 @@
+"""Profiler records (one per call) and their Chrome-trace export.
+
+A record is one timed call; :mod:`.table` aggregates them. Sources (next session, on a GPU):
+
+- :class:`ModuleRecord`: filled by forward pre/post hooks that record a CUDA event pair per
+  module call (resolved after the forward, no sync inside it): ``gpu_ms`` =
+  ``start.elapsed_time(end)``, ``start_us`` = elapsed time from the profile's first event.
+- :class:`KernelRecord`: filled from the Rust launch record (``src/profiler.rs``: kernel name,
+  config name expression, grid, block, registers and shared memory from ``cuFuncGetAttribute``,
+  theoretical occupancy from ``cuOccupancyMaxActiveBlocksPerMultiprocessor``, FLOPs and bytes from
+  the op's formula) plus its CUDA-event time.
+
+:class:`Records` holds both lists for one profile and is what ``profile`` will expose:
+``key_averages(group_by=...)`` and ``export_chrome_trace(path)``.
+
+Chrome trace: the Trace Event Format (Google, "Trace Event Format" document, the JSON object
+form ``{"traceEvents": [...]}``), "X" (complete) events with ``ts`` and ``dur`` in microseconds,
+``pid``/``tid`` ints, ``cat``, ``args``; "M" metadata events name the process and threads. It loads
+in chrome://tracing and Perfetto.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from ..errors import ArgumentError
+from .ceilings import Ceilings
+from .roofline import RooflinePoint, Utilisation, utilisation
+
+
+def _time(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ArgumentError(f"{name}: expected a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _dim3(name: str, v) -> tuple:
+    t = tuple(v) if isinstance(v, (tuple, list)) else None
+    if t is None or len(t) != 3 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in t):
+        raise ArgumentError(f"{name}: expected 3 positive ints (x, y, z), got {v!r}")
+    return t
+
+
+@dataclass(frozen=True)
+class ModuleRecord:
+    """One call of one ``torch.nn.Module``.
+
+    name: qualified module name (``model.layers.3.self_attn``); kind: its class name
+    (``LlamaAttention``); gpu_ms: GPU time of the call, ms (CUDA events around the forward);
+    start_us: start relative to the profile's first event, µs; depth: nesting depth (0 = outermost
+    profiled module); step: ``prof.step()`` count at the call; device: CUDA device index.
+    """
+
+    name: str
+    kind: str
+    gpu_ms: float
+    start_us: float = 0.0
+    depth: int = 0
+    step: int = 0
+    device: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ArgumentError(f"name: expected a non-empty str, got {self.name!r}")
+        _time("gpu_ms", self.gpu_ms)
+        _time("start_us", self.start_us)
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One launch of one of our kernels.
+
+    name: kernel name (readable, as torch.profiler shows it); config: the configuration's name
+    expression (e.g. ``ferroattn::attn_fwd_sm80<128, 128, 64, 4, 2, true, bf16>``); op: the op it
+    ran for (``ferroattn::attn_fwd``); grid, block: launch dimensions (x, y, z); registers: per
+    thread; smem_bytes: dynamic + static shared memory per block; occupancy: theoretical, as a
+    fraction in [0, 1] (active warps / max warps per SM); flops, nbytes: work of the launch (the
+    op's FLOP formula; bytes read + written in global memory); gpu_ms: GPU time, ms; start_us:
+    start relative to the profile's first event, µs; module: the innermost profiled module it ran
+    in, or None; stream: the CUDA stream handle; device: CUDA device index; step: as ModuleRecord.
+    registers/smem_bytes/occupancy may be None when the driver did not report them.
+    """
+
+    name: str
+    config: str
+    op: str
+    grid: tuple
+    block: tuple
+    registers: Optional[int]
+    smem_bytes: Optional[int]
+    occupancy: Optional[float]
+    flops: float
+    nbytes: float
+    gpu_ms: float
+    start_us: float = 0.0
+    module: Optional[str] = None
+    stream: int = 0
+    device: int = 0
+    step: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ArgumentError(f"name: expected a non-empty str, got {self.name!r}")
+        object.__setattr__(self, "grid", _dim3("grid", self.grid))
+        object.__setattr__(self, "block", _dim3("block", self.block))
+        _time("flops", self.flops)
+        _time("nbytes", self.nbytes)
+        _time("gpu_ms", self.gpu_ms)
+        _time("start_us", self.start_us)
+        if self.occupancy is not None and not (0.0 <= self.occupancy <= 1.0):
+            raise ArgumentError(f"occupancy: expected a fraction in [0, 1] or None, got {self.occupancy!r}")
+
+    @property
+    def tflops(self) -> Optional[float]:
+        """Achieved TFLOP/s (None when gpu_ms is 0)."""
+        return self.flops / (self.gpu_ms * 1e-3) / 1e12 if self.gpu_ms > 0 else None
+
+    @property
+    def gbps(self) -> Optional[float]:
+        """Achieved GB/s (None when gpu_ms is 0)."""
+        return self.nbytes / (self.gpu_ms * 1e-3) / 1e9 if self.gpu_ms > 0 else None
+
+    def utilisation(self, ceilings: Ceilings) -> Optional[Utilisation]:
+        """Roofline utilisation against ``ceilings`` (None when gpu_ms or nbytes is 0)."""
+        if self.gpu_ms <= 0 or self.nbytes <= 0:
+            return None
+        return utilisation(self.flops, self.nbytes, self.gpu_ms, ceilings)
+
+    def roofline_point(self) -> RooflinePoint:
+        return RooflinePoint.from_measurement(self.name, self.flops, self.nbytes, self.gpu_ms)
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe value: tuples -> lists, NaN/inf -> None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (tuple, list)):
+        return [_clean(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    return v
+
+
+MODULE_TID = 1
+KERNEL_TID = 2
+
+
+def chrome_trace_events(modules: Sequence[ModuleRecord] = (), kernels: Sequence[KernelRecord] = (),
+                        ceilings: Optional[Ceilings] = None) -> list:
+    """The trace events (list of dicts) for the records: one "X" event per record
+    (modules: cat "ferroattn_module", tid 1; kernels: cat "ferroattn_kernel", tid 2; pid = device),
+    plus "M" process/thread names. ``ts``/``dur`` in µs."""
+    events: list = []
+    devices = sorted({r.device for r in modules} | {r.device for r in kernels})
+    for d in devices:
+        events.append({"name": "process_name", "ph": "M", "pid": d, "tid": 0,
+                       "args": {"name": f"ferroattn GPU {d}"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": d, "tid": MODULE_TID,
+                       "args": {"name": "modules (GPU time)"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": d, "tid": KERNEL_TID,
+                       "args": {"name": "ferroattn kernels"}})
+    for r in modules:
+        events.append({"name": r.name, "cat": "ferroattn_module", "ph": "X", "ts": r.start_us,
+                       "dur": r.gpu_ms * 1e3, "pid": r.device, "tid": MODULE_TID,
+                       "args": {"kind": r.kind, "depth": r.depth, "step": r.step}})
+    for r in kernels:
+        args = {"config": r.config, "op": r.op, "grid": r.grid, "block": r.block, "registers per thread":
+                r.registers, "shared memory": r.smem_bytes,
+                "theoretical occupancy %": None if r.occupancy is None else 100.0 * r.occupancy,
+                "flops": r.flops, "bytes": r.nbytes, "TFLOP/s": r.tflops, "GB/s": r.gbps,
+                "module": r.module, "stream": r.stream, "step": r.step}
+        u = r.utilisation(ceilings) if ceilings is not None else None
+        if u is not None:
+            args["% of roofline"] = u.pct_of_roofline
+            args["ceilings"] = ceilings.label()
+        events.append({"name": r.name, "cat": "ferroattn_kernel", "ph": "X", "ts": r.start_us,
+                       "dur": r.gpu_ms * 1e3, "pid": r.device, "tid": KERNEL_TID, "args": args})
+    return [_clean(e) for e in events]
+
+
+def export_chrome_trace(path: os.PathLike, modules: Sequence[ModuleRecord] = (),
+                        kernels: Sequence[KernelRecord] = (), ceilings: Optional[Ceilings] = None) -> None:
+    """Write the records as a Chrome trace JSON file at ``path`` (see :func:`chrome_trace_events`)."""
+    doc = {"traceEvents": chrome_trace_events(modules, kernels, ceilings), "displayTimeUnit": "ms",
+           "otherData": {"producer": "ferroattn.profiler",
+                         "ceilings": ceilings.label() if ceilings is not None else None}}
+    with open(os.fspath(path), "w") as f:
+        json.dump(doc, f, allow_nan=False)
+
+
+@dataclass
+class Records:
+    """Everything one profile recorded: ``modules`` and ``kernels`` (one record per call), the
+    ceilings utilisation figures use (None: no % of ceiling columns) and ``total_gpu_ms``, the
+    measured GPU time of the profiled window (the denominator of "% of total"; None: the sum of
+    the outermost module records)."""
+
+    modules: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)
+    ceilings: Optional[Ceilings] = None
+    total_gpu_ms: Optional[float] = None
+
+    def key_averages(self, group_by: str = "module"):
+        """Aggregate by ``group_by`` ("module", "kernel" or "op"); see :func:`.table.key_averages`."""
+        from .table import key_averages
+        return key_averages(self, group_by=group_by)
+
+    def export_chrome_trace(self, path: os.PathLike) -> None:
+        """Write a Chrome trace JSON file (see :func:`export_chrome_trace`)."""
+        export_chrome_trace(path, self.modules, self.kernels, self.ceilings)

@@ -1,0 +1,133 @@
+"""ferroattn.profiler.detect_knee on synthetic grids with a known answer (CPU)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ferroattn.errors import ArgumentError
+from ferroattn.profiler import detect_knee
+
+BATCHES = (1, 2, 4, 8, 16)
+SEQLENS = (256, 512, 1024, 2048, 4096, 8192)
+
+
+def saturating(b, s, knee_tokens=8192, base_ms=1.0):
+    """Flat (launch-bound) until knee_tokens tokens, then linear in tokens."""
+    return base_ms * max(1.0, b * s / knee_tokens)
+
+
+def test_known_knee_mapping():
+    grid = {(b, s): saturating(b, s) for b in BATCHES for s in SEQLENS}
+    k = detect_knee(grid)
+    assert k.found
+    # every line knee sits at 8192 tokens (not at a line's last point: no growth there); ties go
+    # to the smaller batch
+    assert k.config == (2, 4096)
+    assert k.config[0] * k.config[1] == 8192
+    assert k.growth >= 100  # flat -> linear: the floored ratio is large
+    per_line = {ln.fixed: ln.knee for ln in k.lines["seqlen"]}
+    assert per_line == {1: None, 2: 4096, 4: 2048, 8: 1024, 16: 512}
+    per_col = {ln.fixed: ln.knee for ln in k.lines["batch"]}
+    assert per_col == {256: None, 512: None, 1024: 8, 2048: 4, 4096: 2, 8192: None}
+
+
+def test_unique_knee_off_grid_diagonal():
+    # knee only along seqlen at s=1024 for every batch (latency independent of batch up to 16)
+    grid = {(b, s): (1.0 if s <= 1024 else s / 1024.0) for b in BATCHES for s in SEQLENS}
+    k = detect_knee(grid)
+    assert k.found and k.axis == "seqlen" and k.config == (1, 1024)
+    assert all(ln.knee is None for ln in k.lines["batch"])  # batch costs nothing here
+    assert all(ln.knee == 1024 for ln in k.lines["seqlen"])
+
+
+def test_array_form_matches_mapping():
+    arr = np.array([[saturating(b, s) for s in SEQLENS] for b in BATCHES])
+    k1 = detect_knee(arr, batches=BATCHES, seqlens=SEQLENS)
+    k2 = detect_knee({(b, s): saturating(b, s) for b in BATCHES for s in SEQLENS})
+    assert (k1.config, k1.axis, k1.growth) == (k2.config, k2.axis, k2.growth)
+
+
+def test_order_and_units_do_not_matter():
+    items = [((b, s), saturating(b, s)) for b in BATCHES for s in SEQLENS]
+    k1 = detect_knee(dict(items))
+    k2 = detect_knee({key: 1000.0 * v for key, v in reversed(items)})  # seconds vs ms, reversed order
+    assert k1.config == k2.config and math.isclose(k1.growth, k2.growth, rel_tol=1e-6)
+
+
+def test_linear_grid_has_no_knee():
+    grid = {(b, s): 0.05 + 1e-4 * b * s for b in BATCHES for s in SEQLENS}
+    k = detect_knee(grid)
+    assert not k.found and k.config is None and k.axis is None
+    assert k.growth == pytest.approx(1.0, rel=1e-6)
+    assert all(g == pytest.approx(1.0, rel=1e-6) for ln in k.lines["seqlen"] for g in ln.growth)
+
+
+def test_flat_grid_has_no_knee():
+    k = detect_knee({(b, s): 2.5 for b in BATCHES for s in SEQLENS})
+    assert not k.found and k.growth == 1.0
+    assert all(m == 0 for ln in k.lines["batch"] for m in ln.marginal)
+
+
+def test_too_few_points_no_growth():
+    k = detect_knee({(1, 128): 1.0, (1, 256): 2.0, (2, 128): 2.0, (2, 256): 4.0})
+    assert not k.found and k.growth is None
+    assert all(ln.growth == () and ln.knee is None for a in ("batch", "seqlen") for ln in k.lines[a])
+
+
+def test_quadratic_attention_with_flops_work():
+    # attention-like: flat until 2^22 b*s^2, then proportional to b*s^2
+    grid = {(b, s): max(1.0, b * s * s / 2 ** 22) for b in BATCHES for s in SEQLENS}
+    k = detect_knee(grid, work=lambda b, s: float(b * s * s))
+    assert k.found and k.config[0] * k.config[1] ** 2 == 2 ** 22
+    # with tokens as work every saturated step along seqlen grows by ~2x: documented power-law case
+    k_tokens = detect_knee({(b, s): b * s * s * 1e-6 for b in BATCHES for s in SEQLENS})
+    assert all(g == pytest.approx(2.0, rel=0.2) for ln in k_tokens.lines["seqlen"] for g in ln.growth)
+
+
+def test_missing_points_are_skipped():
+    grid = {(b, s): saturating(b, s) for b in BATCHES for s in SEQLENS}
+    grid[(16, 8192)] = None          # e.g. out of memory
+    grid[(8, 8192)] = float("nan")
+    k = detect_knee(grid)
+    assert k.config == (2, 4096)
+    line16 = next(ln for ln in k.lines["seqlen"] if ln.fixed == 16)
+    assert line16.values == (256, 512, 1024, 2048, 4096)
+
+
+def test_min_growth_threshold():
+    # marginal cost doubles once: growth 2 at s=1024
+    ms = [1.0]
+    for lo, hi, slope in ((256, 512, 1.0), (512, 1024, 1.0), (1024, 2048, 2.0)):
+        ms.append(ms[-1] + slope * (hi - lo) / 256)
+    grid = {(1, s): v for s, v in zip((256, 512, 1024, 2048), ms)}
+    assert detect_knee(grid).config == (1, 1024)
+    assert detect_knee(grid).growth == pytest.approx(2.0)
+    assert not detect_knee(grid, min_growth=2.5).found
+
+
+@pytest.mark.parametrize("kwargs, arg", [
+    (dict(grid={(1, 2, 3): 1.0}), "grid"),
+    (dict(grid={(0, 128): 1.0}), "grid"),
+    (dict(grid={(1, 128): -1.0}), "grid"),
+    (dict(grid={(1, 128): float("inf")}), "grid"),
+    (dict(grid={(1, 128): "fast"}), "grid"),
+    (dict(grid={(1, 128): None}), "grid"),
+    (dict(grid={}), "grid"),
+    (dict(grid=[[1.0, 2.0]]), "batches"),
+    (dict(grid=[[1.0, 2.0]], batches=[1], seqlens=[128, 256, 512]), "grid"),
+    (dict(grid=[[1.0, 2.0]], batches=[1], seqlens=[128, 128]), "seqlens"),
+    (dict(grid=[[1.0, 2.0]], batches=[1.5], seqlens=[128, 256]), "batches"),
+    (dict(grid={(1, 128): 1.0}, batches=[1]), "batches"),
+    (dict(grid={(1, 128): 1.0}, min_growth=1.0), "min_growth"),
+    (dict(grid={(1, 128): 1.0}, min_growth=float("nan")), "min_growth"),
+    (dict(grid={(1, 128): 1.0}, work=3), "work"),
+    (dict(grid={(1, 128): 1.0, (1, 256): 2.0}, work=lambda b, s: 1.0), "work"),
+    (dict(grid={(1, 128): 1.0}, work=lambda b, s: -1.0), "work"),
+])
+def test_bad_inputs_name_the_argument(kwargs, arg):
+    grid = kwargs.pop("grid")
+    with pytest.raises(ValueError, match=rf"^{arg}:") as ei:
+        detect_knee(grid, **kwargs)
+    assert isinstance(ei.value, ArgumentError)
