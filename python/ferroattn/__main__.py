@@ -21,6 +21,9 @@ Commands
     step-0 gradients vs an fp32 reference, attention peak memory at 16k
     (:mod:`ferroattn.bench.training`). Exit 0 when every check passes, 1 when one fails, 3 when a
     requirement is missing.
+``profile --model NAME|PATH --batch 1,4,16 --seq 512,2048,8192 [--attn ferroattn|sdpa] [--trace F] [--plot F]``
+    Batch x sequence-length sweep of a model with per-layer profile and knee
+    (:mod:`ferroattn.profiler.cli`; arguments validated, the GPU sweep lands with issue 5's GPU part).
 
 Exit codes: 0 ok, 1 failure, 2 bad command line (argparse), 3 missing requirement.
 """
@@ -252,6 +255,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return attention.main_from_args(args)
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ferroattn.profiler import cli as profiler_cli  # noqa: PLC0415
+    return profiler_cli.main_from_args(args)
+
+
 def _positive_float(text: str, name: str) -> float:
     try:
         v = float(text)
@@ -287,7 +295,7 @@ def _arg_type(fn, name):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ferroattn",
                                 description="ferroattn: FlashAttention-class kernels, JIT-compiled by NVRTC.")
-    sub = p.add_subparsers(dest="command", metavar="{info,precompile,demo,bench}")
+    sub = p.add_subparsers(dest="command", metavar="{info,precompile,demo,bench,profile}")
     sub.required = True
 
     pi = sub.add_parser("info", help="versions, NVRTC, headers, cache dir and GPU")
@@ -353,6 +361,19 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--no-memory", action="store_true", help="skip the attention peak-memory figure")
     pt.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
     pt.set_defaults(func=cmd_bench)
+
+    pr = sub.add_parser("profile", help="batch x seqlen sweep of a model: per-layer GPU time, heatmap, knee (GPU)")
+    pr.add_argument("--model", metavar="NAME|PATH", required=True,
+                    help="config name (llama-3.2-1b, tiny) or a directory/config.json path")
+    pr.add_argument("--batch", type=_arg_type(parse_int_list, "--batch"), default=[1, 4, 16],
+                    help="batch sizes (default 1,4,16)")
+    pr.add_argument("--seq", type=_arg_type(parse_int_list, "--seq"), default=[512, 2048, 8192],
+                    help="sequence lengths in tokens (default 512,2048,8192)")
+    pr.add_argument("--attn", choices=("ferroattn", "sdpa"), default="ferroattn",
+                    help="attention implementation (default ferroattn)")
+    pr.add_argument("--trace", metavar="PATH", default=None, help="write a Chrome trace JSON")
+    pr.add_argument("--plot", metavar="PATH", default=None, help="write the latency heatmap (PNG)")
+    pr.set_defaults(func=cmd_profile)
     return p
 
 

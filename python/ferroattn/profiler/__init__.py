@@ -19,7 +19,15 @@ Built (GPU-independent, tested on CPU):
 - :mod:`.table`     :func:`key_averages` by "module" / "kernel" / "op" -> :class:`KeyAverages`
                     with ``.table(sort_by=..., row_limit=...)`` in torch.profiler's layout.
 
-Plan for the GPU parts (next session; they only fill the records above):
+- :mod:`.hooks`     :func:`attach` -> :class:`Attachment`: forward pre/post hooks on the model, its
+                    decoder layers and their attention/MLP children (rule: :func:`find_targets`),
+                    event pairs + record_function + NVTX, resolved after the forward;
+- :mod:`.profile`   :class:`profile` context manager (``step``, torch.profiler schedules,
+                    ``on_trace_ready``, ``key_averages``, ``export_chrome_trace``);
+- :mod:`.cli`       ``python -m ferroattn profile`` argument parsing/validation (the sweep itself:
+                    GPU part of issue 5).
+
+Plan (items 1-2 are built, on CPU with fake events; GPU validation pending):
 
 1. ``profile(model=None, record_shapes=True, with_flops=True, schedule=None, on_trace_ready=None)``
    context manager with ``step()``, ``key_averages(group_by)`` and ``export_chrome_trace(path)``
@@ -35,6 +43,8 @@ Plan for the GPU parts (next session; they only fill the records above):
 4. CLI ``python -m ferroattn profile`` sweeping batch x seqlen -> heatmap + :func:`detect_knee`.
 """
 from .ceilings import Ceilings, default_cache_dir, measure_ceilings
+from .hooks import Attachment, attach, find_targets
+from .profile import profile
 from .events import KernelRecord, ModuleRecord, Records, chrome_trace_events, export_chrome_trace
 from .knee import Knee, LineKnee, detect_knee
 from .roofline import (RooflinePoint, Utilisation, arithmetic_intensity, attainable_tflops, plot_roofline,
@@ -42,6 +52,7 @@ from .roofline import (RooflinePoint, Utilisation, arithmetic_intensity, attaina
 from .table import Average, KeyAverages, key_averages, sort_keys
 
 __all__ = [
+    "Attachment", "attach", "find_targets", "profile",
     "Average", "Ceilings", "KernelRecord", "KeyAverages", "Knee", "LineKnee", "ModuleRecord", "Records",
     "RooflinePoint", "Utilisation", "arithmetic_intensity", "attainable_tflops", "chrome_trace_events",
     "default_cache_dir", "detect_knee", "export_chrome_trace", "key_averages", "measure_ceilings",

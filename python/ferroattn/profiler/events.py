@@ -51,7 +51,9 @@ class ModuleRecord:
     name: qualified module name (``model.layers.3.self_attn``); kind: its class name
     (``LlamaAttention``); gpu_ms: GPU time of the call, ms (CUDA events around the forward);
     start_us: start relative to the profile's first event, µs; depth: nesting depth (0 = outermost
-    profiled module); step: ``prof.step()`` count at the call; device: CUDA device index.
+    profiled module); step: ``prof.step()`` count at the call; device: CUDA device index;
+    input_shapes: shapes of the tensor positional arguments (None for non-tensors), or None when
+    shapes were not recorded.
     """
 
     name: str
@@ -61,6 +63,7 @@ class ModuleRecord:
     depth: int = 0
     step: int = 0
     device: int = 0
+    input_shapes: Optional[tuple] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -165,7 +168,8 @@ def chrome_trace_events(modules: Sequence[ModuleRecord] = (), kernels: Sequence[
     for r in modules:
         events.append({"name": r.name, "cat": "ferroattn_module", "ph": "X", "ts": r.start_us,
                        "dur": r.gpu_ms * 1e3, "pid": r.device, "tid": MODULE_TID,
-                       "args": {"kind": r.kind, "depth": r.depth, "step": r.step}})
+                       "args": {"kind": r.kind, "depth": r.depth, "step": r.step,
+                                **({"input_shapes": r.input_shapes} if r.input_shapes is not None else {})}})
     for r in kernels:
         args = {"config": r.config, "op": r.op, "grid": r.grid, "block": r.block, "registers per thread":
                 r.registers, "shared memory": r.smem_bytes,

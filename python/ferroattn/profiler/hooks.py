@@ -1,0 +1,239 @@
+"""Module attribution: forward pre/post hooks that time decoder layers and their attention and
+MLP children with (CUDA) events, without any host synchronisation inside the forward.
+
+Which modules are hooked (:func:`find_targets`), in ``model.named_modules()`` order:
+
+1. the model itself (``include_root=True``; its record is named after its class, e.g.
+   ``LlamaForCausalLM``, and is the depth-0 record whose time is the "% of total" denominator);
+2. every element of a ``torch.nn.ModuleList`` whose attribute name is one of ``layer_lists``
+   (default ``layers`` (Llama, Mistral, Qwen), ``h`` (GPT-2, Falcon, BLOOM), ``blocks``,
+   ``layer`` (BERT's ``encoder.layer``)): the decoder (or encoder) layers;
+3. in each such layer, the first direct child found under ``attention_names`` (default
+   ``self_attn``, ``attention``, ``attn``) and the first under ``mlp_names`` (default ``mlp``,
+   ``feed_forward``, ``ffn``). Only direct children are looked at, so e.g.
+   ``attention.self`` (BERT) is timed as ``attention``.
+
+Per call of a hooked module the pre hook records a start event, opens a
+``torch.autograd.profiler.record_function`` range (it shows in a torch.profiler trace running at
+the same time) and, when CUDA is available, pushes an NVTX range (Nsight Systems); the post hook
+(registered with ``always_call=True``, so it also runs when the forward raises) records the end
+event and closes both ranges. Events are kept in a list; elapsed times are read only by
+:meth:`Attachment.resolve`, after the forward (it synchronises on the last end event once).
+
+A module called several times per forward gives one record per call; nesting depth is the number
+of hooked calls open when the call starts (root 0, layer 1, attention/MLP 2 for a plain model).
+
+Event factory: a zero-argument callable returning an object with ``record()``,
+``elapsed_time(other) -> ms`` and optionally ``synchronize()``; the default is
+``torch.cuda.Event(enable_timing=True)`` (recorded on the current stream). Tests pass a fake.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import ArgumentError, NoDeviceError
+from .events import ModuleRecord
+
+LAYER_LISTS = ("layers", "h", "blocks", "layer")
+ATTENTION_NAMES = ("self_attn", "attention", "attn")
+MLP_NAMES = ("mlp", "feed_forward", "ffn")
+
+
+def find_targets(model: Any, include_root: bool = True, layer_lists: Sequence[str] = LAYER_LISTS,
+                 attention_names: Sequence[str] = ATTENTION_NAMES,
+                 mlp_names: Sequence[str] = MLP_NAMES) -> list:
+    """The modules :func:`attach` hooks, as ``[(qualified name, module), ...]`` (rule in the
+    module docstring). Raises ArgumentError when ``model`` is not a ``torch.nn.Module``."""
+    import torch  # noqa: PLC0415
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    targets: list = []
+    seen: set = set()
+
+    def add(name, mod):
+        if id(mod) not in seen:
+            seen.add(id(mod))
+            targets.append((name, mod))
+
+    if include_root:
+        add(type(model).__name__, model)
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.ModuleList) or name.rsplit(".", 1)[-1] not in layer_lists:
+            continue
+        for i, layer in enumerate(mod):
+            lname = f"{name}.{i}"
+            add(lname, layer)
+            children = dict(layer.named_children())
+            for group in (attention_names, mlp_names):
+                for attr in group:
+                    if attr in children:
+                        add(f"{lname}.{attr}", children[attr])
+                        break
+    return targets
+
+
+@dataclass
+class _Call:
+    """One hooked call: events and where it sits (internal)."""
+
+    name: str
+    kind: str
+    depth: int
+    step: int
+    start: Any
+    end: Any = None
+    input_shapes: Optional[tuple] = None
+
+
+def _shapes(args) -> tuple:
+    """Shapes of the tensor positional arguments (others: None)."""
+    return tuple(tuple(a.shape) if hasattr(a, "shape") and hasattr(a, "dtype") else None for a in args)
+
+
+@dataclass
+class Attachment:
+    """The hooks on one model (returned by :func:`attach`). ``enabled``: when False the hooks do
+    nothing (a schedule's wait steps); ``step``: the step number stamped on new calls. Use as a
+    context manager, or call :meth:`remove` (idempotent) to take every hook off."""
+
+    targets: list
+    event_factory: Callable[[], Any]
+    record_function: bool = True
+    nvtx: bool = False
+    record_shapes: bool = True
+    device: int = 0
+    enabled: bool = True
+    step: int = 0
+    calls: list = field(default_factory=list)
+    _open: list = field(default_factory=list)     # (call, module, record_function ctx or None, nvtx pushed)
+    _handles: list = field(default_factory=list)
+
+    # -- hooks ---------------------------------------------------------------------------
+    def _pre(self, name, module, args):
+        if not self.enabled:
+            return None
+        start = self.event_factory()
+        start.record()
+        call = _Call(name, type(module).__name__, len(self._open), self.step, start,
+                     input_shapes=_shapes(args) if self.record_shapes else None)
+        self.calls.append(call)
+        rf = None
+        if self.record_function:
+            from torch.autograd.profiler import record_function  # noqa: PLC0415
+            rf = record_function(name)
+            rf.__enter__()
+        if self.nvtx:
+            import torch  # noqa: PLC0415
+            torch.cuda.nvtx.range_push(name)
+        self._open.append((call, module, rf, self.nvtx))
+        return None
+
+    def _post(self, module, args, output):
+        # the innermost open call of this module (normally the top of the stack)
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i][1] is module:
+                break
+        else:
+            return None  # opened while disabled, or before attach
+        # close anything opened above it (a hooked child whose post hook never ran), then it
+        while len(self._open) > i:
+            self._close(self._open.pop())
+        return None
+
+    def _close(self, entry) -> None:
+        call, _module, rf, nvtx = entry
+        if call.end is None:
+            end = self.event_factory()
+            end.record()
+            call.end = end
+        if nvtx:
+            import torch  # noqa: PLC0415
+            torch.cuda.nvtx.range_pop()
+        if rf is not None:
+            rf.__exit__(None, None, None)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def remove(self) -> None:
+        """Close ranges left open (a forward interrupted), then remove every hook. Idempotent."""
+        while self._open:
+            self._close(self._open.pop())
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def take(self) -> list:
+        """The finished calls so far (removed from the attachment); open calls stay."""
+        done = [c for c in self.calls if c.end is not None]
+        self.calls = [c for c in self.calls if c.end is None]
+        return done
+
+    def resolve(self, calls: Optional[list] = None) -> list:
+        """Elapsed times of ``calls`` (default: :meth:`take`) as :class:`ModuleRecord` s, in call
+        order. Synchronises once, on the latest end event. ``start_us`` is relative to the
+        earliest start event among ``calls`` (µs); ``gpu_ms`` = start.elapsed_time(end) (ms)."""
+        calls = self.take() if calls is None else [c for c in calls if c.end is not None]
+        if not calls:
+            return []
+        sync = getattr(calls[-1].end, "synchronize", None)
+        if sync is not None:
+            sync()
+        ref = calls[0].start
+        out = []
+        for c in calls:
+            ms = float(c.start.elapsed_time(c.end))
+            off = float(ref.elapsed_time(c.start)) * 1e3
+            out.append(ModuleRecord(c.name, c.kind, max(ms, 0.0), max(off, 0.0), c.depth, c.step, self.device,
+                                    input_shapes=c.input_shapes))
+        return out
+
+    def __enter__(self) -> "Attachment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def default_event_factory() -> Callable[[], Any]:
+    """``torch.cuda.Event(enable_timing=True)`` factory; NoDeviceError without a CUDA GPU."""
+    import torch  # noqa: PLC0415
+    if not torch.cuda.is_available():
+        raise NoDeviceError("event_factory: the default CUDA events need a CUDA GPU "
+                            "(torch.cuda.is_available() is False); pass event_factory= to time otherwise")
+    return lambda: torch.cuda.Event(enable_timing=True)
+
+
+def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, record_function: bool = True,
+           nvtx: Optional[bool] = None, record_shapes: bool = True, include_root: bool = True,
+           layer_lists: Sequence[str] = LAYER_LISTS, attention_names: Sequence[str] = ATTENTION_NAMES,
+           mlp_names: Sequence[str] = MLP_NAMES) -> Attachment:
+    """Hook ``model`` (rule: module docstring) and return the :class:`Attachment`.
+
+    event_factory: see the module docstring (None: CUDA events; NoDeviceError without a GPU);
+    record_function: open ``torch.autograd.profiler.record_function`` ranges; nvtx: push NVTX
+    ranges (None: when CUDA is available); record_shapes: keep the tensor argument shapes.
+    Raises ArgumentError when ``model`` is not a module or no module matches the rule."""
+    import torch  # noqa: PLC0415
+    targets = find_targets(model, include_root, layer_lists, attention_names, mlp_names)
+    if not targets:
+        raise ArgumentError(f"model: no module to profile in {type(model).__name__} (include_root=False and no "
+                            f"ModuleList named one of {tuple(layer_lists)})")
+    factory = default_event_factory() if event_factory is None else event_factory
+    if not callable(factory):
+        raise ArgumentError(f"event_factory: expected a callable returning an event, got {factory!r}")
+    cuda = torch.cuda.is_available()
+    att = Attachment(targets, factory, bool(record_function), cuda if nvtx is None else bool(nvtx),
+                     bool(record_shapes), torch.cuda.current_device() if cuda else 0)
+    try:
+        for name, mod in targets:
+            att._handles.append(mod.register_forward_pre_hook(
+                lambda m, args, _n=name: att._pre(_n, m, args)))
+            att._handles.append(mod.register_forward_hook(att._post, always_call=True))
+    except BaseException:
+        att.remove()
+        raise
+    return att

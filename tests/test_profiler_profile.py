@@ -1,0 +1,99 @@
+"""ferroattn.profiler.profile on CPU: schedule cycle, on_trace_ready, key_averages, chrome trace."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _profiler_fakes import make
+from ferroattn.errors import ArgumentError, FerroattnError
+from ferroattn.profiler import profile
+
+
+def test_no_schedule_one_window_at_exit(tmp_path):
+    clock, model, factory = make(2)
+    seen = []
+    with profile(model, event_factory=factory, on_trace_ready=lambda p: seen.append(p.windows)) as prof:
+        for _ in range(3):
+            model(torch.zeros(1))
+            prof.step()
+        assert seen == [] and clock.synced == 0
+    assert seen == [1]
+    ka = prof.key_averages(group_by="module")
+    row = {r.key: r for r in ka}["layers.1.self_attn"]
+    assert (row.count, row.gpu_time_total_ms) == (3, pytest.approx(9.0))
+    assert prof.records.kernels == []
+    assert "layers.1.self_attn" in ka.table(sort_by="gpu_time_total", row_limit=5)
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(path)
+    doc = json.loads(path.read_text())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == 3 * 7 and {e["cat"] for e in xs} == {"ferroattn_module"}
+    assert all(e["dur"] >= 0 for e in xs)
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+
+
+def test_torch_schedule_records_only_active_steps_and_calls_on_trace_ready(tmp_path):
+    clock, model, factory = make(1)
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+    windows = []
+
+    def ready(p):
+        windows.append(sorted({r.step for r in p.records.modules}))
+        p.export_chrome_trace(tmp_path / f"w{p.windows}.json")
+
+    with profile(model, schedule=sched, on_trace_ready=ready, event_factory=factory) as prof:
+        for _ in range(10):
+            model(torch.zeros(1))
+            prof.step()
+    # cycle of 4: wait (0), warmup (1), record (2), record_and_save (3); then 4..7; then NONE
+    assert windows == [[2, 3], [6, 7]]
+    assert (tmp_path / "w1.json").exists() and (tmp_path / "w2.json").exists()
+    assert {r.key: r.count for r in prof.key_averages()}["layers.0"] == 2   # the latest window
+
+
+def test_exit_during_an_active_window_saves_it():
+    clock, model, factory = make(1)
+    sched = torch.profiler.schedule(wait=0, warmup=0, active=3)
+    seen = []
+    with profile(model, schedule=sched, on_trace_ready=lambda p: seen.append(len(p.records.modules)),
+                 event_factory=factory) as prof:
+        model(torch.zeros(1))
+        prof.step()
+    assert seen == [4]       # root, layer, attn, mlp of the one recorded step
+
+
+def test_model_none_and_misuse():
+    prof = profile(None)
+    with prof:
+        prof.step()
+    assert prof.records.modules == [] and prof.key_averages("kernel") == []
+    with pytest.raises(FerroattnError, match="step"):
+        prof.step()
+    with pytest.raises(ArgumentError, match="schedule"):
+        profile(None, schedule=3)
+    with pytest.raises(ArgumentError, match="on_trace_ready"):
+        profile(None, on_trace_ready="x")
+    with pytest.raises(ArgumentError, match="schedule"):
+        with profile(None, schedule=lambda s: "RECORD"):
+            pass
+
+
+def test_exception_in_the_block_removes_hooks_and_saves_nothing():
+    clock, model, factory = make(1)
+    seen = []
+    with pytest.raises(RuntimeError):
+        with profile(model, event_factory=factory, on_trace_ready=seen.append):
+            model(torch.zeros(1))
+            raise RuntimeError("x")
+    assert seen == [] and sum(len(m._forward_pre_hooks) for m in model.modules()) == 0
+
+
+def test_usable_inside_torch_profiler():
+    clock, model, factory = make(1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
+        with profile(model, event_factory=factory) as prof:
+            model(torch.zeros(1))
+    assert "layers.0.self_attn" in {e.key for e in tp.key_averages()}
+    assert len(prof.records.modules) == 4
