@@ -10,6 +10,8 @@ Built (GPU-independent, tested on CPU):
 - :mod:`.ceilings`  :class:`Ceilings` (TFLOP/s + GB/s with what was timed, device, date) and
                     :func:`measure_ceilings` (times them with :mod:`ferroattn.bench.ceilings`,
                     caches them once per device/driver/torch/CUDA as JSON in the kernel cache dir);
+- :mod:`.heatmap`   :func:`plot_sweep_heatmap` (matplotlib: latency ms / tokens/s per (batch, seqlen),
+                    annotated cells, "n/a" for unmeasured ones, the knee outlined);
 - :mod:`.roofline`  :func:`arithmetic_intensity`, :func:`attainable_tflops`, :func:`ridge_point`,
                     :func:`utilisation` -> :class:`Utilisation` (carries its ceilings),
                     :func:`plot_roofline` (matplotlib, log-log, both ceilings, one point per kernel);
@@ -46,6 +48,7 @@ from .ceilings import Ceilings, default_cache_dir, measure_ceilings
 from .hooks import Attachment, attach, find_targets
 from .profile import profile
 from .events import KernelRecord, ModuleRecord, Records, chrome_trace_events, export_chrome_trace
+from .heatmap import plot_sweep_heatmap
 from .knee import Knee, LineKnee, detect_knee
 from .roofline import (RooflinePoint, Utilisation, arithmetic_intensity, attainable_tflops, plot_roofline,
                        ridge_point, utilisation)
@@ -56,5 +59,5 @@ __all__ = [
     "Average", "Ceilings", "KernelRecord", "KeyAverages", "Knee", "LineKnee", "ModuleRecord", "Records",
     "RooflinePoint", "Utilisation", "arithmetic_intensity", "attainable_tflops", "chrome_trace_events",
     "default_cache_dir", "detect_knee", "export_chrome_trace", "key_averages", "measure_ceilings",
-    "plot_roofline", "ridge_point", "sort_keys", "utilisation",
+    "plot_roofline", "plot_sweep_heatmap", "ridge_point", "sort_keys", "utilisation",
 ]
