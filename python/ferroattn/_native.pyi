@@ -120,3 +120,45 @@ class Buffer:
 
 def live_buffers() -> int:
     """Number of Rust-allocated buffers not yet freed (for leak tests)."""
+
+# ---- profiler: launch records of our kernels (issue 5) -------------------------------
+def profiler_enable(enabled: bool) -> None:
+    """Turn the recording of our kernel launches on or off, process-wide (every thread, every
+    device). While on, each launch made through src/launch.rs on a stream that is not capturing
+    a CUDA graph is bracketed by a pair of timing events (cuEventRecord on the launch's stream,
+    events taken from a pool) and described in a record kept until profiler_drain. Launches on a
+    capturing stream are not recorded (counted in profiler_stats()["skipped_capture"]). Off (the
+    default) a launch pays one relaxed atomic load. Turning it off keeps undrained records. At
+    most 1_000_000 records are kept; launches beyond that are counted as "dropped"."""
+def profiler_enabled() -> bool:
+    """Whether launch recording is on."""
+def profiler_stats() -> dict:
+    """{enabled: bool, pending: int (records not drained), skipped_capture: int, dropped: int}
+    (the counters count since the process started)."""
+def profiler_drain(reference_event: Optional[int] = None) -> list[dict]:
+    """Resolve and return every record kept so far, in launch order, and forget them (the pool
+    gets the events back). Waits for each record's end event (cuEventSynchronize): call it
+    outside the region being timed.
+
+    reference_event: a CUevent handle as an int (e.g. ``torch.cuda.Event(enable_timing=True)``
+    after ``.record()``: its ``.cuda_event``), recorded on the records' device before their
+    launches. ``start_ms`` = cuEventElapsedTime(reference_event, start) in ms; None without a
+    reference, or where the driver refuses (another device, event never recorded).
+
+    One dict per launch: {seq: int (launch order since process start), op: str
+    ("ferroattn::attn_fwd", "ferroattn::attn_bwd"), kernel: str (short kernel name, e.g.
+    "attn_fwd_sm80", "attn_bwd_preprocess", "attn_bwd_dkdv_sm80", "attn_bwd_dq_sm80",
+    "attn_bwd_convert_dq"), config: str (the configuration's name expression, as compiled),
+    arch: str ("sm_90a"), device: int, stream: int (raw CUstream), grid: (x, y, z), block:
+    (x, y, z), dynamic_smem_bytes: int, static_smem_bytes: int, registers: int (per thread),
+    max_active_blocks_per_sm: int (cuOccupancyMaxActiveBlocksPerMultiprocessor), occupancy: float
+    (theoretical: max_active_blocks_per_sm * warps per block / max warps per SM, in [0, 1]),
+    flops: float (the tensor-core products the launch performs: 2*m*n*k per product over the
+    (query, key) pairs it visits that are not masked, causal bottom-right counted exactly;
+    0 for the preprocess/convert kernels), bytes: float (compulsory global-memory traffic:
+    every tensor the launch reads or writes counted once, in bytes), exact: bool (False when
+    lengths live on the device, i.e. varlen: flops/bytes then assume every sequence has
+    total/batch tokens), gpu_ms: float (cuEventElapsedTime(start, end)), start_ms: Optional[float]}.
+
+    Raises CudaError when an event cannot be resolved (e.g. a sticky error); the records are
+    forgotten anyway."""
