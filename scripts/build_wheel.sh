@@ -6,13 +6,15 @@
 # 1. the abi3 wheel:  maturin build --release -o dist  (checks: abi3 tag usable by CPython 3.12,
 #    manylinux glibc tag <= $MAX_GLIBC, default 2.35, the GPU machine's floor)
 # 2. dist/COMMIT: git rev-parse HEAD (+ "-dirty"), read by gpu_check.sh (the GPU machine has no .git)
-# 3. .whl/: extra wheels the GPU machine lacks (nvidia-cuda-crt==13.0.88, cp312 manylinux x86_64)
+# 3. .whl/: extra wheels the GPU machine lacks (nvidia-cuda-crt==13.0.88 and nbclient + ipykernel
+#    with their dependencies for the notebooks stage; cp312 manylinux x86_64)
 # 4. .assets/minilm: the fp16 all-MiniLM-L6-v2 copy for the demo (scripts/make_demo_assets.py)
 # 5. prints the size of what travels (limit 64 MiB) and the device command + carry list.
 #
 # dist/, .whl/ and .assets/ are git-ignored. Env: PYTHON (default /work/venv/bin/python if it
 # exists, else python3), MATURIN (default: maturin next to PYTHON, else on PATH), MAX_GLIBC,
-# SKIP_WHEEL=1 (reuse dist/), EXTRA_WHEELS (default "nvidia-cuda-crt==13.0.88").
+# SKIP_WHEEL=1 (reuse dist/), EXTRA_WHEELS (default "nvidia-cuda-crt==13.0.88" + the notebook
+# runner's wheels, NOTEBOOK_WHEELS below).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
@@ -23,7 +25,18 @@ if [ -z "${MATURIN:-}" ]; then
     MATURIN="$(dirname "$PYTHON")/maturin"; [ -x "$MATURIN" ] || MATURIN=maturin
 fi
 MAX_GLIBC=${MAX_GLIBC:-2.35}
-EXTRA_WHEELS=${EXTRA_WHEELS:-"nvidia-cuda-crt==13.0.88"}
+# nvidia-cuda-crt: NVRTC's crt/mma.h. The rest: what scripts/run_notebooks.py (nbclient + an
+# ipykernel kernel) needs and the GPU machine's image lacks (it has matplotlib, attrs, packaging,
+# psutil, pygments, python-dateutil, typing-extensions, tqdm). Not debugpy (5 MB; ipykernel
+# imports it only for the debugger, and a kernel starts without it).
+NOTEBOOK_WHEELS="nbclient==0.11.0 nbformat==5.11.1 jupyter_client==8.10.0 jupyter_core==5.9.1
+    ipykernel==7.4.0 ipython==9.18.1 ipython_pygments_lexers==1.1.1 traitlets==5.16.1 pyzmq==27.3.0
+    tornado==6.6.1 comm==0.2.3 jedi==0.20.1 parso==0.8.7 prompt_toolkit==3.0.53 wcwidth==0.9.4
+    stack_data==0.6.3 executing==2.3.0 asttokens==3.0.2 pure_eval==0.2.4 pexpect==4.9.0
+    ptyprocess==0.7.0 matplotlib_inline==0.2.2 nest_asyncio2==1.7.4 platformdirs==4.14.8
+    fastjsonschema==2.22.3 jsonschema==4.26.0 jsonschema_specifications==2025.9.1
+    referencing==0.37.0 rpds_py==2026.9.1"
+EXTRA_WHEELS=${EXTRA_WHEELS:-"nvidia-cuda-crt==13.0.88 $NOTEBOOK_WHEELS"}
 
 # ---- 1. wheel ---------------------------------------------------------------------------------
 mkdir -p dist

@@ -8,13 +8,16 @@
 # Installs them with pip --no-deps into /tmp/site, then runs, each stage in its own process,
 # logging to its own file, with its own time limit, continuing on failure (in this order):
 #   install, info, precompile (cold cache, --check-spills), warm (fresh process: first-call cost
-#   with the warm cache), demo, profile, train (`bench training`: Llama-3.2-1B-config training
-#   ferroattn vs sdpa, step-0 gradients vs fp32, attention peak memory at 16k), bench (`bench
-#   attention`, forward), bench_bwd (`bench attention --backward`), pytest -m gpu, memcheck and
-#   racecheck (scripts/sanitize_attention.py then scripts/sanitize_attention_bwd.py under
-#   compute-sanitizer). Every stage has a cap and the whole run a budget: a stage that would start
-#   with < 20 s left is skipped and recorded as such; bench and bench_bwd size themselves to what
-#   is left after keeping time for the selected stages after them.
+#   with the warm cache), demo, profile, notebooks (scripts/run_notebooks.py: notebooks/*.ipynb
+#   executed top to bottom with nbclient; needs the nbclient/ipykernel wheels in .whl; run it
+#   after precompile, or the notebooks pay the JIT compilation), train (`bench training`:
+#   Llama-3.2-1B-config training ferroattn vs sdpa, step-0 gradients vs fp32, attention peak
+#   memory at 16k), bench (`bench attention`, forward), bench_bwd (`bench attention --backward`),
+#   pytest -m gpu, memcheck and racecheck (scripts/sanitize_attention.py then
+#   scripts/sanitize_attention_bwd.py under compute-sanitizer). Every stage has a cap and the
+#   whole run a budget: a stage that would start with < 20 s left is skipped and recorded as
+#   such; notebooks, bench and bench_bwd size themselves to what is left after keeping time for
+#   the selected stages after them.
 # and finally scripts/gpu_check_summary.py, which writes $OUT/gpu_check.json and prints the
 # summary table LAST.
 #
@@ -34,6 +37,8 @@
 #   attention_*.json     the raw forward-benchmark JSON
 #   attention_bwd_*.json the raw backward-benchmark JSON
 #   training_*.json      the training comparison (losses, gradient errors, memory)
+#   notebooks.tar.gz     notebooks/*.ipynb as executed (outputs and plots; a failed one up to its
+#                        error); per-notebook PASS/FAIL and times in logs/notebooks.json
 #   gpu_check.json       the summary: device, driver, torch, commit, date, stage exit codes and
 #                        durations, test counts, sanitizer results, demo figures, bench summaries,
 #                        training verdicts and figures
@@ -56,13 +61,13 @@ SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
 FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
-ALL_STAGES="install info precompile warm demo profile train bench bench_bwd pytest memcheck racecheck"
+ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd pytest memcheck racecheck"
 STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
-# Stage caps (seconds) and what an elastic stage (bench, bench_bwd) keeps free for each selected
-# stage after it.
-declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=60 [train]=180
-                [bench]=200 [bench_bwd]=330 [pytest]=240 [memcheck]=120 [racecheck]=150)
+# Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd) keeps free for each
+# selected stage after it.
+declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=60 [notebooks]=400 [train]=180
+                [bench]=200 [bench_bwd]=330 [pytest]=300 [memcheck]=120 [racecheck]=150)
 declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [pytest]=200 [memcheck]=90 [racecheck]=70)
 
 # Under the sanitizer: FERROATTN_LINEINFO=1 (kernels compiled with -lineinfo, so reports name
@@ -112,6 +117,21 @@ do_bench_bwd() {
     [ "$budget" -lt 30 ] && budget=30
     # shellcheck disable=SC2086
     "$PY" -m ferroattn bench attention --backward --out "$OUT" --rep-ms 40 --time-budget-s "$budget" ${BENCH_BWD_ARGS:-}
+}
+
+do_notebooks() {
+    # run_notebooks.py stops starting cells 30 s before the stage limit ($1), so the executed copies
+    # are always written; they are packed into ONE file (the device tool returns at most 8 files).
+    local budget=$(( $1 - 30 )) rc
+    [ "$budget" -lt 30 ] && budget=30
+    rm -rf "$OUT/notebooks" "$OUT/notebooks.tar.gz"
+    "$PY" scripts/run_notebooks.py --out "$OUT/notebooks" --budget-s "$budget" --cell-timeout 300 \
+        --json "$WORK/logs/notebooks.json"
+    rc=$?
+    if [ -d "$OUT/notebooks" ]; then
+        tar -czf "$OUT/notebooks.tar.gz" -C "$OUT" notebooks && rm -rf "$OUT/notebooks"
+    fi
+    return "$rc"
 }
 
 do_train() {
@@ -265,11 +285,13 @@ stage precompile "${CAP[precompile]}" "$PY" -m ferroattn precompile --check-spil
 stage warm "${CAP[warm]}" bash "$SELF" __fn warm
 stage demo "${CAP[demo]}" "$PY" -m ferroattn demo --minilm .assets/minilm --json "$OUT/demo.json"
 stage profile "${CAP[profile]}" "$PY" scripts/profile_llm_attention.py
+# the notebooks get min(cap, what is left after keeping time for the selected stages after them)
+if selected notebooks; then lim=$(elastic_limit notebooks); stage notebooks "$lim" bash "$SELF" __fn notebooks "$lim"; fi
 stage train "${CAP[train]}" bash "$SELF" __fn train
 # the benchmarks get what is left after keeping time for the selected stages after them (capped)
 if selected bench; then lim=$(elastic_limit bench); stage bench "$lim" bash "$SELF" __fn bench "$lim"; fi
 if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$lim" bash "$SELF" __fn bench_bwd "$lim"; fi
-stage pytest "${CAP[pytest]}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
+stage pytest "${CAP[pytest]}" env FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
 stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck
 stage racecheck "${CAP[racecheck]}" bash "$SELF" __fn sanitize racecheck
 

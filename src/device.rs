@@ -70,6 +70,23 @@ pub fn compute_capability(ordinal: i32) -> Result<(i32, i32)> {
     Ok(cc)
 }
 
+/// Most resident threads per multiprocessor (CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+/// e.g. 2048 on sm_80/sm_90), cached.
+pub fn max_threads_per_multiprocessor(ordinal: i32) -> Result<i32> {
+    static CACHE: OnceLock<RwLock<HashMap<i32, i32>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(n) = cache.read().unwrap().get(&ordinal) {
+        return Ok(*n);
+    }
+    let dev = device_handle(ordinal)?;
+    let n = attribute(
+        dev,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+    )?;
+    cache.write().unwrap().insert(ordinal, n);
+    Ok(n)
+}
+
 /// The arch kernels are compiled for on this device (UnsupportedGpu below sm_80).
 pub fn arch(ordinal: i32) -> Result<Arch> {
     let (major, minor) = compute_capability(ordinal)?;

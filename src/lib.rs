@@ -2,8 +2,8 @@
 //!
 //! Layers (DESIGN.md §2): `python` (thin PyO3 glue) → `ops` (validate → config → launch) →
 //! `tuning` (pure heuristics) → `jit` (NVRTC → CUBIN → CUfunction, cached) → `launch` /
-//! `device` (CUDA driver). Tensors cross the boundary through `dlpack` and are described
-//! inside by `tensor::TensorView` only.
+//! `device` (CUDA driver); `profiler` records launches when asked. Tensors cross the boundary
+//! through `dlpack` and are described inside by `tensor::TensorView` only.
 
 pub mod device;
 pub mod dlpack;
@@ -12,6 +12,7 @@ pub mod error;
 pub mod jit;
 pub mod launch;
 pub mod ops;
+pub mod profiler;
 pub mod python;
 pub mod tensor;
 pub mod tuning;

@@ -1,4 +1,5 @@
-"""`python -m ferroattn profile` on CPU: argument errors (exit 2) and the no-GPU refusal (exit 3)."""
+"""`python -m ferroattn profile` on CPU: argument errors (exit 2), the no-GPU refusal (exit 3), and
+the sweep report itself run on the CPU (tiny Llama, sdpa) with its exit codes."""
 from __future__ import annotations
 
 import pytest
@@ -42,10 +43,83 @@ def test_no_gpu_exits_3(monkeypatch, tmp_path, capsys):
         assert "cannot run: no CUDA GPU found" in capsys.readouterr().err
 
 
-def test_sweep_not_yet_written_says_so(monkeypatch, capsys):
+def test_with_a_gpu_main_runs_the_sweep(monkeypatch):
     monkeypatch.setattr(pcli, "_cuda_available", lambda: True)
-    assert cli.main(["profile", "--model", "tiny"]) == 1
-    assert "lands with the GPU part of issue 5" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(pcli, "run_sweep", lambda args: seen.append((args.model, args.batch, args.attn)) or 0)
+    assert cli.main(["profile", "--model", "tiny", "--batch", "1,2", "--attn", "sdpa"]) == 0
+    assert seen == [("tiny", [1, 2], "sdpa")]
+
+
+def _args(tmp_path, model="tiny", batch=(1, 2), seq=(8, 16, 32)):
+    return cli.build_parser().parse_args(["profile", "--model", model, "--batch", ",".join(map(str, batch)),
+                                          "--seq", ",".join(map(str, seq)), "--attn", "sdpa",
+                                          "--trace", str(tmp_path / "t.json"), "--plot", str(tmp_path / "p.png")])
+
+
+def test_run_sweep_on_the_cpu_prints_tables_and_writes_trace_and_plot(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    import json
+    import io
+    out = io.StringIO()
+    rc = pcli.run_sweep(_args(tmp_path), device="cpu", repeats=1, warmup=0, out=out)
+    text, err = out.getvalue(), capsys.readouterr().err
+    assert rc == 0, err
+    assert "profile sweep" in err                                   # progress bar
+    assert "latency ms" in text and "tokens/s" in text and "knee" in text
+    assert "profile of batch=" in text and "model.layers.0.self_attn" in text and "% of total" in text
+    assert "Config" in text                                        # the kernel table (empty on the CPU)
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert any(e["ph"] == "X" and e["name"] == "lm_head" for e in doc["traceEvents"])
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+class _Toy:
+    """build_model stand-in: a module failing with OOM above 32 tokens and a ValueError at (1, 16)."""
+
+    def __init__(self, bad):
+        self.bad = bad
+
+    def __call__(self, model, attn, device):
+        import torch
+
+        bad = self.bad
+
+        class Toy(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(2, 2)
+                self.config = type("C", (), {"vocab_size": 10})()
+
+            def forward(self, ids):
+                b, s = ids.shape
+                if b * s > 32:
+                    raise torch.OutOfMemoryError("CUDA out of memory")
+                if (b, s) == bad:
+                    raise ValueError("bad")
+                return self.lin(torch.ones(b, s, 2))
+        return Toy()
+
+
+@pytest.mark.parametrize("bad, rc", [(None, 0), ((1, 16), 1)])
+def test_exit_code_oom_points_ok_other_failures_1(monkeypatch, tmp_path, capsys, bad, rc):
+    import io
+    from ferroattn.profiler import models
+    monkeypatch.setattr(models, "build_model", _Toy(bad))
+    assert pcli.run_sweep(_args(tmp_path), device="cpu", repeats=1, warmup=0, out=io.StringIO()) == rc
+    err = capsys.readouterr().err
+    assert "batch=2, seqlen=32: out of memory" in err
+    assert ("ValueError: bad" in err) == (bad is not None)
+
+
+def test_exit_1_when_no_point_ran(monkeypatch, tmp_path, capsys):
+    import io
+    from ferroattn.profiler import models
+    monkeypatch.setattr(models, "build_model", _Toy(None))
+    args = _args(tmp_path, batch=(4,), seq=(16, 32))
+    assert pcli.run_sweep(args, device="cpu", repeats=1, warmup=0, out=io.StringIO()) == 1
+    assert "no point of the sweep ran" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_defaults_parse():

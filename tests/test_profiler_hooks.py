@@ -16,10 +16,11 @@ def _hook_count(model):
 def test_targets_follow_the_rule():
     _, model, _ = make(2)
     names = [n for n, _ in find_targets(model)]
-    assert names == ["Decoder", "layers.0", "layers.0.self_attn", "layers.0.mlp",
+    assert names == ["Decoder", "embed", "layers.0", "layers.0.self_attn", "layers.0.mlp",
                      "layers.1", "layers.1.self_attn", "layers.1.mlp"]
-    assert "layers.0.norm" not in names and "embed" not in names
-    assert [n for n, _ in find_targets(model, include_root=False)][0] == "layers.0"
+    assert "layers.0.norm" not in names and "layers" not in names
+    assert [n for n, _ in find_targets(model, include_root=False)][:2] == ["embed", "layers.0"]
+    assert "embed" not in [n for n, _ in find_targets(model, top_level=False)]
     with pytest.raises(ArgumentError, match="model"):
         find_targets(object())
 
@@ -72,7 +73,7 @@ def test_hooks_removed_after_exit_and_on_exception():
     assert _hook_count(model) == 0
     with pytest.raises(RuntimeError, match="boom"):
         with attach(model, event_factory=factory):
-            assert _hook_count(model) == 2 * 7
+            assert _hook_count(model) == 2 * 8
             raise RuntimeError("boom")
     assert _hook_count(model) == 0
 
@@ -89,7 +90,7 @@ def test_module_raising_inside_forward_closes_its_ranges():
     assert "layers.1.mlp" in names and "Decoder" in names
     model.layers[1].mlp.fail = False
     model(torch.zeros(1))                        # still consistent afterwards
-    assert len(att.resolve()) == 7
+    assert len(att.resolve()) == 8
     att.remove()
     att.remove()                                 # idempotent
     assert _hook_count(model) == 0
@@ -124,3 +125,50 @@ def test_argument_errors():
         with pytest.raises(NoDeviceError, match="event_factory"):
             attach(model)
     assert isinstance(Layer(clock, 1, 1), torch.nn.Module)
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    from ferroattn.demo import TINY
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**TINY, attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_llama_top_level_components_are_hooked():
+    model = _tiny_llama()
+    names = [n for n, _ in find_targets(model)]
+    assert names == ["LlamaForCausalLM", "model.embed_tokens",
+                     "model.layers.0", "model.layers.0.self_attn", "model.layers.0.mlp",
+                     "model.layers.1", "model.layers.1.self_attn", "model.layers.1.mlp",
+                     "model.norm", "model.rotary_emb", "lm_head"]
+    assert "model" not in names and "model.layers" not in names      # ancestors of / the layer list
+    assert [n for n, _ in find_targets(model, top_level=False)][1] == "model.layers.0"
+
+
+def test_llama_depth1_records_cover_the_whole_forward():
+    """Every leaf module advances a fake clock by 1 ms: the root's time is the number of leaves
+    called; the depth-1 records (top-level components + layers) must account for all of it."""
+    from _profiler_fakes import Clock, FakeEvent
+    model = _tiny_llama()
+    clock = Clock()
+    leaves = [m for m in model.modules() if not list(m.children())]
+
+    def tick(*_):   # a post hook registered before attach's: runs before its end event is recorded
+        clock.now += 1.0
+    handles = [m.register_forward_hook(tick) for m in leaves]
+    try:
+        with attach(model, event_factory=lambda: FakeEvent(clock)) as att:
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
+            recs = att.resolve()
+    finally:
+        for h in handles:
+            h.remove()
+    root = [r for r in recs if r.depth == 0]
+    depth1 = {r.name: r.gpu_ms for r in recs if r.depth == 1}
+    assert len(root) == 1 and root[0].gpu_ms == clock.now > 0
+    assert sum(depth1.values()) == pytest.approx(root[0].gpu_ms)
+    assert set(depth1) == {"model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
+                           "model.rotary_emb", "lm_head"}
+    assert depth1["lm_head"] == 1.0 and depth1["model.embed_tokens"] == 1.0

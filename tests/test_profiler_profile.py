@@ -29,7 +29,7 @@ def test_no_schedule_one_window_at_exit(tmp_path):
     prof.export_chrome_trace(path)
     doc = json.loads(path.read_text())
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
-    assert len(xs) == 3 * 7 and {e["cat"] for e in xs} == {"ferroattn_module"}
+    assert len(xs) == 3 * 8 and {e["cat"] for e in xs} == {"ferroattn_module"}
     assert all(e["dur"] >= 0 for e in xs)
     assert sum(len(m._forward_hooks) for m in model.modules()) == 0
 
@@ -61,7 +61,7 @@ def test_exit_during_an_active_window_saves_it():
                  event_factory=factory) as prof:
         model(torch.zeros(1))
         prof.step()
-    assert seen == [4]       # root, layer, attn, mlp of the one recorded step
+    assert seen == [5]       # root, embed, layer, attn, mlp of the one recorded step
 
 
 def test_model_none_and_misuse():
@@ -96,4 +96,4 @@ def test_usable_inside_torch_profiler():
         with profile(model, event_factory=factory) as prof:
             model(torch.zeros(1))
     assert "layers.0.self_attn" in {e.key for e in tp.key_averages()}
-    assert len(prof.records.modules) == 4
+    assert len(prof.records.modules) == 5

@@ -94,7 +94,7 @@ def test_measure_once_then_cached(tmp_path):
     assert (c1.peak_tflops, c1.bandwidth_gbps, c1.device) == (770.0, 4200.0, "TestGPU")
     assert c1.compute_source == "mm" and c1.memory_source == "cp" and c1.measured_at
     doc = json.loads((tmp_path / "profiler_ceilings.json").read_text())
-    assert doc["version"] == 1 and len(doc["entries"]) == 1
+    assert doc["version"] == 2 and len(doc["entries"]) == 1
     (entry,) = doc["entries"].values()
     assert entry["key"] == KEY and entry["ceilings"]["peak_tflops"] == 770.0
 
@@ -157,3 +157,50 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match="pip install"):
         plot_roofline([RooflinePoint("k", 1.0, 1.0)], C)
+
+
+# ---- bf16 and fp16 compute ceilings ----------------------------------------------------------
+
+def fake_measure_both(counter):
+    def measure():
+        counter.append(1)
+        return {"matmul_bf16": {"tflops": 760.0, "what": "mm bf16"}, "matmul_fp16": {"tflops": 740.0, "what": "mm fp16"},
+                "copy_d2d": {"gbps": 4250.0, "what": "cp"}}
+    return measure
+
+
+def test_bf16_and_fp16_ceilings_are_cached_and_selectable(tmp_path):
+    from ferroattn.profiler import cached_ceilings
+    assert cached_ceilings(cache_dir=tmp_path, key=KEY) is None          # never measures
+    calls = []
+    c = measure_ceilings(cache_dir=tmp_path, measure=fake_measure_both(calls), key=KEY)
+    assert c.by_dtype == (("bfloat16", 760.0, "mm bf16"), ("float16", 740.0, "mm fp16"))
+    assert (c.peak_tflops, c.compute_source) == (760.0, "mm bf16")
+    f16 = c.for_dtype("fp16")
+    assert (f16.peak_tflops, f16.compute_source, f16.bandwidth_gbps) == (740.0, "mm fp16", 4250.0)
+    assert c.for_dtype("__nv_bfloat16") == c and c.for_dtype(None) is c and c.for_dtype("float32") is c
+    assert "float16 740.0 TFLOP/s" in c.label() and "[mm bf16]" in c.label()
+    assert "[mm fp16]" in f16.label() and "bfloat16 760.0 TFLOP/s" in f16.label()
+    assert cached_ceilings(cache_dir=tmp_path, key=KEY) == c and len(calls) == 1
+    assert Ceilings.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    u = utilisation(4e12, 1e9, 10.0, f16)
+    assert u.ceilings.compute_source == "mm fp16" and u.pct_of_compute == pytest.approx(100 * 400 / 740)
+
+
+def test_old_cache_entries_without_fp16_are_measured_again(tmp_path):
+    (tmp_path / "profiler_ceilings.json").write_text(json.dumps({"version": 1, "entries": {}}))
+    calls = []
+    measure_ceilings(cache_dir=tmp_path, measure=fake_measure_both(calls), key=KEY)
+    assert len(calls) == 1 and json.loads((tmp_path / "profiler_ceilings.json").read_text())["version"] == 2
+
+
+def test_config_dtype_and_bad_by_dtype():
+    from ferroattn.profiler import config_dtype
+    assert config_dtype("ferroattn::attn_fwd_sm80<64, 128, 64, 4, 2, true, __nv_bfloat16>") == "bfloat16"
+    assert config_dtype("ferroattn::attn_bwd_dq_sm80<128, 64, 64, 8, 2, false, __half>") == "float16"
+    assert config_dtype("no template") is None and config_dtype("") is None and config_dtype(None) is None
+    with pytest.raises(ArgumentError, match="by_dtype"):
+        Ceilings(1.0, 1.0, by_dtype=(("int8", 1.0, "x"),))
+    with pytest.raises(ArgumentError, match="by_dtype"):
+        Ceilings(1.0, 1.0, by_dtype=(("bf16", -1.0, "x"),))
+    assert Ceilings(1.0, 1.0, by_dtype=(("bf16", 2.0, "x"),)).by_dtype == (("bfloat16", 2.0, "x"),)

@@ -22,8 +22,9 @@ Commands
     (:mod:`ferroattn.bench.training`). Exit 0 when every check passes, 1 when one fails, 3 when a
     requirement is missing.
 ``profile --model NAME|PATH --batch 1,4,16 --seq 512,2048,8192 [--attn ferroattn|sdpa] [--trace F] [--plot F]``
-    Batch x sequence-length sweep of a model with per-layer profile and knee
-    (:mod:`ferroattn.profiler.cli`; arguments validated, the GPU sweep lands with issue 5's GPU part).
+    Batch x sequence-length sweep of a model (GPU): progress bar, latency/throughput table, knee,
+    per-module and kernel tables of the knee point, optional Chrome trace and heatmap
+    (:mod:`ferroattn.profiler.cli`; exit 1 when a point fails other than out of memory).
 
 Exit codes: 0 ok, 1 failure, 2 bad command line (argparse), 3 missing requirement.
 """

@@ -232,6 +232,11 @@ pub struct Kernel {
     function: sys::CUfunction,
     pub lowered_name: String,
     pub dynamic_smem_bytes: u32,
+    /// The kernel's short name: `KernelSpec::kernel()` without its namespace, e.g. "attn_fwd_sm80".
+    pub name: &'static str,
+    /// The NVRTC name expression it was compiled from (`KernelSpec::name_expression()`).
+    pub name_expression: String,
+    pub arch: Arch,
 }
 // SAFETY: a CUfunction handle is a process-wide driver object usable from any thread.
 unsafe impl Send for Kernel {}
@@ -243,8 +248,14 @@ impl Kernel {
     }
 }
 
-/// Load a CUBIN on `device` and look up its entry function.
-fn load(compiled: &nvrtc::Compiled, device: i32, dynamic_smem_bytes: u32) -> Result<Kernel> {
+/// `kernel` without its namespace ("ferroattn::attn_fwd_sm80" -> "attn_fwd_sm80").
+fn short_name(kernel: &'static str) -> &'static str {
+    kernel.rsplit("::").next().unwrap_or(kernel)
+}
+
+/// Load the CUBIN of `spec` on `device` and look up its entry function.
+fn load<K: KernelSpec>(compiled: &nvrtc::Compiled, device: i32, spec: &K) -> Result<Kernel> {
+    let dynamic_smem_bytes = spec.dynamic_smem_bytes();
     crate::device::bind(device)?;
     let t = Instant::now();
     // SAFETY: `cubin` is a complete CUBIN image produced by NVRTC.
@@ -269,6 +280,9 @@ fn load(compiled: &nvrtc::Compiled, device: i32, dynamic_smem_bytes: u32) -> Res
         function,
         lowered_name: compiled.lowered_name.clone(),
         dynamic_smem_bytes,
+        name: short_name(spec.kernel()),
+        name_expression: spec.name_expression(),
+        arch: spec.arch(),
     })
 }
 
@@ -308,11 +322,7 @@ impl<K: KernelSpec> KernelMap<K> {
             }
         }
         let obtained = obtain(spec)?;
-        let kernel: &'static Kernel = Box::leak(Box::new(load(
-            &obtained.compiled,
-            device,
-            spec.dynamic_smem_bytes(),
-        )?));
+        let kernel: &'static Kernel = Box::leak(Box::new(load(&obtained.compiled, device, spec)?));
         map.write()
             .unwrap()
             .insert((*spec, device), (generation, kernel));
@@ -442,6 +452,13 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn short_names_drop_the_namespace() {
+        assert_eq!(short_name("ferroattn::attn_fwd_sm80"), "attn_fwd_sm80");
+        assert_eq!(short_name("a::b::attn_bwd_dq_sm80"), "attn_bwd_dq_sm80");
+        assert_eq!(short_name("plain"), "plain");
     }
 
     #[test]

@@ -14,7 +14,8 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::jit::{Arch, KernelMap, KernelSpec};
-use crate::launch::{launch, LaunchShape};
+use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::ops::work::AttnSizes;
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig};
 use std::ffi::c_void;
@@ -596,9 +597,13 @@ pub fn attn_fwd(
         cu_seqlens_k,
         softmax_scale,
     );
+    let info = LaunchInfo {
+        op: "ferroattn::attn_fwd",
+        work: AttnSizes::new(&p, &q.meta, &k.meta).fwd(causal),
+    };
     // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
     // in stream order (torch's caching allocator does).
-    unsafe { launch(kernel, p.device, &shape, stream, &mut prm) }
+    unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info) }
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use super::attention::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::jit::{Arch, KernelMap, KernelSpec};
-use crate::launch::{launch, LaunchShape};
+use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::ops::work::AttnSizes;
 use crate::tensor::{fmt_shape, overlaps, self_overlaps, TensorMeta, TensorView};
 use crate::tuning::attention_bwd::{bwd_plan, bwd_production_configs, AttnBwdConfig};
 use std::ffi::c_void;
@@ -429,10 +430,15 @@ pub fn attn_bwd(
         kernels.push(KERNELS.get(config, p.device)?);
     }
     let mut prm = params(&p, t, t.workspace(deterministic), softmax_scale);
-    for ((_, shape), kernel) in launches.iter().zip(kernels) {
+    let sizes = AttnSizes::new(&p, &t.q.meta, &t.k.meta);
+    for ((config, shape), kernel) in launches.iter().zip(kernels) {
+        let info = LaunchInfo {
+            op: "ferroattn::attn_bwd",
+            work: sizes.bwd(config.kind, causal, deterministic),
+        };
         // SAFETY: `prm` mirrors the kernels' AttnBwdParams; the caller keeps the tensors alive
         // in stream order (torch's caching allocator does).
-        unsafe { launch(kernel, p.device, shape, stream, &mut prm)? };
+        unsafe { launch(kernel, p.device, shape, stream, &mut prm, &info)? };
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod attention_bwd;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod work;
 
 use crate::error::Result;
 use crate::jit::{precompile as pc, Arch};

@@ -55,17 +55,22 @@ fn attn_fwd_check(
 /// A raw CUstream handle: a Python int in [0, 2^64) (0 = the legacy default stream). Not an int:
 /// TypeError; out of range: ArgumentError; both name `stream`.
 pub(super) fn stream_handle(stream: &Bound<'_, PyAny>) -> Result<u64> {
-    let shown = || stream.repr().map(|r| r.to_string()).unwrap_or_default();
-    let Ok(value) = stream.extract::<i128>() else {
+    raw_handle(stream, "stream", "a CUstream handle")
+}
+
+/// A raw driver handle (`what`, e.g. "a CUevent handle") passed as a Python int in [0, 2^64).
+/// Not an int: TypeError; out of range: ArgumentError; both name `arg`.
+pub(super) fn raw_handle(obj: &Bound<'_, PyAny>, arg: &str, what: &str) -> Result<u64> {
+    let shown = || obj.repr().map(|r| r.to_string()).unwrap_or_default();
+    let Ok(value) = obj.extract::<i128>() else {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "stream: expected an int (a CUstream handle), got {}",
+            "{arg}: expected an int ({what}), got {}",
             shown()
         ))
         .into());
     };
-    u64::try_from(value).map_err(|_| {
-        crate::error::Error::argument("stream", "a CUstream handle, an int in [0, 2**64)", shown())
-    })
+    u64::try_from(value)
+        .map_err(|_| crate::error::Error::argument(arg, format!("{what}, an int in [0, 2**64)"), shown()))
 }
 
 fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {

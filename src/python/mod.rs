@@ -7,6 +7,7 @@ mod dlpack;
 mod env;
 pub mod errors;
 mod jit;
+mod profiler;
 
 use pyo3::prelude::*;
 
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     attention::register(m)?;
     attention_bwd::register(m)?;
     dlpack::register(m)?;
+    profiler::register(m)?;
     Ok(())
 }

@@ -1,13 +1,21 @@
 """``python -m ferroattn profile``: a batch x sequence-length sweep of a model (issue 5).
 
 ``--model`` is a config name of :data:`ferroattn.demo.LLM_CONFIGS` (``llama-3.2-1b``, ``tiny``) or
-an existing path: a directory holding ``config.json`` or a ``config.json`` file.
+an existing path: a directory holding ``config.json`` or a ``config.json`` file (the model is built
+by :func:`~.models.build_model`: bf16, seeded random weights, on the GPU).
 ``--batch`` / ``--seq``: comma-separated positive ints (parsed by the CLI, exit 2 on error);
 ``--attn``: ``ferroattn`` or ``sdpa``; ``--trace``/``--plot``: output files whose directory must exist.
 
-Exit codes (as the other commands): 2 bad arguments, 3 cannot run (no CUDA GPU), 1 failure.
-The sweep itself (per point: forward time, per-layer profile, heatmap, :func:`.knee.detect_knee`)
-is not written yet: on a GPU it raises NotImplementedError ("lands with the GPU part of issue 5").
+What it does (:func:`run_sweep`): :func:`~.sweep.sweep` over the grid with a progress bar (stderr),
+then prints the latency/throughput table, the knee, and for the knee point (else the largest
+point that ran) the per-module table (``key_averages(group_by="module").table(
+sort_by="gpu_time_total", row_limit=15)``) and the kernel table of its profiled forward;
+``--trace`` writes that forward as a Chrome trace, ``--plot`` the latency/throughput heatmap.
+
+Exit codes (as the other commands): 0 every point ran; 1 failure (a point other than out of
+memory failed, every point failed, or an output could not be written); 2 bad arguments; 3 cannot
+run (no CUDA GPU, or transformers missing). Out-of-memory points are reported "n/a" and do not
+fail the run as long as one point ran.
 """
 from __future__ import annotations
 
@@ -48,10 +56,51 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def run_sweep(args: argparse.Namespace) -> int:
-    """The GPU sweep (not written yet)."""
-    raise NotImplementedError("the batch x seq sweep (timings, per-layer profile, heatmap, knee) lands with the "
-                              "GPU part of issue 5")
+def run_sweep(args: argparse.Namespace, *, device: str = "cuda", repeats: int = 10, warmup: int = 3,
+              out=None) -> int:
+    """Build the model, sweep, print the report, write --trace/--plot; returns the exit code
+    (module docstring). ``device``/``repeats``/``warmup``/``out`` (a text stream, default stdout)
+    let tests run it on the CPU."""
+    from .models import build_model  # noqa: PLC0415
+    from .sweep import OOM, sweep  # noqa: PLC0415
+    out = sys.stdout if out is None else out
+    try:
+        model = build_model(args.model, attn=args.attn, device=device)
+    except ImportError as e:
+        print(f"{PROG}: cannot run: {e}", file=sys.stderr)
+        return 3
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{PROG}: {args.model} ({type(model).__name__}, {n_params / 1e6:.1f}M parameters, bf16, "
+          f"attn={args.attn}) on {device}; batches {args.batch}, seqlens {args.seq}", file=out, flush=True)
+    res = sweep(model, args.batch, args.seq, repeats=repeats, warmup=warmup, profile_layers=True, progress=True)
+    print(res.table(), file=out)
+    pt = res.profiled_point()
+    rc = 0
+    if pt is not None:
+        rec = res.points[pt].records
+        which = "the knee" if res.knee is not None and res.knee.config == pt else "the largest point that ran"
+        print(f"profile of batch={pt[0]}, seqlen={pt[1]} ({which}):", file=out)
+        print(rec.key_averages(group_by="module").table(sort_by="gpu_time_total", row_limit=15), file=out)
+        print(rec.key_averages(group_by="kernel").table(sort_by="gpu_time_total", row_limit=15), file=out)
+        try:
+            if args.trace:
+                rec.export_chrome_trace(args.trace)
+                print(f"chrome trace (batch={pt[0]}, seqlen={pt[1]}): {args.trace}", file=out)
+            if args.plot:
+                res.plot_heatmap(args.plot)
+                print(f"heatmap: {args.plot}", file=out)
+        except OSError as e:
+            print(f"{PROG}: cannot write an output: {e}", file=sys.stderr)
+            rc = 1
+    errors = res.errors
+    for (b, s), err in errors.items():
+        print(f"{PROG}: batch={b}, seqlen={s}: {err}", file=sys.stderr)
+    if pt is None:
+        print(f"{PROG}: no point of the sweep ran", file=sys.stderr)
+        return 1
+    if any(e != OOM for e in errors.values()):
+        return 1
+    return rc
 
 
 def main_from_args(args: argparse.Namespace) -> int:
@@ -63,8 +112,4 @@ def main_from_args(args: argparse.Namespace) -> int:
     if not _cuda_available():
         print(f"{PROG}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
-    try:
-        return run_sweep(args)
-    except NotImplementedError as e:
-        print(f"{PROG}: not implemented yet: {e}", file=sys.stderr)
-        return 1
+    return run_sweep(args)

@@ -1,16 +1,16 @@
 """Profiler records (one per call) and their Chrome-trace export.
 
-A record is one timed call; :mod:`.table` aggregates them. Sources (next session, on a GPU):
+A record is one timed call; :mod:`.table` aggregates them. Sources:
 
-- :class:`ModuleRecord`: filled by forward pre/post hooks that record a CUDA event pair per
+- :class:`ModuleRecord`: forward pre/post hooks (:mod:`.hooks`) that record a CUDA event pair per
   module call (resolved after the forward, no sync inside it): ``gpu_ms`` =
-  ``start.elapsed_time(end)``, ``start_us`` = elapsed time from the profile's first event.
-- :class:`KernelRecord`: filled from the Rust launch record (``src/profiler.rs``: kernel name,
-  config name expression, grid, block, registers and shared memory from ``cuFuncGetAttribute``,
-  theoretical occupancy from ``cuOccupancyMaxActiveBlocksPerMultiprocessor``, FLOPs and bytes from
-  the op's formula) plus its CUDA-event time.
+  ``start.elapsed_time(end)``, ``start_us`` = elapsed time from the profile window's reference event.
+- :class:`KernelRecord`: our launches, from the Rust launch records (``_native.profiler_drain``:
+  kernel name, config name expression, grid, block, registers and shared memory, theoretical
+  occupancy, FLOPs and bytes from the op's formula, CUDA-event time; :mod:`.launches`), and other
+  libraries' kernels from a torch.profiler run (:mod:`.torch_import`; no launch attributes).
 
-:class:`Records` holds both lists for one profile and is what ``profile`` will expose:
+:class:`Records` holds both lists for one profile window and is what ``profile`` exposes:
 ``key_averages(group_by=...)`` and ``export_chrome_trace(path)``.
 
 Chrome trace: the Trace Event Format (Google, "Trace Event Format" document, the JSON object
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import ArgumentError
-from .ceilings import Ceilings
+from .ceilings import Ceilings, config_dtype
 from .roofline import RooflinePoint, Utilisation, utilisation
 
 
@@ -50,7 +50,7 @@ class ModuleRecord:
 
     name: qualified module name (``model.layers.3.self_attn``); kind: its class name
     (``LlamaAttention``); gpu_ms: GPU time of the call, ms (CUDA events around the forward);
-    start_us: start relative to the profile's first event, µs; depth: nesting depth (0 = outermost
+    start_us: start relative to the profile window's reference event, µs; depth: nesting depth (0 = outermost
     profiled module); step: ``prof.step()`` count at the call; device: CUDA device index;
     input_shapes: shapes of the tensor positional arguments (None for non-tensors), or None when
     shapes were not recorded.
@@ -74,15 +74,18 @@ class ModuleRecord:
 
 @dataclass(frozen=True)
 class KernelRecord:
-    """One launch of one of our kernels.
+    """One kernel launch: one of ours (from the Rust launch records, :mod:`.launches`) or another
+    library's (from a simultaneous torch.profiler run, :mod:`.torch_import`: config "", grid/block
+    (1, 1, 1), registers/smem_bytes/occupancy None, nbytes 0).
 
-    name: kernel name (readable, as torch.profiler shows it); config: the configuration's name
-    expression (e.g. ``ferroattn::attn_fwd_sm80<128, 128, 64, 4, 2, true, bf16>``); op: the op it
-    ran for (``ferroattn::attn_fwd``); grid, block: launch dimensions (x, y, z); registers: per
+    name: kernel name (ours: the short name, e.g. ``attn_fwd_sm80``; others: as torch.profiler
+    shows it); config: the configuration's name expression (e.g.
+    ``ferroattn::attn_fwd_sm80<128, 128, 64, 4, 2, true, __nv_bfloat16>``); op: the op it ran for
+    (``ferroattn::attn_fwd``, ``aten::mm``, ``torch``); grid, block: launch dimensions (x, y, z); registers: per
     thread; smem_bytes: dynamic + static shared memory per block; occupancy: theoretical, as a
     fraction in [0, 1] (active warps / max warps per SM); flops, nbytes: work of the launch (the
     op's FLOP formula; bytes read + written in global memory); gpu_ms: GPU time, ms; start_us:
-    start relative to the profile's first event, µs; module: the innermost profiled module it ran
+    start relative to the profile window's reference event, µs; module: the innermost profiled module it ran
     in, or None; stream: the CUDA stream handle; device: CUDA device index; step: as ModuleRecord.
     registers/smem_bytes/occupancy may be None when the driver did not report them.
     """
@@ -126,11 +129,18 @@ class KernelRecord:
         """Achieved GB/s (None when gpu_ms is 0)."""
         return self.nbytes / (self.gpu_ms * 1e-3) / 1e9 if self.gpu_ms > 0 else None
 
+    @property
+    def dtype(self) -> Optional[str]:
+        """The dtype named by ``config`` ("bfloat16"/"float16"), or None (:func:`.ceilings.config_dtype`)."""
+        return config_dtype(self.config)
+
     def utilisation(self, ceilings: Ceilings) -> Optional[Utilisation]:
-        """Roofline utilisation against ``ceilings`` (None when gpu_ms or nbytes is 0)."""
+        """Roofline utilisation against ``ceilings`` with the compute ceiling of this kernel's dtype
+        (:meth:`Ceilings.for_dtype`; the result's ``ceilings`` say which); None when gpu_ms or
+        nbytes is 0."""
         if self.gpu_ms <= 0 or self.nbytes <= 0:
             return None
-        return utilisation(self.flops, self.nbytes, self.gpu_ms, ceilings)
+        return utilisation(self.flops, self.nbytes, self.gpu_ms, ceilings.for_dtype(self.dtype))
 
     def roofline_point(self) -> RooflinePoint:
         return RooflinePoint.from_measurement(self.name, self.flops, self.nbytes, self.gpu_ms)
@@ -179,7 +189,7 @@ def chrome_trace_events(modules: Sequence[ModuleRecord] = (), kernels: Sequence[
         u = r.utilisation(ceilings) if ceilings is not None else None
         if u is not None:
             args["% of roofline"] = u.pct_of_roofline
-            args["ceilings"] = ceilings.label()
+            args["ceilings"] = u.ceilings.label()
         events.append({"name": r.name, "cat": "ferroattn_kernel", "ph": "X", "ts": r.start_us,
                        "dur": r.gpu_ms * 1e3, "pid": r.device, "tid": KERNEL_TID, "args": args})
     return [_clean(e) for e in events]
@@ -197,10 +207,11 @@ def export_chrome_trace(path: os.PathLike, modules: Sequence[ModuleRecord] = (),
 
 @dataclass
 class Records:
-    """Everything one profile recorded: ``modules`` and ``kernels`` (one record per call), the
-    ceilings utilisation figures use (None: no % of ceiling columns) and ``total_gpu_ms``, the
-    measured GPU time of the profiled window (the denominator of "% of total"; None: the sum of
-    the outermost module records)."""
+    """Everything one profile window recorded: ``modules`` and ``kernels`` (one record per call,
+    start_us on one time base), the ceilings utilisation figures use (None: no % of ceiling
+    columns) and ``total_gpu_ms``, the GPU time of the profiled window in ms (the denominator of
+    "% of total"; ``profile`` sets the summed outermost module records, or without a model the
+    window's reference-to-end time; None: computed by :func:`.table.key_averages`)."""
 
     modules: list = field(default_factory=list)
     kernels: list = field(default_factory=list)

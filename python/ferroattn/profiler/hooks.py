@@ -5,10 +5,16 @@ Which modules are hooked (:func:`find_targets`), in ``model.named_modules()`` or
 
 1. the model itself (``include_root=True``; its record is named after its class, e.g.
    ``LlamaForCausalLM``, and is the depth-0 record whose time is the "% of total" denominator);
-2. every element of a ``torch.nn.ModuleList`` whose attribute name is one of ``layer_lists``
+2. the top-level components (``top_level=True``): every direct child of the model and of each
+   module that holds a layer list (below) that is neither a layer list nor an ancestor of one,
+   nor a bare ``ModuleList``/``ModuleDict`` container (never called itself). For Llama:
+   ``lm_head``, ``model.embed_tokens``, ``model.norm``, ``model.rotary_emb`` (``model`` itself
+   holds the layers and is skipped). With them the depth-1 records cover the whole forward and
+   sum to about the root's time (what is left: the Python glue between them, e.g. mask building);
+3. every element of a ``torch.nn.ModuleList`` whose attribute name is one of ``layer_lists``
    (default ``layers`` (Llama, Mistral, Qwen), ``h`` (GPT-2, Falcon, BLOOM), ``blocks``,
    ``layer`` (BERT's ``encoder.layer``)): the decoder (or encoder) layers;
-3. in each such layer, the first direct child found under ``attention_names`` (default
+4. in each such layer, the first direct child found under ``attention_names`` (default
    ``self_attn``, ``attention``, ``attn``) and the first under ``mlp_names`` (default ``mlp``,
    ``feed_forward``, ``ffn``). Only direct children are looked at, so e.g.
    ``attention.self`` (BERT) is timed as ``attention``.
@@ -21,11 +27,13 @@ event and closes both ranges. Events are kept in a list; elapsed times are read 
 :meth:`Attachment.resolve`, after the forward (it synchronises on the last end event once).
 
 A module called several times per forward gives one record per call; nesting depth is the number
-of hooked calls open when the call starts (root 0, layer 1, attention/MLP 2 for a plain model).
+of hooked calls open when the call starts (root 0, top-level components and layers 1,
+attention/MLP 2 for a plain model).
 
 Event factory: a zero-argument callable returning an object with ``record()``,
 ``elapsed_time(other) -> ms`` and optionally ``synchronize()``; the default is
-``torch.cuda.Event(enable_timing=True)`` (recorded on the current stream). Tests pass a fake.
+``torch.cuda.Event(enable_timing=True)`` (recorded on the current stream). Tests pass a fake;
+:class:`WallClockEvent` times a model running on the CPU (host wall clock).
 """
 from __future__ import annotations
 
@@ -42,9 +50,10 @@ MLP_NAMES = ("mlp", "feed_forward", "ffn")
 
 def find_targets(model: Any, include_root: bool = True, layer_lists: Sequence[str] = LAYER_LISTS,
                  attention_names: Sequence[str] = ATTENTION_NAMES,
-                 mlp_names: Sequence[str] = MLP_NAMES) -> list:
+                 mlp_names: Sequence[str] = MLP_NAMES, top_level: bool = True) -> list:
     """The modules :func:`attach` hooks, as ``[(qualified name, module), ...]`` (rule in the
-    module docstring). Raises ArgumentError when ``model`` is not a ``torch.nn.Module``."""
+    module docstring): the root first, then the top-level components and layers in
+    ``model.named_modules()`` order. Raises ArgumentError when ``model`` is not a ``torch.nn.Module``."""
     import torch  # noqa: PLC0415
     if not isinstance(model, torch.nn.Module):
         raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -58,8 +67,27 @@ def find_targets(model: Any, include_root: bool = True, layer_lists: Sequence[st
 
     if include_root:
         add(type(model).__name__, model)
+    lists = [(name, mod) for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.ModuleList) and name and name.rsplit(".", 1)[-1] in layer_lists]
+    list_names = [n for n, _ in lists]
+    top: dict = {}   # qualified name -> module, for the top-level components
+    if top_level:
+        holders = {""} | {n.rsplit(".", 1)[0] if "." in n else "" for n in list_names}
+        for hname in holders:
+            holder = model.get_submodule(hname) if hname else model
+            for cname, child in holder.named_children():
+                q = f"{hname}.{cname}" if hname else cname
+                if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                    continue
+                if any(ln == q or ln.startswith(q + ".") for ln in list_names):
+                    continue   # a layer list, or an ancestor of one
+                top[q] = child
+    in_lists = {id(layer) for _, m in lists for layer in m}
     for name, mod in model.named_modules():
-        if not isinstance(mod, torch.nn.ModuleList) or name.rsplit(".", 1)[-1] not in layer_lists:
+        if name in top and id(mod) not in in_lists:
+            add(name, mod)
+            continue
+        if not (name in list_names and isinstance(mod, torch.nn.ModuleList)):
             continue
         for i, layer in enumerate(mod):
             lname = f"{name}.{i}"
@@ -172,17 +200,19 @@ class Attachment:
         self.calls = [c for c in self.calls if c.end is None]
         return done
 
-    def resolve(self, calls: Optional[list] = None) -> list:
+    def resolve(self, calls: Optional[list] = None, reference: Any = None) -> list:
         """Elapsed times of ``calls`` (default: :meth:`take`) as :class:`ModuleRecord` s, in call
-        order. Synchronises once, on the latest end event. ``start_us`` is relative to the
-        earliest start event among ``calls`` (µs); ``gpu_ms`` = start.elapsed_time(end) (ms)."""
+        order. Synchronises once, on the latest end event. ``start_us`` is relative to
+        ``reference`` (an event of the same factory recorded before the calls, e.g. a profile
+        window's start; µs), else to the earliest start event among ``calls``; ``gpu_ms`` =
+        start.elapsed_time(end) (ms)."""
         calls = self.take() if calls is None else [c for c in calls if c.end is not None]
         if not calls:
             return []
         sync = getattr(calls[-1].end, "synchronize", None)
         if sync is not None:
             sync()
-        ref = calls[0].start
+        ref = calls[0].start if reference is None else reference
         out = []
         for c in calls:
             ms = float(c.start.elapsed_time(c.end))
@@ -198,6 +228,29 @@ class Attachment:
         self.remove()
 
 
+class WallClockEvent:
+    """A host wall-clock stand-in for ``torch.cuda.Event`` (``record()`` reads
+    ``time.perf_counter``; ``elapsed_time(other)`` = other - self in ms): times modules run on
+    the CPU, where there is no device timeline."""
+
+    __slots__ = ("t",)
+
+    def __init__(self):
+        self.t = None
+
+    def record(self, stream: Any = None) -> None:
+        import time  # noqa: PLC0415
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other: "WallClockEvent") -> float:
+        if self.t is None or other.t is None:
+            raise ArgumentError("elapsed_time: both events must be recorded first")
+        return (other.t - self.t) * 1e3
+
+    def synchronize(self) -> None:
+        return None
+
+
 def default_event_factory() -> Callable[[], Any]:
     """``torch.cuda.Event(enable_timing=True)`` factory; NoDeviceError without a CUDA GPU."""
     import torch  # noqa: PLC0415
@@ -210,15 +263,16 @@ def default_event_factory() -> Callable[[], Any]:
 def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, record_function: bool = True,
            nvtx: Optional[bool] = None, record_shapes: bool = True, include_root: bool = True,
            layer_lists: Sequence[str] = LAYER_LISTS, attention_names: Sequence[str] = ATTENTION_NAMES,
-           mlp_names: Sequence[str] = MLP_NAMES) -> Attachment:
+           mlp_names: Sequence[str] = MLP_NAMES, top_level: bool = True) -> Attachment:
     """Hook ``model`` (rule: module docstring) and return the :class:`Attachment`.
 
     event_factory: see the module docstring (None: CUDA events; NoDeviceError without a GPU);
     record_function: open ``torch.autograd.profiler.record_function`` ranges; nvtx: push NVTX
-    ranges (None: when CUDA is available); record_shapes: keep the tensor argument shapes.
+    ranges (None: when CUDA is available); record_shapes: keep the tensor argument shapes;
+    include_root, layer_lists, attention_names, mlp_names, top_level: :func:`find_targets`.
     Raises ArgumentError when ``model`` is not a module or no module matches the rule."""
     import torch  # noqa: PLC0415
-    targets = find_targets(model, include_root, layer_lists, attention_names, mlp_names)
+    targets = find_targets(model, include_root, layer_lists, attention_names, mlp_names, top_level)
     if not targets:
         raise ArgumentError(f"model: no module to profile in {type(model).__name__} (include_root=False and no "
                             f"ModuleList named one of {tuple(layer_lists)})")

@@ -12,8 +12,9 @@
 "% of total" is against ``Records.total_gpu_ms`` when set (the measured window), else the sum of
 the outermost module records (module) or of all kernel records (kernel, op); the footer says which.
 Rates: TFLOP/s = FLOPs / time / 1e12, GB/s = bytes / time / 1e9; "% of roofline" = achieved /
-attainable at the group's intensity (:func:`~.roofline.utilisation`), and the footer names the
-ceilings used.
+attainable at the group's intensity (:func:`~.roofline.utilisation`) against the compute ceiling
+of the group's dtype (read from the kernel configs; :meth:`~.ceilings.Ceilings.for_dtype`), and
+the footer names the ceilings used.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ArgumentError
+from .ceilings import config_dtype
 from .roofline import utilisation
 
 GROUPS = ("module", "kernel", "op")
@@ -128,7 +130,10 @@ def key_averages(records, group_by: str = "module") -> "KeyAverages":
         nb = sum(r.nbytes for r in rs)
         tf = fl / (t * 1e-3) / 1e12 if t > 0 else None
         gb = nb / (t * 1e-3) / 1e9 if t > 0 else None
-        pr = utilisation(fl, nb, t, ceil).pct_of_roofline if (ceil is not None and t > 0 and nb > 0) else None
+        pr = None
+        if ceil is not None and t > 0 and nb > 0:
+            dts = {config_dtype(r.config) for r in rs}
+            pr = utilisation(fl, nb, t, ceil.for_dtype(dts.pop() if len(dts) == 1 else None)).pct_of_roofline
         pct = 100.0 * t / total if total > 0 else None
         if group_by == "kernel":
             rows.append(Average(key[0], key[1], len(rs), t, pct, fl, nb, tf, gb, pr,

@@ -1,0 +1,530 @@
+//! The launch recorder (contract: python/ferroattn/_native.pyi, "profiler: launch records").
+//!
+//! Process-wide (every thread, every device). Off (the default) a launch pays one relaxed
+//! atomic load ([`enabled`]). On, every launch made through `launch::launch` on a stream that
+//! is not capturing a CUDA graph is bracketed by two timing events recorded on its stream
+//! (start before cuLaunchKernel, end after) and described by a [`Description`]; the record is
+//! kept until [`drain`] waits for its end event and turns the pair into GPU milliseconds
+//! (cuEventElapsedTime). Launches on a capturing stream are counted, not recorded (an event
+//! recorded there would join the graph, and its time would mean nothing).
+//!
+//! Launches while on take the recorder's lock from before the start event to after the end
+//! event, so launches from several threads are serialised while recording and the records are
+//! in launch order. Events are created with cuEventCreate(flags 0: timing enabled) in the
+//! primary context of their device (current during a launch: `device::bind`), kept in a pool
+//! per device and reused; they are never destroyed (at most 2 × [`MAX_RECORDS`] per device).
+//! Kernel attributes (registers, static shared memory, occupancy) are queried once per
+//! (function, block size, dynamic shared memory) and cached.
+
+use crate::error::{CudaResultExt, Result};
+use crate::jit::Kernel;
+use crate::launch::{LaunchInfo, LaunchShape, Work};
+use cudarc::driver::{result as cu, sys};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Most records kept undrained; launches beyond are counted as dropped.
+pub const MAX_RECORDS: usize = 1_000_000;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether launches are recorded (one relaxed load: the whole cost of the recorder when off).
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Turn recording on or off for every thread. Off keeps the undrained records.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Per-function figures from the driver, for one block size and dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelAttrs {
+    /// Registers per thread (CU_FUNC_ATTRIBUTE_NUM_REGS).
+    pub registers: i32,
+    /// Static shared memory per block in bytes (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).
+    pub static_smem_bytes: i32,
+    /// cuOccupancyMaxActiveBlocksPerMultiprocessor(function, block threads, dynamic smem).
+    pub max_active_blocks_per_sm: i32,
+    /// CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR of the launch's device.
+    pub max_threads_per_sm: i32,
+}
+
+/// Theoretical occupancy: resident warps (blocks per SM × warps per block, a partial warp
+/// counting whole) over the most warps an SM holds (max threads per SM / 32), in [0, 1].
+pub fn theoretical_occupancy(
+    max_active_blocks_per_sm: i32,
+    block_threads: u32,
+    max_threads_per_sm: i32,
+) -> f64 {
+    let max_warps = max_threads_per_sm / 32;
+    if max_warps <= 0 || max_active_blocks_per_sm <= 0 {
+        return 0.0;
+    }
+    let warps = max_active_blocks_per_sm as f64 * block_threads.div_ceil(32) as f64;
+    (warps / max_warps as f64).clamp(0.0, 1.0)
+}
+
+/// Everything known about a launch when it is made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Description {
+    /// The custom op, e.g. "ferroattn::attn_fwd".
+    pub op: &'static str,
+    /// Short kernel name, e.g. "attn_fwd_sm80".
+    pub kernel: &'static str,
+    /// The configuration's NVRTC name expression.
+    pub config: String,
+    /// e.g. "sm_90a".
+    pub arch: &'static str,
+    pub device: i32,
+    /// The raw CUstream launched on.
+    pub stream: u64,
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub dynamic_smem_bytes: u32,
+    pub attrs: KernelAttrs,
+    /// [`theoretical_occupancy`] of this launch.
+    pub occupancy: f64,
+    pub work: Work,
+}
+
+/// A record waiting for its events to be resolved. `E` is the event type (a driver event in
+/// the process-wide recorder; plain numbers in the bookkeeping tests).
+#[derive(Debug)]
+struct Pending<E> {
+    seq: u64,
+    desc: Description,
+    start: E,
+    end: E,
+}
+
+/// One drained record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    /// Position among the recorded launches of this process (0, 1, 2, …, in launch order).
+    pub seq: u64,
+    pub desc: Description,
+    /// cuEventElapsedTime(start, end): the kernel's GPU time in milliseconds.
+    pub gpu_ms: f64,
+    /// cuEventElapsedTime(reference, start) in milliseconds; None without a reference event
+    /// or where the driver refuses it.
+    pub start_ms: Option<f64>,
+}
+
+/// The counters of `profiler_stats()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    pub enabled: bool,
+    /// Records not drained yet.
+    pub pending: usize,
+    /// Launches not recorded because their stream was capturing a graph (since process start).
+    pub skipped_capture: u64,
+    /// Launches not recorded because MAX_RECORDS were pending, or because the end event could
+    /// not be recorded after the kernel was launched (since process start).
+    pub dropped: u64,
+}
+
+/// The recorder's state without the driver: pending records, event pools per device, counters.
+#[derive(Debug)]
+struct Book<E> {
+    records: Vec<Pending<E>>,
+    pools: BTreeMap<i32, Vec<E>>,
+    next_seq: u64,
+    skipped_capture: u64,
+    dropped: u64,
+    cap: usize,
+}
+
+impl<E> Book<E> {
+    const fn new(cap: usize) -> Self {
+        Book {
+            records: Vec::new(),
+            pools: BTreeMap::new(),
+            next_seq: 0,
+            skipped_capture: 0,
+            dropped: 0,
+            cap,
+        }
+    }
+
+    /// Room for one more record? Counts a drop when not.
+    fn admit(&mut self) -> bool {
+        if self.records.len() >= self.cap {
+            self.dropped += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Two events of `device`: from its pool, else made by `create`.
+    fn take_events(
+        &mut self,
+        device: i32,
+        mut create: impl FnMut() -> Result<E>,
+    ) -> Result<(E, E)> {
+        let pool = self.pools.entry(device).or_default();
+        let start = match pool.pop() {
+            Some(e) => e,
+            None => create()?,
+        };
+        let end = match pool.pop() {
+            Some(e) => e,
+            None => match create() {
+                Ok(e) => e,
+                Err(err) => {
+                    pool.push(start);
+                    return Err(err);
+                }
+            },
+        };
+        Ok((start, end))
+    }
+
+    fn give_back(&mut self, device: i32, events: impl IntoIterator<Item = E>) {
+        self.pools.entry(device).or_default().extend(events);
+    }
+
+    /// Keep a record; returns its sequence number.
+    fn push(&mut self, desc: Description, start: E, end: E) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.records.push(Pending {
+            seq,
+            desc,
+            start,
+            end,
+        });
+        seq
+    }
+
+    fn take(&mut self) -> Vec<Pending<E>> {
+        std::mem::take(&mut self.records)
+    }
+
+    fn stats(&self, enabled: bool) -> Stats {
+        Stats {
+            enabled,
+            pending: self.records.len(),
+            skipped_capture: self.skipped_capture,
+            dropped: self.dropped,
+        }
+    }
+}
+
+/// A CUevent of the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Event(sys::CUevent);
+// SAFETY: a CUevent is a process-wide driver handle usable from any thread.
+unsafe impl Send for Event {}
+
+static BOOK: Mutex<Book<Event>> = Mutex::new(Book::new(MAX_RECORDS));
+
+/// Lock, ignoring poisoning (the state stays consistent: every update is a single push/pop).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The recorder's counters. Needs no driver.
+pub fn stats() -> Stats {
+    lock(&BOOK).stats(enabled())
+}
+
+/// Whether `stream` is capturing a graph (an error, e.g. the legacy stream while another
+/// stream captures in global mode, counts as capturing: recording there is not safe).
+fn capturing(stream: sys::CUstream) -> bool {
+    // SAFETY: the caller's stream handle, as the launch itself uses it.
+    match unsafe { cu::stream::is_capturing(stream) } {
+        Ok(status) => status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        Err(_) => true,
+    }
+}
+
+/// The driver's figures for `kernel` launched with `shape` on `device`, cached.
+fn kernel_attrs(kernel: &Kernel, device: i32, shape: &LaunchShape) -> Result<KernelAttrs> {
+    type Key = (usize, u32, u32);
+    static CACHE: Mutex<BTreeMap<Key, KernelAttrs>> = Mutex::new(BTreeMap::new());
+    let f = kernel.function();
+    let threads = shape.block.0 * shape.block.1 * shape.block.2;
+    let key = (f as usize, threads, shape.dynamic_smem_bytes);
+    if let Some(a) = lock(&CACHE).get(&key) {
+        return Ok(*a);
+    }
+    use sys::CUfunction_attribute::*;
+    // SAFETY (all three): `f` is a loaded function; these calls only read its attributes.
+    let registers = unsafe { cu::function::get_function_attribute(f, CU_FUNC_ATTRIBUTE_NUM_REGS) }
+        .call("cuFuncGetAttribute(NUM_REGS)")?;
+    let static_smem_bytes =
+        unsafe { cu::function::get_function_attribute(f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) }
+            .call("cuFuncGetAttribute(SHARED_SIZE_BYTES)")?;
+    let max_active_blocks_per_sm = unsafe {
+        cu::occupancy::max_active_block_per_multiprocessor(
+            f,
+            threads as i32,
+            shape.dynamic_smem_bytes as usize,
+        )
+    }
+    .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+    let attrs = KernelAttrs {
+        registers,
+        static_smem_bytes,
+        max_active_blocks_per_sm,
+        max_threads_per_sm: crate::device::max_threads_per_multiprocessor(device)?,
+    };
+    lock(&CACHE).insert(key, attrs);
+    Ok(attrs)
+}
+
+fn create_event() -> Result<Event> {
+    cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+        .call("cuEventCreate")
+        .map(Event)
+}
+
+/// Launch through `go` (the cuLaunchKernel call) with recording: called by `launch::launch`
+/// when [`enabled`], with `device`'s primary context current. Errors before the launch (event
+/// creation or record, attribute queries) are returned without launching; after a successful
+/// launch nothing fails (a record whose end event cannot be recorded is dropped and counted).
+pub(crate) fn recorded_launch(
+    kernel: &Kernel,
+    device: i32,
+    shape: &LaunchShape,
+    stream: u64,
+    info: &LaunchInfo,
+    go: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let s = stream as sys::CUstream;
+    if capturing(s) {
+        lock(&BOOK).skipped_capture += 1;
+        return go();
+    }
+    let attrs = kernel_attrs(kernel, device, shape)?;
+    let threads = shape.block.0 * shape.block.1 * shape.block.2;
+    let desc = Description {
+        op: info.op,
+        kernel: kernel.name,
+        config: kernel.name_expression.clone(),
+        arch: kernel.arch.name(),
+        device,
+        stream,
+        grid: shape.grid,
+        block: shape.block,
+        dynamic_smem_bytes: shape.dynamic_smem_bytes,
+        attrs,
+        occupancy: theoretical_occupancy(
+            attrs.max_active_blocks_per_sm,
+            threads,
+            attrs.max_threads_per_sm,
+        ),
+        work: info.work,
+    };
+    let mut book = lock(&BOOK);
+    if !book.admit() {
+        drop(book);
+        return go();
+    }
+    let (start, end) = book.take_events(device, create_event)?;
+    // SAFETY: pool events of this device's primary context (current), on the launch's stream.
+    if let Err(e) = unsafe { cu::event::record(start.0, s) }.call("cuEventRecord") {
+        book.give_back(device, [start, end]);
+        return Err(e);
+    }
+    if let Err(e) = go() {
+        book.give_back(device, [start, end]);
+        return Err(e);
+    }
+    // SAFETY: as above.
+    if unsafe { cu::event::record(end.0, s) }.is_err() {
+        book.give_back(device, [start, end]);
+        book.dropped += 1;
+        return Ok(());
+    }
+    book.push(desc, start, end);
+    Ok(())
+}
+
+/// Make some context current on this thread when none is (cuEvent* calls need one; an event
+/// carries its own context, so any will do): the primary context of `device`.
+fn ensure_context(device: i32) -> Result<()> {
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one pointer.
+    unsafe { sys::cuCtxGetCurrent(&mut current) }
+        .result()
+        .call("cuCtxGetCurrent")?;
+    if current.is_null() {
+        crate::device::bind(device)?;
+    }
+    Ok(())
+}
+
+/// Wait for each record's end event and resolve its times.
+fn resolve(records: Vec<Pending<Event>>, reference: Option<sys::CUevent>) -> Result<Vec<Resolved>> {
+    if let Some(first) = records.first() {
+        ensure_context(first.desc.device)?;
+    }
+    records
+        .into_iter()
+        .map(|r| {
+            // SAFETY: pool events, recorded by `recorded_launch`, never destroyed.
+            unsafe { cu::event::synchronize(r.end.0) }.call("cuEventSynchronize")?;
+            let gpu_ms =
+                unsafe { cu::event::elapsed(r.start.0, r.end.0) }.call("cuEventElapsedTime")?;
+            // SAFETY: the caller's event handle (the contract: a CUevent); the driver refuses
+            // one of another context or never recorded, which gives None.
+            let start_ms = reference.and_then(|e| unsafe { cu::event::elapsed(e, r.start.0) }.ok());
+            Ok(Resolved {
+                seq: r.seq,
+                desc: r.desc,
+                gpu_ms: gpu_ms as f64,
+                start_ms: start_ms.map(f64::from),
+            })
+        })
+        .collect()
+}
+
+/// Every record kept so far, resolved, in launch order; the records are forgotten and their
+/// events go back to the pools, also when resolving fails (then the first CudaError is
+/// returned). Blocks until the last record's kernel has finished. `reference_event`: a raw
+/// CUevent (0 counts as none) recorded before the launches; see [`Resolved::start_ms`].
+/// With no records it touches no driver.
+pub fn drain(reference_event: Option<u64>) -> Result<Vec<Resolved>> {
+    let records = lock(&BOOK).take();
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let events: Vec<(i32, [Event; 2])> = records
+        .iter()
+        .map(|r| (r.desc.device, [r.start, r.end]))
+        .collect();
+    let reference = reference_event
+        .filter(|&e| e != 0)
+        .map(|e| e as sys::CUevent);
+    let resolved = resolve(records, reference);
+    let mut book = lock(&BOOK);
+    for (device, pair) in events {
+        book.give_back(device, pair);
+    }
+    resolved
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn desc(op: &'static str) -> Description {
+        Description {
+            op,
+            kernel: "attn_fwd_sm80",
+            config: "ferroattn::attn_fwd_sm80<128, 128, 64, 4, 2, true, __nv_bfloat16>".into(),
+            arch: "sm_90a",
+            device: 0,
+            stream: 0,
+            grid: (8, 8, 2),
+            block: (128, 1, 1),
+            dynamic_smem_bytes: 98304,
+            attrs: KernelAttrs {
+                registers: 255,
+                static_smem_bytes: 0,
+                max_active_blocks_per_sm: 2,
+                max_threads_per_sm: 2048,
+            },
+            occupancy: 0.125,
+            work: Work {
+                flops: 1.0,
+                bytes: 2.0,
+                exact: true,
+            },
+        }
+    }
+
+    /// A fake event factory: numbers 0, 1, 2, … and a count of creations.
+    fn counter(n: &mut u32) -> impl FnMut() -> Result<u32> + '_ {
+        move || {
+            *n += 1;
+            Ok(*n - 1)
+        }
+    }
+
+    #[test]
+    fn cap_counts_drops_and_seq_follows_the_records() {
+        let mut book: Book<u32> = Book::new(3);
+        let mut made = 0;
+        for i in 0..5 {
+            if book.admit() {
+                let (a, b) = book.take_events(0, counter(&mut made)).unwrap();
+                assert_eq!(book.push(desc("op"), a, b), i);
+            }
+        }
+        let s = book.stats(true);
+        assert_eq!(
+            (s.pending, s.dropped, s.skipped_capture, s.enabled),
+            (3, 2, 0, true)
+        );
+        assert_eq!(made, 6);
+        let taken = book.take();
+        assert_eq!(
+            taken.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(book.stats(false).pending, 0);
+        // drained records make room again; sequence numbers keep counting
+        for r in taken {
+            book.give_back(r.desc.device, [r.start, r.end]);
+        }
+        assert!(book.admit());
+        let (a, b) = book.take_events(0, counter(&mut made)).unwrap();
+        assert_eq!(book.push(desc("op"), a, b), 3);
+        assert_eq!(made, 6, "events came from the pool");
+        assert_eq!(book.stats(true).dropped, 2, "drops count since the start");
+    }
+
+    #[test]
+    fn pools_are_per_device_and_a_failed_creation_keeps_the_first_event() {
+        let mut book: Book<u32> = Book::new(10);
+        book.give_back(1, [7]);
+        let mut fail = || -> Result<u32> { Err(Error::NoDevice("test".into())) };
+        assert!(book.take_events(1, &mut fail).is_err());
+        assert_eq!(book.pools[&1], vec![7], "the pooled event is kept");
+        assert!(book.take_events(0, &mut fail).is_err());
+        let mut made = 100;
+        let (a, b) = book.take_events(1, counter(&mut made)).unwrap();
+        assert_eq!((a, b), (7, 100));
+        book.give_back(1, [a, b]);
+        book.give_back(2, [5, 6]);
+        assert_eq!(book.pools[&1].len(), 2);
+        assert_eq!(book.pools[&2].len(), 2);
+    }
+
+    #[test]
+    fn occupancy_is_resident_warps_over_the_sm_maximum() {
+        assert_eq!(theoretical_occupancy(2, 128, 2048), 8.0 / 64.0);
+        assert_eq!(theoretical_occupancy(1, 256, 2048), 0.125);
+        assert_eq!(theoretical_occupancy(16, 128, 2048), 1.0);
+        assert_eq!(
+            theoretical_occupancy(1, 33, 2048),
+            2.0 / 64.0,
+            "a partial warp counts whole"
+        );
+        assert_eq!(theoretical_occupancy(64, 1024, 2048), 1.0, "clamped");
+        assert_eq!(theoretical_occupancy(0, 128, 2048), 0.0);
+        assert_eq!(theoretical_occupancy(2, 128, 0), 0.0);
+    }
+
+    #[test]
+    fn enable_stats_and_empty_drain_need_no_driver() {
+        set_enabled(true);
+        assert!(enabled() && stats().enabled);
+        set_enabled(false);
+        assert!(!enabled() && !stats().enabled);
+        if crate::device::cuda_available() {
+            return; // a GPU test elsewhere may be recording: the book need not be empty
+        }
+        // Without a driver nothing can be launched, so the process-wide book stays empty.
+        assert_eq!(stats().pending, 0);
+        assert_eq!(drain(None).unwrap(), vec![]);
+        assert_eq!(drain(Some(12345)).unwrap(), vec![]);
+    }
+}

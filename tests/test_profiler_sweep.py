@@ -1,0 +1,173 @@
+"""ferroattn.profiler sweep / build_model / launch_overhead on CPU (a tiny Llama on the CPU for
+real, host wall-clock timing; fake modules for out-of-memory and other failures)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ferroattn.errors import ArgumentError, FerroattnError, NoDeviceError
+from ferroattn.profiler import LaunchOverhead, SweepPoint, SweepResult, build_model, launch_overhead, sweep
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model("tiny", attn="sdpa", dtype="float32", device="cpu")
+
+
+class Toy(torch.nn.Module):
+    """Fails with an out-of-memory error above ``oom_tokens`` tokens and with a ValueError at ``bad``."""
+
+    def __init__(self, oom_tokens=10**9, bad=None):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+        self.oom_tokens, self.bad, self.calls = oom_tokens, bad, 0
+
+    def forward(self, ids):
+        self.calls += 1
+        b, s = ids.shape
+        if b * s > self.oom_tokens:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        if (b, s) == self.bad:
+            raise ValueError("bad shape")
+        x = self.lin(torch.ones(b, s, 4))
+        return self.layers[0](x)
+
+
+def test_sweep_of_a_tiny_llama_on_the_cpu(tiny, tmp_path, capsys):
+    res = sweep(tiny, [2, 1], [8, 16, 32], repeats=2, warmup=1, progress=True)
+    assert "profile sweep" in capsys.readouterr().err                 # the tqdm bar
+    assert isinstance(res, SweepResult) and (res.batches, res.seqlens) == ((1, 2), (8, 16, 32))
+    assert sorted(res.points) == [(b, s) for b in (1, 2) for s in (8, 16, 32)]
+    for (b, s), p in res.points.items():
+        assert isinstance(p, SweepPoint) and p.ok and p.error is None and p.latency_ms > 0
+        assert p.tokens_per_s == pytest.approx(b * s / (p.latency_ms / 1e3))
+        assert p.peak_mem_bytes is None                               # CPU: no device memory figure
+        names = {r.name for r in p.records.modules}
+        assert {"LlamaForCausalLM", "model.layers.1.self_attn", "lm_head"} <= names
+        assert p.records.kernels == []                                # CPU: no launches recorded
+    assert res.knee is not None and res.knee.growth is not None       # lines of 3 points
+    g = res.grid("tokens_per_s")
+    assert g[(2, 32)] == res.points[(2, 32)].tokens_per_s
+    with pytest.raises(ArgumentError, match="metric"):
+        res.grid("flops")
+    text = res.table()
+    assert "latency ms" in text and "knee" in text and len(text.splitlines()) == 3 + 6 + 2   # rules+header, rows, rule+knee
+    d = json.loads(json.dumps(res.to_dict()))
+    assert set(d["points"]) == {f"{b},{s}" for b in (1, 2) for s in (8, 16, 32)}
+    assert d["info"]["model"] == "LlamaForCausalLM" and d["info"]["repeats"] == 2
+    fig = res.plot_heatmap(tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 0 and len(fig.axes) >= 2
+    assert res.profiled_point() in res.points
+
+
+def test_out_of_memory_and_other_errors_are_recorded_and_the_sweep_goes_on(capsys):
+    toy = Toy(oom_tokens=64, bad=(1, 16))
+    res = sweep(toy, [1, 2, 4], [16, 32], repeats=1, warmup=0, progress=False, vocab_size=10, profile_layers=False)
+    assert capsys.readouterr().err == ""                             # progress=False: no bar
+    assert res.points[(4, 32)].error == "out of memory" and res.points[(4, 32)].latency_ms is None
+    assert res.points[(1, 16)].error == "ValueError: bad shape"
+    assert res.points[(2, 32)].ok and res.points[(1, 32)].ok and res.points[(2, 16)].ok
+    assert res.errors == {(1, 16): "ValueError: bad shape", (4, 32): "out of memory"}
+    assert res.grid()[(4, 32)] is None and "n/a" in res.table() and "out of memory" in res.table()
+    assert res.points[(2, 16)].records is None
+    assert res.profiled_point() is None                             # nothing profiled
+
+
+def test_knee_none_when_no_line_has_three_points():
+    res = sweep(Toy(), [1, 2], [16, 32], repeats=1, warmup=0, progress=False, vocab_size=10)
+    assert res.knee is None and "not enough points" in res.table()
+    assert res.profiled_point() == (2, 32)                          # the largest point that ran
+
+
+def test_all_failed_sweep_cannot_plot():
+    res = sweep(Toy(oom_tokens=0), [1], [8, 16], repeats=1, warmup=0, progress=False, vocab_size=10)
+    assert res.knee is None and set(res.errors.values()) == {"out of memory"}
+    with pytest.raises(FerroattnError, match="no point"):
+        res.plot_heatmap()
+
+
+def test_token_ids_are_seeded():
+    seen = []
+
+    class Spy(Toy):
+        def forward(self, ids):
+            seen.append(ids.clone())
+            return super().forward(ids)
+    sweep(Spy(), [2], [8], repeats=1, warmup=0, progress=False, vocab_size=50, seed=3, profile_layers=False)
+    sweep(Spy(), [2], [8], repeats=1, warmup=0, progress=False, vocab_size=50, seed=3, profile_layers=False)
+    assert torch.equal(seen[0], seen[-1]) and seen[0].shape == (2, 8) and int(seen[0].max()) < 50
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(batches=[]), "batches"), (dict(batches=[1, 1]), "batches"), (dict(seqlens=[0]), "seqlens"),
+    (dict(seqlens=[8.0]), "seqlens"), (dict(repeats=0), "repeats"), (dict(warmup=-1), "warmup"),
+    (dict(vocab_size=None), "vocab_size"), (dict(vocab_size=0), "vocab_size"), (dict(seed="x"), "seed"),
+])
+def test_sweep_argument_errors(kw, name):
+    args = dict(batches=[1], seqlens=[8], repeats=1, warmup=0, progress=False, vocab_size=10)
+    args.update(kw)
+    with pytest.raises(ArgumentError, match=f"^{name}:"):
+        sweep(Toy(), args.pop("batches"), args.pop("seqlens"), **args)
+    with pytest.raises(ArgumentError, match="^model:"):
+        sweep(3, [1], [8])
+
+
+# ---- build_model -----------------------------------------------------------------------------
+
+def test_build_model_from_a_config_json(tmp_path):
+    from ferroattn.demo import TINY
+    cfg = {**TINY, "model_type": "llama", "num_hidden_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    a = build_model(str(tmp_path), attn="sdpa", dtype="float32", device="cpu", seed=1)
+    b = build_model(str(tmp_path / "config.json"), attn="sdpa", dtype="float32", device="cpu", seed=1)
+    c = build_model(str(tmp_path), attn="sdpa", dtype="float32", device="cpu", seed=2)
+    assert type(a).__name__ == "LlamaForCausalLM" and len(a.model.layers) == 1 and not a.training
+    assert torch.equal(a.lm_head.weight, b.lm_head.weight) and not torch.equal(a.lm_head.weight, c.lm_head.weight)
+    assert a.config._attn_implementation == "sdpa"
+    t = build_model("tiny", attn="sdpa", dtype="bfloat16", device="cpu")
+    assert next(t.parameters()).dtype == torch.bfloat16 and len(t.model.layers) == 2
+
+
+def test_build_model_argument_errors(tmp_path):
+    with pytest.raises(ArgumentError, match="^model:.*config name"):
+        build_model("gpt-17", device="cpu")
+    with pytest.raises(ArgumentError, match="^model:.*config.json"):
+        build_model(str(tmp_path), device="cpu")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ArgumentError, match="model_type"):
+        build_model(str(tmp_path), device="cpu")
+    (tmp_path / "config.json").write_text("{oops")
+    with pytest.raises(ArgumentError, match="JSON"):
+        build_model(str(tmp_path), device="cpu")
+    with pytest.raises(ArgumentError, match="^attn:"):
+        build_model("tiny", attn="flash", device="cpu")
+    with pytest.raises(ArgumentError, match="^dtype:"):
+        build_model("tiny", dtype="int8", device="cpu")
+    with pytest.raises(ArgumentError, match="^device:"):
+        build_model("tiny", device="tpu")
+    with pytest.raises(ArgumentError, match="^model:"):
+        build_model(3)
+    if not torch.cuda.is_available():
+        with pytest.raises(NoDeviceError, match="device"):
+            build_model("tiny")
+
+
+# ---- launch_overhead -------------------------------------------------------------------------
+
+def test_launch_overhead_arguments_and_no_gpu():
+    with pytest.raises(ArgumentError, match="^fn:"):
+        launch_overhead(3)
+    with pytest.raises(ArgumentError, match="^repeats:"):
+        launch_overhead(lambda: None, repeats=0)
+    with pytest.raises(ArgumentError, match="^warmup:"):
+        launch_overhead(lambda: None, warmup=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(NoDeviceError):
+            launch_overhead(lambda: None)
+    lo = LaunchOverhead(2.0, 0.5, 1.5, 75.0, 20)
+    assert "75.0% of eager" in str(lo)
