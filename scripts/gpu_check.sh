@@ -46,7 +46,7 @@
 # Environment knobs: OUT (default ./out), PYTHON (default python3), GPU_CHECK_BUDGET_S (total
 # seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
 # TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
-# SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_* and attn_bwd_* kernels;
+# PYTEST_TARGETS (pytest stage: test paths, default "tests"), SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_* and attn_bwd_* kernels;
 # empty = check every kernel).
 set -u
 set -o pipefail
@@ -291,7 +291,7 @@ stage train "${CAP[train]}" bash "$SELF" __fn train
 # the benchmarks get what is left after keeping time for the selected stages after them (capped)
 if selected bench; then lim=$(elastic_limit bench); stage bench "$lim" bash "$SELF" __fn bench "$lim"; fi
 if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$lim" bash "$SELF" __fn bench_bwd "$lim"; fi
-stage pytest "${CAP[pytest]}" env FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
+stage pytest "${CAP[pytest]}" env FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" ${PYTEST_TARGETS:-tests}
 stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck
 stage racecheck "${CAP[racecheck]}" bash "$SELF" __fn sanitize racecheck
 

@@ -136,7 +136,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cwd", choices=("notebook", "tmp"), default="notebook",
                     help="kernel working directory: the notebook's directory (default) or a temporary one")
     ap.add_argument("--json", default=None, help="also write the per-notebook results as JSON here")
+    ap.add_argument("--progress", action="store_true",
+                    help="keep tqdm progress bars in the outputs (default: TQDM_DISABLE=1 for the kernels, so "
+                         "recorded outputs hold results, not hundreds of bar updates)")
     args = ap.parse_args(argv)
+    if not args.progress:
+        os.environ.setdefault("TQDM_DISABLE", "1")   # inherited by the kernels (tqdm reads TQDM_* defaults)
     if args.cell_timeout <= 0:
         print(f"run_notebooks: --cell-timeout: expected seconds > 0, got {args.cell_timeout}", file=sys.stderr)
         return 2

@@ -172,3 +172,46 @@ def test_llama_depth1_records_cover_the_whole_forward():
     assert set(depth1) == {"model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
                            "model.rotary_emb", "lm_head"}
     assert depth1["lm_head"] == 1.0 and depth1["model.embed_tokens"] == 1.0
+
+
+def test_resolved_events_are_reused_and_times_stay_right():
+    clock, model, factory = make(3)
+    made = []
+
+    def counting():
+        e = factory()
+        made.append(e)
+        return e
+
+    with attach(model, event_factory=counting) as att:
+        model(torch.zeros(1))
+        first = att.resolve()
+        n_first = len(made)
+        assert n_first == 2 * len(first)           # one start + one end event per call
+        model(torch.zeros(1))
+        second = att.resolve()
+    assert len(made) == n_first                    # the second forward recorded with pooled events only
+    assert [r.name for r in second] == [r.name for r in first]
+    assert [r.gpu_ms for r in second] == pytest.approx([r.gpu_ms for r in first])
+
+
+def test_record_function_ranges_only_while_a_torch_profiler_collects(monkeypatch):
+    import torch.autograd.profiler as ap
+
+    opened = []
+    real = ap.record_function
+
+    class Spy(real):
+        def __enter__(self):
+            opened.append(self.name)
+            return super().__enter__()
+
+    monkeypatch.setattr(ap, "record_function", Spy)
+    clock, model, factory = make(2)
+    with attach(model, event_factory=factory, nvtx=False) as att:
+        model(torch.zeros(1))                        # no torch profiler running: no ranges
+        assert opened == []
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            model(torch.zeros(1))
+        att.resolve()
+    assert "layers.1.self_attn" in opened and "Decoder" in opened

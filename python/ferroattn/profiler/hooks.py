@@ -20,11 +20,14 @@ Which modules are hooked (:func:`find_targets`), in ``model.named_modules()`` or
    ``attention.self`` (BERT) is timed as ``attention``.
 
 Per call of a hooked module the pre hook records a start event, opens a
-``torch.autograd.profiler.record_function`` range (it shows in a torch.profiler trace running at
-the same time) and, when CUDA is available, pushes an NVTX range (Nsight Systems); the post hook
-(registered with ``always_call=True``, so it also runs when the forward raises) records the end
-event and closes both ranges. Events are kept in a list; elapsed times are read only by
-:meth:`Attachment.resolve`, after the forward (it synchronises on the last end event once).
+``torch.autograd.profiler.record_function`` range while a torch profiler is collecting (it shows
+in that torch.profiler trace; with none running the range would be invisible, so it is skipped
+and costs nothing) and, when CUDA is available, pushes an NVTX range (Nsight Systems); the post
+hook (registered with ``always_call=True``, so it also runs when the forward raises) records the
+end event and closes both ranges. Events are kept in a list; elapsed times are read only by
+:meth:`Attachment.resolve`, after the forward (it synchronises on the last end event once), and
+the resolved events go back to a pool the next calls record with (no event creation per call
+once warm).
 
 A module called several times per forward gives one record per call; nesting depth is the number
 of hooked calls open when the call starts (root 0, top-level components and layers 1,
@@ -114,6 +117,14 @@ class _Call:
     input_shapes: Optional[tuple] = None
 
 
+def _torch_profiler_running() -> bool:
+    """Whether a torch (autograd/kineto) profiler is collecting: record_function ranges are only
+    opened then (they are only visible to it, and cost a dispatcher call each otherwise)."""
+    import torch  # noqa: PLC0415
+    running = getattr(torch.autograd, "_profiler_enabled", None)
+    return True if running is None else bool(running())
+
+
 def _shapes(args) -> tuple:
     """Shapes of the tensor positional arguments (others: None)."""
     return tuple(tuple(a.shape) if hasattr(a, "shape") and hasattr(a, "dtype") else None for a in args)
@@ -136,18 +147,23 @@ class Attachment:
     calls: list = field(default_factory=list)
     _open: list = field(default_factory=list)     # (call, module, record_function ctx or None, nvtx pushed)
     _handles: list = field(default_factory=list)
+    _pool: list = field(default_factory=list)     # events of resolved calls, reused (no creation cost per call)
 
     # -- hooks ---------------------------------------------------------------------------
+    def _event(self):
+        """A recorded-later event: one from the pool (events of resolved calls) or a new one."""
+        return self._pool.pop() if self._pool else self.event_factory()
+
     def _pre(self, name, module, args):
         if not self.enabled:
             return None
-        start = self.event_factory()
+        start = self._event()
         start.record()
         call = _Call(name, type(module).__name__, len(self._open), self.step, start,
                      input_shapes=_shapes(args) if self.record_shapes else None)
         self.calls.append(call)
         rf = None
-        if self.record_function:
+        if self.record_function and _torch_profiler_running():
             from torch.autograd.profiler import record_function  # noqa: PLC0415
             rf = record_function(name)
             rf.__enter__()
@@ -172,7 +188,7 @@ class Attachment:
     def _close(self, entry) -> None:
         call, _module, rf, nvtx = entry
         if call.end is None:
-            end = self.event_factory()
+            end = self._event()
             end.record()
             call.end = end
         if nvtx:
@@ -219,6 +235,7 @@ class Attachment:
             off = float(ref.elapsed_time(c.start)) * 1e3
             out.append(ModuleRecord(c.name, c.kind, max(ms, 0.0), max(off, 0.0), c.depth, c.step, self.device,
                                     input_shapes=c.input_shapes))
+        self._pool.extend(e for c in calls for e in (c.start, c.end) if e is not reference)
         return out
 
     def __enter__(self) -> "Attachment":
