@@ -205,7 +205,6 @@ def test_missing_kernels_said_in_markdown(name):
     assert "do not exist yet" in text and NOT_YET[name] in text and "skipped" in text
 
 
-@pytest.mark.xfail(strict=False, reason="outputs land with the GPU run")
 @pytest.mark.parametrize("name", NAMES)
 def test_executed_outputs(name):
     cells = _code_cells(name)
@@ -216,6 +215,8 @@ def test_executed_outputs(name):
     assert not errors, f"{name}: error outputs: {errors}"
     counts = [c.execution_count for c in cells]
     assert counts == list(range(1, len(cells) + 1)), f"{name}: not executed top to bottom in one kernel: {counts}"
+    pngs = [o for c in cells for o in c.get("outputs", []) if "image/png" in (o.get("data") or {})]
+    assert pngs, f"{name}: no plot (image/png output) recorded"
 
 
 # ---- the checker itself (it must catch what it is for) ----------------------------------------
