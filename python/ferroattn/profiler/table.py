@@ -11,7 +11,8 @@
 
 "% of total" is against ``Records.total_gpu_ms`` when set (the measured window), else the sum of
 the outermost module records (module) or of all kernel records (kernel, op); the footer says which.
-Rates: TFLOP/s = FLOPs / time / 1e12, GB/s = bytes / time / 1e9; "% of roofline" = achieved /
+Rates: TFLOP/s = FLOPs / time / 1e12, GB/s = bytes / time / 1e9, shown as "--" when the group
+counted no FLOPs (bytes) (e.g. other libraries' kernels imported from torch.profiler); "% of roofline" = achieved /
 attainable at the group's intensity (:func:`~.roofline.utilisation`) against the compute ceiling
 of the group's dtype (read from the kernel configs; :meth:`~.ceilings.Ceilings.for_dtype`), and
 the footer names the ceilings used.
@@ -128,8 +129,9 @@ def key_averages(records, group_by: str = "module") -> "KeyAverages":
         t = sum(r.gpu_ms for r in rs)
         fl = sum(r.flops for r in rs)
         nb = sum(r.nbytes for r in rs)
-        tf = fl / (t * 1e-3) / 1e12 if t > 0 else None
-        gb = nb / (t * 1e-3) / 1e9 if t > 0 else None
+        # no counted work (e.g. torch's kernels imported without FLOPs/bytes): rate unknown, not 0
+        tf = fl / (t * 1e-3) / 1e12 if t > 0 and fl > 0 else None
+        gb = nb / (t * 1e-3) / 1e9 if t > 0 and nb > 0 else None
         pr = None
         if ceil is not None and t > 0 and nb > 0:
             dts = {config_dtype(r.config) for r in rs}
