@@ -33,6 +33,7 @@ import sys
 import pytest
 import torch
 
+from ferroattn.bench.timing import event_ms
 from ferroattn.profiler import build_model, launch_overhead, measure_ceilings, profile
 
 pytestmark = pytest.mark.gpu
@@ -53,13 +54,7 @@ def _report(key, value):
             json.dump(RESULTS, f, indent=1)
 
 
-def _timed(fn) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return float(a.elapsed_time(b))
+_timed = event_ms   # GPU ms of one call between two CUDA events
 
 
 @pytest.fixture(scope="module")

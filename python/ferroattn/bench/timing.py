@@ -7,6 +7,8 @@
   events around each call, each preceded by zeroing a buffer larger than L2.
 - :class:`Rotating` cycles over several copies of the inputs so that consecutive calls read
   different memory (together with the L2 flush, nobody is flattered by a warm L2).
+- :func:`event_ms` times one call between two CUDA events on the current stream (no L2 flush,
+  no repeats: for a model forward or a replayed graph, where the caller takes the median).
 - :func:`host_us_per_call` measures host-side cost: the wall time of a loop of N calls issued
   without synchronising inside the loop, divided by N. It reflects the host cost when the GPU
   work per call is shorter than the host work (checked by :func:`gpu_us_per_call`).
@@ -69,6 +71,18 @@ def _bench_events(fn: Callable[[], Any], rep_ms: float, warmup_ms: float) -> flo
         e.record()
     torch.cuda.synchronize()
     return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
+
+
+def event_ms(fn: Callable[[], Any]) -> float:
+    """GPU milliseconds of one ``fn()`` between two ``torch.cuda.Event(enable_timing=True)``
+    recorded on the current stream before and after it (waits for the end event)."""
+    import torch  # noqa: PLC0415
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end))
 
 
 def rotation_count(bytes_per_set: int, l2_bytes: int, cap: int = 8) -> int:

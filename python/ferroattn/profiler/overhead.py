@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..bench.timing import event_ms
 from ..errors import ArgumentError, NoDeviceError
 
 
@@ -62,18 +63,10 @@ def launch_overhead(fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3
     graph.replay()
     torch.cuda.synchronize()
 
-    def timed(call) -> float:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        b.synchronize()
-        return float(a.elapsed_time(b))
-
     eager, replay = [], []
     for _ in range(repeats):
-        eager.append(timed(fn))
-        replay.append(timed(graph.replay))
+        eager.append(event_ms(fn))
+        replay.append(event_ms(graph.replay))
     del graph
     e, g = statistics.median(eager), statistics.median(replay)
     return LaunchOverhead(e, g, e - g, 100.0 * (e - g) / e if e > 0 else 0.0, repeats)

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from ..bench.timing import event_ms
 from ..errors import ArgumentError, FerroattnError
 from .events import Records
 from .knee import Knee, detect_knee
@@ -201,16 +202,10 @@ def _model_device(model: Any):
 
 
 def _time(fn: Callable[[], Any], repeats: int, cuda: bool) -> float:
-    import torch  # noqa: PLC0415
     times = []
     for _ in range(repeats):
         if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(float(a.elapsed_time(b)))
+            times.append(event_ms(fn))
         else:
             t0 = time.perf_counter()
             fn()
