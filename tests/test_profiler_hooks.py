@@ -215,3 +215,22 @@ def test_record_function_ranges_only_while_a_torch_profiler_collects(monkeypatch
             model(torch.zeros(1))
         att.resolve()
     assert "layers.1.self_attn" in opened and "Decoder" in opened
+
+
+def test_prewarm_fills_the_pool_with_recorded_events():
+    clock, model, factory = make(2)
+    made = []
+
+    def counting():
+        e = factory()
+        made.append(e)
+        return e
+
+    with attach(model, event_factory=counting) as att:
+        att.prewarm()
+        n = len(made)
+        assert n == 2 * len(att.targets) and all(e.t is not None for e in made)
+        model(torch.zeros(1))
+        assert len(made) == n                          # the forward used only pre-created events
+        recs = att.resolve()
+    assert len(recs) == len(att.targets) and all(r.gpu_ms >= 0 for r in recs)

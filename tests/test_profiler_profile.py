@@ -97,3 +97,34 @@ def test_usable_inside_torch_profiler():
             model(torch.zeros(1))
     assert "layers.0.self_attn" in {e.key for e in tp.key_averages()}
     assert len(prof.records.modules) == 5
+
+
+def test_long_window_harvests_finished_calls_between_steps_and_reuses_events():
+    from _profiler_fakes import FakeEvent
+
+    def run(with_query):
+        clock, model, _ = make(3)
+        made = []
+
+        class QEvent(FakeEvent):
+            def query(self):              # the fake GPU is always done with recorded events
+                return self.t is not None
+
+        def factory():
+            e = QEvent(clock) if with_query else FakeEvent(clock)
+            made.append(e)
+            return e
+
+        with profile(model, event_factory=factory) as prof:
+            for _ in range(4):
+                model(torch.zeros(1))
+                prof.step()
+        return prof.records.modules, len(made)
+
+    harvested, made_q = run(True)
+    plain, made_plain = run(False)
+    key = lambda r: (r.name, r.step, r.depth, round(r.start_us, 6), round(r.gpu_ms, 6))  # noqa: E731
+    assert [key(r) for r in harvested] == [key(r) for r in plain]        # same records, same (call) order
+    per_forward = len(plain) // 4
+    assert made_plain == 4 * 2 * per_forward + 1                         # two events per call + the window's reference
+    assert made_q <= 2 * per_forward + 1                                 # later forwards reuse harvested events

@@ -117,6 +117,12 @@ class _Call:
     input_shapes: Optional[tuple] = None
 
 
+def _completed(event: Any) -> bool:
+    """``event.query()`` (True once the GPU passed it); False for events without ``query``."""
+    query = getattr(event, "query", None)
+    return bool(query()) if query is not None else False
+
+
 def _torch_profiler_running() -> bool:
     """Whether a torch (autograd/kineto) profiler is collecting: record_function ranges are only
     opened then (they are only visible to it, and cost a dispatcher call each otherwise)."""
@@ -216,6 +222,29 @@ class Attachment:
         self.calls = [c for c in self.calls if c.end is None]
         return done
 
+    def prewarm(self, n: Optional[int] = None) -> None:
+        """Create and record ``n`` events (default: two per hooked module, one forward's worth) into
+        the pool now, outside any forward, so the first forward does not pay event creation."""
+        for _ in range(2 * len(self.targets) if n is None else int(n)):
+            e = self.event_factory()
+            e.record()
+            self._pool.append(e)
+
+    def harvest(self, reference: Any) -> list:
+        """Resolve, without waiting, the finished calls whose end event has already completed
+        (``event.query()``; events without ``query`` never count as completed) against
+        ``reference`` (as :meth:`resolve`), and return their events to the pool. Called between
+        steps of a long window, so a window of many forwards reuses events instead of creating
+        two per module call. Returns the :class:`ModuleRecord` s (call order among themselves)."""
+        if reference is None:
+            return []
+        done = [c for c in self.calls if c.end is not None and _completed(c.end)]
+        if not done:
+            return []
+        ids = {id(c) for c in done}
+        self.calls = [c for c in self.calls if id(c) not in ids]
+        return self.resolve(done, reference=reference)
+
     def resolve(self, calls: Optional[list] = None, reference: Any = None) -> list:
         """Elapsed times of ``calls`` (default: :meth:`take`) as :class:`ModuleRecord` s, in call
         order. Synchronises once, on the latest end event. ``start_us`` is relative to
@@ -299,6 +328,8 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     cuda = torch.cuda.is_available()
     att = Attachment(targets, factory, bool(record_function), cuda if nvtx is None else bool(nvtx),
                      bool(record_shapes), torch.cuda.current_device() if cuda else 0)
+    if event_factory is None:
+        att.prewarm()
     try:
         for name, mod in targets:
             att._handles.append(mod.register_forward_pre_hook(

@@ -107,6 +107,7 @@ class profile:
         self.windows = 0          # resolved windows so far
         self.module_names: tuple = ()   # names of the hooked modules (record_function range names)
         self._att = None
+        self._harvested: list = []   # module records resolved at earlier steps of the current window
         self._active = False
         self._factory = None
         self._sub = None
@@ -162,6 +163,10 @@ class profile:
             self._save()
         elif prev == "WARMUP":
             self._discard()
+        elif prev == "RECORD" and self._att is not None:
+            # the window goes on: resolve the calls the GPU has finished (no wait), reuse their events
+            ref = self._sub.ref
+            self._harvested.extend(self._att.harvest(None if isinstance(ref, _NoReference) else ref))
         self._apply()
 
     # -- internals -----------------------------------------------------------------------
@@ -179,6 +184,7 @@ class profile:
         """Drop what was recorded before, then record the window's reference event."""
         launches.collect(self._sub, self._rec)   # earlier launches go to the other open profiles
         self._sub.pending.clear()
+        self._harvested = []
         if self._att is not None:
             self._att.take()
         if self._factory is not None:
@@ -190,6 +196,7 @@ class profile:
 
     def _discard(self) -> None:
         """A warmup step ended: drain and drop its module calls and launches."""
+        self._harvested = []
         if self._att is not None:
             self._att.take()
         launches.collect(self._sub, self._rec)
@@ -200,6 +207,9 @@ class profile:
         ref = self._sub.ref
         timed_ref = None if isinstance(ref, _NoReference) else ref
         modules = self._att.resolve(reference=timed_ref) if self._att is not None else []
+        if self._harvested:   # resolved at earlier steps of this window: back into call order
+            modules = sorted(self._harvested + modules, key=lambda r: (r.step, r.start_us, r.depth))
+            self._harvested = []
         launches.collect(self._sub, self._rec)
         raw, self._sub.pending = self._sub.pending, []
         kernels = launches.kernel_records(raw, modules, with_flops=self.with_flops, step=self.step_num)
