@@ -8,7 +8,8 @@
 # Installs them with pip --no-deps into /tmp/site, then runs, each stage in its own process,
 # logging to its own file, with its own time limit, continuing on failure (in this order):
 #   install, info, precompile (cold cache, --check-spills), warm (fresh process: first-call cost
-#   with the warm cache), demo, profile, notebooks (scripts/run_notebooks.py: notebooks/*.ipynb
+#   with the warm cache), demo, profile (scripts/profiler_overhead.py: what ferroattn.profiler costs a Llama-1B forward, per part;
+#   $OUT/profiler_overhead.json), notebooks (scripts/run_notebooks.py: notebooks/*.ipynb
 #   executed top to bottom with nbclient; needs the nbclient/ipykernel wheels in .whl; run it
 #   after precompile, or the notebooks pay the JIT compilation), train (`bench training`:
 #   Llama-3.2-1B-config training ferroattn vs sdpa, step-0 gradients vs fp32, attention peak
@@ -284,7 +285,7 @@ stage info "${CAP[info]}" bash "$SELF" __fn info
 stage precompile "${CAP[precompile]}" "$PY" -m ferroattn precompile --check-spills --json "$WORK/logs/precompile.json"
 stage warm "${CAP[warm]}" bash "$SELF" __fn warm
 stage demo "${CAP[demo]}" "$PY" -m ferroattn demo --minilm .assets/minilm --json "$OUT/demo.json"
-stage profile "${CAP[profile]}" "$PY" scripts/profile_llm_attention.py
+stage profile "${CAP[profile]}" "$PY" scripts/profiler_overhead.py
 # the notebooks get min(cap, what is left after keeping time for the selected stages after them)
 if selected notebooks; then lim=$(elastic_limit notebooks); stage notebooks "$lim" bash "$SELF" __fn notebooks "$lim"; fi
 stage train "${CAP[train]}" bash "$SELF" __fn train
