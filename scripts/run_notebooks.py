@@ -20,7 +20,8 @@ with less than 10 s left is not started (reported as SKIP, a failure).
 Output: the executed notebook is written to ``--out DIR/<name>`` (default: over the input),
 also when it failed: the copy then holds every output up to the failing cell, the error's
 traceback in that cell (a timeout or a dead kernel is added as an ``error`` output), and the cells
-after it unexecuted. One line per notebook: PASS/FAIL/SKIP, wall time, what failed. ``--json
+after it unexecuted (their outputs cleared). A notebook that fails in place (no ``--out``) is not
+overwritten: the failed run goes to ``<name>.failed.ipynb`` beside it. One line per notebook: PASS/FAIL/SKIP, wall time, what failed. ``--json
 PATH`` also writes {notebooks: [{name, status, seconds, error, cell}], ok}.
 
 Exit status: 0 when every notebook passed, 1 when one failed or was skipped, 2 for bad arguments
@@ -121,8 +122,21 @@ def run_one(path: Path, out_path: Path, kernel: str, cell_timeout: float, cwd_mo
         res["seconds"] = time.monotonic() - t0
         if tmp is not None:
             tmp.cleanup()
+    if res["status"] != "PASS":
+        # cells after the failing one did not run here: clear their (older) outputs, so the copy
+        # never mixes this run's error with another run's results
+        first = (res["cell"] + 1) if res["cell"] is not None else 0
+        for cell in nb.cells[first:]:
+            if cell.cell_type == "code":
+                cell.outputs = []
+                cell.execution_count = None
+        if out_path.resolve() == path.resolve():
+            # in place: keep the committed (executed) notebook; the failed run goes beside it
+            out_path = path.with_name(path.stem + ".failed.ipynb")
+            res["output_note"] = f"failed run written to {out_path.name}; {path.name} left as it was"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(out_path))
+    res["written"] = str(out_path)
     return res
 
 
@@ -171,11 +185,12 @@ def main(argv=None) -> int:
         out_path = Path(args.out) / path.name if args.out else path
         print(f"--- {path.name} ...", flush=True)
         r = run_one(path, out_path, args.kernel, args.cell_timeout, args.cwd, deadline)
-        r["output"] = str(out_path)
+        r["output"] = r.pop("written", str(out_path))
         results.append(r)
         where = f" (cell {r['cell']})" if r["cell"] is not None and r["status"] == "FAIL" else ""
         print(f"{r['status']:4}  {r['seconds']:7.1f} s  {path.name}{where}"
-              + (f"  {r['error']}" if r["error"] else ""), flush=True)
+              + (f"  {r['error']}" if r["error"] else "") + (f"  ({r['output_note']})" if r.get("output_note") else ""),
+              flush=True)
     ok = all(r["status"] == "PASS" for r in results)
     total = sum(r["seconds"] for r in results)
     n_pass = sum(r["status"] == "PASS" for r in results)

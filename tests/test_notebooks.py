@@ -297,6 +297,27 @@ def test_run_notebooks_executes_on_cpu(tmp_path):
     assert bad.cells[2].outputs[-1]["output_type"] == "error" and bad.cells[3].execution_count is None
 
 
+def test_run_notebooks_failing_in_place_keeps_the_committed_notebook(tmp_path):
+    """A notebook that fails in place is left as it was; the failed run goes to <name>.failed.ipynb
+    with the later cells' stale outputs cleared (needs nbclient + ipykernel; skipped without)."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    nb = nbformat.v4.new_notebook()
+    stale = nbformat.v4.new_code_cell("print('from an earlier run')", execution_count=2)
+    stale.outputs = [nbformat.v4.new_output("stream", name="stdout", text="from an earlier run\n")]
+    nb.cells = [nbformat.v4.new_code_cell("raise RuntimeError('needs a GPU')"), stale]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, str(path))
+    before = path.read_text()
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), str(path), "--cell-timeout", "120"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "nb.failed.ipynb" in r.stdout, r.stdout + r.stderr
+    assert path.read_text() == before
+    failed = nbformat.read(str(tmp_path / "nb.failed.ipynb"), as_version=4)
+    assert failed.cells[0].outputs[-1]["output_type"] == "error"
+    assert failed.cells[1].outputs == [] and failed.cells[1].execution_count is None
+
+
 def test_gpu_check_has_notebooks_stage():
     env = dict(os.environ)
     env.pop("GPU_CHECK_STAGES", None)
