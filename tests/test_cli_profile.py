@@ -2,6 +2,8 @@
 the sweep report itself run on the CPU (tiny Llama, sdpa) with its exit codes."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import ferroattn.__main__ as cli
@@ -37,7 +39,7 @@ def test_model_name_or_path_validated(tmp_path, capsys):
 
 def test_no_gpu_exits_3(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(pcli, "_cuda_available", lambda: False)
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     for model in ("tiny", str(tmp_path), str(tmp_path / "config.json")):
         assert cli.main(["profile", "--model", model, "--batch", "1,2", "--seq", "128"]) == 3
         assert "cannot run: no CUDA GPU found" in capsys.readouterr().err
@@ -125,3 +127,76 @@ def test_exit_1_when_no_point_ran(monkeypatch, tmp_path, capsys):
 def test_defaults_parse():
     a = cli.build_parser().parse_args(["profile", "--model", "tiny"])
     assert (a.batch, a.seq, a.attn, a.trace, a.plot) == ([1, 4, 16], [512, 2048, 8192], "ferroattn", None, None)
+
+
+# ---- review fixes -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, opt, match", [
+    (["--batch", "65536", "--seq", "65536"], "--batch/--seq", "batch x seqlen <= 2147483647"),
+    (["--plot", "{tmp}/p.notafmt"], "--plot", r"suffix \.notafmt"),
+    (["--plot", "{tmp}/p"], "--plot", "no suffix"),
+    (["--plot", "{tmp}"], "--plot", "is a directory"),
+    (["--trace", "{tmp}"], "--trace", "is a directory"),
+    (["--trace", ""], "--trace", "non-empty"),
+])
+def test_more_bad_arguments_exit_2_up_front(monkeypatch, tmp_path, capsys, argv, opt, match):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(pcli, "run_sweep", lambda args: pytest.fail("validation let it through"))
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert cli.main(["profile", "--model", "tiny", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{pcli.PROG}: {opt}: " in err and re.search(match, err), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_files_that_are_not_configs_exit_2(tmp_path, capsys):
+    (tmp_path / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    assert cli.main(["profile", "--model", str(tmp_path / "passwd")]) == 2
+    assert "--model: expected a config.json, cannot read" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    assert cli.main(["profile", "--model", str(tmp_path)]) == 2
+    assert "--model: " in capsys.readouterr().err
+
+
+def test_unknown_model_type_exits_2_with_a_short_message(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    import io
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-arch"}')
+    args = _args(tmp_path, model=str(tmp_path))
+    assert pcli.validate(args) is None            # valid JSON with a model_type: transformers decides
+    assert pcli.run_sweep(args, device="cpu", repeats=1, warmup=0, out=io.StringIO()) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"{pcli.PROG}: --model: transformers cannot build a config of model_type 'no-such-arch'")
+    assert "\n" not in err and len(err) < 400
+
+
+def test_axes_sharing_a_value_give_a_report_not_a_traceback(monkeypatch, tmp_path, capsys):
+    import io
+    from ferroattn.profiler import models
+    monkeypatch.setattr(models, "build_model", _Toy(None))
+    out = io.StringIO()
+    assert pcli.run_sweep(_args(tmp_path, batch=(1, 2), seq=(2, 5)), device="cpu", repeats=1, warmup=0,
+                          out=out) == 0
+    assert "knee: not enough points" in out.getvalue() and (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize("text", ["1,,2", "1,", ",1", " , "])
+def test_parse_axis_rejects_empty_items(text):
+    with pytest.raises(ValueError, match="^--batch: expected comma-separated positive integers without empty"):
+        pcli.parse_axis(text, "--batch")
+    assert pcli.parse_axis(" 4, 1 ,2", "--batch") == [4, 1, 2]
+    with pytest.raises(ValueError, match="^--seq: expected distinct values"):
+        pcli.parse_axis("8,8", "--seq")
+
+
+@pytest.mark.parametrize("opt, bad, match", [
+    ("--batch", "1,,2", "without empty items"), ("--batch", "2,", "without empty items"),
+    ("--batch", "1,1", "distinct"), ("--seq", "8,16,8", "distinct"),
+    ("--seq", "99999999999999999999", "<= 2147483647"), ("--batch", "2147483648", "<= 2147483647"),
+])
+def test_axis_list_errors_exit_2_naming_the_option(capsys, opt, bad, match):
+    """--batch/--seq are parsed by profiler.cli.parse_axis as the argparse type: exit 2 at parsing."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["profile", "--model", "tiny", opt, bad])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {opt}: {opt}: " in err and re.search(match, err), err

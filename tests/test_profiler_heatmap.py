@@ -140,3 +140,38 @@ def test_bad_grid_named():
         plot_sweep_heatmap({(1, 128): -1.0})
     with pytest.raises(ArgumentError, match=r"^seqlens:"):
         plot_sweep_heatmap([[1.0]], batches=[1])
+
+
+def test_cell_with_batch_equal_to_seqlen():
+    assert plot_sweep_heatmap({(4, 4): 1.0}).axes                         # one cell, batch == seqlen
+    fig = plot_sweep_heatmap({(4, 4): 1.0, (4, 8): 2.0, (8, 4): 2.5})
+    assert _cells(fig.axes[0]) == {(0, 0): "1", (0, 1): "2", (1, 0): "2.5", (1, 1): "n/a"}
+
+
+@pytest.mark.parametrize("name, match", [
+    ("dir", "is a directory"),
+    ("plot", r"no suffix in"),
+    ("plot.notafmt", r"suffix \.notafmt"),
+])
+def test_path_must_be_an_image_file_name(tmp_path, name, match):
+    (tmp_path / "dir").mkdir()
+    path = tmp_path / name
+    with pytest.raises(ArgumentError, match=rf"^path: .*{match}"):
+        plot_sweep_heatmap(_grid(), path=path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]       # nothing written, no "<dir>.png"
+    with pytest.raises(ArgumentError, match="^path:"):
+        plot_sweep_heatmap(_grid(), path="")
+
+
+def test_other_formats_by_suffix(tmp_path):
+    plot_sweep_heatmap(_grid(), path=tmp_path / "h.svg")
+    plot_sweep_heatmap(_grid(), path=tmp_path / "H.PNG")
+    assert (tmp_path / "h.svg").read_text().lstrip().startswith("<?xml")
+    assert (tmp_path / "H.PNG").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_knee_without_growth_is_drawn():
+    grid = _grid()
+    cfg = next(iter(grid))
+    fig = plot_sweep_heatmap(grid, knee=Knee(cfg, None, None, 1.5))
+    assert len(_knee_patches(fig.axes[0])) == 1 and "knee at" in fig._suptitle.get_text()

@@ -131,3 +131,27 @@ def test_bad_inputs_name_the_argument(kwargs, arg):
     with pytest.raises(ValueError, match=rf"^{arg}:") as ei:
         detect_knee(grid, **kwargs)
     assert isinstance(ei.value, ArgumentError)
+
+
+def test_mapping_keys_may_have_batch_equal_to_seqlen():
+    # only each axis needs distinct values; a key (8, 8) is one cell
+    grid = {(b, s): float(b * s) for b in (1, 2, 8) for s in (8, 16, 32)}
+    k = detect_knee(grid)
+    assert not k.found and k.growth == pytest.approx(1.0)            # linear: no knee
+    assert detect_knee({(np.int64(4), np.int64(4)): 1.0}).growth is None
+    sat = {(b, s): saturating(b, s, knee_tokens=64) for b in (1, 2, 8) for s in (8, 16, 32)}
+    assert detect_knee(sat).found
+
+
+@pytest.mark.parametrize("work", [lambda b, s: "x", lambda b, s: None, lambda b, s: True,
+                                  lambda b, s: float("nan")])
+def test_work_returning_a_non_number_names_work(work):
+    with pytest.raises(ArgumentError, match=r"^work: expected a finite real number > 0, got .* at seqlen=128"):
+        detect_knee({(1, 128): 1.0, (1, 256): 2.0}, work=work)
+
+
+def test_numpy_min_growth_accepted_bool_rejected():
+    grid = {(1, s): saturating(1, s, knee_tokens=256) for s in (64, 128, 256, 512, 1024)}
+    assert detect_knee(grid, min_growth=np.float32(1.5)).found
+    with pytest.raises(ArgumentError, match="^min_growth:"):
+        detect_knee(grid, min_growth=True)

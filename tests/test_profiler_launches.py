@@ -224,3 +224,80 @@ def test_import_a_real_cpu_torch_profiler_trace():
             model(torch.ones(3) + 1)
     assert prof.import_torch_profiler(tp) == []      # CPU only: no device kernels to add
     assert len(prof.records.kernels) == 1
+
+
+# ---- review fixes -----------------------------------------------------------------------------
+def test_a_raising_on_trace_ready_does_not_break_the_next_window():
+    from torch.profiler import ProfilerAction
+    clock, model, factory, native, rec = make_launching()
+    calls = []
+
+    def ready(p):
+        calls.append(len(p.records.kernels))
+        if len(calls) == 1:
+            raise ValueError("first trace handler fails")
+
+    counts = []
+    with profile(model, schedule=lambda s: ProfilerAction.RECORD_AND_SAVE, on_trace_ready=ready,
+                 event_factory=factory, recorder=rec) as p:
+        for _ in range(3):
+            model(torch.zeros(1))
+            try:
+                p.step()
+            except ValueError:
+                pass
+            counts.append(len(p.records.kernels))
+    assert counts == [3, 3, 3] and calls == [3, 3, 3, 0] and p.windows == 4   # the 4th: empty, at exit
+
+
+def test_overlapping_profiles_exiting_out_of_order_keep_recording():
+    clock, model, factory, native, rec = make_launching(1)
+    a = profile(None, event_factory=factory, recorder=rec)
+    b = profile(model, event_factory=factory, recorder=rec)
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert native.on                                    # b is still open
+    model(torch.zeros(1))
+    b.__exit__(None, None, None)
+    assert not native.on and native.kept == []          # the state before a, nothing left behind
+    assert [k.module for k in b.records.kernels] == ["layers.0.self_attn"]
+    # a recorder that was on before stays on, in any exit order
+    native.on = True
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    b.__exit__(None, None, None)
+    assert native.on
+
+
+def test_recorder_enable_needs_a_bool():
+    clock, model, factory, native, rec = make_launching(1)
+    for bad in ("no", 1, None):
+        with pytest.raises(TypeError, match="^enabled: expected a bool"):
+            rec.enable(bad)
+    assert not native.on and native.enable_calls == []
+
+
+@pytest.mark.parametrize("make_event", [lambda: None, lambda: 3, object])
+@pytest.mark.parametrize("with_model", [True, False])
+def test_event_factory_returning_a_non_event_is_named(make_event, with_model):
+    clock, model, factory, native, rec = make_launching(1)
+    p = profile(model if with_model else None, event_factory=make_event, recorder=rec)
+    with pytest.raises(ArgumentError, match="^event_factory: expected a callable returning an event"):
+        p.__enter__()
+    assert not native.on and sum(len(m._forward_pre_hooks) for m in model.modules()) == 0
+    with profile(model, event_factory=factory, recorder=rec) as ok:    # nothing left broken
+        model(torch.zeros(1))
+    assert len(ok.records.kernels) == 1
+
+
+def test_import_a_torch_profiler_still_running_is_refused():
+    clock, model, factory, native, rec = make_launching(1)
+    with profile(model, event_factory=factory, recorder=rec) as prof:
+        model(torch.zeros(1))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
+        torch.ones(2) + 1
+        with pytest.raises(ArgumentError, match="^tp: expected a finished torch.profiler.profile.*still running"):
+            prof.import_torch_profiler(tp)
+    prof.import_torch_profiler(tp)                      # finished: accepted

@@ -204,3 +204,42 @@ def test_config_dtype_and_bad_by_dtype():
     with pytest.raises(ArgumentError, match="by_dtype"):
         Ceilings(1.0, 1.0, by_dtype=(("bf16", -1.0, "x"),))
     assert Ceilings(1.0, 1.0, by_dtype=(("bf16", 2.0, "x"),)).by_dtype == (("bfloat16", 2.0, "x"),)
+
+
+# ---- review fixes: paths, numbers, no GPU ---------------------------------------------------------
+@pytest.mark.parametrize("name, match", [("d", "is a directory"), ("roof", "no suffix in"),
+                                         ("roof.notafmt", r"suffix \.notafmt")])
+def test_plot_path_must_be_an_image_file_name(tmp_path, name, match):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ArgumentError, match=rf"^path: .*{match}"):
+        plot_roofline([RooflinePoint("k", 1.0, 1.0)], C, path=tmp_path / name)
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]                # nothing written
+
+
+def test_numpy_scalars_accepted_bools_and_strings_named():
+    np = pytest.importorskip("numpy")
+    c = Ceilings(np.float32(800.0), np.int64(4000))
+    assert (c.peak_tflops, c.bandwidth_gbps) == (800.0, 4000.0) and type(c.peak_tflops) is float
+    u = utilisation(np.float64(4e11), np.int64(10**9), np.float32(1.0), c)
+    assert u.achieved_tflops == pytest.approx(400.0) and u.pct_of_roofline == pytest.approx(50.0)
+    assert arithmetic_intensity(np.int32(8), np.int32(2)) == 4.0
+    for call, arg in ((lambda: arithmetic_intensity(True, 1), "flops"),
+                      (lambda: utilisation(1.0, 1.0, "1", C), "ms"),
+                      (lambda: Ceilings("800", 1.0), "peak_tflops")):
+        with pytest.raises(ArgumentError, match=rf"^{arg}: expected a finite real number .*, got (bool|str) "):
+            call()
+
+
+def test_ceilings_without_a_gpu_no_raw_torch_error(tmp_path):
+    import torch
+    from ferroattn.errors import NoDeviceError
+    from ferroattn.profiler import cached_ceilings
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a CUDA GPU")
+    assert cached_ceilings(0, cache_dir=tmp_path) is None               # documented: never measures
+    with pytest.raises(NoDeviceError, match="^device:"):
+        measure_ceilings(0, cache_dir=tmp_path)
+    with pytest.raises(ArgumentError, match="^device:"):
+        cached_ceilings(-1, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []

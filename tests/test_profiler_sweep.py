@@ -171,3 +171,71 @@ def test_launch_overhead_arguments_and_no_gpu():
             launch_overhead(lambda: None)
     lo = LaunchOverhead(2.0, 0.5, 1.5, 75.0, 20)
     assert "75.0% of eager" in str(lo)
+
+
+# ---- review fixes -----------------------------------------------------------------------------
+
+def test_batches_and_seqlens_sharing_a_value_keep_the_sweep_and_find_the_knee():
+    res = sweep(Toy(), [1, 2, 8], [2, 8, 32], repeats=1, warmup=0, progress=False, vocab_size=10,
+                profile_layers=False)
+    assert len(res.points) == 9 and all(p.ok for p in res.points.values())
+    assert res.knee is not None and res.knee.growth is not None and res.knee_error is None
+
+
+def test_a_failing_knee_analysis_keeps_the_measured_points(monkeypatch, tmp_path):
+    import sys
+    sweep_mod = sys.modules["ferroattn.profiler.sweep"]   # the package's "sweep" is the function
+
+    def broken(lat):
+        raise ZeroDivisionError("analysis bug")
+    monkeypatch.setattr(sweep_mod, "detect_knee", broken)
+    res = sweep(Toy(), [1, 2], [8, 16, 32], repeats=1, warmup=0, progress=False, vocab_size=10,
+                profile_layers=False)
+    assert len(res.points) == 6 and all(p.ok for p in res.points.values())
+    assert res.knee is None and res.knee_error == "ZeroDivisionError: analysis bug"
+    assert "knee: not computed, the analysis failed (ZeroDivisionError: analysis bug)" in res.table()
+    assert res.to_dict()["knee_error"] == "ZeroDivisionError: analysis bug"
+    pytest.importorskip("matplotlib")
+    res.plot_heatmap(tmp_path / "h.png")                              # still plottable, without a knee
+
+
+@pytest.mark.parametrize("seed", [2**70, 2**63, -1, True, 1.0])
+def test_seed_range_checked_up_front(seed):
+    toy = Toy()
+    with pytest.raises(ArgumentError, match=r"^seed: expected an int in \[0, 9223372036854775807\]"):
+        sweep(toy, [1], [8], repeats=1, warmup=0, progress=False, vocab_size=10, seed=seed)
+    assert toy.calls == 0
+    np = pytest.importorskip("numpy")
+    res = sweep(toy, [np.int64(1)], [8], repeats=1, warmup=0, progress=False, vocab_size=np.int32(10),
+                seed=np.int64(2**63 - 1), profile_layers=False)
+    assert list(res.points) == [(1, 8)] and type(res.batches[0]) is int
+
+
+def test_plot_heatmap_to_a_directory_is_refused(tmp_path):
+    pytest.importorskip("matplotlib")
+    res = sweep(Toy(), [1], [8, 16], repeats=1, warmup=0, progress=False, vocab_size=10, profile_layers=False)
+    with pytest.raises(ArgumentError, match="^path: .*is a directory"):
+        res.plot_heatmap(tmp_path)
+    with pytest.raises(ArgumentError, match="^path: .*no suffix"):
+        res.plot_heatmap(tmp_path / "h")
+    assert list(tmp_path.iterdir()) == [] and not (tmp_path.parent / (tmp_path.name + ".png")).exists()
+
+
+def test_build_model_checks_the_name_before_the_device(tmp_path):
+    for bad in ("nope", ""):
+        with pytest.raises(ArgumentError, match="^model: expected a config name"):
+            build_model(bad)                                          # default device "cuda", any machine
+    (tmp_path / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(ArgumentError, match="^model: expected a config.json, cannot read .* as JSON"):
+        build_model(str(tmp_path / "passwd"))
+
+
+def test_build_model_unknown_model_type_is_an_argument_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-arch", "hidden_size": 8}))
+    with pytest.raises(ArgumentError, match="^model: transformers cannot build a config of model_type "
+                                            "'no-such-arch'") as ei:
+        build_model(str(tmp_path), device="cpu")
+    assert "\n" not in str(ei.value) and len(str(ei.value)) < 400     # not transformers' list of every type
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": 5}))
+    with pytest.raises(ArgumentError, match="^model: expected a str \"model_type\""):
+        build_model(str(tmp_path), device="cpu")

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from ferroattn.errors import ArgumentError
-from ferroattn.profiler import Ceilings, KernelRecord, ModuleRecord, Records, key_averages, sort_keys
+from ferroattn.profiler import (Ceilings, KernelRecord, ModuleRecord, Records, chrome_trace_events, key_averages,
+                                sort_keys)
 
 C = Ceilings(800.0, 4000.0, "mm", "cp", "TestGPU")
 
@@ -165,3 +166,67 @@ def test_chrome_trace_empty_and_without_ceilings(tmp_path):
     Records(kernels=[kern()]).export_chrome_trace(path)
     (e,) = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
     assert "ceilings" not in e["args"] and e["args"]["TFLOP/s"] == pytest.approx(500.0)
+
+
+# ---- review fixes: record field validation, numpy scalars, atomic trace export --------------------
+def _kr(**kw):
+    args = dict(name="k", config="c", op="op", grid=(1, 1, 1), block=(32, 1, 1), registers=64, smem_bytes=0,
+                occupancy=0.5, flops=1.0, nbytes=1.0, gpu_ms=1.0)
+    args.update(kw)
+    return KernelRecord(**args)
+
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda: _kr(config=None), "config"),
+    (lambda: _kr(op=3), "op"),
+    (lambda: _kr(module=1), "module"),
+    (lambda: _kr(registers=-1), "registers"),
+    (lambda: _kr(registers=1.5), "registers"),
+    (lambda: _kr(smem_bytes="0"), "smem_bytes"),
+    (lambda: _kr(occupancy="0.5"), "occupancy"),
+    (lambda: _kr(occupancy=True), "occupancy"),
+    (lambda: _kr(occupancy=float("nan")), "occupancy"),
+    (lambda: _kr(device=-1), "device"),
+    (lambda: _kr(step=1.0), "step"),
+    (lambda: _kr(stream=None), "stream"),
+    (lambda: _kr(grid=(1, True, 1)), "grid"),
+    (lambda: ModuleRecord("m", None, 1.0), "kind"),
+    (lambda: ModuleRecord("m", "M", 1.0, depth=-1), "depth"),
+    (lambda: ModuleRecord("m", "M", 1.0, step="0"), "step"),
+    (lambda: ModuleRecord("m", "M", 1.0, device=0.5), "device"),
+    (lambda: ModuleRecord("m", "M", "1.0"), "gpu_ms"),
+    (lambda: records().key_averages("kernel").table(row_limit=True), "row_limit"),
+])
+def test_record_fields_are_validated(call, arg):
+    with pytest.raises(ArgumentError, match=rf"^{arg}: expected"):
+        call()
+
+
+def test_numpy_scalars_accepted_and_normalised():
+    np = pytest.importorskip("numpy")
+    k = _kr(grid=(np.int64(2), 1, 1), registers=np.int32(64), smem_bytes=np.uint16(1024),
+            occupancy=np.float32(0.25), flops=np.float64(2e12), gpu_ms=np.float32(2.0), device=np.int64(1))
+    assert k.grid == (2, 1, 1) and type(k.grid[0]) is int and type(k.registers) is int
+    assert (k.smem_bytes, k.occupancy, k.device, k.tflops) == (1024, 0.25, 1, 1000.0)
+    m = ModuleRecord("m", "M", np.float32(1.5), np.int64(3), depth=np.int8(1))
+    assert (m.gpu_ms, m.start_us, m.depth) == (1.5, 3.0, 1) and type(m.depth) is int
+    json.dumps(chrome_trace_events([m], [k]))                           # JSON-ready after normalising
+    assert len(records().key_averages("kernel").table(row_limit=np.int64(1)).splitlines()) < 10
+
+
+def test_chrome_trace_is_written_atomically(tmp_path):
+    path = tmp_path / "t.json"
+    records().export_chrome_trace(path)
+    before = path.read_text()
+    huge = Records(kernels=[kern(ms=1e306)])                            # 1e306 ms -> inf µs
+    with pytest.raises(ArgumentError, match=r"^kernels: expected a gpu_ms whose duration in µs is finite"):
+        huge.export_chrome_trace(path)
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+    (tmp_path / "d").mkdir()
+    for bad, match in ((tmp_path / "d", "is a directory"), ("", "non-empty")):
+        with pytest.raises(ArgumentError, match=f"^path: .*{match}"):
+            records().export_chrome_trace(bad)
+    with pytest.raises(FileNotFoundError):
+        records().export_chrome_trace(tmp_path / "missing" / "t.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "t.json"]   # no temp file left
+    assert path.stat().st_mode & 0o777 == 0o644                         # not mkstemp's 0600

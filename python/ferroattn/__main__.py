@@ -281,12 +281,18 @@ def _positive_int(text: str, name: str) -> int:
     return v
 
 
+def _parse_axis(text: str, name: str) -> list[int]:
+    """``profile --batch/--seq``: :func:`ferroattn.profiler.cli.parse_axis` (distinct, no empty items)."""
+    from ferroattn.profiler.cli import parse_axis  # noqa: PLC0415
+    return parse_axis(text, name)
+
+
 # ---- parser -----------------------------------------------------------------------------
 
 def _arg_type(fn, name):
     def conv(text):
         try:
-            return fn(text, name) if fn in (parse_int_list, _positive_int, _positive_float) else fn(text)
+            return fn(text, name) if fn in (parse_int_list, _parse_axis, _positive_int, _positive_float) else fn(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     conv.__name__ = name
@@ -366,9 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profile", help="batch x seqlen sweep of a model: per-layer GPU time, heatmap, knee (GPU)")
     pr.add_argument("--model", metavar="NAME|PATH", required=True,
                     help="config name (llama-3.2-1b, tiny) or a directory/config.json path")
-    pr.add_argument("--batch", type=_arg_type(parse_int_list, "--batch"), default=[1, 4, 16],
+    pr.add_argument("--batch", type=_arg_type(_parse_axis, "--batch"), default=[1, 4, 16],
                     help="batch sizes (default 1,4,16)")
-    pr.add_argument("--seq", type=_arg_type(parse_int_list, "--seq"), default=[512, 2048, 8192],
+    pr.add_argument("--seq", type=_arg_type(_parse_axis, "--seq"), default=[512, 2048, 8192],
                     help="sequence lengths in tokens (default 512,2048,8192)")
     pr.add_argument("--attn", choices=("ferroattn", "sdpa"), default="ferroattn",
                     help="attention implementation (default ferroattn)")

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from ..errors import ArgumentError, FerroattnError
+from ..errors import ArgumentError, FerroattnError, NoDeviceError
+from ._util import atomic_write, integer, real
 
 CACHE_FILE = "profiler_ceilings.json"
 CACHE_VERSION = 2   # 2: bf16 and fp16 matmul ceilings
@@ -65,9 +65,7 @@ class Ceilings:
 
     def __post_init__(self):
         for name in ("peak_tflops", "bandwidth_gbps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ArgumentError(f"{name}: expected a finite number > 0, got {v!r}")
+            object.__setattr__(self, name, real(name, getattr(self, name), 0, strict=True))
         items = []
         for e in self.by_dtype:
             try:
@@ -76,9 +74,7 @@ class Ceilings:
                 raise ArgumentError(f"by_dtype: expected (dtype, tflops, source) triples, got {e!r}") from None
             if dt not in DTYPE_ALIASES:
                 raise ArgumentError(f"by_dtype: expected dtypes among {sorted(set(DTYPE_ALIASES.values()))}, got {dt!r}")
-            if isinstance(tf, bool) or not isinstance(tf, (int, float)) or not math.isfinite(tf) or tf <= 0:
-                raise ArgumentError(f"by_dtype: expected a finite TFLOP/s > 0 for {dt}, got {tf!r}")
-            items.append((DTYPE_ALIASES[dt], float(tf), str(src)))
+            items.append((DTYPE_ALIASES[dt], real(f"by_dtype ({dt} TFLOP/s)", tf, 0, strict=True), str(src)))
         object.__setattr__(self, "by_dtype", tuple(items))
 
     def for_dtype(self, dtype: Optional[str]) -> "Ceilings":
@@ -124,8 +120,15 @@ def default_cache_dir() -> Path:
 
 def device_key(device: int = 0) -> dict:
     """What the cache is keyed by: {device, driver, torch, cuda} of CUDA device ``device``
-    (needs torch with CUDA)."""
+    (needs torch with CUDA). Raises NoDeviceError without a CUDA GPU, ArgumentError for an index
+    beyond the GPUs present."""
     import torch
+    device = integer("device", device, 0)
+    if not torch.cuda.is_available():
+        raise NoDeviceError(f"device: CUDA device {device} needs a CUDA GPU (torch.cuda.is_available() is False)")
+    n = torch.cuda.device_count()
+    if device >= n:
+        raise ArgumentError(f"device: expected a CUDA device index in [0, {n - 1}], got {device}")
 
     from ..bench.report import driver_version
     return {"device": torch.cuda.get_device_name(device), "driver": str(driver_version()),
@@ -182,17 +185,8 @@ def _read_cache(path: Path) -> dict:
 def _write_cache(path: Path, entries: dict) -> None:
     """Atomic write: temp file in the same directory, then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ceilings.", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, lambda f: json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=1,
+                                           sort_keys=True))
 
 
 def measure_ceilings(device: int = 0, *, refresh: bool = False, cache_dir: Optional[os.PathLike] = None,
@@ -207,10 +201,10 @@ def measure_ceilings(device: int = 0, *, refresh: bool = False, cache_dir: Optio
     a missing fp16 entry leaves that dtype out); key: the cache key (default :func:`device_key`).
 
     Raises :class:`ferroattn.errors.FerroattnError` when the measurement fails (nothing is cached
-    then) and :class:`ferroattn.errors.ArgumentError` for a bad ``device``.
+    then), :class:`ferroattn.errors.NoDeviceError` without a CUDA GPU (default ``key``) and
+    :class:`ferroattn.errors.ArgumentError` for a bad ``device``.
     """
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ArgumentError(f"device: expected a CUDA device index >= 0, got {device!r}")
+    device = integer("device", device, 0)
     if key is None:
         key = device_key(device)
     if measure is None:
@@ -234,12 +228,14 @@ def measure_ceilings(device: int = 0, *, refresh: bool = False, cache_dir: Optio
 def cached_ceilings(device: int = 0, *, cache_dir: Optional[os.PathLike] = None,
                     key: Optional[Mapping[str, Any]] = None) -> Optional[Ceilings]:
     """The cached :class:`Ceilings` of CUDA device ``device`` (what :func:`measure_ceilings` stored),
-    or None when there is none; never measures. key: as :func:`measure_ceilings` (default
-    :func:`device_key`, which needs torch with CUDA)."""
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ArgumentError(f"device: expected a CUDA device index >= 0, got {device!r}")
+    or None when there is none (also without a CUDA GPU, when ``key`` is not given); never measures.
+    key: as :func:`measure_ceilings` (default :func:`device_key`). ArgumentError for a bad ``device``."""
+    device = integer("device", device, 0)
     if key is None:
-        key = device_key(device)
+        try:
+            key = device_key(device)
+        except NoDeviceError:
+            return None
     path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / CACHE_FILE
     entry = _read_cache(path).get(_key_string(key))
     try:

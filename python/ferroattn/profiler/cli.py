@@ -3,8 +3,10 @@
 ``--model`` is a config name of :data:`ferroattn.demo.LLM_CONFIGS` (``llama-3.2-1b``, ``tiny``) or
 an existing path: a directory holding ``config.json`` or a ``config.json`` file (the model is built
 by :func:`~.models.build_model`: bf16, seeded random weights, on the GPU).
-``--batch`` / ``--seq``: comma-separated positive ints (parsed by the CLI, exit 2 on error);
-``--attn``: ``ferroattn`` or ``sdpa``; ``--trace``/``--plot``: output files whose directory must exist.
+``--batch`` / ``--seq``: comma-separated distinct positive ints (:func:`parse_axis`; at most
+:data:`MAX_TOKENS`, also for the largest batch x seqlen; exit 2 on error);
+``--attn``: ``ferroattn`` or ``sdpa``; ``--trace``/``--plot``: output files (not directories) whose
+directory must exist; ``--plot``'s suffix names a format matplotlib saves (``.png``, ``.svg``, ...).
 
 What it does (:func:`run_sweep`): :func:`~.sweep.sweep` over the grid with a progress bar (stderr),
 then prints the latency/throughput table, the knee, and for the knee point (else the largest
@@ -27,23 +29,69 @@ ATTN_CHOICES = ("ferroattn", "sdpa")
 PROG = "ferroattn profile"
 
 
+#: largest batch, sequence length and batch * seqlen accepted (token counts must fit an int32)
+MAX_TOKENS = 2**31 - 1
+
+
+def parse_axis(text: str, name: str) -> list:
+    """``--batch`` / ``--seq`` text -> distinct positive ints in the given order. Raises ValueError
+    naming ``name`` for an empty item ("1,,2"), a non-integer, a value <= 0 or > MAX_TOKENS, or a
+    repeated value. (The argparse type of ``--batch``/``--seq``.)"""
+    items = [x.strip() for x in str(text).split(",")]
+    try:
+        vals = [int(x) for x in items]
+    except ValueError:
+        raise ValueError(f"{name}: expected comma-separated positive integers without empty items, "
+                         f"got {text!r}") from None
+    return check_axis(name, vals)
+
+
+def check_axis(name: str, vals: list) -> list:
+    """``vals`` when they are distinct ints in [1, MAX_TOKENS]; else ArgumentError (a ValueError)
+    naming ``name``."""
+    from ferroattn.errors import ArgumentError  # noqa: PLC0415
+    from .knee import _check_axis_values  # noqa: PLC0415
+    vals = _check_axis_values(name, vals)
+    if max(vals) > MAX_TOKENS:
+        raise ArgumentError(f"{name}: expected values <= {MAX_TOKENS}, got {max(vals)}")
+    return vals
+
+
 def validate(args: argparse.Namespace) -> str | None:
-    """The first argument error as a message naming the option, or None."""
-    from ferroattn.demo import LLM_CONFIGS  # noqa: PLC0415  (no torch import at module level)
-    m = args.model
-    if m not in LLM_CONFIGS:
-        if not os.path.exists(m):
-            return (f"--model: expected a config name ({', '.join(sorted(LLM_CONFIGS))}) or an existing path, "
-                    f"got {m!r}")
-        if os.path.isdir(m) and not os.path.isfile(os.path.join(m, "config.json")):
-            return f"--model: directory {m!r} has no config.json"
+    """The first argument error as a message naming the option, or None. Checks the model name /
+    config.json (readable JSON with a model_type; without importing torch), the axes (distinct,
+    in [1, MAX_TOKENS], largest batch x largest seqlen <= MAX_TOKENS), ``--attn``, and the outputs
+    (``--trace``: a file path in an existing directory; ``--plot``: the same with an image suffix
+    matplotlib saves)."""
+    from ferroattn.errors import ArgumentError  # noqa: PLC0415
+    from ._util import figure_path, output_path  # noqa: PLC0415
+    from .models import read_config  # noqa: PLC0415
+    try:
+        read_config(args.model)
+    except ArgumentError as e:
+        return f"--model: {str(e).removeprefix('model: ')}"
+    for opt, vals in (("--batch", args.batch), ("--seq", args.seq)):
+        try:
+            check_axis(opt, list(vals))
+        except ValueError as e:
+            return str(e)
+    if max(args.batch) * max(args.seq) > MAX_TOKENS:
+        return (f"--batch/--seq: expected batch x seqlen <= {MAX_TOKENS} tokens, got {max(args.batch)} x "
+                f"{max(args.seq)} = {max(args.batch) * max(args.seq)}")
     if args.attn not in ATTN_CHOICES:
         return f"--attn: expected one of {ATTN_CHOICES}, got {args.attn!r}"
-    for opt, path in (("--trace", args.trace), ("--plot", args.plot)):
-        if path is not None:
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                return f"{opt}: directory {parent!r} does not exist (for {path!r})"
+    for opt, path, check in (("--trace", args.trace, output_path), ("--plot", args.plot, figure_path)):
+        if path is None:
+            continue
+        try:
+            path = check(opt, path)
+        except ArgumentError as e:
+            return str(e)
+        except ImportError:
+            return f"{opt}: writing a plot needs matplotlib (pip install 'ferroattn[bench]')"
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            return f"{opt}: directory {parent!r} does not exist (for {path!r})"
     return None
 
 
@@ -64,11 +112,15 @@ def run_sweep(args: argparse.Namespace, *, device: str = "cuda", repeats: int = 
     from .models import build_model  # noqa: PLC0415
     from .sweep import OOM, sweep  # noqa: PLC0415
     out = sys.stdout if out is None else out
+    from ferroattn.errors import ArgumentError  # noqa: PLC0415
     try:
         model = build_model(args.model, attn=args.attn, device=device)
     except ImportError as e:
         print(f"{PROG}: cannot run: {e}", file=sys.stderr)
         return 3
+    except ArgumentError as e:   # e.g. a config.json transformers cannot build
+        print(f"{PROG}: --{e}" if str(e).startswith("model: ") else f"{PROG}: {e}", file=sys.stderr)
+        return 2
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{PROG}: {args.model} ({type(model).__name__}, {n_params / 1e6:.1f}M parameters, bf16, "
           f"attn={args.attn}) on {device}; batches {args.batch}, seqlens {args.seq}", file=out, flush=True)
@@ -89,7 +141,7 @@ def run_sweep(args: argparse.Namespace, *, device: str = "cuda", repeats: int = 
             if args.plot:
                 res.plot_heatmap(args.plot)
                 print(f"heatmap: {args.plot}", file=out)
-        except OSError as e:
+        except (OSError, ArgumentError) as e:
             print(f"{PROG}: cannot write an output: {e}", file=sys.stderr)
             rc = 1
     errors = res.errors

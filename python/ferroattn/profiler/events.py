@@ -27,21 +27,30 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import ArgumentError
+from ._util import atomic_write, integer, output_path, real
 from .ceilings import Ceilings, config_dtype
 from .roofline import RooflinePoint, Utilisation, utilisation
 
 
 def _time(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ArgumentError(f"{name}: expected a finite number >= 0, got {v!r}")
-    return float(v)
+    return real(name, v, 0)
 
 
 def _dim3(name: str, v) -> tuple:
     t = tuple(v) if isinstance(v, (tuple, list)) else None
-    if t is None or len(t) != 3 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in t):
+    if t is None or len(t) != 3:
         raise ArgumentError(f"{name}: expected 3 positive ints (x, y, z), got {v!r}")
-    return t
+    return tuple(integer(name, x, 1, where=f" at index {i} of {v!r}") for i, x in enumerate(t))
+
+
+def _str(name: str, v, allow_empty: bool = True) -> str:
+    if not isinstance(v, str) or not (allow_empty or v):
+        raise ArgumentError(f"{name}: expected a {'' if allow_empty else 'non-empty '}str, got {v!r}")
+    return v
+
+
+def _set(obj, name: str, value) -> None:
+    object.__setattr__(obj, name, value)   # frozen dataclass: store the normalised value
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,14 @@ class ModuleRecord:
     input_shapes: Optional[tuple] = None
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise ArgumentError(f"name: expected a non-empty str, got {self.name!r}")
-        _time("gpu_ms", self.gpu_ms)
-        _time("start_us", self.start_us)
+        _str("name", self.name, allow_empty=False)
+        _str("kind", self.kind)
+        for f in ("gpu_ms", "start_us"):
+            _set(self, f, _time(f, getattr(self, f)))
+        for f in ("depth", "step", "device"):
+            _set(self, f, integer(f, getattr(self, f), 0))
+        if self.input_shapes is not None and not isinstance(self.input_shapes, tuple):
+            raise ArgumentError(f"input_shapes: expected a tuple or None, got {type(self.input_shapes).__name__}")
 
 
 @dataclass(frozen=True)
@@ -108,16 +121,25 @@ class KernelRecord:
     step: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise ArgumentError(f"name: expected a non-empty str, got {self.name!r}")
-        object.__setattr__(self, "grid", _dim3("grid", self.grid))
-        object.__setattr__(self, "block", _dim3("block", self.block))
-        _time("flops", self.flops)
-        _time("nbytes", self.nbytes)
-        _time("gpu_ms", self.gpu_ms)
-        _time("start_us", self.start_us)
-        if self.occupancy is not None and not (0.0 <= self.occupancy <= 1.0):
-            raise ArgumentError(f"occupancy: expected a fraction in [0, 1] or None, got {self.occupancy!r}")
+        _str("name", self.name, allow_empty=False)
+        _str("config", self.config)
+        _str("op", self.op)
+        if self.module is not None:
+            _str("module", self.module)
+        _set(self, "grid", _dim3("grid", self.grid))
+        _set(self, "block", _dim3("block", self.block))
+        for f in ("flops", "nbytes", "gpu_ms", "start_us"):
+            _set(self, f, _time(f, getattr(self, f)))
+        for f in ("registers", "smem_bytes"):
+            if getattr(self, f) is not None:
+                _set(self, f, integer(f, getattr(self, f), 0))
+        for f in ("stream", "device", "step"):
+            _set(self, f, integer(f, getattr(self, f), 0))
+        if self.occupancy is not None:
+            occ = real("occupancy", self.occupancy, 0)
+            if occ > 1.0:
+                raise ArgumentError(f"occupancy: expected a fraction in [0, 1] or None, got {self.occupancy!r}")
+            _set(self, "occupancy", occ)
 
     @property
     def tflops(self) -> Optional[float]:
@@ -157,6 +179,15 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _us(name: str, r) -> float:
+    """``r.gpu_ms`` in µs; ArgumentError when that overflows to inf (JSON has no inf)."""
+    dur = r.gpu_ms * 1e3
+    if not math.isfinite(dur):
+        raise ArgumentError(f"{name}: expected a gpu_ms whose duration in µs is finite, got {r.gpu_ms!r} "
+                            f"(record {r.name!r})")
+    return dur
+
+
 MODULE_TID = 1
 KERNEL_TID = 2
 
@@ -177,7 +208,7 @@ def chrome_trace_events(modules: Sequence[ModuleRecord] = (), kernels: Sequence[
                        "args": {"name": "ferroattn kernels"}})
     for r in modules:
         events.append({"name": r.name, "cat": "ferroattn_module", "ph": "X", "ts": r.start_us,
-                       "dur": r.gpu_ms * 1e3, "pid": r.device, "tid": MODULE_TID,
+                       "dur": _us("modules", r), "pid": r.device, "tid": MODULE_TID,
                        "args": {"kind": r.kind, "depth": r.depth, "step": r.step,
                                 **({"input_shapes": r.input_shapes} if r.input_shapes is not None else {})}})
     for r in kernels:
@@ -191,18 +222,22 @@ def chrome_trace_events(modules: Sequence[ModuleRecord] = (), kernels: Sequence[
             args["% of roofline"] = u.pct_of_roofline
             args["ceilings"] = u.ceilings.label()
         events.append({"name": r.name, "cat": "ferroattn_kernel", "ph": "X", "ts": r.start_us,
-                       "dur": r.gpu_ms * 1e3, "pid": r.device, "tid": KERNEL_TID, "args": args})
+                       "dur": _us("kernels", r), "pid": r.device, "tid": KERNEL_TID, "args": args})
     return [_clean(e) for e in events]
 
 
 def export_chrome_trace(path: os.PathLike, modules: Sequence[ModuleRecord] = (),
                         kernels: Sequence[KernelRecord] = (), ceilings: Optional[Ceilings] = None) -> None:
-    """Write the records as a Chrome trace JSON file at ``path`` (see :func:`chrome_trace_events`)."""
+    """Write the records as a Chrome trace JSON file at ``path`` (see :func:`chrome_trace_events`),
+    atomically (temp file in the same directory, then ``os.replace``: a failure leaves a previous
+    file intact). Raises ArgumentError naming ``path`` (empty, a directory) or a record field that
+    cannot be written; OSError when the file cannot be written."""
+    path = output_path("path", path)
     doc = {"traceEvents": chrome_trace_events(modules, kernels, ceilings), "displayTimeUnit": "ms",
            "otherData": {"producer": "ferroattn.profiler",
                          "ceilings": ceilings.label() if ceilings is not None else None}}
-    with open(os.fspath(path), "w") as f:
-        json.dump(doc, f, allow_nan=False)
+    text = json.dumps(doc, allow_nan=False)
+    atomic_write(path, lambda f: f.write(text))
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Optional, Sequence, Union
 
 from ..errors import ArgumentError
+from ._util import figure_path
 from .knee import Knee, _check_axis_values, _normalise, detect_knee
 
 METRICS = ("latency_ms", "tokens_per_s")
@@ -85,7 +86,8 @@ def plot_sweep_heatmap(grid, *, metric: Union[str, Sequence[str]] = "latency_ms"
     Returns the matplotlib Figure (a bare ``matplotlib.figure.Figure`` rendered by Agg, no pyplot;
     shows inline in Jupyter); with ``path`` also saves it (format from the suffix, e.g. PNG). The
     knee outline is the patch with gid ``"knee"``. Raises :class:`ferroattn.errors.ArgumentError`
-    naming ``metric``, ``knee``, ``grid``, ``batches`` or ``seqlens`` on bad input; ImportError
+    naming ``metric``, ``knee``, ``grid``, ``batches``, ``seqlens`` or ``path`` (a directory, or no
+    suffix of a format matplotlib saves: ``.png``, ``.svg``, ``.pdf``, ...) on bad input; ImportError
     without matplotlib (``pip install 'ferroattn[bench]'``).
     """
     metrics = _metrics(metric)
@@ -107,6 +109,8 @@ def plot_sweep_heatmap(grid, *, metric: Union[str, Sequence[str]] = "latency_ms"
         from matplotlib.patches import Rectangle
     except ImportError:
         raise ImportError("plot_sweep_heatmap needs matplotlib: pip install 'ferroattn[bench]'") from None
+    if path is not None:
+        path = figure_path("path", path)
 
     n = len(metrics)
     fig = Figure(figsize=(max(4.0, 1.0 + 0.9 * len(ss)) * n, max(3.0, 1.4 + 0.55 * len(bs))), dpi=110,
@@ -149,10 +153,11 @@ def plot_sweep_heatmap(grid, *, metric: Union[str, Sequence[str]] = "latency_ms"
     if title is not None:
         fig.suptitle(title)
     elif knee_cfg is not None:
+        growth = "" if knee.growth is None else f", marginal-cost growth {knee.growth:.3g}x"
         fig.suptitle(f"batch x seqlen sweep — knee at batch={knee_cfg[0]}, seqlen={knee_cfg[1]} "
-                     f"(along {knee.axis}, marginal-cost growth {knee.growth:.3g}x)")
+                     f"(along {knee.axis}{growth})")
     else:
         fig.suptitle("batch x seqlen sweep — no knee")
     if path is not None:
-        fig.savefig(os.fspath(path))
+        fig.savefig(path)
     return fig

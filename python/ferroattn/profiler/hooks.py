@@ -226,7 +226,7 @@ class Attachment:
         """Create and record ``n`` events (default: two per hooked module, one forward's worth) into
         the pool now, outside any forward, so the first forward does not pay event creation."""
         for _ in range(2 * len(self.targets) if n is None else int(n)):
-            e = self.event_factory()
+            e = checked_event(self.event_factory)
             e.record()
             self._pool.append(e)
 
@@ -297,6 +297,16 @@ class WallClockEvent:
         return None
 
 
+def checked_event(factory: Callable[[], Any]) -> Any:
+    """``factory()``, after checking it is an event (callable ``record`` and ``elapsed_time``);
+    ArgumentError naming ``event_factory`` otherwise."""
+    e = factory()
+    if not (callable(getattr(e, "record", None)) and callable(getattr(e, "elapsed_time", None))):
+        raise ArgumentError(f"event_factory: expected a callable returning an event (with record() and "
+                            f"elapsed_time()), it returned {type(e).__name__} {e!r}")
+    return e
+
+
 def default_event_factory() -> Callable[[], Any]:
     """``torch.cuda.Event(enable_timing=True)`` factory; NoDeviceError without a CUDA GPU."""
     import torch  # noqa: PLC0415
@@ -316,7 +326,8 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     record_function: open ``torch.autograd.profiler.record_function`` ranges; nvtx: push NVTX
     ranges (None: when CUDA is available); record_shapes: keep the tensor argument shapes;
     include_root, layer_lists, attention_names, mlp_names, top_level: :func:`find_targets`.
-    Raises ArgumentError when ``model`` is not a module or no module matches the rule."""
+    Raises ArgumentError when ``model`` is not a module, no module matches the rule or
+    ``event_factory`` does not return an event (one is made and recorded here to check)."""
     import torch  # noqa: PLC0415
     targets = find_targets(model, include_root, layer_lists, attention_names, mlp_names, top_level)
     if not targets:
@@ -328,8 +339,7 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     cuda = torch.cuda.is_available()
     att = Attachment(targets, factory, bool(record_function), cuda if nvtx is None else bool(nvtx),
                      bool(record_shapes), torch.cuda.current_device() if cuda else 0)
-    if event_factory is None:
-        att.prewarm()
+    att.prewarm(None if event_factory is None else 1)   # checks the factory's events (ArgumentError)
     try:
         for name, mod in targets:
             att._handles.append(mod.register_forward_pre_hook(

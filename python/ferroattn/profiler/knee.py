@@ -40,10 +40,12 @@ latency or work) and reads directly as "each extra token costs g times more afte
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..errors import ArgumentError
+from ._util import real
 
 #: Relative floor of the marginal cost (fraction of the grid's largest |marginal cost|).
 REL_FLOOR = 1e-3
@@ -94,18 +96,17 @@ class Knee:
         return self.config is not None
 
 
-def _check_axis_values(name: str, values) -> list:
+def _check_axis_values(name: str, values, distinct: bool = True) -> list:
+    """Positive ints (numpy integers too; not bools), distinct unless ``distinct`` is False."""
     try:
         vals = list(values)
     except TypeError:
         raise ArgumentError(f"{name}: expected a sequence of positive ints, got {values!r}") from None
     for v in vals:
-        if isinstance(v, bool) or not isinstance(v, int) and not (hasattr(v, "__index__")):
-            raise ArgumentError(f"{name}: expected positive ints, got {v!r} in {vals!r}")
-        if int(v) <= 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) <= 0:
             raise ArgumentError(f"{name}: expected positive ints, got {v!r} in {vals!r}")
     vals = [int(v) for v in vals]
-    if len(set(vals)) != len(vals):
+    if distinct and len(set(vals)) != len(vals):
         raise ArgumentError(f"{name}: expected distinct values, got {vals!r}")
     if not vals:
         raise ArgumentError(f"{name}: expected at least one value, got none")
@@ -140,7 +141,7 @@ def _normalise(grid, batches, seqlens) -> dict:
         for key, v in grid.items():
             if not (isinstance(key, tuple) and len(key) == 2):
                 raise ArgumentError(f"grid: expected keys (batch, seqlen), got {key!r}")
-            b, s = _check_axis_values("grid", key)
+            b, s = _check_axis_values("grid", key, distinct=False)   # (b, s) may be equal, e.g. (8, 8)
             lat = _latency("grid", f"(batch={b}, seqlen={s})", v)
             if lat is not None:
                 points[(b, s)] = lat
@@ -194,23 +195,18 @@ def detect_knee(grid, *, batches: Optional[Sequence[int]] = None, seqlens: Optio
     naming the argument on a malformed grid, negative/infinite latencies, bad axis values, a bad
     ``work`` or ``min_growth``.
     """
-    if isinstance(min_growth, bool) or not isinstance(min_growth, (int, float)) or not min_growth > 1 \
-            or math.isinf(min_growth):
-        raise ArgumentError(f"min_growth: expected a finite number > 1, got {min_growth!r}")
+    min_growth = real("min_growth", min_growth, 1, strict=True)
     if work is None:
         work = lambda b, s: float(b * s)  # noqa: E731
     elif not callable(work):
         raise ArgumentError(f"work: expected a callable work(batch, seqlen) -> float, got {work!r}")
     points = _normalise(grid, batches, seqlens)
 
-    raw = []  # (axis, fixed, xs, lats, marginals)
+    raw = []  # (axis, fixed, xs, lats, works, marginals)
     for axis, fixed, line in _lines(points, work):
         xs = [x for x, _, _ in line]
         lats = [lat for _, lat, _ in line]
-        ws = [float(w) for _, _, w in line]
-        for w, x in zip(ws, xs):
-            if not (math.isfinite(w) and w > 0):
-                raise ArgumentError(f"work: expected a finite value > 0, got {w} at {axis}={x} ({fixed=})")
+        ws = [real("work", w, 0, strict=True, where=f" at {axis}={x} ({fixed=})") for x, _, w in line]
         m = []
         for i in range(1, len(line)):
             dw = ws[i] - ws[i - 1]
@@ -218,13 +214,13 @@ def detect_knee(grid, *, batches: Optional[Sequence[int]] = None, seqlens: Optio
                 raise ArgumentError(f"work: expected strictly increasing along {axis}, got {ws[i - 1]} then "
                                     f"{ws[i]} at {axis}={xs[i - 1]}..{xs[i]}")
             m.append((lats[i] - lats[i - 1]) / dw)
-        raw.append((axis, fixed, xs, lats, m))
+        raw.append((axis, fixed, xs, lats, ws, m))
 
     scale = max((abs(v) for *_, m in raw for v in m), default=0.0)
     floor = REL_FLOOR * scale
     lines: dict = {a: [] for a in AXES}
     best = None  # (growth, -work, -batch, axis, config)
-    for axis, fixed, xs, lats, m in raw:
+    for axis, fixed, xs, lats, ws, m in raw:
         if scale > 0:
             g = [max(m[i + 1], floor) / max(m[i], floor) for i in range(len(m) - 1)]
         else:
@@ -237,7 +233,7 @@ def detect_knee(grid, *, batches: Optional[Sequence[int]] = None, seqlens: Optio
                 knee = xs[i + 1]
             cfg = (fixed, xs[i + 1]) if axis == "seqlen" else (xs[i + 1], fixed)
             # growth rounded to 9 significant digits so float noise does not break ties
-            cand = (float(f"{knee_g:.9g}"), -float(work(*cfg)), -cfg[0], axis, cfg)
+            cand = (float(f"{knee_g:.9g}"), -ws[i + 1], -cfg[0], axis, cfg)
             if best is None or cand[:3] > best[:3]:
                 best = cand
         lines[axis].append(LineKnee(axis, fixed, tuple(xs), tuple(lats), tuple(m), tuple(g), knee, knee_g))

@@ -32,6 +32,7 @@ class Recorder:
 
     def __init__(self, native: Any = None):
         self._native = native
+        self._before_profiles: Optional[bool] = None   # enabled() before its first open subscription
 
     def _mod(self) -> Any:
         if self._native is None:
@@ -48,8 +49,11 @@ class Recorder:
         return bool(m) and all(callable(getattr(m, f, None)) for f in self.FUNCS)
 
     def enable(self, on: bool) -> None:
+        """``profiler_enable(on)``; TypeError naming ``enabled`` when ``on`` is not a bool."""
+        if not isinstance(on, bool):
+            raise TypeError(f"enabled: expected a bool, got {type(on).__name__} {on!r}")
         if self.available:
-            self._mod().profiler_enable(bool(on))
+            self._mod().profiler_enable(on)
 
     def enabled(self) -> bool:
         return bool(self._mod().profiler_enabled()) if self.available else False
@@ -96,25 +100,48 @@ def event_handle(event: Any) -> Optional[int]:
 class Subscription:
     """One consumer of drained records (a profile window). ``ref``: its reference event (has
     ``elapsed_time``), None while it is not recording (records drained then are not kept);
-    ``pending``: the raw record dicts received so far, ``start_ms`` relative to ``ref``."""
+    ``pending``: the raw record dicts received so far, ``start_ms`` relative to ``ref``;
+    ``recorder``: the :class:`Recorder` it keeps recording (None: none)."""
 
-    def __init__(self):
+    def __init__(self, recorder: Optional[Recorder] = None):
         self.ref: Any = None
         self.pending: list = []
+        self.recorder = recorder
 
 
 _SUBS: list = []
 
 
-def subscribe() -> Subscription:
-    s = Subscription()
+def subscribe(recorder: Optional[Recorder] = None) -> Subscription:
+    """Open a subscription. With ``recorder``: it records while any subscription of it is open;
+    the first one notes whether it was on (restored by :func:`unsubscribe` of the last one, in
+    whatever order the subscriptions close) and turns it on."""
+    s = Subscription(recorder)
+    if recorder is not None:
+        if not any(x.recorder is recorder for x in _SUBS):
+            before = recorder.enabled()
+            recorder.enable(True)
+            recorder._before_profiles = before
+        else:
+            recorder.enable(True)
     _SUBS.append(s)
     return s
 
 
 def unsubscribe(sub: Subscription) -> None:
+    """Close ``sub``. When it was the last open subscription of its recorder, the recorder goes
+    back to its state before the first one; when that was off, the records nobody drained are
+    dropped. Raises what the recorder raises (the subscription is closed anyway)."""
     if sub in _SUBS:
         _SUBS.remove(sub)
+    rec = sub.recorder
+    sub.recorder = None
+    if rec is None or any(x.recorder is rec for x in _SUBS):
+        return
+    before, rec._before_profiles = rec._before_profiles, None
+    if not before:
+        rec.enable(False)
+        rec.drain(None)   # nobody will drain them: drop what the profiles left
 
 
 def collect(caller: Optional[Subscription] = None, recorder: Optional[Recorder] = None) -> None:

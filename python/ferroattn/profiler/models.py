@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import ArgumentError, NoDeviceError
 
@@ -33,6 +33,27 @@ def _config_path(model: str) -> str:
                         f"config.json / directory path, got {model!r}")
 
 
+def read_config(model: str) -> Optional[dict]:
+    """None when ``model`` is a config name of ``ferroattn.demo.LLM_CONFIGS``; else the JSON object
+    of its config.json (``model`` is that file or a directory holding it), which must name a
+    ``model_type``. Reads no weights and imports neither torch nor transformers. Raises
+    ArgumentError naming ``model`` (unknown name, missing path, not JSON, no ``model_type``)."""
+    from ..demo import LLM_CONFIGS  # noqa: PLC0415
+    if model in LLM_CONFIGS:
+        return None
+    path = _config_path(model)
+    try:
+        with open(path) as f:
+            cfg_dict = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ArgumentError(f"model: expected a config.json, cannot read {path!r} as JSON ({e})") from None
+    if not isinstance(cfg_dict, dict) or not cfg_dict.get("model_type"):
+        raise ArgumentError(f"model: {path!r} has no \"model_type\" (transformers needs it to pick the architecture)")
+    if not isinstance(cfg_dict["model_type"], str):
+        raise ArgumentError(f"model: expected a str \"model_type\" in {path!r}, got {cfg_dict['model_type']!r}")
+    return cfg_dict
+
+
 def build_model(model: str, *, attn: str = "ferroattn", dtype: str = "bfloat16", seed: int = 0,
                 device: str = "cuda") -> Any:
     """A causal LM in eval mode with seeded random weights (see the module docstring).
@@ -43,8 +64,9 @@ def build_model(model: str, *, attn: str = "ferroattn", dtype: str = "bfloat16",
     ``torch.manual_seed`` of the weights; device: "cuda", "cuda:N" or "cpu".
 
     Returns a ``torch.nn.Module`` (e.g. ``LlamaForCausalLM``) on ``device``, in ``dtype``, eval mode.
-    Raises ArgumentError naming a bad argument (unknown name, missing path, a config.json without
-    ``model_type``), NoDeviceError for a CUDA device when there is no GPU, ImportError without
+    Raises ArgumentError naming a bad argument (unknown name, missing path, a file that is not
+    JSON, a config.json without ``model_type`` or with one transformers does not know; checked
+    before the device), NoDeviceError for a CUDA device when there is no GPU, ImportError without
     transformers.
     """
     if not isinstance(model, (str, os.PathLike)):
@@ -58,26 +80,27 @@ def build_model(model: str, *, attn: str = "ferroattn", dtype: str = "bfloat16",
         raise ArgumentError(f"seed: expected an int, got {seed!r}")
     if not isinstance(device, str) or not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
         raise ArgumentError(f"device: expected 'cuda', 'cuda:N' or 'cpu', got {device!r}")
+    cfg_dict = read_config(model)   # the name/path first: a bad one is reported on any machine
     import torch  # noqa: PLC0415
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise NoDeviceError(f"device: {device!r} needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from ..demo import LLM_CONFIGS, build_llm  # noqa: PLC0415
+    from ..demo import build_llm  # noqa: PLC0415
     if attn == "ferroattn":
         from ..integrations.transformers import register  # noqa: PLC0415
         register()
-    if model in LLM_CONFIGS:
+    if cfg_dict is None:
         return build_llm(model, device, dtype, attn, seed)
-    path = _config_path(model)
-    try:
-        with open(path) as f:
-            cfg_dict = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ArgumentError(f"model: cannot read {path!r} as JSON ({e})") from None
-    if not isinstance(cfg_dict, dict) or not cfg_dict.get("model_type"):
-        raise ArgumentError(f"model: {path!r} has no \"model_type\" (transformers needs it to pick the architecture)")
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
     cfg_dict = dict(cfg_dict)
-    cfg = AutoConfig.for_model(cfg_dict.pop("model_type"), **cfg_dict)
+    model_type = cfg_dict.pop("model_type")
+    try:
+        cfg = AutoConfig.for_model(model_type, **cfg_dict)
+    except ValueError as e:   # e.g. an unknown model_type; transformers' message lists every known type
+        first = (str(e).strip().splitlines() or [""])[0]
+        if len(first) > 200:   # keep the first sentence
+            first = first.split(". ")[0][:200] + " ..."
+        raise ArgumentError(f"model: transformers cannot build a config of model_type {model_type!r} "
+                            f"from {model!r}: {first}") from None
     torch.manual_seed(seed)
     with torch.device(device):
         m = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=getattr(torch, dtype))

@@ -14,12 +14,15 @@ Schedule (torch.profiler's cycle): ``schedule(step) -> torch.profiler.ProfilerAc
 and RECORD_AND_SAVE steps; those of WARMUP are discarded (the hooks' own first-use cost stays out
 of the window, as torch's warmup). When the action leaves RECORD_AND_SAVE (at ``step()``) or when
 the block exits normally during RECORD / RECORD_AND_SAVE (an exception: nothing saved), the window's calls are resolved (one host
-synchronisation, outside any forward) into ``prof.records`` and ``on_trace_ready(prof)`` is called.
+synchronisation, outside any forward) into ``prof.records`` and ``on_trace_ready(prof)`` is called
+(at ``step()`` after the next step's bookkeeping, so an exception it raises propagates from
+``step()`` but loses nothing: the next window records as usual).
 ``schedule=None``: every step records and the whole block is one window, resolved at exit.
 ``key_averages``/``export_chrome_trace`` use the latest resolved window (as torch.profiler).
 
 Kernel records: while the block runs, the Rust launch recorder (``_native.profiler_enable``, via
-:mod:`.launches`) is on; on exit it is set back to what it was (left on when it was on before).
+:mod:`.launches`) is on; it stays on while any profile is open, and when the last one exits (in
+whatever order they exit) it is set back to what it was before the first (left on when it was on).
 At each window start a reference event is recorded; at save the launches are drained against it
 (``profiler_drain(reference_event)``) into ``prof.records.kernels`` (:class:`KernelRecord`, see
 :func:`.launches.kernel_records`): module and kernel ``start_us`` share that reference (µs from
@@ -112,7 +115,6 @@ class profile:
         self._factory = None
         self._sub = None
         self._rec = None
-        self._prev_enabled = False
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> "profile":
@@ -128,12 +130,10 @@ class profile:
             self._factory = self.event_factory if self.event_factory is not None else _cuda_factory_or_none()
         self._rec = self.recorder if self.recorder is not None else launches.get_recorder()
         try:
-            self._prev_enabled = self._rec.enabled()
-            self._rec.enable(True)
+            self._sub = launches.subscribe(self._rec)   # recording on while any profile is open
         except BaseException:
             self._detach()
             raise
-        self._sub = launches.subscribe()
         self._active = True
         self.step_num = 0
         try:
@@ -148,6 +148,7 @@ class profile:
         try:
             if self.current_action in _RECORDING and exc_type is None:
                 self._save()
+                self._ready()
         finally:
             self._finish(clean=exc_type is None)
 
@@ -159,7 +160,8 @@ class profile:
         prev = self.current_action
         self.step_num += 1
         self.current_action = self._ask(self.step_num)
-        if prev == "RECORD_AND_SAVE" or (prev == "RECORD" and self.current_action not in _RECORDING):
+        saved = prev == "RECORD_AND_SAVE" or (prev == "RECORD" and self.current_action not in _RECORDING)
+        if saved:
             self._save()
         elif prev == "WARMUP":
             self._discard()
@@ -167,7 +169,9 @@ class profile:
             # the window goes on: resolve the calls the GPU has finished (no wait), reuse their events
             ref = self._sub.ref
             self._harvested.extend(self._att.harvest(None if isinstance(ref, _NoReference) else ref))
-        self._apply()
+        self._apply()   # the next window starts before on_trace_ready: an exception there loses nothing
+        if saved:
+            self._ready()
 
     # -- internals -----------------------------------------------------------------------
     def _ask(self, step: int) -> str:
@@ -188,7 +192,8 @@ class profile:
         if self._att is not None:
             self._att.take()
         if self._factory is not None:
-            ref = self._factory()
+            from .hooks import checked_event  # noqa: PLC0415
+            ref = checked_event(self._factory)
             ref.record()
             self._sub.ref = ref
         else:
@@ -229,6 +234,9 @@ class profile:
         self.records = Records(modules=modules, kernels=kernels, ceilings=ceil, total_gpu_ms=total)
         self._sub.ref = None
         self.windows += 1
+
+    def _ready(self) -> None:
+        """A window was saved: ``on_trace_ready(self)`` (what it raises propagates)."""
         if self.on_trace_ready is not None:
             self.on_trace_ready(self)
 
@@ -242,14 +250,8 @@ class profile:
         self._detach()
         sub, self._sub = self._sub, None
         if sub is not None:
-            launches.unsubscribe(sub)
-        rec = self._rec
-        if rec is not None:
-            try:
-                if not self._prev_enabled:
-                    rec.enable(False)
-                    if not launches._SUBS:   # nobody else will drain: drop what this block left
-                        rec.drain(None)
+            try:   # the last open profile restores the recorder's state from before the first
+                launches.unsubscribe(sub)
             except Exception:
                 if clean:
                     raise

@@ -15,20 +15,17 @@ Every :class:`Utilisation` carries the :class:`~ferroattn.profiler.ceilings.Ceil
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..errors import ArgumentError
+from ._util import figure_path, real
 from .ceilings import Ceilings
 
 
 def _pos(name: str, v, allow_zero: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or (v < 0 if allow_zero else v <= 0):
-        raise ArgumentError(f"{name}: expected a finite number {'>= 0' if allow_zero else '> 0'}, got {v!r}")
-    return float(v)
+    return real(name, v, 0, strict=not allow_zero)
 
 
 def _ceilings(c) -> Ceilings:
@@ -81,8 +78,8 @@ def utilisation(flops: float, nbytes: float, ms: float, ceilings: Ceilings) -> U
     c = _ceilings(ceilings)
     i = arithmetic_intensity(flops, nbytes)
     sec = _pos("ms", ms) * 1e-3
-    tf = flops / sec / 1e12
-    gb = nbytes / sec / 1e9
+    tf = float(flops) / sec / 1e12
+    gb = float(nbytes) / sec / 1e9
     att = attainable_tflops(i, c)
     return Utilisation(i, tf, gb, att, 100.0 * tf / att if att > 0 else 0.0, 100.0 * tf / c.peak_tflops,
                        100.0 * gb / c.bandwidth_gbps, "memory" if i < ridge_point(c) else "compute", c)
@@ -99,7 +96,7 @@ class RooflinePoint:
     @classmethod
     def from_measurement(cls, name: str, flops: float, nbytes: float, ms: float) -> "RooflinePoint":
         i = arithmetic_intensity(flops, nbytes)
-        return cls(str(name), i, flops / (_pos("ms", ms) * 1e-3) / 1e12)
+        return cls(str(name), i, float(flops) / (_pos("ms", ms) * 1e-3) / 1e12)
 
 
 def plot_roofline(points: Sequence[RooflinePoint], ceilings: Ceilings, path: Optional[os.PathLike] = None,
@@ -108,7 +105,8 @@ def plot_roofline(points: Sequence[RooflinePoint], ceilings: Ceilings, path: Opt
     one labelled marker per point. Returns the matplotlib Figure; with ``path`` also saves it (the
     format from the suffix, e.g. PNG). Builds a bare ``matplotlib.figure.Figure`` (rendered by Agg,
     no pyplot, no display needed; shows inline in Jupyter when returned). Needs matplotlib
-    (``pip install 'ferroattn[bench]'``)."""
+    (``pip install 'ferroattn[bench]'``). Raises ArgumentError naming ``ceilings``, ``points`` or
+    ``path`` (a directory, or no suffix of a format matplotlib saves)."""
     c = _ceilings(ceilings)
     pts = list(points)
     for k, p in enumerate(pts):
@@ -120,6 +118,8 @@ def plot_roofline(points: Sequence[RooflinePoint], ceilings: Ceilings, path: Opt
         from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
     except ImportError:
         raise ImportError("plot_roofline needs matplotlib: pip install 'ferroattn[bench]'") from None
+    if path is not None:
+        path = figure_path("path", path)
 
     ridge = ridge_point(c)
     xs = [p.intensity for p in pts] + [ridge]
@@ -144,5 +144,5 @@ def plot_roofline(points: Sequence[RooflinePoint], ceilings: Ceilings, path: Opt
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(True, which="both", linewidth=0.3)
     if path is not None:
-        fig.savefig(os.fspath(path))
+        fig.savefig(path)
     return fig

@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional, Sequence
 from ..bench.timing import event_ms
 from ..errors import ArgumentError, FerroattnError
 from .events import Records
-from .knee import Knee, detect_knee
+from ._util import integer
+from .knee import Knee, _check_axis_values, detect_knee
 
 OOM = "out of memory"
 METRICS = ("latency_ms", "tokens_per_s", "peak_mem_bytes")
@@ -67,14 +68,16 @@ class SweepPoint:
 class SweepResult:
     """What :func:`sweep` measured. points: ``{(batch, seqlen): SweepPoint}`` (every grid point,
     failed ones included); knee: :func:`detect_knee` of the latency grid (tokens as work), None
-    when no line of the grid has 3 measured points; batches, seqlens: the axes (ascending);
-    info: model class, device, dtype, attention implementation, repeats, warmup, seed."""
+    when no line of the grid has 3 measured points or the analysis failed; batches, seqlens: the
+    axes (ascending); info: model class, device, dtype, attention implementation, repeats, warmup,
+    seed; knee_error: why the knee analysis failed ("<type>: <message>"; the points are kept), or None."""
 
     points: dict
     knee: Optional[Knee]
     batches: tuple = ()
     seqlens: tuple = ()
     info: dict = field(default_factory=dict)
+    knee_error: Optional[str] = None
 
     def grid(self, metric: str = "latency_ms") -> dict:
         """``{(batch, seqlen): value or None}`` of ``metric`` ("latency_ms", "tokens_per_s",
@@ -129,7 +132,7 @@ class SweepResult:
             return "  ".join(c.ljust(w) if i == len(cells) - 1 else c.rjust(w)
                              for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
         out = [rule, line(header), rule] + [line(r) for r in rows] + [rule]
-        out.append(knee_line(self.knee))
+        out.append(knee_line(self.knee, self.knee_error))
         return "\n".join(out) + "\n"
 
     def to_dict(self) -> dict:
@@ -138,11 +141,14 @@ class SweepResult:
         return {"batches": list(self.batches), "seqlens": list(self.seqlens), "info": dict(self.info),
                 "points": {f"{b},{s}": p.to_dict() for (b, s), p in sorted(self.points.items())},
                 "knee": None if k is None else {"config": None if k.config is None else list(k.config),
-                                                "axis": k.axis, "growth": k.growth, "min_growth": k.min_growth}}
+                                                "axis": k.axis, "growth": k.growth, "min_growth": k.min_growth},
+                "knee_error": self.knee_error}
 
 
-def knee_line(knee: Optional[Knee]) -> str:
-    """One line describing ``knee``."""
+def knee_line(knee: Optional[Knee], error: Optional[str] = None) -> str:
+    """One line describing ``knee`` (or why the analysis failed: ``error``)."""
+    if error is not None:
+        return f"knee: not computed, the analysis failed ({error})"
     if knee is None:
         return "knee: not enough points (a line of the grid needs 3 measured points)"
     if not knee.found:
@@ -153,21 +159,7 @@ def knee_line(knee: Optional[Knee]) -> str:
 
 
 def _axis(name: str, values: Any) -> tuple:
-    try:
-        vals = list(values)
-    except TypeError:
-        raise ArgumentError(f"{name}: expected a sequence of positive ints, got {values!r}") from None
-    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in vals):
-        raise ArgumentError(f"{name}: expected a non-empty sequence of positive ints, got {vals!r}")
-    if len(set(vals)) != len(vals):
-        raise ArgumentError(f"{name}: expected distinct values, got {vals!r}")
-    return tuple(sorted(vals))
-
-
-def _count(name: str, v: Any, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ArgumentError(f"{name}: expected an int >= {lo}, got {v!r}")
-    return v
+    return tuple(sorted(_check_axis_values(name, values)))
 
 
 def is_oom(e: BaseException) -> bool:
@@ -254,11 +246,13 @@ def sweep(model: Any, batches: Sequence[int], seqlens: Sequence[int], *, repeats
     batches, seqlens: distinct positive ints; repeats (>= 1), warmup (>= 0): timed and untimed
     forwards per point; profile_layers: one profiled forward per point (``SweepPoint.records``);
     progress: a tqdm progress bar on stderr (left out when tqdm is not installed); vocab_size:
-    token ids are drawn below it (default ``model.config.vocab_size``); seed: the token ids' seed;
+    token ids are drawn below it (default ``model.config.vocab_size``); seed: the token ids' seed
+    (an int in [0, 2**63));
     profile_options: extra keyword arguments of :class:`~.profile.profile` (e.g. ``ceilings``).
 
     Raises ArgumentError naming a bad argument (e.g. no ``vocab_size`` and no ``model.config``).
-    Errors at a point are recorded in its ``error`` (see the module docstring), not raised.
+    Errors at a point are recorded in its ``error`` (see the module docstring), not raised; so is
+    an error of the knee analysis (``SweepResult.knee_error``; the measured points are kept).
     """
     if isinstance(model, str):
         from .models import build_model  # noqa: PLC0415
@@ -267,14 +261,13 @@ def sweep(model: Any, batches: Sequence[int], seqlens: Sequence[int], *, repeats
     if not isinstance(model, torch.nn.Module):
         raise ArgumentError(f"model: expected a torch.nn.Module or a config name/path, got {type(model).__name__}")
     bs, ss = _axis("batches", batches), _axis("seqlens", seqlens)
-    repeats, warmup = _count("repeats", repeats, 1), _count("warmup", warmup, 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ArgumentError(f"seed: expected an int, got {seed!r}")
+    repeats, warmup = integer("repeats", repeats, 1), integer("warmup", warmup, 0)
+    seed = integer("seed", seed, 0, 2**63 - 1)   # torch.Generator.manual_seed's range
     if vocab_size is None:
         vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
         if vocab_size is None:
             raise ArgumentError("vocab_size: expected an int >= 1 (the model has no config.vocab_size), got None")
-    vocab_size = _count("vocab_size", vocab_size, 1)
+    vocab_size = integer("vocab_size", vocab_size, 1)
     if profile_options is not None and not isinstance(profile_options, dict):
         raise ArgumentError(f"profile_options: expected a dict or None, got {type(profile_options).__name__}")
     device = _model_device(model)
@@ -309,9 +302,17 @@ def sweep(model: Any, batches: Sequence[int], seqlens: Sequence[int], *, repeats
     finally:
         if bar is not None:
             bar.close()
-    lat = {k: p.latency_ms for k, p in points.items() if p.ok}
-    knee = None
-    if lat:
+    knee, knee_error = _knee({k: p.latency_ms for k, p in points.items() if p.ok})
+    return SweepResult({k: points[k] for k in sorted(points)}, knee, bs, ss, info, knee_error)
+
+
+def _knee(lat: dict) -> tuple:
+    """(knee or None, error or None) of the measured latencies: an analysis error is recorded,
+    never raised, so the measured points are kept."""
+    if not lat:
+        return None, None
+    try:
         k = detect_knee(lat)
-        knee = k if k.growth is not None else None
-    return SweepResult({k: points[k] for k in sorted(points)}, knee, bs, ss, info)
+    except Exception as e:  # noqa: BLE001 — the sweep's measurements must survive the analysis
+        return None, f"{type(e).__name__}: {e}"
+    return (k if k.growth is not None else None), None

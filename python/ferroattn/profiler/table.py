@@ -19,10 +19,12 @@ the footer names the ceilings used.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ArgumentError
+from ._util import integer
 from .ceilings import config_dtype
 from .roofline import utilisation
 
@@ -201,8 +203,7 @@ class KeyAverages(list):
 
     def top(self, n: int = 10, sort_by: str = "gpu_time_total") -> list:
         """The ``n`` first rows by ``sort_by`` (e.g. the hot layers)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ArgumentError(f"n: expected an int >= 0, got {n!r}")
+        n = integer("n", n, 0)
         return self.sorted(sort_by)[:n]
 
     def table(self, sort_by: Optional[str] = None, row_limit: Optional[int] = 100,
@@ -210,12 +211,12 @@ class KeyAverages(list):
         """The rows as a fixed-width text table (torch.profiler's layout: dashed rules, header,
         rows, totals). sort_by: see :meth:`sorted`; row_limit: at most this many rows (None or -1:
         all; else an int >= 1). Raises ArgumentError naming a bad ``sort_by``/``row_limit``."""
-        if row_limit is not None and (isinstance(row_limit, bool) or not isinstance(row_limit, int)
-                                      or not (row_limit >= 1 or row_limit == -1)):
-            raise ArgumentError(f"row_limit: expected an int >= 1, -1 or None (all rows), got {row_limit!r}")
-        if isinstance(max_name_column_width, bool) or not isinstance(max_name_column_width, int) \
-                or max_name_column_width < 4:
-            raise ArgumentError(f"max_name_column_width: expected an int >= 4, got {max_name_column_width!r}")
+        if row_limit is not None:
+            if isinstance(row_limit, bool) or not isinstance(row_limit, numbers.Integral) \
+                    or not (row_limit >= 1 or row_limit == -1):
+                raise ArgumentError(f"row_limit: expected an int >= 1, -1 or None (all rows), got {row_limit!r}")
+            row_limit = int(row_limit)
+        max_name_column_width = integer("max_name_column_width", max_name_column_width, 4)
         rows = self.sorted(sort_by)
         shown = rows if row_limit in (None, -1) else rows[:row_limit]
         g = self.group_by

@@ -41,6 +41,12 @@ def _events(tp: Any) -> list:
     if not callable(ev):
         raise ArgumentError(f"tp: expected a finished torch.profiler.profile (with .events()), "
                             f"got {type(tp).__name__}")
+    # a torch profiler that is still running (or never ran) has no results yet: its events()
+    # would be an empty list, silently
+    inner = getattr(tp, "profiler", tp)
+    if inner is not None and getattr(inner, "kineto_results", False) is None:
+        raise ArgumentError(f"tp: expected a finished torch.profiler.profile, got one that is still running or "
+                            f"never ran ({type(tp).__name__} without results; leave its with-block first)")
     try:
         out = ev()
     except (AssertionError, RuntimeError) as e:
