@@ -25,7 +25,8 @@
 // Launch: grid (ceil(max_seqlen_k / BlockN), num_heads_k, batch), block NumWarps*32 threads,
 // dynamic shared memory attn_bwd_dkdv_sm80_smem_bytes<...>() =
 // (2*BlockN*HeadDim + 2*Stages*BlockM*HeadDim + NDs*BlockN*BlockM) * 2 + Stages*BlockM*8 bytes,
-// NDs = 2 with WithDQ and HeadDim <= 128, else 1
+// NDs = 2 with WithDQ and HeadDim <= 128, else 1, plus BlockM*HeadDim*4 where the dQ reductions
+// are staged (attn_bwd_dkdv_sm80_dq_stage: sm_90, WithDQ, HeadDim 64 or 128)
 // (the DkDv formula of AttnBwdConfig::smem_bytes in src/tuning/attention_bwd.rs); above 48 KiB
 // the caller raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. WithDQ: dq_accum zeroed
 // before the launch (preprocess kernel).
@@ -92,38 +93,28 @@ __host__ __device__ constexpr int attn_bwd_dkdv_sm80_ds_bufs() {
 #endif
 }
 
-// Thread-block cluster size (sm_90 only): with WithDQ and HeadDim <= 128, kCluster CTAs over
-// adjacent key tiles of one (kv head, batch) walk the same query tiles in lockstep and sum their
-// dQ partials through distributed shared memory before the reductions: CTA r adds columns
-// [r*HeadDim/kCluster, (r+1)*HeadDim/kCluster) of the cluster's dQ tile to dq_accum (1/kCluster of
-// the red.global.add per FLOP). 1 elsewhere (no cluster, no exchange buffers).
+// dQ reductions staged through shared memory (sm_90, kernel head dims 64 and 128, WithDQ): each
+// warp writes its fp32 dQ partial (16 query rows x its dQ columns) to its own slice of a
+// BlockM x HeadDim fp32 staging tile and reads it back row-contiguous, so that one
+// red.global.add.v4.f32 of the warp covers 2 rows x 64 columns (4 cache lines, 4 L2 requests)
+// instead of 16 rows x 8 columns (16 lines, 8 L2 requests): 4x fewer L2 requests, +4-6 % on H200
+// (bench/NOTES.md "Backward v6"). The staging tile adds BlockM*HeadDim*4 bytes of shared memory.
 template <int HeadDim, bool WithDQ>
-__host__ __device__ constexpr int attn_bwd_dkdv_sm80_cluster() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-#ifdef FERROATTN_BWD_CLUSTER
-    return (WithDQ && HeadDim <= 128) ? FERROATTN_BWD_CLUSTER : 1;   // experiments only
+__host__ __device__ constexpr bool attn_bwd_dkdv_sm80_dq_stage() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(FERROATTN_BWD_DQ_DIRECT)
+    return WithDQ && (HeadDim == 64 || HeadDim == 128);
 #else
-    return (WithDQ && HeadDim <= 128) ? 2 : 1;
-#endif
-#else
-    return 1;
+    return false;   // FERROATTN_BWD_DQ_DIRECT: experiments only (the v5 reductions)
 #endif
 }
 
 template <int HeadDim, int BlockM, int BlockN, int Stages, bool WithDQ>
 __host__ __device__ constexpr int attn_bwd_dkdv_sm80_smem_bytes() {
-    constexpr int kC = attn_bwd_dkdv_sm80_cluster<HeadDim, WithDQ>();
     return (2 * BlockN * HeadDim + 2 * Stages * BlockM * HeadDim
             + attn_bwd_dkdv_sm80_ds_bufs<HeadDim, WithDQ>() * BlockN * BlockM) * 2
          + Stages * BlockM * 8
-         + (kC > 1 ? 2 * (kC - 1) * BlockM * (HeadDim / kC) * 4 : 0);
+         + (attn_bwd_dkdv_sm80_dq_stage<HeadDim, WithDQ>() ? BlockM * HeadDim * 4 : 0);
 }
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define FERROATTN_BWD_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
-#else
-#define FERROATTN_BWD_CLUSTER_DIMS(n)
-#endif
 
 namespace attn_bwd_detail {
 
@@ -190,31 +181,6 @@ __device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n"
                  :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
-
-// Thread-block cluster primitives (sm_90+): barrier phases (release on arrive, acquire on
-// wait; every thread of every CTA of the cluster arrives once per phase), the shared::cluster
-// address of the same byte offset in CTA `rank`, and a 16-byte store there.
-__device__ __forceinline__ void cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_map(unsigned smem_addr, int rank) {
-    unsigned r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_addr), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void st_cluster_v4_f32(unsigned addr, float a, float b, float c, float d) {
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                 :: "r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
-__device__ __forceinline__ float4 ld_shared_v4_f32(unsigned addr) {
-    float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-    return v;
-}
 #endif
 
 // Writes rows [0, rows_valid) x columns [0, head_dim) of a Rows x HeadDim tile to global memory
@@ -256,8 +222,7 @@ __device__ __forceinline__ void zero_frags(float (&acc)[A][B][4]) {
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
           bool WithDK, bool WithDV, bool WithDQ, typename T>
-__global__ void FERROATTN_BWD_CLUSTER_DIMS((attn_bwd_dkdv_sm80_cluster<HeadDim, WithDQ>()))
-__launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) {
+__global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) {
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
     static_assert(BlockM % 32 == 0 && BlockM >= 32, "BlockM must be a multiple of 32");
@@ -309,15 +274,9 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
     constexpr unsigned kTileDS = BlockN * kDsRowBytes;
     constexpr unsigned kOffLse = kOffDS + kDsBufs * kTileDS;
     constexpr unsigned kOffD = kOffLse + Stages * BlockM * 4;
-    // Cluster dQ exchange: two buffers (query-tile parity) of (kCluster-1) partner slots, each the
-    // owned column range of the BlockM x HeadDim dQ tile in mma accumulator order:
-    // [partner][m16 query tile][n8 tile of the owned range][lane] x float4.
-    constexpr int kCluster = attn_bwd_dkdv_sm80_cluster<HeadDim, WithDQ>();
-    static_assert(kCluster >= 1 && HeadDim % (8 * kCluster) == 0, "cluster must split the head dim in n8 tiles");
-    constexpr int kOwnCols = HeadDim / kCluster;                 // dQ columns reduced by one CTA
-    constexpr unsigned kRecvBytes = (kCluster - 1) * BlockM * kOwnCols * 4;
-    constexpr unsigned kOffRecv = kOffD + Stages * BlockM * 4;
-    static_assert(kOffRecv + (kCluster > 1 ? 2 * kRecvBytes : 0) ==
+    constexpr bool kStage = attn_bwd_dkdv_sm80_dq_stage<HeadDim, WithDQ>();
+    constexpr unsigned kOffStage = kOffD + Stages * BlockM * 4;   // kStage: BlockM x HeadDim fp32
+    static_assert(kOffStage + (kStage ? BlockM * HeadDim * 4 : 0) ==
                   static_cast<unsigned>(attn_bwd_dkdv_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ>()),
                   "shared-memory map and formula disagree");
     using Tr = DTypeTraits<T>;
@@ -343,29 +302,17 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
     const int seqlen_q = sq.seqlen_q;
     const int seqlen_k = sq.seqlen_k;
     const int n0 = blockIdx.x * BlockN;
-    // Cluster: CTA rank crank of the kCluster CTAs with key tiles [n0_base, n0_base + kCluster*BlockN)
-    // (grid.x is a multiple of kCluster). Every decision that changes the barrier count (exits,
-    // the query tiles walked) is taken from n0_base, so it is the same in every CTA of the cluster;
-    // a CTA past the keys (rows_k <= 0) still takes part, computing nothing.
-    const int crank = kCluster > 1 ? static_cast<int>(blockIdx.x % kCluster) : 0;
-    const int n0_base = n0 - crank * BlockN;
-    if (n0_base >= seqlen_k) return;
+    if (n0 >= seqlen_k) return;
     const int rows_k = min(BlockN, seqlen_k - n0);
     const int head_dim = fp.head_dim;
     const int group = fp.num_heads / fp.num_heads_k;
     const int diag = seqlen_k - seqlen_q;   // query i sees keys j <= i + diag (causal)
-    // Query tiles that see this key tile (the cluster's first one): [m_first, m_tiles) of every
-    // head of the group.
+    // Query tiles that see this key tile: [m_first, m_tiles) of every head of the group.
     const int m_tiles = (seqlen_q + BlockM - 1) / BlockM;
     const int m_first = IsCausal
         ? static_cast<int>(min(static_cast<long long>(m_tiles),
-                               max(0LL, static_cast<long long>(n0_base) - diag) / BlockM))
+                               max(0LL, static_cast<long long>(n0) - diag) / BlockM))
         : 0;
-    // A query tile no query of which sees a key of this CTA (cluster members after the first,
-    // causal, or past the keys): nothing computed, dQ partial 0.
-    auto tile_skip = [&](int m_start) {
-        return kCluster > 1 && (rows_k <= 0 || (IsCausal && m_start + BlockM - 1 + diag < n0));
-    };
     const int per_head = m_tiles - m_first;
     const int n_iter = per_head * group;
 
@@ -394,11 +341,6 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
         return;
     }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Cluster phase 0: every CTA of the cluster has started before any writes into its shared
-    // memory (waited for just before the main loop).
-    if constexpr (kCluster > 1) attn_bwd_detail::cluster_arrive();
-#endif
     // ---- K and V tiles (once per block), then the first query tiles ----
     {
         const T* gK = static_cast<const T*>(fp.k)
@@ -543,10 +485,7 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
 
     // ---- dQ of one query tile (head hq, rows [m_start, m_start + rows_q)): dQ_tile = dS K (dS^T from the shared buffer at ds_off), added to
     // dq_accum. The caller guarantees a barrier between the dS^T stores and this call. ----
-    // Cluster (kCluster > 1): the partial is exchanged (columns owned by another CTA stored into
-    // its exchange buffer `slot`, then one cluster barrier phase, then the partners' parts of the
-    // owned columns added) and only owned columns are reduced; skip: this CTA's partial is 0.
-    auto dq_phase = [&](int hq, int m_start, int rows_q, unsigned ds_off, bool skip, int slot) {
+    auto dq_phase = [&](int hq, int m_start, int rows_q, unsigned ds_off) {
         {
             constexpr int kQT = BlockM / 16;                                 // m16 query tiles
 #ifdef FERROATTN_BWD_DQ_QT2
@@ -604,7 +543,6 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
                         for (int e = 0; e < 4; ++e) acc_q[u][nt][e] = 0.f;
                     // Unrolled (ldmatrix of key step ks+1 overlaps the mma of ks) where the
                     // registers allow it: head dims <= 128; the larger ones spill unrolled.
-                    if (!skip) {
 #pragma unroll (kDqUnroll)
                     for (int ks = 0; ks < BlockN / 16; ++ks) {
                         unsigned a[kQG][4];
@@ -633,56 +571,36 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
                             }
                         }
                     }
-                    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                    if constexpr (kCluster > 1) {
-                        static_assert(kQG == 1 && kQTPerWarp == 1 && kDqChunk == kDqCols,
-                                      "cluster dQ exchange needs one dQ pass per warp");
-                        const int qt = qg;
-                        // Columns owned by CTA o go to slot (crank < o ? crank : crank - 1) of o's buffer.
-#pragma unroll
-                        for (int nt = 0; nt < kDqChunk / 8; ++nt) {
-                            const int col = dq_col0 + c0 + nt * 8;
-                            const int owner = col / kOwnCols;
-                            if (owner != crank) {
-                                const int ps = crank < owner ? crank : crank - 1;
-                                const unsigned off = smem0 + kOffRecv + slot * kRecvBytes
-                                    + ((((ps * (BlockM / 16) + qt) * (kOwnCols / 8) + (col % kOwnCols) / 8) * 32
-                                        + lane) << 4);
-                                attn_bwd_detail::st_cluster_v4_f32(attn_bwd_detail::cluster_map(off, owner),
-                                                                   acc_q[0][nt][0], acc_q[0][nt][1],
-                                                                   acc_q[0][nt][2], acc_q[0][nt][3]);
-                            }
-                        }
-                        attn_bwd_detail::cluster_arrive();
-                        attn_bwd_detail::cluster_wait();
-#pragma unroll
-                        for (int nt = 0; nt < kDqChunk / 8; ++nt) {
-                            const int col = dq_col0 + c0 + nt * 8;
-                            if (col / kOwnCols == crank) {
-#pragma unroll
-                                for (int ps = 0; ps < kCluster - 1; ++ps) {
-                                    const float4 r = attn_bwd_detail::ld_shared_v4_f32(
-                                        smem0 + kOffRecv + slot * kRecvBytes
-                                        + ((((ps * (BlockM / 16) + qt) * (kOwnCols / 8) + (col % kOwnCols) / 8) * 32
-                                            + lane) << 4));
-                                    acc_q[0][nt][0] += r.x;
-                                    acc_q[0][nt][1] += r.y;
-                                    acc_q[0][nt][2] += r.z;
-                                    acc_q[0][nt][3] += r.w;
-                                }
-                            }
-                        }
-                    }
-#endif
 #pragma unroll
                     for (int u = 0; u < kQG; ++u) {
                     const int qt = qg * kQG + u;
 #pragma unroll
                     for (int nt = 0; nt < kDqChunk / 8; ++nt) {
                         const int col = dq_col0 + c0 + nt * 8;   // n8 tile: all or no columns < head_dim
-                        const bool col_ok = col < head_dim && (kCluster == 1 || col / kOwnCols == crank);
+                        const bool col_ok = col < head_dim;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                        if constexpr (kStage) {
+                            // Into the warp's staging slice: 16 rows x kDqCols fp32, 16-byte chunk c
+                            // of row r at chunk c ^ (r & 7) (the st.shared.v2 of a half-warp hit 4 of
+                            // 8 chunk slots: 2-way bank conflicts, NOTES v6); rows g and g+8 share
+                            // the swizzle. Lane (g, t) holds columns 8nt + 2t, +1: chunk
+                            // 2nt + t/2, half t%2. Addresses from a volatile %tid read, so that none
+                            // is hoisted out of the main loop into a register.
+                            static_assert(kQG == 1 && kQTPerWarp == 1 && kDqChunk == kDqCols && kDqCols % 32 == 0,
+                                          "staged dQ reduction: one dQ pass of >= 32 columns per warp");
+                            const int vt = tid_x_volatile();
+                            const int vg = (vt % 32) / 4, vq = vt % 4;
+                            const unsigned a = smem_u32(smem_raw) + kOffStage + (vt / 32) * (16 * kDqCols * 4)
+                                             + vg * (kDqCols * 4) + (((2 * nt) ^ ((vq >> 1) ^ (vg & 7))) << 4)
+                                             + 8 * (vq & 1);
+                            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
+                                         :: "r"(a), "f"(acc_q[u][nt][0]), "f"(acc_q[u][nt][1]) : "memory");
+                            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
+                                         :: "r"(a + 8 * kDqCols * 4), "f"(acc_q[u][nt][2]), "f"(acc_q[u][nt][3])
+                                         : "memory");
+                            (void)col_ok;
+                            continue;
+                        }
                         // Lane pair (t, t^1) exchanges halves: even t adds row g, columns
                         // 4*(t/2) .. +3; odd t adds row g+8, the same columns.
                         const bool odd = (t & 1) != 0;
@@ -711,14 +629,43 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
 #endif
                     }
                     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                    if constexpr (kStage) {
+                        // Read back row-contiguous: lane l takes chunk l % kCh of rows
+                        // i*kRowsPerI + l / kCh; one red.v4 per warp covers kRowsPerI whole rows
+                        // of the warp's columns. Lane / warp from a volatile %tid read (nothing
+                        // hoisted out of the main loop).
+                        __syncwarp();
+                        constexpr int kCh = kDqCols / 4;        // 16-byte chunks per staged row
+                        constexpr int kRowsPerI = 32 / kCh;     // rows per warp instruction
+                        const int vtid = tid_x_volatile();
+                        const int vl = vtid % 32, vw = vtid / 32;
+                        const int c = vl % kCh;
+                        const int r0 = vl / kCh;
+                        const int vqg = NumWarps >= kQGroups ? vw % kQGroups : vw;
+                        const int col = (kDqSplit == 1 ? 0 : (vw / kQGroups) * kDqCols) + c0 + 4 * c;
+                        float* p = gdQ + static_cast<long long>(vqg * 16 + r0) * params.dqa_row_stride + col;
+                        const long long step = kRowsPerI * params.dqa_row_stride;
+                        const unsigned sbase = smem_u32(smem_raw) + kOffStage + vw * (16 * kDqCols * 4);
+#pragma unroll
+                        for (int i = 0; i < 16 / kRowsPerI; ++i) {
+                            const int r = i * kRowsPerI + r0;
+                            float4 v;
+                            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                                         : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                                         : "r"(sbase + r * (kDqCols * 4) + ((c ^ (r & 7)) << 4)) : "memory");
+                            if (vqg * 16 + r < rows_q && col < head_dim && kRedOn)
+                                attn_bwd_detail::red_add_v4_f32(p, v.x, v.y, v.z, v.w);
+                            p += step;
+                        }
+                        __syncwarp();   // the slice is rewritten only after the next tile's barrier; kept for clarity
+                    }
+#endif
                 }
             }
         }
     };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (kCluster > 1) attn_bwd_detail::cluster_wait();   // phase 0 (see above)
-#endif
     for (int it = 0; it < n_iter; ++it) {
         const int slot = Stages == 1 ? 0 : it % Stages;
         if constexpr (Stages == 1) {
@@ -740,7 +687,7 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
                 const int ip = it - 1;
                 const int m_prev = (m_first + ip % per_head) * BlockM;
                 dq_phase(head_k * group + ip / per_head, m_prev, min(BlockM, seqlen_q - m_prev),
-                         kOffDS + (ip & 1) * kTileDS, tile_skip(m_prev), ip & 1);
+                         kOffDS + (ip & 1) * kTileDS);
             }
         }
         const int hq = head_k * group + it / per_head;
@@ -755,11 +702,9 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
                                (IsCausal && m_start + diag < n0 + BlockN - 1);
         const int causal_off = n0 - m_start - diag;   // query q sees key k iff q >= k + causal_off
         const int ds_elem = kDsBufs == 2 ? (it & 1) * (BlockN * BlockM) : 0;   // this tile's dS^T
-        const bool skip = tile_skip(m_start);
 
 #pragma unroll 1
         for (int sub = 0; sub < BlockM / kSubM; ++sub) {
-            if (skip) break;
             const unsigned q_sub = sub * kSubM * kRowBytes;
             // ---- S^T = K_w Q_sub^T, then P^T ----
             float acc_s[MT][NQ][4];
@@ -819,11 +764,20 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
-                            const int r = key0 + mt * 16 + g + 8 * h;
+                            int r = key0 + mt * 16 + g + 8 * h;
+                            int tq = t;
+                            if constexpr (kStage && IsCausal && HeadDim == 128) {
+                                // Rows / lanes from a volatile %tid read: the NQ x 2 store offsets
+                                // are not held through the loop (the causal staged d128 kernel spills
+                                // 32 bytes otherwise).
+                                const int vtd = tid_x_volatile();
+                                r = (vtd / 32) * kWarpN + mt * 16 + (vtd % 32) / 4 + 8 * h;
+                                tq = vtd % 4;
+                            }
 #pragma unroll
                             for (int nt = 0; nt < NQ; ++nt) {
                                 *reinterpret_cast<unsigned*>(
-                                    sdS + ds_elem + swizzle_offset<BlockM>(r, sub * kSubM + nt * 8 + 2 * t)) =
+                                    sdS + ds_elem + swizzle_offset<BlockM>(r, sub * kSubM + nt * 8 + 2 * tq)) =
                                     Tr::pack2(acc_p[mt][nt][2 * h], acc_p[mt][nt][2 * h + 1]);
                             }
                         }
@@ -833,7 +787,7 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
 
         if constexpr (WithDQ && kDsBufs == 1) {
             __syncthreads();   // dS^T tile complete
-            dq_phase(hq, m_start, rows_q, kOffDS, skip, it & 1);
+            dq_phase(hq, m_start, rows_q, kOffDS);
         }
     }
     if constexpr (WithDQ && kDsBufs == 2) {
@@ -841,7 +795,7 @@ __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) 
         const int il = n_iter - 1;
         const int m_last = (m_first + il % per_head) * BlockM;
         dq_phase(head_k * group + il / per_head, m_last, min(BlockM, seqlen_q - m_last),
-                 kOffDS + (il & 1) * kTileDS, tile_skip(m_last), il & 1);
+                 kOffDS + (il & 1) * kTileDS);
     }
     cp_async_wait<0>();   // only empty groups can remain
     __syncthreads();      // every warp is done with K, V (dQ reads all of K)

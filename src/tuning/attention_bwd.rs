@@ -89,11 +89,21 @@ impl AttnBwdConfig {
         self.num_warps * 32
     }
 
+    /// The dK/dV kernel stages its dq_accum reductions through a block_m × head_dim fp32
+    /// shared-memory tile (`attn_bwd_dkdv_sm80_dq_stage()` in bwd_dkdv_sm80.cuh): sm_90a, with
+    /// dQ, kernel head dims 64 and 128.
+    pub fn dq_staged(&self) -> bool {
+        matches!(self.kind, BwdKind::DkDv { dq: true, .. })
+            && self.arch == Arch::Sm90a
+            && matches!(self.head_dim, 64 | 128)
+    }
+
     /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert):
     /// - DkDv: K and V tiles (block_n × d each), `stages` × (Q and dO tiles, block_m × d each),
     ///   the dSᵀ tiles (block_n × block_m; two with dq and d ≤ 128: the dQ product of query
     ///   tile i runs after the barrier that opens tile i+1, from the other buffer) and `stages` × (LSE, D)
-    ///   rows (2 × block_m fp32); 16-bit elements.
+    ///   rows (2 × block_m fp32); 16-bit elements; plus a block_m × d fp32 dQ staging tile where
+    ///   `dq_staged()`.
     /// - Dq: Q and dO tiles (block_m × d each) and `stages` × (K and V tiles, block_n × d each).
     /// - Preprocess / ConvertDq: none.
     pub fn smem_bytes(&self) -> u32 {
@@ -102,7 +112,8 @@ impl AttnBwdConfig {
             BwdKind::Preprocess | BwdKind::ConvertDq => 0,
             BwdKind::DkDv { dq, .. } => {
                 let ds_tiles = if dq && d <= 128 { 2 } else { 1 };
-                (2 * bn * d + 2 * st * bm * d + ds_tiles * bn * bm) * 2 + st * bm * 8
+                let stage = if self.dq_staged() { bm * d * 4 } else { 0 };
+                (2 * bn * d + 2 * st * bm * d + ds_tiles * bn * bm) * 2 + st * bm * 8 + stage
             }
             BwdKind::Dq => (2 * bm * d + 2 * st * bn * d) * 2,
         }
@@ -250,6 +261,29 @@ mod tests {
                     assert_eq!(c.block_m % (16 * c.num_warps), 0, "{}", c.name_expression());
                 }
             }
+        }
+    }
+
+    #[test]
+    fn sm90a_dq_kernels_stage_the_reductions_at_d64_and_d128() {
+        for (d, want) in [(64u32, 115_712u32), (128, 197_632)] {
+            let c = bwd_plan(d, false, false, DType::BF16, Arch::Sm90a)[1];
+            assert!(c.dq_staged(), "{c:?}");
+            let (bm, bn, st) = (c.block_m, c.block_n, c.stages);
+            assert_eq!((bm, bn, st), (64, 128, 2), "tile changed: recheck the staging and these sizes");
+            // K, V + 2 stages of Q, dO + 2 dS^T tiles (16-bit), LSE/D rows, fp32 staging tile
+            assert_eq!(c.smem_bytes(), (2 * bn * d + 2 * st * bm * d + 2 * bn * bm) * 2 + st * bm * 8 + bm * d * 4);
+            assert_eq!(c.smem_bytes(), want);
+        }
+        // d64 keeps two blocks per SM (228 KiB, 1 KiB reserved per block)
+        assert!(2 * (bwd_plan(64, true, false, DType::F16, Arch::Sm90a)[1].smem_bytes() + 1024) <= 228 * 1024);
+        for c in [
+            bwd_plan(128, false, true, DType::BF16, Arch::Sm90a)[1], // no dQ (deterministic)
+            bwd_plan(128, false, false, DType::BF16, Arch::Sm80)[1],
+            bwd_plan(96, false, false, DType::BF16, Arch::Sm90a)[1],
+            bwd_plan(256, false, false, DType::BF16, Arch::Sm90a)[2],
+        ] {
+            assert!(!c.dq_staged(), "{c:?}");
         }
     }
 
