@@ -174,15 +174,20 @@ def test_llama_depth1_records_cover_the_whole_forward():
     assert depth1["lm_head"] == 1.0 and depth1["model.embed_tokens"] == 1.0
 
 
-def test_resolved_events_are_reused_and_times_stay_right():
-    clock, model, factory = make(3)
+def _counting(factory):
+    """(event factory that keeps every event it makes, that list)"""
     made = []
 
     def counting():
         e = factory()
         made.append(e)
         return e
+    return counting, made
 
+
+def test_resolved_events_are_reused_and_times_stay_right():
+    clock, model, factory = make(3)
+    counting, made = _counting(factory)
     with attach(model, event_factory=counting) as att:
         model(torch.zeros(1))
         first = att.resolve()
@@ -219,13 +224,7 @@ def test_record_function_ranges_only_while_a_torch_profiler_collects(monkeypatch
 
 def test_prewarm_fills_the_pool_with_recorded_events():
     clock, model, factory = make(2)
-    made = []
-
-    def counting():
-        e = factory()
-        made.append(e)
-        return e
-
+    counting, made = _counting(factory)
     with attach(model, event_factory=counting) as att:
         assert len(made) == 1                          # attach checks one event of the factory
         att.prewarm()
