@@ -11,7 +11,13 @@ round by round so drift hits every mode alike:
 - ``hooks``:    only the module hooks (``profiler.attach`` with CUDA events and NVTX; the
                  recorder off);
 - ``profile``:  ``ferroattn.profiler.profile(model)``, one window over all the round's forwards
-                 with ``prof.step()`` after each (the way a training/serving loop uses it).
+                 with ``prof.step()`` after each (the way a training/serving loop uses it);
+- ``torch_hooks``: torch's own cost of a no-op forward pre hook + post hook (``always_call=True``)
+                 on the same modules (the floor any hook-based attribution pays);
+- ``hooks_no_nvtx``: the module hooks without NVTX ranges.
+
+Also per-call host costs measured in a loop (µs): ``torch.cuda.Event(enable_timing=True).record()``
+(new event, and re-recording one), ``torch.cuda.current_stream()``, an NVTX push + pop.
 
 Prints a table and writes {device, driver, torch, commit, date, shapes: [{shape, off_ms, ...,
 pct per mode}]} as JSON to --out (default $OUT/profiler_overhead.json when $OUT is set).
@@ -40,7 +46,7 @@ def measure(model, ids, repeats: int) -> dict:
     import torch
 
     from ferroattn import _native
-    from ferroattn.profiler import attach, profile
+    from ferroattn.profiler import attach, find_targets, profile
 
     def fwd():
         with torch.inference_mode():
@@ -48,7 +54,8 @@ def measure(model, ids, repeats: int) -> dict:
 
     for _ in range(3):
         fwd()
-    times: dict = {"off": [], "recorder": [], "hooks": [], "profile": []}
+    times: dict = {"off": [], "recorder": [], "hooks": [], "profile": [], "torch_hooks": [], "hooks_no_nvtx": []}
+    targets = [m for _, m in find_targets(model)]
     rounds, per_round = 3, max(1, repeats // 3)
     for _ in range(rounds):
         times["off"] += [wall_ms(fwd) for _ in range(per_round)]
@@ -64,10 +71,43 @@ def measure(model, ids, repeats: int) -> dict:
             for _ in range(per_round):
                 times["profile"].append(wall_ms(fwd))
                 prof.step()
+        handles = [h for m in targets for h in (m.register_forward_pre_hook(lambda mod, args: None),
+                                                  m.register_forward_hook(lambda mod, a, o: None, always_call=True))]
+        times["torch_hooks"] += [wall_ms(fwd) for _ in range(per_round)]
+        for h in handles:
+            h.remove()
+        with attach(model, nvtx=False) as att:
+            for _ in range(per_round):
+                times["hooks_no_nvtx"].append(wall_ms(fwd))
+                att.resolve()
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {f"{k}_ms": v for k, v in med.items()}
     out.update({f"{k}_pct": 100.0 * (v / med["off"] - 1.0) for k, v in med.items() if k != "off"})
     return out
+
+
+def per_call_us(n: int = 20000) -> dict:
+    """Host µs per call of the primitives a hooked module call uses (median of 5 loops of n)."""
+    import torch
+
+    def loop(fn) -> float:
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            runs.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+        return statistics.median(runs)
+
+    ev = torch.cuda.Event(enable_timing=True)
+
+    def nvtx():
+        torch.cuda.nvtx.range_push("x")
+        torch.cuda.nvtx.range_pop()
+    return {"event_new_and_record_us": loop(lambda: torch.cuda.Event(enable_timing=True).record()),
+            "event_rerecord_us": loop(ev.record), "current_stream_us": loop(torch.cuda.current_stream),
+            "nvtx_push_pop_us": loop(nvtx)}
 
 
 def main(argv=None) -> int:
@@ -92,18 +132,21 @@ def main(argv=None) -> int:
     model = build_model("llama-3.2-1b", attn="ferroattn", dtype="bfloat16", seed=0)
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []
-    print(f"{'shape':>9} {'off ms':>9} {'recorder':>9} {'hooks':>9} {'profile':>9}   (% over off)")
+    print(f"{'shape':>9} {'off ms':>9} {'recorder':>9} {'hooks':>9} {'profile':>9} {'torch':>9} {'no nvtx':>9}"
+          "   (% over off; torch = no-op hooks)")
     for b, s in shapes:
         ids = torch.randint(0, model.config.vocab_size, (b, s), generator=gen).cuda()
         r = measure(model, ids, args.repeats)
         rows.append({"shape": [b, s], **r})
         print(f"{b:>4}x{s:<4} {r['off_ms']:9.3f} {r['recorder_pct']:+8.1f}% {r['hooks_pct']:+8.1f}% "
-              f"{r['profile_pct']:+8.1f}%")
+              f"{r['profile_pct']:+8.1f}% {r['torch_hooks_pct']:+8.1f}% {r['hooks_no_nvtx_pct']:+8.1f}%")
+    micro = per_call_us()
+    print("per call (host us):", {k: round(v, 2) for k, v in micro.items()})
     doc = {"kind": "profiler_overhead", "device": torch.cuda.get_device_name(0), "driver": driver_version(),
            "torch": torch.__version__, "commit": os.environ.get("FERROATTN_COMMIT"),
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "method": "median wall ms of one synchronised forward; modes interleaved in 3 rounds",
-           "repeats_per_mode": args.repeats, "shapes": rows}
+           "repeats_per_mode": args.repeats, "shapes": rows, "per_call_host_us": micro}
     out = args.out or (os.path.join(os.environ["OUT"], "profiler_overhead.json") if os.environ.get("OUT") else None)
     if out:
         with open(out, "w") as f:
