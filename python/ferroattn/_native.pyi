@@ -162,3 +162,88 @@ def profiler_drain(reference_event: Optional[int] = None) -> list[dict]:
 
     Raises CudaError when an event cannot be resolved (e.g. a sticky error); the records are
     forgotten anyway."""
+
+# ---- dense GEMM (issue 4) -----------------------------------------------------------
+# out[i] = act(alpha * a[i] @ b[i] + beta * c[i] + bias)   for i in range(batch)
+# (the cuBLASLt epilogue order: scale, add C, add bias, activate; fp32 accumulation and
+# epilogue, rounded once to out's dtype).
+#   a: (batch, m, k), b: (batch, k, n): fp16 or bf16 (the same dtype); any strides where one of
+#      the last two dims has stride 1 (row-major: stride(-1) == 1, column-major: stride(-2) == 1;
+#      a dim of size 1 counts as either); batch stride may be 0 (broadcast); any alignment.
+#   out: (batch, m, n), fp16, bf16 or fp32, stride(-1) == 1 (any row stride, batch stride != 0
+#      unless batch == 1); must not overlap a, b, c, bias or aux.
+#   c: None or (batch, m, n) of out's dtype, stride(-1) == 1, batch stride may be 0; required
+#      when beta != 0, ignored when beta == 0.
+#   bias: None or (n,), contiguous, dtype a's dtype or float32.
+#   aux: None or like out (same shape, dtype, strides rules): when given, the pre-activation
+#      value alpha*a@b + beta*c + bias is also written there (for the backward of an activation).
+#   activation: "none" | "relu" | "gelu_tanh" | "gelu_erf" | "silu" (kernels/common/activation.cuh).
+#   m, n, k, batch >= 1 (k == 0 is handled by the Python layer); batch up to at least 2**20;
+#   64-bit offsets everywhere.
+#   backend: "auto" (the fastest supported path for this problem on this device), "wmma"
+#      (kernels/gemm/wmma.cuh, sm_80+), "sm90" (kernels/gemm/sm90.cuh, wgmma + TMA, sm_90a only).
+#      An explicit backend that cannot run this problem (or this device) raises ArgumentError
+#      naming `backend`, the supported backends and the reason.
+def gemm_check(
+    a: TensorMeta, b: TensorMeta, out: TensorMeta, c: Optional[TensorMeta],
+    bias: Optional[TensorMeta], aux: Optional[TensorMeta], beta: float, activation: str,
+) -> None:
+    """Validate GEMM arguments from metadata alone (fake/meta tensors): same checks, same
+    errors as gemm (ArgumentError / DTypeError / DeviceError naming the argument, the expected
+    and the actual value)."""
+def gemm(
+    a: DLPackLike, b: DLPackLike, out: DLPackLike, c: Optional[DLPackLike],
+    bias: Optional[DLPackLike], aux: Optional[DLPackLike], alpha: float, beta: float,
+    activation: str, backend: str, stream: int,
+) -> str:
+    """Launch the GEMM on `stream` (raw CUstream, as for attn_fwd) in the primary context of a's
+    device; validates everything first; never synchronises. Returns the backend that ran
+    ("wmma" or "sm90"). Launch records (profiler) carry op "ferroattn::gemm", flops 2*batch*m*n*k
+    and the compulsory bytes."""
+def gemm_backends(device: int = 0) -> list[str]:
+    """The backends this device supports, fastest first (e.g. ["sm90", "wmma"] on an H100/H200,
+    ["wmma"] on an A100). Raises NoDeviceError without a GPU."""
+
+# ---- 2:4 structured sparsity (issue 4) --------------------------------------------------
+# A 2:4 matrix w (m, k) keeps at most 2 non-zeros in every aligned group of 4 along k.
+# Compressed form: values (m_pad, k_pad / 2) of w's dtype (the kept elements of each group, in
+# order; a group with fewer than 2 non-zeros keeps zeros) + meta (int16, sparse24_layout's
+# meta_shape) in the layout the kernels read (src/ops/sparse24/host.rs documents it and is the
+# reference). m_pad, k_pad: w's shape rounded up to the kernels' tile multiples; padding is zero.
+def sparse24_layout(m: int, k: int) -> dict:
+    """{m_pad, k_pad, values_shape: (m_pad, k_pad // 2), meta_shape: (rows, cols) int16,
+    tile_m, tile_k}: the shapes compress writes for a (m, k) matrix. Pure function (no GPU)."""
+def sparse24_compress(
+    w: DLPackLike, values: DLPackLike, meta: DLPackLike, bad_groups: DLPackLike,
+    prune: bool, stream: int,
+) -> None:
+    """GPU kernel. w: (m, k) fp16/bf16, CUDA, stride(-1) == 1. Writes values, meta (shapes of
+    sparse24_layout(m, k), contiguous, values of w's dtype) and bad_groups (int32 (1,), set,
+    not accumulated): the number of groups with more than 2 non-zeros. prune=False: such groups
+    keep their first two non-zeros (the Python layer raises ValueError when bad_groups > 0);
+    prune=True: every group keeps its two largest magnitudes (ties: the lower index)."""
+def sparse24_decompress(values: DLPackLike, meta: DLPackLike, out: DLPackLike, stream: int) -> None:
+    """GPU kernel: out (m, k) (w's shape and dtype, stride(-1) == 1) from values + meta; the
+    inverse of compress on 2:4 inputs, bitwise."""
+def sparse24_compress_host(w: DLPackLike, values: DLPackLike, meta: DLPackLike, prune: bool) -> int:
+    """The Rust CPU reference of sparse24_compress on host tensors (same shapes, dtypes, rules);
+    returns bad_groups. Used by CI and by the GPU tests as the oracle."""
+def sparse24_decompress_host(values: DLPackLike, meta: DLPackLike, out: DLPackLike) -> None:
+    """The Rust CPU reference of sparse24_decompress on host tensors."""
+def sparse24_matmul_check(
+    x: TensorMeta, values: TensorMeta, meta: TensorMeta, out: TensorMeta,
+    bias: Optional[TensorMeta], n: int, k: int, activation: str,
+) -> None:
+    """Validate sparse24_matmul arguments from metadata alone (same checks and errors)."""
+def sparse24_matmul(
+    x: DLPackLike, values: DLPackLike, meta: DLPackLike, out: DLPackLike,
+    bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str, stream: int,
+) -> str:
+    """out = act(x @ w.T + bias) (torch.nn.functional.linear semantics) with w (n, k) the 2:4
+    matrix compressed into values/meta (n rows = output features). x: (rows, k) fp16/bf16 with
+    stride(-1) == 1 (the Python layer flattens leading dims; rows >= 1, any rows incl. 1..31),
+    out: (rows, n) x's dtype, stride(-1) == 1; bias None or (n,) x's dtype or float32.
+    backend: "auto" | "mma_sp" (mma.sp, sm_80+) | "wgmma_sp" (sm_90a). Returns the backend
+    that ran. Malformed values/meta shapes or dtypes raise ArgumentError; no meta bit pattern
+    can make the kernel access memory outside the tensors. Profiler op "ferroattn::sparse24_matmul",
+    flops counted dense (2*rows*n*k)."""
