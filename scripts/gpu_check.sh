@@ -62,14 +62,16 @@ SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
 FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
-ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd pytest memcheck racecheck"
+ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd bench_gemm bench_sparse24 pytest memcheck racecheck"
 STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
 # Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd) keeps free for each
 # selected stage after it.
 declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=60 [notebooks]=400 [train]=180
-                [bench]=200 [bench_bwd]=330 [pytest]=300 [memcheck]=120 [racecheck]=150)
-declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [pytest]=200 [memcheck]=90 [racecheck]=70)
+                [bench]=200 [bench_bwd]=330 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [memcheck]=150
+                [racecheck]=180)
+declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [memcheck]=100
+                 [racecheck]=80)
 
 # Under the sanitizer: FERROATTN_LINEINFO=1 (kernels compiled with -lineinfo, so reports name
 # source lines) and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own cudaMalloc, so an
@@ -120,6 +122,20 @@ do_bench_bwd() {
     "$PY" -m ferroattn bench attention --backward --out "$OUT" --rep-ms 40 --time-budget-s "$budget" ${BENCH_BWD_ARGS:-}
 }
 
+do_bench_gemm() {  # do_bench_gemm LIMIT: dense GEMM vs cuBLAS (python -m ferroattn bench gemm)
+    local budget=$(( $1 - 45 ))
+    [ "$budget" -lt 30 ] && budget=30
+    # shellcheck disable=SC2086
+    "$PY" -m ferroattn bench gemm --out "$OUT" --time-budget-s "$budget" ${BENCH_GEMM_ARGS:-}
+}
+
+do_bench_sparse24() {  # do_bench_sparse24 LIMIT: 2:4 sparse vs cuBLAS dense and cuSPARSELt
+    local budget=$(( $1 - 45 ))
+    [ "$budget" -lt 30 ] && budget=30
+    # shellcheck disable=SC2086
+    "$PY" -m ferroattn bench sparse24 --out "$OUT" --time-budget-s "$budget" ${BENCH_SPARSE24_ARGS:-}
+}
+
 do_notebooks() {
     # run_notebooks.py stops starting cells 30 s before the stage limit ($1), so the executed copies
     # are always written; they are packed into ONE file (the device tool returns at most 8 files).
@@ -142,8 +158,9 @@ do_train() {
     "$PY" -m ferroattn bench training --out "$OUT" "${minilm[@]}" ${TRAIN_ARGS:-}
 }
 
-sanitize_one() {  # sanitize_one TOOL SCRIPT: run SCRIPT under compute-sanitizer TOOL
+sanitize_one() {  # sanitize_one TOOL SCRIPT [FILTER]: run SCRIPT under compute-sanitizer TOOL
     local tool=$1 script=$2 rc
+    local FILTER=${3-$FILTER}
     # shellcheck disable=SC2086
     FERROATTN_LINEINFO=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$CS" --tool "$tool" --error-exitcode 86 --print-limit 30 $FILTER \
         "$PY" "$script" 2>&1 | tee "$WORK/$tool.try1"
@@ -161,9 +178,13 @@ do_sanitize() {
     # forward cases, then backward cases; the stage's exit code is the first non-zero one
     local tool=$1 rc=0 r script
     if [ -z "$CS" ]; then echo "compute-sanitizer not found on PATH or under /usr/local/cuda*/bin"; return 127; fi
-    for script in scripts/sanitize_attention.py scripts/sanitize_attention_bwd.py; do
+    for script in scripts/sanitize_attention.py scripts/sanitize_attention_bwd.py scripts/sanitize_gemm.py; do
         echo "--- $tool: $script"
-        sanitize_one "$tool" "$script"
+        if [ "$script" = scripts/sanitize_gemm.py ]; then
+            sanitize_one "$tool" "$script" "${GEMM_SANITIZER_FILTER-}"   # every kernel it launches
+        else
+            sanitize_one "$tool" "$script"
+        fi
         r=$?
         echo "--- $tool: $script exit $r"
         [ "$rc" -eq 0 ] && rc=$r
@@ -292,6 +313,8 @@ stage train "${CAP[train]}" bash "$SELF" __fn train
 # the benchmarks get what is left after keeping time for the selected stages after them (capped)
 if selected bench; then lim=$(elastic_limit bench); stage bench "$lim" bash "$SELF" __fn bench "$lim"; fi
 if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$lim" bash "$SELF" __fn bench_bwd "$lim"; fi
+if selected bench_gemm; then lim=$(elastic_limit bench_gemm); stage bench_gemm "$lim" bash "$SELF" __fn bench_gemm "$lim"; fi
+if selected bench_sparse24; then lim=$(elastic_limit bench_sparse24); stage bench_sparse24 "$lim" bash "$SELF" __fn bench_sparse24 "$lim"; fi
 stage pytest "${CAP[pytest]}" env FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" ${PYTEST_TARGETS:-tests}
 stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck
 stage racecheck "${CAP[racecheck]}" bash "$SELF" __fn sanitize racecheck

@@ -110,7 +110,7 @@ def parse_sanitizer(text: str, tool: str) -> dict:
     if races:
         out.update(hazards=sum(int(r[0]) for r in races), errors=sum(int(r[1]) for r in races),
                    warnings=sum(int(r[2]) for r in races))
-    cases = re.findall(r"(sanitize_attention\w*): (\d+)/(\d+) cases passed", text)
+    cases = re.findall(r"(sanitize_(?:attention|gemm)\w*): (\d+)/(\d+) cases passed", text)
     if cases:
         out["cases_passed"] = sum(int(c[1]) for c in cases)
         out["cases"] = sum(int(c[2]) for c in cases)
