@@ -14,10 +14,11 @@
 #   after precompile, or the notebooks pay the JIT compilation), train (`bench training`:
 #   Llama-3.2-1B-config training ferroattn vs sdpa, step-0 gradients vs fp32, attention peak
 #   memory at 16k), bench (`bench attention`, forward), bench_bwd (`bench attention --backward`),
-#   pytest -m gpu, memcheck and racecheck (scripts/sanitize_attention.py then
-#   scripts/sanitize_attention_bwd.py under compute-sanitizer). Every stage has a cap and the
+#   bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, memcheck and
+#   racecheck (scripts/sanitize_attention.py, scripts/sanitize_attention_bwd.py, then
+#   scripts/sanitize_gemm.py, the last without a kernel filter, under compute-sanitizer). Every stage has a cap and the
 #   whole run a budget: a stage that would start with < 20 s left is skipped and recorded as
-#   such; notebooks, bench and bench_bwd size themselves to what is left after keeping time for
+#   such; notebooks and the bench stages size themselves to what is left after keeping time for
 #   the selected stages after them.
 # and finally scripts/gpu_check_summary.py, which writes $OUT/gpu_check.json and prints the
 # summary table LAST.
