@@ -39,13 +39,15 @@ _LAZY_ATTRS = {
     "flash_attn_varlen_qkvpacked_func": "flash_attn_interface",
     "flash_attn_varlen_kvpacked_func": "flash_attn_interface",
     "flash_attn_with_kvcache": "flash_attn_interface",
+    "matmul": "gemm",
 }
-_LAZY_MODULES = ("bert_padding", "testing", "flash_attn_interface", "ops", "integrations")
+_LAZY_MODULES = ("bert_padding", "testing", "flash_attn_interface", "ops", "integrations", "gemm", "nn")
 
 __all__ = [
     "__version__",
     *_LAZY_ATTRS,
     "bert_padding",
+    "nn",
     *_error_names,
 ]
 

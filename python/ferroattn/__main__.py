@@ -16,6 +16,11 @@ Commands
 ``bench attention [--quick] [--out DIR]``
     The attention benchmark (see :mod:`ferroattn.bench`); ``--backward [--deterministic]`` times
     the backward (alone, and forward + backward) instead (:mod:`ferroattn.bench.attention_bwd`).
+``bench gemm [--quick] [--out DIR] [--dtypes bf16,fp16] [--backends wmma,sm90,auto]``
+    Dense GEMM: ``ferroattn.matmul`` per backend vs ``torch.matmul`` (cuBLAS), square and LLM
+    shapes, plus matmul + bias + activation vs torch's unfused equivalent
+    (:mod:`ferroattn.bench.gemm`). Exit 0 when "auto" ran everywhere, 1 when it failed somewhere,
+    3 without a GPU.
 ``bench training [--steps 20] [--batch 4] [--seqlen 512] [--out DIR]``
     Llama-3.2-1B-config training with ferroattn vs sdpa (and eager as the bf16 noise yardstick),
     step-0 gradients vs an fp32 reference, attention peak memory at 16k
@@ -246,6 +251,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "gemm":
+        from ferroattn.bench import gemm as bench_gemm  # noqa: PLC0415
+        return bench_gemm.run(args)
     if args.bench_command == "training":
         from ferroattn.bench import training  # noqa: PLC0415
         return training.main_from_args(args)
@@ -329,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=cmd_demo)
 
     pb = sub.add_parser("bench", help="benchmarks: ours vs the peers")
-    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention,training}")
+    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention,training,gemm}")
     bsub.required = True
     pa = bsub.add_parser("attention", help="FlashAttention-3 paper grid: ours vs SDPA flash/cuDNN/efficient "
                                            "(--backward: the backward)")
@@ -368,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--no-memory", action="store_true", help="skip the attention peak-memory figure")
     pt.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
     pt.set_defaults(func=cmd_bench)
+
+    from ferroattn.bench import gemm as bench_gemm  # noqa: PLC0415  (does not import torch)
+    pg = bsub.add_parser("gemm", help="dense GEMM: ferroattn.matmul per backend vs torch.matmul (cuBLAS), "
+                                      "and matmul+bias+activation vs torch unfused")
+    bench_gemm.add_arguments(pg)
+    pg.set_defaults(func=cmd_bench)
 
     pr = sub.add_parser("profile", help="batch x seqlen sweep of a model: per-layer GPU time, heatmap, knee (GPU)")
     pr.add_argument("--model", metavar="NAME|PATH", required=True,

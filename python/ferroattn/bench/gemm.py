@@ -1,0 +1,532 @@
+"""Dense GEMM benchmark: ``ferroattn.matmul`` per backend against ``torch.matmul`` (cuBLAS).
+
+Grid (issue 4): bf16 and fp16; square m = n = k in 1024, 2048, 4096, 8192, 16384; LLM shapes
+m = tokens 16, 32, ..., 16384 with (n, k) in (4096, 4096), (11008, 4096), (4096, 11008),
+(14336, 4096). ``--quick``: square 4096 and 8192, m = 16 and 4096, bf16 only.
+
+Operands: ``a`` (m, k) row-major and ``b = w.T`` with ``w`` (n, k) row-major -- the
+``nn.Linear`` layout; ``--layout nn`` uses a row-major (k, n) ``b`` instead. Both sides get the same
+tensors. Two kinds of point per shape:
+
+- ``matmul``: ``ferroattn.matmul(a, b, backend=X)`` vs ``torch.matmul(a, b)``;
+- ``epilogue`` (per ``--activations``, default gelu): ``ferroattn.matmul(a, b, bias=bias,
+  activation=act, backend=X)`` (one fused kernel) vs torch's unfused equivalent
+  ``act(torch.addmm(bias, a, b))`` (what ``nn.Linear`` + the activation module run).
+
+Backends X: "wmma", "sm90" and "auto" where the GPU supports them (``_native.gemm_backends``); an
+explicit backend that cannot run a problem is recorded as null with the reason. For "auto" the
+backend that ran is recorded. Timing: :func:`timing.bench_gpu` (median of CUDA-event timed calls
+after warm-up, L2 cleared before each call) on rotating copies of the inputs (>= 3x L2
+together), TFLOP/s from 2·m·n·k, ratio ours/peer, % of the measured matmul ceiling of the dtype
+(:func:`ceilings.matmul_tflops`, cuBLAS 8192³), and ``rel_err`` = max|ours − peer| / max|peer|
+against the peer's output (a guard against fast-but-wrong; > 2e-2 is flagged ``suspect``). Also
+the host cost of one decode-sized call (m = 16, 4096 x 4096, bf16). Raw JSON
+(``gemm_<device>_<date>.json``: device, driver, torch, commit, date) to ``--out`` (default
+``bench/results``), rewritten after each shape so a killed run keeps what it measured; the table,
+then the summary against the issue's targets. Exit 0 when "auto" was measured at every point, 1
+when it failed somewhere, 2 for bad arguments, 3 without a CUDA GPU.
+
+CLI: ``python -m ferroattn bench gemm`` (:func:`add_arguments` / :func:`run`). Importing this
+module does not import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from . import report, timing
+
+SQUARE = (1024, 2048, 4096, 8192, 16384)
+LLM_NK = ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096))
+LLM_M = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+DTYPES = ("bf16", "fp16")
+BACKENDS = ("wmma", "sm90", "auto")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+DEFAULT_ACTIVATIONS = ("gelu",)
+LAYOUTS = ("linear", "nn")
+SUITES = ("square", "llm")
+QUICK = dict(square=(4096, 8192), llm_m=(16, 4096), dtypes=("bf16",))
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+#: Issue 4 targets (ratios ours/peer) on the target shapes (square >= 4096, LLM m >= 4096).
+TARGETS = {"sm90": 0.95, "wmma": 0.5}
+EPILOGUE_TARGET = 1.15
+TARGET_MIN_SIZE = 4096
+SUSPECT_REL_ERR = 2e-2
+FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "illegal instruction",
+                 "misaligned address", "CUDA_ERROR_ILLEGAL", "CUDA_ERROR_LAUNCH_FAILED")
+
+
+# ---- grid -------------------------------------------------------------------------------
+def grid(quick: bool = False, dtypes: Sequence[str] | None = None, suites: Sequence[str] | None = None,
+         sizes: Sequence[int] | None = None, ms: Sequence[int] | None = None,
+         activations: Sequence[str] | None = None) -> list[dict]:
+    """The grid points (without measurements), in run order: per dtype, per shape, the matmul
+    point then one epilogue point per activation. ValueError (naming the option) for values
+    outside the issue's grid."""
+    dts = tuple(dtypes) if dtypes else (QUICK["dtypes"] if quick else DTYPES)
+    _subset("--dtypes", dts, DTYPES)
+    sts = tuple(suites) if suites else SUITES
+    _subset("--suites", sts, SUITES)
+    sq = tuple(sizes) if sizes else (QUICK["square"] if quick else SQUARE)
+    _positive("--sizes", sq)
+    llm_m = tuple(ms) if ms else (QUICK["llm_m"] if quick else LLM_M)
+    _positive("--ms", llm_m)
+    acts = tuple(activations) if activations is not None else DEFAULT_ACTIVATIONS
+    _subset("--activations", acts, ACTIVATIONS, allow_empty=True)
+    shapes: list[tuple[str, int, int, int]] = []
+    if "square" in sts:
+        shapes += [("square", s, s, s) for s in sq]
+    if "llm" in sts:
+        shapes += [("llm", m, n, k) for n, k in LLM_NK for m in llm_m]
+    pts = []
+    for dt in dts:
+        for suite, m, n, k in shapes:
+            for act in (None, *acts):
+                pts.append({"dtype": dt, "suite": suite, "kind": "matmul" if act is None else "epilogue",
+                            "activation": act, "m": m, "n": n, "k": k, "flops": 2.0 * m * n * k})
+    return pts
+
+
+def _subset(opt: str, values: Sequence[str], allowed: Sequence[str], allow_empty: bool = False) -> None:
+    bad = [v for v in values if v not in allowed]
+    if bad or not (values or allow_empty):
+        raise ValueError(f"{opt}: expected a {'' if allow_empty else 'non-empty '}subset of {','.join(allowed)}, "
+                         f"got {','.join(values) or '(empty)'}")
+
+
+def _positive(opt: str, values: Sequence[int]) -> None:
+    if not values or any((not isinstance(v, int)) or v <= 0 for v in values):
+        raise ValueError(f"{opt}: expected positive integers, got {list(values)}")
+
+
+def is_target_shape(p: dict) -> bool:
+    """The shapes the issue's targets are stated on: square 4096..16384 and LLM shapes with m >= 4096."""
+    return p["m"] >= TARGET_MIN_SIZE and (p["suite"] == "llm" or p["n"] >= TARGET_MIN_SIZE)
+
+
+# ---- measurement ------------------------------------------------------------------------
+def make_inputs(m: int, n: int, k: int, dtype: str, layout: str, l2_bytes: int) -> list[tuple]:
+    """Rotating input sets ``(a, b, bias)``: a (m, k) row-major, b (k, n) as ``w.T`` of a row-major
+    (n, k) ``w`` ("linear") or row-major ("nn"), bias (n,); random normal data scaled by
+    k^-1/2 so that outputs stay O(1) in fp16."""
+    import torch
+    dt = getattr(torch, TORCH_DTYPE[dtype])
+    per_set = (m * k + k * n + n) * 2
+    sets = []
+    for _ in range(timing.rotation_count(per_set, l2_bytes)):
+        a = torch.randn(m, k, device="cuda", dtype=dt)
+        w = torch.randn(n, k, device="cuda", dtype=dt) * k ** -0.5
+        b = w.T if layout == "linear" else w.T.contiguous()
+        sets.append((a, b, torch.randn(n, device="cuda", dtype=dt)))
+    return sets
+
+
+def _torch_fn(p: dict) -> Callable[[Any, Any, Any], Any]:
+    import torch
+    import torch.nn.functional as F
+    if p["kind"] == "matmul":
+        return lambda a, b, bias: torch.matmul(a, b)
+    act = {"relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+           "silu": F.silu}[p["activation"]]
+    return lambda a, b, bias: act(torch.addmm(bias, a, b))
+
+
+def _ours_fn(p: dict, backend: str) -> Callable[[Any, Any, Any], Any]:
+    from ferroattn.gemm import matmul
+    if p["kind"] == "matmul":
+        return lambda a, b, bias: matmul(a, b, backend=backend)
+    act = p["activation"]
+    return lambda a, b, bias: matmul(a, b, bias=bias, activation=act, backend=backend)
+
+
+def _time(fn: Callable, sets: list, rep_ms: float, warmup_ms: float) -> float:
+    rot = timing.Rotating(sets)
+    return timing.bench_gpu(lambda: fn(*rot.next()), rep_ms, warmup_ms)
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _ran_backend(p: dict, a, b, bias) -> str | None:
+    """The backend "auto" picks for this point (one extra call through ops.gemm.gemm_into)."""
+    import torch
+    from ferroattn.ops.gemm import gemm_into, public_activation
+    out = torch.empty(1, p["m"], p["n"], dtype=a.dtype, device=a.device)
+    epi = p["kind"] == "epilogue"
+    return gemm_into(a, b, out, None, bias if epi else None, None, 1.0, 0.0,
+                     public_activation(p["activation"]) if epi else "none", "auto")
+
+
+def measure_point(p: dict, sets: list, backends: Sequence[str], supported: Sequence[str],
+                  ceiling_tflops: float | None, rep_ms: float, warmup_ms: float) -> dict:
+    """Fill ``p`` with the peer's and every backend's measurements (see the module docstring)."""
+    import torch
+    p.update(peer=None, peer_error=None, backends={}, backend_errors={}, ran=None, skipped=None)
+    ref = None
+    try:
+        peer = _torch_fn(p)
+        ref = peer(*sets[0]).float()
+        ms = _time(peer, sets, rep_ms, warmup_ms)
+        p["peer"] = {"ms": ms, "tflops": report.tflops(p["flops"], ms)}
+    except Exception as e:
+        p["peer_error"] = _err(e)
+    for name in backends:
+        if name != "auto" and name not in supported:
+            p["backends"][name] = None
+            p["backend_errors"][name] = f"not supported on this GPU (gemm_backends: {','.join(supported)})"
+            continue
+        try:
+            fn = _ours_fn(p, name)
+            out = fn(*sets[0])
+            torch.cuda.synchronize()
+            rel = None
+            if ref is not None:
+                err, scale = float((out.float() - ref).abs().max()), float(ref.abs().max())
+                rel = err / scale if scale > 0 else err
+            del out
+            if name == "auto":
+                p["ran"] = _ran_backend(p, *sets[0])
+            ms = _time(fn, sets, rep_ms, warmup_ms)
+            tf = report.tflops(p["flops"], ms)
+            peer_tf = (p["peer"] or {}).get("tflops")
+            p["backends"][name] = {
+                "ms": ms, "tflops": tf, "ratio": (tf / peer_tf) if (tf and peer_tf) else None,
+                "pct_ceiling": (100.0 * tf / ceiling_tflops) if (tf and ceiling_tflops) else None,
+                "rel_err": rel, "suspect": bool(rel is not None and rel > SUSPECT_REL_ERR)}
+        except Exception as e:
+            p["backends"][name] = None
+            p["backend_errors"][name] = _err(e)
+    del ref
+    return p
+
+
+def host_cost(n_calls: int = 2000) -> dict:
+    """Host-side cost of one decode-sized call (m = 16, n = k = 4096, bf16): ours ("auto") vs
+    ``torch.matmul``, :func:`timing.host_us_per_call` (wall time of N back-to-back calls / N)."""
+    import torch
+    from ferroattn.gemm import matmul
+    a = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out: dict[str, Any] = {"shape": "m=16 n=4096 k=4096 bf16 (b = w.T)",
+                           "method": "wall time of N back-to-back calls / N (one sync after the loop)"}
+    for name, fn in (("ferroattn", lambda: matmul(a, w.T)), ("torch", lambda: torch.matmul(a, w.T))):
+        try:
+            host, gpu = timing.host_us_per_call(fn, n_calls), timing.gpu_us_per_call(fn)
+            out[name] = {"host_us": host, "gpu_us": gpu, "host_bound": bool(host > 1.5 * gpu)}
+        except Exception as e:
+            out[name] = {"host_us": None, "gpu_us": None, "error": _err(e)}
+    return out
+
+
+# ---- summary and table --------------------------------------------------------------------
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def _ratios(points: Sequence[dict], kind: str, backend: str, target_only: bool) -> list[tuple[float, dict]]:
+    out = []
+    for p in points:
+        if p["kind"] != kind or (target_only and not is_target_shape(p)):
+            continue
+        r = ((p.get("backends") or {}).get(backend) or {}).get("ratio")
+        if r is not None:
+            out.append((r, p))
+    return out
+
+
+def point_label(p: dict) -> str:
+    act = f" +bias+{p['activation']}" if p["kind"] == "epilogue" else ""
+    return f"{p['dtype']} {p['suite']} m={p['m']} n={p['n']} k={p['k']}{act}"
+
+
+def summarize(points: Sequence[dict], backends: Sequence[str] = BACKENDS) -> dict:
+    """Per kind ("matmul", "epilogue") and backend: median / min ratio ours/peer over the target
+    shapes (:func:`is_target_shape`) and over the whole grid, where the minimum is, best % of the
+    ceiling; the target verdicts (matmul: :data:`TARGETS` per backend on the minimum over the
+    target shapes; epilogue: :data:`EPILOGUE_TARGET` for "auto"); counts."""
+    out: dict[str, Any] = {"kinds": {}, "targets": {}}
+    for kind in ("matmul", "epilogue"):
+        per = {}
+        for name in backends:
+            sel, whole = _ratios(points, kind, name, True), _ratios(points, kind, name, False)
+            worst = min(sel, key=lambda x: x[0]) if sel else None
+            pct = [((p.get("backends") or {}).get(name) or {}).get("pct_ceiling") for p in points
+                   if p["kind"] == kind]
+            pct = [x for x in pct if x is not None]
+            per[name] = {"target_median": _median([r for r, _ in sel]), "target_min": worst[0] if worst else None,
+                         "target_min_at": point_label(worst[1]) if worst else None, "n_target": len(sel),
+                         "grid_median": _median([r for r, _ in whole]),
+                         "grid_min": min(r for r, _ in whole) if whole else None, "n_grid": len(whole),
+                         "best_pct_ceiling": max(pct) if pct else None}
+        out["kinds"][kind] = per
+    for name, goal in TARGETS.items():
+        if name in backends:
+            t = out["kinds"]["matmul"][name]
+            out["targets"][f"matmul_{name}"] = _verdict(goal, t)
+    if "auto" in backends:
+        out["targets"]["epilogue_auto"] = _verdict(EPILOGUE_TARGET, out["kinds"]["epilogue"]["auto"])
+    out["n_points"] = len(points)
+    out["n_auto_measured"] = sum(1 for p in points if (p.get("backends") or {}).get("auto"))
+    out["n_auto_failed"] = sum(1 for p in points if (p.get("backend_errors") or {}).get("auto"))
+    out["n_skipped"] = sum(1 for p in points if p.get("skipped"))
+    out["n_suspect"] = sum(1 for p in points for v in (p.get("backends") or {}).values() if v and v.get("suspect"))
+    return out
+
+
+def _verdict(goal: float, t: dict) -> dict:
+    mn, med = t["target_min"], t["target_median"]
+    return {"goal": goal, "min": mn, "median": med, "min_at": t["target_min_at"],
+            "met": None if mn is None else bool(mn >= goal), "median_met": None if med is None else bool(med >= goal)}
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _render(cols: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def format_table(points: Sequence[dict], backends: Sequence[str]) -> str:
+    """One row per point: peer TF/s, per backend TF/s and ratio, "auto"'s % of ceiling, rel_err
+    and the backend it ran."""
+    cols = ["dtype", "suite", "m", "n", "k", "epilogue", "torch TF/s"] + [f"{b} TF/s" for b in backends] + \
+        [f"x{b}" for b in backends] + ["%ceil", "rel_err", "ran"]
+    rows = []
+    for p in points:
+        head = [p["dtype"], p["suite"], str(p["m"]), str(p["n"]), str(p["k"]),
+                f"bias+{p['activation']}" if p["kind"] == "epilogue" else "-"]
+        if p.get("skipped"):
+            rows.append(head + ["skipped"] + [""] * (2 * len(backends) + 3))
+            continue
+        peer = p.get("peer")
+        row = head + [_f(peer["tflops"], ".1f") if peer else "ERR"]
+        res = p.get("backends") or {}
+        row += [_f(res[b]["tflops"], ".1f") if res.get(b) else "n/a" for b in backends]
+        row += [_f(res[b]["ratio"], ".2f") if res.get(b) else "—" for b in backends]
+        auto = res.get("auto") or {}
+        row += [_f(auto.get("pct_ceiling"), ".1f"), _f(auto.get("rel_err"), ".1e")
+                + ("!" if auto.get("suspect") else ""), p.get("ran") or "—"]
+        rows.append(row)
+    return _render(cols, rows)
+
+
+def format_summary(summary: dict, ceilings: dict | None = None, host: dict | None = None) -> str:
+    lines = []
+    if ceilings:
+        lines.append("ceilings: " + ", ".join(
+            f"{k.removeprefix('matmul_')} matmul {v['tflops']:.0f} TFLOP/s" if v else f"{k} n/a"
+            for k, v in ceilings.items() if k.startswith("matmul_") and not k.endswith("_error")))
+    titles = {"matmul": "matmul vs torch.matmul (cuBLAS)", "epilogue": "matmul+bias+activation vs act(torch.addmm)"}
+    for kind, per in summary["kinds"].items():
+        lines.append(f"{titles[kind]}:")
+        for name, t in per.items():
+            lines.append(f"  {name:5s} target shapes (square >= {TARGET_MIN_SIZE}, LLM m >= {TARGET_MIN_SIZE}): "
+                         f"median {_f(t['target_median'], '.3f')}, min {_f(t['target_min'], '.3f')}"
+                         + (f" at {t['target_min_at']}" if t.get("target_min_at") else "")
+                         + f" ({t['n_target']} points); whole grid median {_f(t['grid_median'], '.3f')}, "
+                           f"min {_f(t['grid_min'], '.3f')} ({t['n_grid']} points); best "
+                           f"{_f(t['best_pct_ceiling'], '.1f')}% of ceiling")
+    for key, v in summary["targets"].items():
+        verdict = {True: "MET", False: "NOT MET", None: "not measured"}[v["met"]]
+        lines.append(f"target {key} >= {v['goal']}x on every target shape: {verdict} (min {_f(v['min'], '.3f')}, "
+                     f"median {_f(v['median'], '.3f')})")
+    lines.append(f"points: {summary['n_points']}, auto measured {summary['n_auto_measured']}, auto failed "
+                 f"{summary['n_auto_failed']}, skipped {summary['n_skipped']}, suspect rel_err {summary['n_suspect']}")
+    if host:
+        for name in ("ferroattn", "torch"):
+            v = host.get(name)
+            if isinstance(v, dict) and v.get("host_us") is not None:
+                lines.append(f"host cost per call ({host['shape']}) {name}: {v['host_us']:.1f} us (GPU "
+                             f"{v['gpu_us']:.1f} us{', host-bound' if v['host_bound'] else ', GPU-bound'})")
+            elif isinstance(v, dict):
+                lines.append(f"host cost per call {name}: n/a ({v.get('error')})")
+    return "\n".join(lines)
+
+
+# ---- run --------------------------------------------------------------------------------
+def _is_fatal(msg: str | None) -> bool:
+    return bool(msg) and any(m.lower() in msg.lower() for m in FATAL_MARKERS)
+
+
+def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[str] | None = None,
+              suites: Sequence[str] | None = None, sizes: Sequence[int] | None = None,
+              ms: Sequence[int] | None = None, activations: Sequence[str] | None = None,
+              backends: Sequence[str] = BACKENDS, layout: str = "linear", rep_ms: float | None = None,
+              time_budget_s: float | None = None, with_host_cost: bool = True,
+              printer: Callable[[str], None] = print) -> tuple[dict, int]:
+    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU."""
+    import torch
+    from ferroattn import _native
+    from . import ceilings
+
+    t0 = time.monotonic()
+    rep = rep_ms if rep_ms is not None else (30.0 if quick else 100.0)
+    warm = min(25.0, rep / 2)
+    points = grid(quick, dtypes, suites, sizes, ms, activations)
+    meta = report.run_metadata()
+    l2 = meta.get("l2_bytes") or 50 * 2**20
+    try:
+        supported = list(_native.gemm_backends(torch.cuda.current_device()))
+    except Exception as e:
+        supported = []
+        printer(f"gemm_backends failed: {_err(e)}")
+    printer(f"device {meta.get('device')} | driver {meta.get('driver')} | torch {meta.get('torch')} | commit "
+            f"{meta.get('commit')} | {len(points)} points | backends {','.join(backends)} (GPU supports "
+            f"{','.join(supported) or 'none'}) | layout {layout} | timing: {timing.method_name()}")
+    ceil: dict[str, Any] = {}
+    for dt in sorted({p["dtype"] for p in points}):
+        key = f"matmul_{dt}"
+        try:
+            ceil[key] = ceilings.matmul_tflops(dtype=TORCH_DTYPE[dt])
+        except Exception as e:
+            ceil[key], ceil[f"{key}_error"] = None, _err(e)
+    host = None
+    if with_host_cost:
+        try:
+            host = host_cost()
+        except Exception as e:
+            host = {"error": _err(e)}
+
+    def result(partial: bool) -> dict:
+        return {"meta": meta,
+                "config": {"quick": quick, "layout": layout, "backends": list(backends), "supported": supported,
+                           "rep_ms": rep, "warmup_ms": warm, "timing": timing.method_name(),
+                           "peer": "torch.matmul (cuBLAS); epilogue: act(torch.addmm(bias, a, b))",
+                           "flops": "2*m*n*k", "time_budget_s": time_budget_s, "elapsed_s": time.monotonic() - t0},
+                "partial": partial, "ceilings": ceil, "host_cost": host, "points": points,
+                "summary": summarize(points, backends)}
+
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        groups.setdefault((p["dtype"], p["m"], p["n"], p["k"]), []).append(p)
+    fatal = None
+    done = 0
+    for (dt, m, n, k), pts in groups.items():
+        over = time_budget_s is not None and time.monotonic() - t0 > time_budget_s
+        if fatal or over:
+            for p in pts:
+                p.update(skipped=fatal or f"time budget of {time_budget_s:.0f} s used up", peer=None, backends={},
+                         backend_errors={}, ran=None)
+            continue
+        try:
+            sets = make_inputs(m, n, k, dt, layout, l2)
+        except Exception as e:
+            for p in pts:
+                p.update(skipped=f"inputs: {_err(e)}", peer=None, backends={}, backend_errors={}, ran=None)
+            continue
+        ceiling = (ceil.get(f"matmul_{dt}") or {}).get("tflops")
+        for p in pts:
+            measure_point(p, sets, backends, supported, ceiling, rep, warm)
+            errs = [v for v in p["backend_errors"].values() if _is_fatal(v)]
+            if errs:
+                fatal = f"skipped after a fatal CUDA error in ours: {errs[0][:200]}"
+            done += 1
+            auto = (p["backends"].get("auto") or {}).get("ratio")
+            print(f"gemm bench {done}/{len(points)}: {point_label(p)}"
+                  + (f" auto x{auto:.2f}" if auto else ""), file=sys.stderr, flush=True)
+        del sets
+        torch.cuda.empty_cache()
+        report.write_json(result(partial=True), out_dir, kind="gemm")
+    final = result(partial=False)
+    path = report.write_json(final, out_dir, kind="gemm")
+    printer(format_table(points, backends))
+    printer(f"raw JSON: {path}")
+    printer(format_summary(final["summary"], ceil, host))
+    s = final["summary"]
+    code = 0 if s["n_auto_failed"] == 0 and s["n_auto_measured"] > 0 else 1
+    if "auto" not in backends:
+        code = 0 if any(p.get("backends") for p in points) else 1
+    return final, code
+
+
+# ---- command line -------------------------------------------------------------------------
+def _int_list(opt: str):
+    def conv(text: str) -> list[int]:
+        try:
+            vals = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{opt}: expected comma-separated positive integers, got {text!r}") from None
+        if not vals or any(v <= 0 for v in vals):
+            raise argparse.ArgumentTypeError(f"{opt}: expected comma-separated positive integers, got {text!r}")
+        return vals
+    return conv
+
+
+def _name_list(opt: str, allowed: Sequence[str], allow_empty: bool = False):
+    def conv(text: str) -> list[str]:
+        vals = [x.strip() for x in text.split(",") if x.strip()]
+        if (not vals and not allow_empty) or any(v not in allowed for v in vals):
+            raise argparse.ArgumentTypeError(f"{opt}: expected a comma-separated subset of {','.join(allowed)}, "
+                                             f"got {text!r}")
+        return vals
+    return conv
+
+
+def _positive_float(opt: str):
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = -1.0
+        if not (0 < v < float("inf")):
+            raise argparse.ArgumentTypeError(f"{opt}: expected a positive number, got {text!r}")
+        return v
+    return conv
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m ferroattn bench gemm``."""
+    parser.add_argument("--quick", action="store_true", help="a reduced grid (square 4096/8192, m 16/4096, bf16)")
+    parser.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
+    parser.add_argument("--dtypes", type=_name_list("--dtypes", DTYPES), default=None,
+                        help="comma-separated subset of bf16,fp16")
+    parser.add_argument("--suites", type=_name_list("--suites", SUITES), default=None,
+                        help="comma-separated subset of square,llm (default both)")
+    parser.add_argument("--sizes", type=_int_list("--sizes"), default=None,
+                        help="square sizes (default 1024,2048,4096,8192,16384)")
+    parser.add_argument("--ms", type=_int_list("--ms"), default=None,
+                        help="LLM token counts m (default 16,32,...,16384)")
+    parser.add_argument("--backends", type=_name_list("--backends", BACKENDS), default=list(BACKENDS),
+                        help="comma-separated subset of wmma,sm90,auto (default all)")
+    parser.add_argument("--activations", type=_name_list("--activations", ACTIVATIONS, allow_empty=True),
+                        default=list(DEFAULT_ACTIVATIONS),
+                        help="epilogue points: comma-separated subset of relu,gelu,gelu_tanh,silu "
+                             "(default gelu; an empty string for none)")
+    parser.add_argument("--layout", choices=LAYOUTS, default="linear",
+                        help="b operand: linear = w.T of a row-major (n, k) weight (default), nn = row-major (k, n)")
+    parser.add_argument("--rep-ms", type=_positive_float("--rep-ms"), default=None,
+                        help="timing budget per measurement in ms (default 100, --quick 30)")
+    parser.add_argument("--time-budget-s", type=_positive_float("--time-budget-s"), default=None,
+                        help="stop measuring new shapes after this many seconds (the rest recorded as skipped)")
+    parser.add_argument("--no-host-cost", action="store_true", help="skip the host cost of a decode-sized call")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``python -m ferroattn bench gemm``: exit code (0 ok, 1 ours failed, 2 bad arguments, 3 no GPU)."""
+    prog = "ferroattn bench gemm"
+    try:
+        grid(args.quick, args.dtypes, args.suites, args.sizes, args.ms, args.activations)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    try:
+        import torch
+    except ImportError as e:
+        print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
+        return 3
+    if not torch.cuda.is_available():
+        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 3
+    _, code = run_bench(args.quick, args.out, args.dtypes, args.suites, args.sizes, args.ms, args.activations,
+                        args.backends, args.layout, args.rep_ms, args.time_budget_s, not args.no_host_cost)
+    return code

@@ -1,0 +1,177 @@
+"""CPU tests of the GEMM benchmark's pure parts (python/ferroattn/bench/gemm.py): the grid, the
+target shapes, summary statistics and verdicts, table and summary text on synthetic numbers, the
+command-line options, and that importing the module does not import torch."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from ferroattn.bench import gemm as bench
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="bench gemm")
+    bench.add_arguments(p)
+    return p
+
+
+# ---- grid -------------------------------------------------------------------------------
+def test_full_grid_is_the_issue_grid():
+    g = bench.grid()
+    shapes = {(p["suite"], p["m"], p["n"], p["k"]) for p in g}
+    assert {s for s in shapes if s[0] == "square"} == {("square", s, s, s) for s in (1024, 2048, 4096, 8192, 16384)}
+    llm = {s for s in shapes if s[0] == "llm"}
+    assert {(n, k) for _, _, n, k in llm} == {(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)}
+    assert {m for _, m, _, _ in llm} == {2 ** i for i in range(4, 15)}  # 16 .. 16384
+    assert {p["dtype"] for p in g} == {"bf16", "fp16"}
+    # one matmul point and one epilogue point (gelu) per shape and dtype
+    assert len(g) == 2 * len(shapes) * 2
+    for p in g:
+        assert p["flops"] == 2 * p["m"] * p["n"] * p["k"]
+        assert (p["kind"] == "matmul") == (p["activation"] is None)
+
+
+def test_quick_grid_and_filters():
+    q = bench.grid(quick=True)
+    assert {p["dtype"] for p in q} == {"bf16"} and 0 < len(q) < len(bench.grid()) / 4
+    f = bench.grid(dtypes=["fp16"], suites=["llm"], ms=[16], activations=[])
+    assert len(f) == 4 and all(p["kind"] == "matmul" and p["m"] == 16 and p["dtype"] == "fp16" for p in f)
+    f = bench.grid(suites=["square"], sizes=[512], activations=["relu", "silu"], dtypes=["bf16"])
+    assert [p["activation"] for p in f] == [None, "relu", "silu"]
+
+
+@pytest.mark.parametrize("kwargs,opt", [({"dtypes": ["fp8"]}, "--dtypes"), ({"suites": ["cube"]}, "--suites"),
+                                        ({"sizes": [0]}, "--sizes"), ({"ms": [-4]}, "--ms"),
+                                        ({"activations": ["tanh"]}, "--activations")])
+def test_grid_rejects_values_naming_the_option(kwargs, opt):
+    with pytest.raises(ValueError, match=rf"^{opt}: "):
+        bench.grid(**kwargs)
+
+
+@pytest.mark.parametrize("suite,m,n,expect", [("square", 4096, 4096, True), ("square", 2048, 2048, False),
+                                              ("llm", 4096, 4096, True), ("llm", 2048, 14336, False),
+                                              ("llm", 16384, 4096, True)])
+def test_target_shapes(suite, m, n, expect):
+    assert bench.is_target_shape({"suite": suite, "m": m, "n": n, "k": 4096}) is expect
+
+
+# ---- summary ----------------------------------------------------------------------------
+def _pt(suite, m, n, kind, ratios, act=None):
+    p = {"dtype": "bf16", "suite": suite, "kind": kind, "activation": act, "m": m, "n": n, "k": 4096,
+         "flops": 2.0 * m * n * 4096, "peer": {"ms": 1.0, "tflops": 100.0}, "peer_error": None,
+         "backends": {}, "backend_errors": {}, "ran": "sm90", "skipped": None}
+    for name, r in ratios.items():
+        if r is None:
+            p["backends"][name] = None
+            p["backend_errors"][name] = "ArgumentError: backend: cannot run"
+        else:
+            p["backends"][name] = {"ms": 1.0 / r, "tflops": 100.0 * r, "ratio": r, "pct_ceiling": 12.5 * r,
+                                   "rel_err": 1e-3, "suspect": False}
+    return p
+
+
+def test_summary_statistics_and_verdicts():
+    pts = [_pt("square", 8192, 8192, "matmul", {"sm90": 0.97, "wmma": 0.55, "auto": 0.97}),
+           _pt("llm", 4096, 11008, "matmul", {"sm90": 0.93, "wmma": 0.6, "auto": 0.93}),
+           _pt("llm", 16, 4096, "matmul", {"sm90": 0.4, "wmma": 0.3, "auto": 0.5}),   # not a target shape
+           _pt("square", 8192, 8192, "epilogue", {"sm90": 1.2, "wmma": 0.7, "auto": 1.2}, "gelu"),
+           _pt("llm", 4096, 4096, "epilogue", {"sm90": None, "wmma": 0.8, "auto": 1.3}, "gelu")]
+    s = bench.summarize(pts)
+    sm90 = s["kinds"]["matmul"]["sm90"]
+    assert sm90["n_target"] == 2 and sm90["target_min"] == 0.93 and sm90["target_median"] == pytest.approx(0.95)
+    assert sm90["grid_min"] == 0.4 and sm90["n_grid"] == 3 and "m=4096 n=11008" in sm90["target_min_at"]
+    assert s["targets"]["matmul_sm90"]["met"] is False and s["targets"]["matmul_sm90"]["median_met"] is True
+    assert s["targets"]["matmul_wmma"]["met"] is True
+    assert s["targets"]["epilogue_auto"]["met"] is True and s["targets"]["epilogue_auto"]["min"] == 1.2
+    assert s["kinds"]["epilogue"]["sm90"]["n_target"] == 1
+    assert s["n_points"] == 5 and s["n_auto_measured"] == 5 and s["n_auto_failed"] == 0
+    text = bench.format_summary(s, {"matmul_bf16": {"tflops": 720.0}}, None)
+    assert "target matmul_sm90 >= 0.95x on every target shape: NOT MET (min 0.930" in text
+    assert "target epilogue_auto >= 1.15x on every target shape: MET" in text
+    assert "bf16 matmul 720 TFLOP/s" in text
+
+
+def test_summary_without_measurements_is_not_measured():
+    s = bench.summarize([_pt("square", 4096, 4096, "matmul", {"sm90": None, "wmma": None, "auto": None})])
+    assert s["targets"]["matmul_sm90"]["met"] is None and s["n_auto_failed"] == 1
+    assert "not measured" in bench.format_summary(s)
+
+
+def test_table_rows():
+    pts = [_pt("square", 4096, 4096, "matmul", {"sm90": 0.97, "wmma": None, "auto": 0.97}),
+           dict(_pt("llm", 16, 4096, "epilogue", {}, "gelu"), skipped="time budget")]
+    lines = bench.format_table(pts, ["sm90", "wmma", "auto"]).splitlines()
+    assert len(lines) == 4 and "torch TF/s" in lines[0] and "xsm90" in lines[0]
+    assert "97.0" in lines[2] and "0.97" in lines[2] and "n/a" in lines[2] and lines[2].rstrip().endswith("sm90")
+    assert "skipped" in lines[3] and "bias+gelu" in lines[3]
+
+
+# ---- command line -------------------------------------------------------------------------
+def test_arguments_defaults_and_parsing():
+    a = _parser().parse_args([])
+    assert a.backends == ["wmma", "sm90", "auto"] and a.activations == ["gelu"] and a.layout == "linear"
+    assert a.out == "bench/results" and not a.quick and a.dtypes is None
+    a = _parser().parse_args(["--quick", "--dtypes", "fp16", "--backends", "auto", "--ms", "16,4096",
+                              "--activations", "", "--layout", "nn", "--rep-ms", "20", "--time-budget-s", "60"])
+    assert a.quick and a.dtypes == ["fp16"] and a.backends == ["auto"] and a.ms == [16, 4096]
+    assert a.activations == [] and a.layout == "nn" and a.rep_ms == 20.0 and a.time_budget_s == 60.0
+
+
+@pytest.mark.parametrize("argv", [["--dtypes", "fp32"], ["--backends", "cublas"], ["--ms", "0"], ["--sizes", "x"],
+                                  ["--rep-ms", "-1"], ["--layout", "tt"], ["--suites", ""]])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parser().parse_args(argv)
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_run_without_gpu_exits_3(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert bench.run(_parser().parse_args(["--quick"])) == 3
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, ferroattn.bench.gemm; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+# ---- one point, end to end on CPU (the contract emulation as the kernel, a fixed timer) -------
+def test_measure_point_emulated(monkeypatch):
+    import torch
+
+    import ferroattn.ops.gemm as ops_gemm
+    from test_gemm_emulated import ContractNative
+
+    monkeypatch.setattr(ops_gemm, "_native", ContractNative(backends=("wmma",)))
+    timed = []
+
+    def fake_bench(fn, rep_ms, warmup_ms):
+        fn()
+        timed.append(rep_ms)
+        return 2.0
+
+    monkeypatch.setattr(bench.timing, "bench_gpu", fake_bench)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    m, n, k = 8, 16, 32
+    w = torch.randn(n, k).to(torch.bfloat16)
+    sets = [(torch.randn(m, k).to(torch.bfloat16), w.T, torch.randn(n).to(torch.bfloat16)) for _ in range(2)]
+    for kind, act in (("matmul", None), ("epilogue", "gelu")):
+        p = {"dtype": "bf16", "suite": "square", "kind": kind, "activation": act, "m": m, "n": n, "k": k,
+             "flops": 2.0 * m * n * k}
+        bench.measure_point(p, sets, ["wmma", "sm90", "auto"], ["wmma"], 1.0, 5.0, 1.0)
+        assert p["peer"]["tflops"] == pytest.approx(2.0 * m * n * k / 2e-3 / 1e12)
+        assert p["backends"]["sm90"] is None and "not supported" in p["backend_errors"]["sm90"]
+        for name in ("wmma", "auto"):
+            r = p["backends"][name]
+            assert r["ratio"] == pytest.approx(1.0) and r["rel_err"] < 1e-2 and not r["suspect"]
+            assert r["pct_ceiling"] == pytest.approx(100.0 * r["tflops"])
+        assert p["ran"] == "wmma"
