@@ -41,13 +41,14 @@ _LAZY_ATTRS = {
     "flash_attn_with_kvcache": "flash_attn_interface",
     "matmul": "gemm",
 }
-_LAZY_MODULES = ("bert_padding", "testing", "flash_attn_interface", "ops", "integrations", "gemm", "nn")
+_LAZY_MODULES = ("bert_padding", "testing", "flash_attn_interface", "ops", "integrations", "gemm", "nn", "sparse24")
 
 __all__ = [
     "__version__",
     *_LAZY_ATTRS,
     "bert_padding",
     "nn",
+    "sparse24",
     *_error_names,
 ]
 

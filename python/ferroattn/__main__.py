@@ -21,6 +21,10 @@ Commands
     shapes, plus matmul + bias + activation vs torch's unfused equivalent
     (:mod:`ferroattn.bench.gemm`). Exit 0 when "auto" ran everywhere, 1 when it failed somewhere,
     3 without a GPU.
+``bench sparse24 [--quick] [--out DIR] [--dtypes bf16,fp16]``
+    2:4 structured-sparse GEMM (:mod:`ferroattn.bench.sparse24`): ``ferroattn.sparse24.matmul`` per
+    kernel and the auto dispatcher vs cuBLAS dense and torch's semi-structured sparsity
+    (cuSPARSELt), square and LLM shapes; prints the measured dispatch table.
 ``bench training [--steps 20] [--batch 4] [--seqlen 512] [--out DIR]``
     Llama-3.2-1B-config training with ferroattn vs sdpa (and eager as the bf16 noise yardstick),
     step-0 gradients vs an fp32 reference, attention peak memory at 16k
@@ -251,6 +255,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "sparse24":
+        from ferroattn.bench import sparse24 as bench_sparse24  # noqa: PLC0415
+        return bench_sparse24.run(args)
     if args.bench_command == "gemm":
         from ferroattn.bench import gemm as bench_gemm  # noqa: PLC0415
         return bench_gemm.run(args)
@@ -337,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=cmd_demo)
 
     pb = sub.add_parser("bench", help="benchmarks: ours vs the peers")
-    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention,training,gemm}")
+    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention,training,gemm,sparse24}")
     bsub.required = True
     pa = bsub.add_parser("attention", help="FlashAttention-3 paper grid: ours vs SDPA flash/cuDNN/efficient "
                                            "(--backward: the backward)")
@@ -382,6 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
                                       "and matmul+bias+activation vs torch unfused")
     bench_gemm.add_arguments(pg)
     pg.set_defaults(func=cmd_bench)
+
+    from ferroattn.bench import sparse24 as bench_sparse24  # noqa: PLC0415  (does not import torch)
+    ps = bsub.add_parser("sparse24", help="2:4 sparse GEMM: ours vs cuBLAS dense and torch semi-structured "
+                                          "sparsity (cuSPARSELt)")
+    bench_sparse24.add_arguments(ps)
+    ps.set_defaults(func=cmd_bench)
 
     pr = sub.add_parser("profile", help="batch x seqlen sweep of a model: per-layer GPU time, heatmap, knee (GPU)")
     pr.add_argument("--model", metavar="NAME|PATH", required=True,

@@ -2,4 +2,4 @@
 submodule) registers them all: :mod:`ferroattn.ops.attention` registers
 ``torch.ops.ferroattn.attn_fwd`` (with its autograd formula) and :mod:`ferroattn.ops.attention_bwd`
 ``torch.ops.ferroattn.attn_bwd``, which that autograd formula calls."""
-from . import attention, attention_bwd, gemm  # noqa: F401  (registration)
+from . import attention, attention_bwd, gemm, sparse24  # noqa: F401  (registration)

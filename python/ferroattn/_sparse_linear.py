@@ -1,0 +1,127 @@
+"""``SparseLinear``: an ``nn.Linear`` whose weight is a frozen 2:4 sparse matrix (re-exported as
+``ferroattn.nn.SparseLinear``).
+
+State dict: ``values`` (m_pad, k_pad // 2) and ``meta`` (int16) buffers (the compressed weight of
+:func:`ferroattn.sparse24.compress`, shapes from ``_native.sparse24_layout(out_features,
+in_features)``), ``bias`` (a Parameter, as in ``nn.Linear``, when the layer has one) and
+``_extra_state``: the int64 tensor ``(out_features, in_features)`` (the padded buffers do not tell
+the logical shape: a 24x40 and a 24x44 weight have the same buffers; loading one into the other
+raises ArgumentError instead of silently reading padding as weights). The
+forward is :func:`ferroattn.sparse24.matmul` (its dispatch rule picks the sparse kernel or dense);
+gradients flow to the input and the bias, never to the weight (frozen: a dense update would break
+the 2:4 pattern).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from . import sparse24
+from .errors import ArgumentError, DTypeError
+
+__all__ = ["SparseLinear"]
+
+
+class SparseLinear(nn.Module):
+    """``y = act(x @ w.T + bias)`` with ``w`` (out_features, in_features) a 2:4 sparse matrix.
+
+    Args:
+        in_features, out_features: k and n of the weight (>= 1).
+        bias: whether the layer has a bias (n,).
+        activation: None, "relu", "gelu", "gelu_tanh" or "silu" (fused into the kernel).
+        device, dtype: of the buffers; dtype float16 or bfloat16 (default: bfloat16).
+    The constructor makes an all-zero weight (as ``load_state_dict`` target); build a useful one
+    with :meth:`from_dense`. Input: (..., in_features) of the layer's dtype and device; output
+    (..., out_features).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, activation: Optional[str] = None,
+                 device=None, dtype: Optional[torch.dtype] = None):
+        super().__init__()
+        dtype = torch.bfloat16 if dtype is None else dtype
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise DTypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
+        if activation not in sparse24.ACTIVATIONS:
+            raise ArgumentError(
+                f"activation: expected None, 'relu', 'gelu', 'gelu_tanh' or 'silu', got {activation!r}")
+        if int(in_features) < 1 or int(out_features) < 1:
+            raise ArgumentError(f"in_features, out_features: expected >= 1, got {in_features}, {out_features}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.activation = activation
+        lay = sparse24._layout(self.out_features, self.in_features)
+        self.register_buffer("values", torch.zeros(tuple(lay["values_shape"]), dtype=dtype, device=device))
+        self.register_buffer("meta", torch.zeros(tuple(lay["meta_shape"]), dtype=torch.int16, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.out_features, dtype=dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+        self._sparse: Optional[sparse24.Sparse24Tensor] = None
+        self._refresh()
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, prune: bool = True, *, activation: Optional[str] = None) -> "SparseLinear":
+        """A SparseLinear with ``linear``'s weight pruned to 2:4 (magnitude; ``prune=False``:
+        it must already be 2:4, else ValueError) and compressed on its device, and a copy of its
+        bias (same requires_grad). ``linear``'s weight must be float16 or bfloat16.
+        Raises TypeError when ``linear`` is not an nn.Linear, plus compress's errors."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
+        w = linear.weight
+        ws = sparse24.compress(w.detach(), prune=prune)
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, activation=activation,
+                    device="meta", dtype=w.dtype)
+        layer.values, layer.meta = ws.values, ws.meta
+        if linear.bias is not None:
+            layer.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=linear.bias.requires_grad)
+        layer._sparse = ws
+        return layer
+
+    def _refresh(self) -> None:
+        """Rebuild the Sparse24Tensor view when the buffers were replaced (outside torch.compile, so
+        a compiled forward finds it ready)."""
+        s = self._sparse
+        if s is None or s.values is not self.values or s.meta is not self.meta:
+            self._sparse = sparse24.Sparse24Tensor(self.values, self.meta, (self.out_features, self.in_features),
+                                                   self.values.dtype)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._refresh()
+        return out
+
+    @property
+    def weight(self) -> sparse24.Sparse24Tensor:
+        """The compressed weight (a :class:`~ferroattn.sparse24.Sparse24Tensor` over the buffers;
+        rebuilt when ``.to()`` / ``load_state_dict(assign=True)`` replaced them)."""
+        if not torch.compiler.is_compiling():   # rebuilt eagerly (_apply, first access), read when traced
+            self._refresh()
+        return self._sparse
+
+    def get_extra_state(self) -> Tensor:
+        return torch.tensor([self.out_features, self.in_features], dtype=torch.int64)
+
+    def set_extra_state(self, state) -> None:
+        got = tuple(int(v) for v in torch.as_tensor(state).reshape(-1).tolist())
+        if got != (self.out_features, self.in_features):
+            raise ArgumentError(f"state_dict: expected a SparseLinear of (out_features, in_features) = "
+                                f"{(self.out_features, self.in_features)}, got {got}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return sparse24.matmul(x, self.weight, self.bias, self.activation)
+
+    def to_dense(self) -> nn.Linear:
+        """An ``nn.Linear`` with the decompressed (2:4) weight and a copy of the bias, on this
+        layer's device and dtype (the activation, if any, is not part of nn.Linear)."""
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta",
+                        dtype=self.values.dtype)
+        lin.weight = nn.Parameter(sparse24.decompress(self.weight))
+        if self.bias is not None:
+            lin.bias = nn.Parameter(self.bias.detach().clone())
+        return lin
+
+    def extra_repr(self) -> str:
+        s = (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+             f"dtype={self.values.dtype}, sparsity=2:4")
+        return s + (f", activation={self.activation!r}" if self.activation else "")
