@@ -68,7 +68,7 @@ STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
 # Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd) keeps free for each
 # selected stage after it.
-declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=60 [notebooks]=400 [train]=180
+declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=90 [notebooks]=400 [train]=180
                 [bench]=200 [bench_bwd]=330 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [memcheck]=150
                 [racecheck]=180)
 declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [memcheck]=100

@@ -2,125 +2,222 @@
 """What ferroattn.profiler costs a model's forward, and which part costs it (GPU machine only).
 
 Llama-3.2-1B config (seeded random weights, bf16, attn "ferroattn"), prefill of batch x seqlen
-random tokens, for each shape in --shapes: the median wall time of one forward (synchronised
-before and after, so host-side cost counts) over --repeats forwards, in four modes, interleaved
-round by round so drift hits every mode alike:
+random tokens, for each shape in --shapes. Modes (what is on during the timed forwards):
 
-- ``off``:      no profiler;
-- ``recorder``: only the Rust launch recorder on (``_native.profiler_enable(True)``);
-- ``hooks``:    only the module hooks (``profiler.attach`` with CUDA events and NVTX; the
-                 recorder off);
-- ``profile``:  ``ferroattn.profiler.profile(model)``, one window over all the round's forwards
-                 with ``prof.step()`` after each (the way a training/serving loop uses it);
-- ``torch_hooks``: torch's own cost of a no-op forward pre hook + post hook (``always_call=True``)
-                 on the same modules (the floor any hook-based attribution pays);
-- ``hooks_no_nvtx``: the module hooks without NVTX ranges.
+- ``off``:           nothing;
+- ``recorder``:      only the Rust launch recorder (``_native.profiler_enable(True)``);
+- ``hooks``:         only the module hooks as ``profile`` uses them (``profiler.attach``: forward
+                     wrappers, native marks, NVTX);
+- ``hooks_no_nvtx``: the same without NVTX ranges;
+- ``hooks_torch``:   the module hooks in torch-hook mode (``attach(mode="torch")``, native marks);
+- ``torch_noop``:    torch's own cost of a no-op forward pre hook + post hook (``always_call``)
+                     on the same modules (the floor of any torch-hook-based attribution);
+- ``profile``:       ``ferroattn.profiler.profile(model)`` (hooks + recorder), ``prof.step()`` after
+                     each forward (outside the timed region), as a training/serving loop uses it.
 
-Also per-call host costs measured in a loop (µs): ``torch.cuda.Event(enable_timing=True).record()``
-(new event, and re-recording one), ``torch.cuda.current_stream()``, an NVTX push + pop.
+Method (robust to the drift and noise of host-bound forwards): rounds; in each round every mode
+runs (set up, one untimed forward, ``--per-round`` timed forwards, torn down) in an order rotated
+by one each round (round robin), so drift and order effects hit every mode alike. A mode's cost
+in a round is its mean time over the round's ``off`` mean (a paired ratio); the overhead is the
+median of the paired ratios minus 1 (in %), with a 95 % bootstrap interval of that median
+(2000 resamples of the rounds, seeded) and the inter-quartile range of the ratios. Two times per
+forward: ``wall`` (synchronised before and after: everything the caller waits for) and ``host``
+(from the call to its return, before the final synchronisation: the host time to issue the
+forward; it includes waits inside the forward, e.g. transformers' own host syncs).
+Rounds: as many as fit the time budget (``--budget-s``, whole script; at least --min-rounds).
 
-Prints a table and writes {device, driver, torch, commit, date, shapes: [{shape, off_ms, ...,
-pct per mode}]} as JSON to --out (default $OUT/profiler_overhead.json when $OUT is set).
+Also per-call host costs measured in loops (µs): ``torch.cuda.Event(enable_timing=True).record()``
+(new event, and re-recording one), ``torch.cuda.current_stream()``,
+``torch._C._cuda_getCurrentRawStream``, a native mark (``_native.profiler_mark``, released in
+bulk afterwards), an NVTX push + pop.
+
+Prints a table and writes the JSON (layout: ``doc`` in :func:`main`) to --out (default
+$OUT/profiler_overhead.json when $OUT is set).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
+import random
 import statistics
 import sys
 import time
 
+T0 = time.perf_counter()
+MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop", "profile")
 
-def wall_ms(fn) -> float:
-    import torch
+
+def _quantile(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    pos = q * (len(xs) - 1)
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarise(ratios, seed=0, resamples=2000) -> dict:
+    """Overhead in % from paired per-round ratios: median, 95 % bootstrap interval of the
+    median, inter-quartile range."""
+    pct = [100.0 * (r - 1.0) for r in ratios]
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(pct, k=len(pct))) for _ in range(resamples))
+    return {"pct": statistics.median(pct), "ci95": [_quantile(meds, 0.025), _quantile(meds, 0.975)],
+            "iqr": [_quantile(pct, 0.25), _quantile(pct, 0.75)], "rounds": len(pct)}
+
+
+class Modes:
+    """Set-up / tear-down of each mode around a block of forwards (``after`` runs after each
+    timed forward, outside the timed region)."""
+
+    def __init__(self, model):
+        import torch
+
+        from ferroattn import _native
+        from ferroattn.profiler import find_targets
+        self.model, self.native, self.torch = model, _native, torch
+        self.targets = [m for _, m in find_targets(model)]
+
+    @contextlib.contextmanager
+    def on(self, mode):
+        from ferroattn.profiler import attach, profile
+        after = (lambda: None)
+        if mode == "off":
+            yield after
+        elif mode == "recorder":
+            self.native.profiler_enable(True)
+            try:
+                yield after
+            finally:
+                self.native.profiler_enable(False)
+                self.native.profiler_drain()
+        elif mode in ("hooks", "hooks_no_nvtx", "hooks_torch"):
+            kw = {"nvtx": False} if mode == "hooks_no_nvtx" else {"mode": "torch"} if mode == "hooks_torch" else {}
+            with attach(self.model, **kw) as att:
+                yield att.resolve
+        elif mode == "torch_noop":
+            handles = [h for m in self.targets
+                       for h in (m.register_forward_pre_hook(lambda mod, args: None),
+                                 m.register_forward_hook(lambda mod, a, o: None, always_call=True))]
+            try:
+                yield after
+            finally:
+                for h in handles:
+                    h.remove()
+        elif mode == "profile":
+            with profile(self.model) as prof:
+                yield prof.step
+        else:
+            raise ValueError(mode)
+
+
+def timed(torch, fwd):
+    """(wall ms, host ms) of one forward."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    fn()
+    fwd()
+    t1 = time.perf_counter()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+    t2 = time.perf_counter()
+    return (t2 - t0) * 1e3, (t1 - t0) * 1e3
 
 
-def measure(model, ids, repeats: int) -> dict:
-    import torch
-
-    from ferroattn import _native
-    from ferroattn.profiler import attach, find_targets, profile
-
-    def fwd():
-        with torch.inference_mode():
-            model(input_ids=ids, use_cache=False)
-
-    for _ in range(3):
-        fwd()
-    times: dict = {"off": [], "recorder": [], "hooks": [], "profile": [], "torch_hooks": [], "hooks_no_nvtx": []}
-    targets = [m for _, m in find_targets(model)]
-    rounds, per_round = 3, max(1, repeats // 3)
-    for _ in range(rounds):
-        times["off"] += [wall_ms(fwd) for _ in range(per_round)]
-        _native.profiler_enable(True)
-        times["recorder"] += [wall_ms(fwd) for _ in range(per_round)]
-        _native.profiler_enable(False)
-        _native.profiler_drain()
-        with attach(model) as att:
+def one_round(modes: Modes, fwd, order, per_round: int) -> dict:
+    """{mode: (mean wall ms, mean host ms)} of one round."""
+    torch = modes.torch
+    out = {}
+    for mode in order:
+        with modes.on(mode) as after:
+            fwd()                      # untimed: first call after set-up
+            after()
+            walls, hosts = [], []
             for _ in range(per_round):
-                times["hooks"].append(wall_ms(fwd))
-                att.resolve()
-        with profile(model) as prof:
-            for _ in range(per_round):
-                times["profile"].append(wall_ms(fwd))
-                prof.step()
-        handles = [h for m in targets for h in (m.register_forward_pre_hook(lambda mod, args: None),
-                                                  m.register_forward_hook(lambda mod, a, o: None, always_call=True))]
-        times["torch_hooks"] += [wall_ms(fwd) for _ in range(per_round)]
-        for h in handles:
-            h.remove()
-        with attach(model, nvtx=False) as att:
-            for _ in range(per_round):
-                times["hooks_no_nvtx"].append(wall_ms(fwd))
-                att.resolve()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    out = {f"{k}_ms": v for k, v in med.items()}
-    out.update({f"{k}_pct": 100.0 * (v / med["off"] - 1.0) for k, v in med.items() if k != "off"})
+                w, h = timed(torch, fwd)
+                walls.append(w)
+                hosts.append(h)
+                after()
+        out[mode] = (statistics.fmean(walls), statistics.fmean(hosts))
     return out
 
 
-def per_call_us(n: int = 20000) -> dict:
+def measure(modes: Modes, fwd, rounds: int, per_round: int, deadline: float) -> dict:
+    """Round-robin rounds until ``rounds`` or the deadline (at least 3); summary per mode."""
+    rows = []
+    for r in range(rounds):
+        if r >= 3 and time.perf_counter() > deadline:
+            break
+        k = r % len(MODES)
+        rows.append(one_round(modes, fwd, MODES[k:] + MODES[:k], per_round))
+    out = {"rounds": len(rows), "per_round": per_round,
+           "off_ms": statistics.median(x["off"][0] for x in rows),
+           "off_host_ms": statistics.median(x["off"][1] for x in rows), "modes": {}}
+    for mode in MODES[1:]:
+        wall = summarise([x[mode][0] / x["off"][0] for x in rows])
+        host = summarise([x[mode][1] / x["off"][1] for x in rows])
+        out["modes"][mode] = {"wall_ms": statistics.median(x[mode][0] for x in rows), "wall": wall,
+                              "host_ms": statistics.median(x[mode][1] for x in rows), "host": host}
+        out[f"{mode}_pct"] = wall["pct"]          # flat keys, as the first version of this script wrote
+    return out
+
+
+def per_call_us(n: int = 10000) -> dict:
     """Host µs per call of the primitives a hooked module call uses (median of 5 loops of n)."""
     import torch
 
-    def loop(fn) -> float:
+    from ferroattn import _native
+
+    def loop(fn, after=None) -> float:
         runs = []
         for _ in range(5):
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
             runs.append((time.perf_counter() - t0) / n * 1e6)
+            if after is not None:
+                after()
         torch.cuda.synchronize()
         return statistics.median(runs)
 
     ev = torch.cuda.Event(enable_timing=True)
+    dev = torch.cuda.current_device()
+    raw = torch._C._cuda_getCurrentRawStream
+    marks: list = []
 
     def nvtx():
         torch.cuda.nvtx.range_push("x")
         torch.cuda.nvtx.range_pop()
-    return {"event_new_and_record_us": loop(lambda: torch.cuda.Event(enable_timing=True).record()),
-            "event_rerecord_us": loop(ev.record), "current_stream_us": loop(torch.cuda.current_stream),
-            "nvtx_push_pop_us": loop(nvtx)}
+
+    def release():
+        _native.profiler_marks_release(marks)
+        marks.clear()
+    out = {"event_new_and_record_us": loop(lambda: torch.cuda.Event(enable_timing=True).record()),
+           "event_rerecord_us": loop(ev.record), "current_stream_us": loop(torch.cuda.current_stream),
+           "raw_stream_us": loop(lambda: raw(dev)), "nvtx_push_pop_us": loop(nvtx)}
+    if hasattr(_native, "profiler_mark"):
+        out["native_mark_us"] = loop(lambda: marks.append(_native.profiler_mark(raw(dev), dev)), release)
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1x256,1x2048,4x1024,4x2048", help="batch x seqlen list (default %(default)s)")
-    ap.add_argument("--repeats", type=int, default=15, help="forwards per mode (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=40, help="most rounds per shape (default %(default)s)")
+    ap.add_argument("--min-rounds", type=int, default=8, help="fewest rounds per shape (default %(default)s)")
+    ap.add_argument("--per-round", type=int, default=2, help="timed forwards per mode per round (default %(default)s)")
+    ap.add_argument("--budget-s", type=float, default=75.0,
+                    help="wall-clock budget of the whole script in s; rounds are cut to fit (default %(default)s)")
     ap.add_argument("--out", default=None, help="JSON output path (default $OUT/profiler_overhead.json)")
     args = ap.parse_args(argv)
     try:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         assert all(len(s) == 2 and min(s) >= 1 for s in shapes)
+        assert args.rounds >= 3 and args.min_rounds >= 3 and args.per_round >= 1 and args.budget_s > 0
     except (ValueError, AssertionError):
-        print(f"profiler_overhead: --shapes: expected e.g. 1x256,4x2048, got {args.shapes!r}", file=sys.stderr)
+        print(f"profiler_overhead: bad arguments: --shapes {args.shapes!r} (e.g. 1x256,4x2048), --rounds >= 3, "
+              f"--min-rounds >= 3, --per-round >= 1, --budget-s > 0", file=sys.stderr)
         return 2
     import torch
     if not torch.cuda.is_available():
@@ -131,27 +228,59 @@ def main(argv=None) -> int:
 
     model = build_model("llama-3.2-1b", attn="ferroattn", dtype="bfloat16", seed=0)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    rows = []
-    print(f"{'shape':>9} {'off ms':>9} {'recorder':>9} {'hooks':>9} {'profile':>9} {'torch':>9} {'no nvtx':>9}"
-          "   (% over off; torch = no-op hooks)")
+    modes = Modes(model)
+    micro = per_call_us()
+    print("per call (host us):", {k: round(v, 2) for k, v in micro.items()}, flush=True)
+    inputs = []
     for b, s in shapes:
         ids = torch.randint(0, model.config.vocab_size, (b, s), generator=gen).cuda()
-        r = measure(model, ids, args.repeats)
+
+        def fwd(ids=ids):
+            with torch.inference_mode():
+                model(input_ids=ids, use_cache=False)
+        for _ in range(3):
+            fwd()
+        inputs.append(fwd)
+    # time per round per shape, from one calibration round each (counts toward nothing)
+    t_round = []
+    for fwd in inputs:
+        t = time.perf_counter()
+        one_round(modes, fwd, MODES, args.per_round)
+        t_round.append(time.perf_counter() - t)
+    left = args.budget_s - (time.perf_counter() - T0) - 2.0
+    rounds = max(min(args.min_rounds, args.rounds), min(args.rounds, int(left / max(sum(t_round), 1e-3))))
+    print(f"rounds per shape: {rounds} (round times {', '.join(f'{t:.2f}' for t in t_round)} s; "
+          f"{left:.0f} s left)", flush=True)
+    rows = []
+    hdr = "".join(f"{m:>15}" for m in MODES[1:])
+    print(f"{'shape':>9} {'off ms':>8}{hdr}   (wall % over off: median of paired rounds [95% CI])")
+    share = [max(0.0, left) * t / sum(t_round) for t in t_round]   # each shape's slice of the budget, s
+    for (b, s), fwd, slice_s in zip(shapes, inputs, share):
+        r = measure(modes, fwd, rounds, args.per_round, time.perf_counter() + slice_s)
         rows.append({"shape": [b, s], **r})
-        print(f"{b:>4}x{s:<4} {r['off_ms']:9.3f} {r['recorder_pct']:+8.1f}% {r['hooks_pct']:+8.1f}% "
-              f"{r['profile_pct']:+8.1f}% {r['torch_hooks_pct']:+8.1f}% {r['hooks_no_nvtx_pct']:+8.1f}%")
-    micro = per_call_us()
-    print("per call (host us):", {k: round(v, 2) for k, v in micro.items()})
+        cells = "".join(f"{r['modes'][m]['wall']['pct']:+6.1f} [{r['modes'][m]['wall']['ci95'][0]:+.0f},"
+                        f"{r['modes'][m]['wall']['ci95'][1]:+.0f}]".rjust(15) for m in MODES[1:])
+        print(f"{b:>4}x{s:<4} {r['off_ms']:8.2f}{cells}  ({r['rounds']} rounds)", flush=True)
+        hcells = "".join(f"{r['modes'][m]['host']['pct']:+6.1f}".rjust(15) for m in MODES[1:])
+        print(f"{'host':>9} {r['off_host_ms']:8.2f}{hcells}", flush=True)
+    n_mod = len(modes.targets)
+    for row in rows:   # host µs per hooked module call implied by the hooks mode (2 marks each)
+        row["hooks_us_per_module_call"] = 1e3 * (row["modes"]["hooks"]["host_ms"] - row["off_host_ms"]) / n_mod
     doc = {"kind": "profiler_overhead", "device": torch.cuda.get_device_name(0), "driver": driver_version(),
            "torch": torch.__version__, "commit": os.environ.get("FERROATTN_COMMIT"),
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "method": "median wall ms of one synchronised forward; modes interleaved in 3 rounds",
-           "repeats_per_mode": args.repeats, "shapes": rows, "per_call_host_us": micro}
+           "method": "round robin over modes (order rotated each round); per round and mode the mean of "
+                     f"{args.per_round} timed forwards after one untimed; overhead = median over rounds of the "
+                     "paired ratio mode/off - 1, 95% bootstrap CI of that median, IQR; wall = synchronised "
+                     "before and after, host = until the forward call returns",
+           "hooked_modules": n_mod, "modes": list(MODES), "shapes": rows, "per_call_host_us": micro,
+           "elapsed_s": time.perf_counter() - T0}
     out = args.out or (os.path.join(os.environ["OUT"], "profiler_overhead.json") if os.environ.get("OUT") else None)
     if out:
         with open(out, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {out}")
+    print(f"profiler_overhead: {doc['elapsed_s']:.1f} s")
     return 0
 
 

@@ -15,6 +15,13 @@
 //! per device and reused; they are never destroyed (at most 2 × [`MAX_RECORDS`] per device).
 //! Kernel attributes (registers, static shared memory, occupancy) are queried once per
 //! (function, block size, dynamic shared memory) and cached.
+//!
+//! Marks ([`mark`], [`marks_query`], [`marks_resolve`], [`marks_release`]): single timing
+//! events the Python module hooks record on the caller's stream (one at the start and one at the
+//! end of a hooked module call), taken from the same per-device pools as the launch records.
+//! A mark is an id (> 0); [`marks_resolve`] turns ids into milliseconds from a reference event
+//! and gives their events back to the pool. Recording a mark costs one cuEventRecord plus the
+//! pool bookkeeping (no Python event object, no `torch.cuda.current_stream()` lookup).
 
 use crate::error::{CudaResultExt, Result};
 use crate::jit::Kernel;
@@ -26,6 +33,9 @@ use std::sync::{Mutex, MutexGuard};
 
 /// Most records kept undrained; launches beyond are counted as dropped.
 pub const MAX_RECORDS: usize = 1_000_000;
+
+/// Most marks kept unresolved; marks beyond are not recorded (id 0) and counted as dropped.
+pub const MAX_MARKS: usize = 2_000_000;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -123,8 +133,11 @@ pub struct Stats {
     /// Launches not recorded because their stream was capturing a graph (since process start).
     pub skipped_capture: u64,
     /// Launches not recorded because MAX_RECORDS were pending, or because the end event could
-    /// not be recorded after the kernel was launched (since process start).
+    /// not be recorded after the kernel was launched, and marks not recorded because MAX_MARKS
+    /// were unresolved (since process start).
     pub dropped: u64,
+    /// Marks recorded and not yet resolved or released.
+    pub marks: usize,
 }
 
 /// The recorder's state without the driver: pending records, event pools per device, counters.
@@ -136,10 +149,14 @@ struct Book<E> {
     skipped_capture: u64,
     dropped: u64,
     cap: usize,
+    /// Unresolved marks: id -> (device, event). Ids count up from 1 (0 means "no mark").
+    marks: BTreeMap<u64, (i32, E)>,
+    next_mark: u64,
+    mark_cap: usize,
 }
 
 impl<E> Book<E> {
-    const fn new(cap: usize) -> Self {
+    const fn new(cap: usize, mark_cap: usize) -> Self {
         Book {
             records: Vec::new(),
             pools: BTreeMap::new(),
@@ -147,6 +164,9 @@ impl<E> Book<E> {
             skipped_capture: 0,
             dropped: 0,
             cap,
+            marks: BTreeMap::new(),
+            next_mark: 1,
+            mark_cap,
         }
     }
 
@@ -157,6 +177,63 @@ impl<E> Book<E> {
             return false;
         }
         true
+    }
+
+    /// One event of `device`: from its pool, else made by `create`.
+    fn take_event(&mut self, device: i32, create: impl FnOnce() -> Result<E>) -> Result<E> {
+        match self.pools.entry(device).or_default().pop() {
+            Some(e) => Ok(e),
+            None => create(),
+        }
+    }
+
+    /// Room for one more mark? Counts a drop when not.
+    fn admit_mark(&mut self) -> bool {
+        if self.marks.len() >= self.mark_cap {
+            self.dropped += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Keep a recorded mark; returns its id (> 0).
+    fn add_mark(&mut self, device: i32, event: E) -> u64 {
+        let id = self.next_mark;
+        self.next_mark += 1;
+        self.marks.insert(id, (device, event));
+        id
+    }
+
+    /// Remove the marks `ids` (in that order) and return their (device, event). All or nothing:
+    /// an id that is not an unresolved mark (never made, already resolved or released, or
+    /// listed twice) leaves the book as it was and is returned as the error.
+    fn take_marks(&mut self, ids: &[u64]) -> std::result::Result<Vec<(i32, E)>, u64> {
+        let mut out = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            match self.marks.remove(&id) {
+                Some(m) => out.push(m),
+                None => {
+                    for (&back, m) in ids[..i].iter().zip(out) {
+                        self.marks.insert(back, m);
+                    }
+                    return Err(id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forget the marks among `ids` that are unresolved (others are ignored) and pool their
+    /// events. Returns how many were released.
+    fn release_marks(&mut self, ids: &[u64]) -> usize {
+        let mut n = 0;
+        for id in ids {
+            if let Some((device, e)) = self.marks.remove(id) {
+                self.give_back(device, [e]);
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Two events of `device`: from its pool, else made by `create`.
@@ -210,6 +287,7 @@ impl<E> Book<E> {
             pending: self.records.len(),
             skipped_capture: self.skipped_capture,
             dropped: self.dropped,
+            marks: self.marks.len(),
         }
     }
 }
@@ -220,7 +298,7 @@ struct Event(sys::CUevent);
 // SAFETY: a CUevent is a process-wide driver handle usable from any thread.
 unsafe impl Send for Event {}
 
-static BOOK: Mutex<Book<Event>> = Mutex::new(Book::new(MAX_RECORDS));
+static BOOK: Mutex<Book<Event>> = Mutex::new(Book::new(MAX_RECORDS, MAX_MARKS));
 
 /// Lock, ignoring poisoning (the state stays consistent: every update is a single push/pop).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -409,6 +487,112 @@ pub fn drain(reference_event: Option<u64>) -> Result<Vec<Resolved>> {
     resolved
 }
 
+/// Record a mark: a pooled timing event of `device` recorded on `stream` (a raw CUstream of
+/// that device, 0 = its legacy default stream) now, in stream order. Makes the primary context
+/// of `device` current on this thread first (as a launch does). Returns the mark's id (> 0), or
+/// 0 when nothing was recorded: `stream` is capturing a CUDA graph (an event there would join
+/// the graph) or [`MAX_MARKS`] marks are unresolved (counted in [`Stats::dropped`]).
+pub fn mark(device: i32, stream: u64) -> Result<u64> {
+    crate::device::bind(device)?;
+    let s = stream as sys::CUstream;
+    if capturing(s) {
+        return Ok(0);
+    }
+    let mut book = lock(&BOOK);
+    if !book.admit_mark() {
+        return Ok(0);
+    }
+    let e = book.take_event(device, create_event)?;
+    // SAFETY: a pool event of `device`'s primary context (current), on the caller's stream.
+    if let Err(err) = unsafe { cu::event::record(e.0, s) }.call("cuEventRecord") {
+        book.give_back(device, [e]);
+        return Err(err);
+    }
+    Ok(book.add_mark(device, e))
+}
+
+fn unknown_mark(id: u64) -> crate::error::Error {
+    crate::error::Error::argument(
+        "marks",
+        "ids returned by profiler_mark that are not resolved or released yet (each once)",
+        id,
+    )
+}
+
+/// Whether the GPU has passed each mark (cuEventQuery; never waits). ArgumentError naming
+/// `marks` for an id that is not an unresolved mark; CudaError when the driver reports an error.
+pub fn marks_query(ids: &[u64]) -> Result<Vec<bool>> {
+    let book = lock(&BOOK);
+    let mut events = Vec::with_capacity(ids.len());
+    for id in ids {
+        match book.marks.get(id) {
+            Some(&(device, e)) => events.push((device, e)),
+            None => return Err(unknown_mark(*id)),
+        }
+    }
+    drop(book);
+    if let Some(&(device, _)) = events.first() {
+        ensure_context(device)?;
+    }
+    events
+        .into_iter()
+        .map(|(_, e)| {
+            // SAFETY: a pool event recorded by `mark`, never destroyed.
+            match unsafe { cu::event::query(e.0) } {
+                Ok(()) => Ok(true),
+                Err(cu::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+                Err(err) => Err::<bool, _>(err).call("cuEventQuery"),
+            }
+        })
+        .collect()
+}
+
+/// Milliseconds from `reference_event` (a raw CUevent recorded before the marks, 0/None: the
+/// first mark of `ids`) to each mark of `ids` (cuEventElapsedTime; negative when the mark came
+/// first; None where the driver refuses, e.g. a reference of another device). Waits for every
+/// mark (cuEventSynchronize), then forgets the marks and pools their events, also when
+/// resolving fails (then the first CudaError is returned). ArgumentError naming `marks`, and
+/// nothing forgotten, when an id is not an unresolved mark. No ids: no driver call.
+pub fn marks_resolve(ids: &[u64], reference_event: Option<u64>) -> Result<Vec<Option<f64>>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let marks = lock(&BOOK).take_marks(ids).map_err(unknown_mark)?;
+    let times = (|| -> Result<Vec<Option<f64>>> {
+        ensure_context(marks[0].0)?;
+        for (_, e) in &marks {
+            // SAFETY: pool events recorded by `mark`, never destroyed.
+            unsafe { cu::event::synchronize(e.0) }.call("cuEventSynchronize")?;
+        }
+        let reference = reference_event
+            .filter(|&r| r != 0)
+            .map(|r| r as sys::CUevent)
+            .unwrap_or(marks[0].1 .0);
+        Ok(marks
+            .iter()
+            .map(|(_, e)| {
+                // SAFETY: `reference` is the caller's CUevent (the contract) or one of ours; the
+                // driver refuses an invalid pair, which gives None.
+                unsafe { cu::event::elapsed(reference, e.0) }
+                    .ok()
+                    .map(f64::from)
+            })
+            .collect())
+    })();
+    let mut book = lock(&BOOK);
+    for (device, e) in marks {
+        book.give_back(device, [e]);
+    }
+    times
+}
+
+/// Forget the unresolved marks among `ids` without timing them (ids already resolved or
+/// released, or never made, are ignored) and pool their events. Returns how many were
+/// released. Needs no driver.
+pub fn marks_release(ids: &[u64]) -> usize {
+    lock(&BOOK).release_marks(ids)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,7 +634,7 @@ mod tests {
 
     #[test]
     fn cap_counts_drops_and_seq_follows_the_records() {
-        let mut book: Book<u32> = Book::new(3);
+        let mut book: Book<u32> = Book::new(3, 10);
         let mut made = 0;
         for i in 0..5 {
             if book.admit() {
@@ -483,7 +667,7 @@ mod tests {
 
     #[test]
     fn pools_are_per_device_and_a_failed_creation_keeps_the_first_event() {
-        let mut book: Book<u32> = Book::new(10);
+        let mut book: Book<u32> = Book::new(10, 10);
         book.give_back(1, [7]);
         let mut fail = || -> Result<u32> { Err(Error::NoDevice("test".into())) };
         assert!(book.take_events(1, &mut fail).is_err());
@@ -526,5 +710,60 @@ mod tests {
         assert_eq!(stats().pending, 0);
         assert_eq!(drain(None).unwrap(), vec![]);
         assert_eq!(drain(Some(12345)).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn marks_share_the_pool_and_resolve_all_or_nothing() {
+        let mut book: Book<u32> = Book::new(10, 3);
+        let mut made = 0;
+        let mut ids = vec![];
+        for _ in 0..3 {
+            assert!(book.admit_mark());
+            let e = book.take_event(0, counter(&mut made)).unwrap();
+            ids.push(book.add_mark(0, e));
+        }
+        assert_eq!(ids, vec![1, 2, 3], "ids count up from 1 (0 = no mark)");
+        assert!(!book.admit_mark(), "the cap holds");
+        assert_eq!((book.stats(true).marks, book.stats(true).dropped), (3, 1));
+        // an unknown or repeated id leaves every mark in place
+        assert_eq!(book.take_marks(&[1, 9]), Err(9));
+        assert_eq!(book.take_marks(&[2, 2]), Err(2));
+        assert_eq!(book.stats(true).marks, 3);
+        assert_eq!(book.marks[&1], (0, 0));
+        let taken = book.take_marks(&[3, 1]).unwrap();
+        assert_eq!(taken, vec![(0, 2), (0, 0)], "in the order asked");
+        for (d, e) in taken {
+            book.give_back(d, [e]);
+        }
+        assert_eq!(book.take_marks(&[1]), Err(1), "a resolved mark is gone");
+        // release: unknown ids ignored, events pooled
+        assert_eq!(book.release_marks(&[2, 2, 7]), 1);
+        assert_eq!(book.stats(true).marks, 0);
+        // marks and launch records draw on one pool per device
+        let (a, b) = book.take_events(0, counter(&mut made)).unwrap();
+        let c = book.take_event(0, counter(&mut made)).unwrap();
+        assert_eq!(made, 3, "no event made after the first three");
+        let mut all = vec![a, b, c];
+        all.sort();
+        assert_eq!(all, vec![0, 1, 2]);
+        assert_eq!(book.add_mark(0, c), 4, "ids are never reused");
+    }
+
+    #[test]
+    fn mark_functions_without_a_driver() {
+        assert_eq!(marks_release(&[u64::MAX - 1]), 0);
+        assert_eq!(marks_resolve(&[], None).unwrap(), vec![]);
+        assert!(matches!(
+            marks_resolve(&[u64::MAX - 1], None),
+            Err(Error::Argument { .. })
+        ));
+        assert!(matches!(
+            marks_query(&[u64::MAX - 1]),
+            Err(Error::Argument { .. })
+        ));
+        assert_eq!(marks_query(&[]).unwrap(), Vec::<bool>::new());
+        if !crate::device::cuda_available() {
+            assert!(mark(0, 0).is_err(), "no device: an error, not a mark");
+        }
     }
 }

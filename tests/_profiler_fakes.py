@@ -37,14 +37,46 @@ class FakeEvent:
 
 
 class FakeNative:
-    """The four ``_native.profiler_*`` functions over a Clock. ``launch(kernel, ms, **fields)``
+    """The ``_native.profiler_*`` functions over a Clock. ``launch(kernel, ms, **fields)``
     stands for one of our launches: it records (when enabled) a contract dict whose start is the
     clock and advances the clock by ``ms``. ``profiler_drain(ref)`` resolves ``start_ms`` against
-    the FakeEvent with handle ``ref`` (None without one)."""
+    the FakeEvent with handle ``ref`` (None without one). Marks: ``profiler_mark`` stamps the
+    clock (0 while ``capturing``); ``done`` is what ``profiler_marks_query`` answers; resolve /
+    release follow the contract (unknown or repeated ids: ArgumentError naming ``marks``)."""
 
     def __init__(self, clock, enabled=False):
         self.clock, self.on, self.kept, self.seq, self.drains = clock, enabled, [], 0, 0
         self.enable_calls = []
+        self.marks, self.next_mark, self.capturing, self.done, self.resolves = {}, 0, False, True, 0
+        self.mark_streams = []
+
+    def profiler_mark(self, stream, device):
+        self.mark_streams.append((stream, device))
+        if self.capturing:
+            return 0
+        self.next_mark += 1
+        self.marks[self.next_mark] = self.clock.now
+        return self.next_mark
+
+    def _check(self, marks):
+        from ferroattn.errors import ArgumentError
+        if len(set(marks)) != len(marks) or any(m not in self.marks for m in marks):
+            raise ArgumentError(f"marks: expected unresolved mark ids, got {list(marks)}")
+
+    def profiler_marks_query(self, marks):
+        self._check(marks)
+        return [self.done] * len(marks)
+
+    def profiler_marks_resolve(self, marks, reference_event=None):
+        self._check(marks)
+        self.resolves += 1
+        if not marks:
+            return []
+        ref = self.clock.events[reference_event].t if reference_event else self.marks[marks[0]]
+        return [self.marks.pop(m) - ref for m in marks]
+
+    def profiler_marks_release(self, marks):
+        return sum(1 for m in marks if self.marks.pop(m, None) is not None)
 
     def profiler_enable(self, enabled):
         self.enable_calls.append(bool(enabled))

@@ -16,7 +16,14 @@ hooks' host cost shows: measured and reported in (b), not asserted):
     self_attn, start inside that module's interval;
 (g) launch_overhead: finite, graph_ms <= 1.1 x eager_ms;
 (h) ``python -m ferroattn profile --model tiny --batch 1,2 --seq 128,256 --trace --plot`` exits 0
-    and writes both files.
+    and writes both files;
+(i) host-bound overhead (batch 1 x 256: ~15 ms of host time per forward, 53 hooked module calls):
+    profile() on vs off, paired per round (round robin, order alternating), median ratio <= 1.05;
+(j) native marks (``_native.profiler_mark*``): a mark pair around ``torch.cuda._sleep`` resolves to
+    a positive time against a torch event, query/resolve/release keep their contract, a capturing
+    stream gets no mark; torch-hook mode (``mode="torch"``) gives the same records as the default;
+(k) launch_overhead of the whole model forward (``model_forward``, 1 x 128 tokens) captures and
+    replays: finite, graph_ms <= eager_ms.
 
 Numbers are printed (run pytest with -s to see them) and, when $FERROATTN_RESULTS_DIR is set,
 written to $FERROATTN_RESULTS_DIR/profiler_gpu.json. Marker ``gpu``: skipped without CUDA.
@@ -29,12 +36,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from ferroattn.bench.timing import event_ms
-from ferroattn.profiler import build_model, launch_overhead, measure_ceilings, profile
+from ferroattn.profiler import build_model, launch_overhead, measure_ceilings, model_forward, profile
 
 pytestmark = pytest.mark.gpu
 
@@ -216,3 +224,88 @@ def test_h_cli_profile_tiny(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(trace.read_text())["traceEvents"] and plot.read_bytes()[:4] == b"\x89PNG"
     assert "latency ms" in r.stdout and "knee" in r.stdout and "attn_fwd" in r.stdout
+
+
+def test_i_host_bound_overhead_at_most_5_percent(llama):
+    model, fwd = llama
+    ids = torch.randint(0, model.config.vocab_size, (1, 256), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(1))
+
+    def wall():
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fwd(ids)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    for _ in range(3):
+        fwd(ids)
+    ratios, offs, ons = [], [], []
+    for r in range(15):                       # paired rounds, order alternating
+        pair = {}
+        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            if mode == "on":
+                with profile(model) as prof:
+                    fwd(ids)
+                    prof.step()
+                    pair[mode] = statistics.fmean(wall() for _ in range(2))
+            else:
+                fwd(ids)
+                pair[mode] = statistics.fmean(wall() for _ in range(2))
+        ratios.append(pair["on"] / pair["off"])
+        offs.append(pair["off"])
+        ons.append(pair["on"])
+    med = statistics.median(ratios)
+    _report("i_host_bound_overhead", {"shape": [1, 256], "off_ms_median": 1e3 * statistics.median(offs),
+                                      "on_ms_median": 1e3 * statistics.median(ons), "pct": 100 * (med - 1),
+                                      "ratios": ratios})
+    assert med <= 1.05, f"profile() makes a host-bound 1x256 forward {100 * (med - 1):.1f}% slower (> 5%)"
+
+
+def test_j_native_marks_and_torch_mode(llama):
+    from ferroattn import _native as n
+    from ferroattn.errors import ArgumentError
+    dev = torch.cuda.current_device()
+    raw = torch._C._cuda_getCurrentRawStream(dev)
+    ref = torch.cuda.Event(enable_timing=True)
+    ref.record()
+    a = n.profiler_mark(raw, dev)
+    torch.cuda._sleep(2_000_000)              # ~1 ms of GPU time
+    b = n.profiler_mark(raw, dev)
+    assert a > 0 and b > a
+    assert n.profiler_marks_query([a, b]) in ([True, True], [True, False], [False, False])
+    ta, tb = n.profiler_marks_resolve([a, b], ref.cuda_event)
+    assert 0 <= ta < tb and tb - ta > 0.1, (ta, tb)
+    assert n.profiler_marks_query([]) == []
+    with pytest.raises(ArgumentError, match="marks"):
+        n.profiler_marks_resolve([a])        # resolved already
+    c = n.profiler_mark(raw, dev)
+    assert n.profiler_marks_release([c, c, 123456789]) == 1
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    x = torch.zeros(8, device="cuda")
+    with torch.cuda.graph(g, stream=side):
+        x += 1
+        assert n.profiler_mark(torch._C._cuda_getCurrentRawStream(dev), dev) == 0, "no mark while capturing"
+    _report("j_marks", {"sleep_ms": tb - ta})
+    # torch-hook mode: same records (names, depths) and the same forward time within 5 %
+    model, fwd = llama
+    recs = {}
+    for mode in ("wrap", "torch"):
+        with profile(model, mode=mode) as prof:
+            fwd()
+        recs[mode] = prof.records.modules
+    assert [(r.name, r.depth) for r in recs["wrap"]] == [(r.name, r.depth) for r in recs["torch"]]
+    roots = {m: sum(r.gpu_ms for r in rs if r.depth == 0) for m, rs in recs.items()}
+    assert abs(roots["wrap"] - roots["torch"]) <= 0.05 * roots["torch"], roots
+
+
+def test_k_launch_overhead_of_the_whole_model(llama):
+    model, _ = llama
+    ids = torch.randint(0, model.config.vocab_size, (1, 128), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(2))
+    lo = launch_overhead(model_forward(model, ids), repeats=10, warmup=3)
+    _report("k_model_launch_overhead", {"shape": [1, 128], "eager_ms": lo.eager_ms, "graph_ms": lo.graph_ms,
+                                        "overhead_pct": lo.overhead_pct})
+    assert all(math.isfinite(v) for v in (lo.eager_ms, lo.graph_ms, lo.overhead_pct))
+    assert 0 < lo.graph_ms <= lo.eager_ms, str(lo)

@@ -175,3 +175,38 @@ def test_knee_without_growth_is_drawn():
     cfg = next(iter(grid))
     fig = plot_sweep_heatmap(grid, knee=Knee(cfg, None, None, 1.5))
     assert len(_knee_patches(fig.axes[0])) == 1 and "knee at" in fig._suptitle.get_text()
+
+
+# ---- layout and number formats ---------------------------------------------------------------------
+
+def _render(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def _overlap(a, b):
+    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
+
+
+@pytest.mark.parametrize("metric", ["latency_ms", ("latency_ms", "tokens_per_s")])
+def test_knee_legend_overlaps_no_axis_label_or_tick(metric):
+    fig = plot_sweep_heatmap(_grid(), metric=metric)
+    r = _render(fig)
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    legend = fig.legends[0].get_window_extent(r)
+    for ax in fig.axes:
+        for label in [ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels()]:
+            if label.get_text():
+                assert not _overlap(legend, label.get_window_extent(r)), label.get_text()
+
+
+def test_large_growth_and_latency_are_not_in_exponent_notation():
+    from ferroattn.profiler import Knee
+    grid = {(1, 256): 1.0, (1, 512): 1.0, (1, 1024): 1234.5, (2, 256): 1.0, (2, 512): 2.0, (2, 1024): 4.0}
+    fig = plot_sweep_heatmap(grid, knee=Knee((1, 512), "seqlen", 1234.5, 1.5))
+    title = fig._suptitle.get_text()
+    assert "1234x" in title and "e+" not in title
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "1234" in texts and not any("e+" in t for t in texts)

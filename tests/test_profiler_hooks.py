@@ -1,16 +1,38 @@
-"""ferroattn.profiler.hooks on CPU: fake events with synthetic timestamps, a decoder-shaped model."""
+"""ferroattn.profiler.hooks on CPU: fake events / fake native marks with synthetic timestamps, a
+decoder-shaped model; both modes ("wrap": forward wrappers, "torch": torch forward hooks)."""
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
 
-from _profiler_fakes import Layer, make
+from _profiler_fakes import FakeNative, Layer, make
 from ferroattn.errors import ArgumentError
 from ferroattn.profiler import attach, find_targets
 
 
 def _hook_count(model):
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    """torch hooks plus instance-level forward wrappers on the model's modules."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + ("forward" in m.__dict__)
+               for m in model.modules())
+
+
+#: (mode, timestamps): torch events (fake) or native marks (fake _native)
+VARIANTS = [("wrap", "events"), ("torch", "events"), ("wrap", "native"), ("torch", "native")]
+
+
+def _setup(n, variant):
+    """(clock, model, attach kwargs, waits()) for a variant; waits() counts host waits (event
+    synchronize or native resolve calls)."""
+    mode, stamps = variant
+    clock, model, factory = make(n)
+    kw = {"event_factory": factory, "mode": mode}
+    native = None
+    if stamps == "native":
+        native = FakeNative(clock)
+        kw["native"] = native
+    return clock, model, kw, (lambda: clock.synced + (native.resolves if native else 0)), native
 
 
 def test_targets_follow_the_rule():
@@ -25,13 +47,16 @@ def test_targets_follow_the_rule():
         find_targets(object())
 
 
-def test_times_depths_shapes_and_no_sync_inside_forward():
-    clock, model, factory = make(3)
-    with attach(model, event_factory=factory) as att:
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v))
+def test_times_depths_shapes_and_no_sync_inside_forward(variant):
+    clock, model, kw, waits, native = _setup(3, variant)
+    with attach(model, **kw) as att:
         model(torch.zeros(2, 5))
-        assert clock.synced == 0                       # nothing resolved inside the forward
+        assert waits() == 0                            # nothing resolved inside the forward
         recs = att.resolve()
-    assert clock.synced == 1
+    assert waits() == 1
+    if native is not None:
+        assert native.marks == {}, "resolved marks are forgotten (events back to the pool)"
     by = {r.name: r for r in recs}
     assert by["Decoder"].gpu_ms == pytest.approx(1 + 3 * 3.5 + 2 + 3 + 4)
     assert by["Decoder"].depth == 0 and by["layers.1"].depth == 1 and by["layers.1.self_attn"].depth == 2
@@ -57,9 +82,10 @@ def test_percentages_through_key_averages():
     assert ka.top(1)[0].key == "Decoder" and ka.top(2)[1].key == "layers.2"
 
 
-def test_module_called_twice_gives_two_calls():
-    clock, model, factory = make(1)
-    with attach(model, event_factory=factory) as att:
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v))
+def test_module_called_twice_gives_two_calls(variant):
+    clock, model, kw, _, _ = _setup(1, variant)
+    with attach(model, **kw) as att:
         model(torch.zeros(1))
         model.layers[0].self_attn(torch.zeros(1))   # direct call outside the layer: depth 0
         recs = att.resolve()
@@ -68,23 +94,27 @@ def test_module_called_twice_gives_two_calls():
     assert all(c.gpu_ms == pytest.approx(2.0) for c in calls)
 
 
-def test_hooks_removed_after_exit_and_on_exception():
-    clock, model, factory = make(2)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v))
+def test_hooks_removed_after_exit_and_on_exception(variant):
+    clock, model, kw, _, _ = _setup(2, variant)
     assert _hook_count(model) == 0
     with pytest.raises(RuntimeError, match="boom"):
-        with attach(model, event_factory=factory):
-            assert _hook_count(model) == 2 * 8
+        with attach(model, **kw):
+            assert _hook_count(model) == (2 if variant[0] == "torch" else 1) * 8
+            if variant[0] == "wrap":
+                assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
             raise RuntimeError("boom")
     assert _hook_count(model) == 0
 
 
-def test_module_raising_inside_forward_closes_its_ranges():
-    clock, model, factory = make(2)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v))
+def test_module_raising_inside_forward_closes_its_ranges(variant):
+    clock, model, kw, _, _ = _setup(2, variant)
     model.layers[1].mlp.fail = True
-    att = attach(model, event_factory=factory)
+    att = attach(model, **kw)
     with pytest.raises(RuntimeError, match="boom"):
         model(torch.zeros(1))
-    assert att._open == []                       # post hooks ran (always_call) and closed everything
+    assert att._open == []                       # post hooks (always_call) / finally closed everything
     recs = att.resolve()
     names = [r.name for r in recs]
     assert "layers.1.mlp" in names and "Decoder" in names
@@ -96,27 +126,38 @@ def test_module_raising_inside_forward_closes_its_ranges():
     assert _hook_count(model) == 0
 
 
-def test_record_function_ranges_show_in_torch_profiler():
+@pytest.mark.parametrize("mode", ["wrap", "torch"])
+def test_record_function_ranges_show_in_torch_profiler(mode):
     clock, model, factory = make(1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
-        with attach(model, event_factory=factory):
+        with attach(model, event_factory=factory, mode=mode):
             model(torch.zeros(1))
     names = {e.key for e in tp.key_averages()}
     assert {"Decoder", "layers.0", "layers.0.self_attn", "layers.0.mlp"} <= names
 
 
-def test_disabled_attachment_records_nothing():
-    clock, model, factory = make(1)
-    with attach(model, event_factory=factory) as att:
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v))
+def test_disabled_attachment_records_nothing(variant):
+    clock, model, kw, _, native = _setup(1, variant)
+    with attach(model, **kw) as att:
         att.enabled = False
         model(torch.zeros(1))
         assert att.resolve() == []
+        if native is not None:
+            assert native.marks == {}, "prewarm marks released, none recorded while disabled"
+        att.enabled = True
+        model(torch.zeros(1))
+        assert len(att.resolve()) == len(att.targets)
 
 
 def test_argument_errors():
     clock, model, factory = make(1)
     with pytest.raises(ArgumentError, match="event_factory"):
         attach(model, event_factory=3)
+    with pytest.raises(ArgumentError, match="mode"):
+        attach(model, event_factory=factory, mode="hooks")
+    with pytest.raises(ArgumentError, match="native"):
+        attach(model, event_factory=factory, native=object())
     with pytest.raises(ArgumentError, match="model"):
         attach(torch.nn.Linear(2, 2), event_factory=factory, include_root=False)
     assert _hook_count(model) == 0
@@ -146,25 +187,42 @@ def test_llama_top_level_components_are_hooked():
     assert [n for n, _ in find_targets(model, top_level=False)][1] == "model.layers.0"
 
 
-def test_llama_depth1_records_cover_the_whole_forward():
+@pytest.mark.parametrize("mode", ["wrap", "torch"])
+def test_llama_depth1_records_cover_the_whole_forward(mode):
     """Every leaf module advances a fake clock by 1 ms: the root's time is the number of leaves
-    called; the depth-1 records (top-level components + layers) must account for all of it."""
+    called; the depth-1 records (top-level components + layers) must account for all of it.
+    torch mode: the tick is a post hook registered before attach's (it runs before the end mark);
+    wrap mode: the tick is an instance-level forward wrapper already on the leaf (as accelerate
+    installs), which ours must chain (so the tick runs inside the interval) and restore."""
     from _profiler_fakes import Clock, FakeEvent
     model = _tiny_llama()
     clock = Clock()
     leaves = [m for m in model.modules() if not list(m.children())]
 
-    def tick(*_):   # a post hook registered before attach's: runs before its end event is recorded
+    def tick(*_):
         clock.now += 1.0
-    handles = [m.register_forward_hook(tick) for m in leaves]
+    handles, originals = [], {}
+    for m in leaves:
+        if mode == "torch":
+            handles.append(m.register_forward_hook(tick))
+        else:
+            def ticking(*a, _f=m.forward, **k):
+                out = _f(*a, **k)
+                tick()
+                return out
+            m.forward = ticking
+            originals[m] = ticking
     try:
-        with attach(model, event_factory=lambda: FakeEvent(clock)) as att:
+        with attach(model, event_factory=lambda: FakeEvent(clock), mode=mode) as att:
             with torch.inference_mode():
                 model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
             recs = att.resolve()
+        assert all(m.__dict__["forward"] is f for m, f in originals.items()), "instance forwards restored"
     finally:
         for h in handles:
             h.remove()
+        for m in originals:
+            del m.forward
     root = [r for r in recs if r.depth == 0]
     depth1 = {r.name: r.gpu_ms for r in recs if r.depth == 1}
     assert len(root) == 1 and root[0].gpu_ms == clock.now > 0
@@ -234,3 +292,128 @@ def test_prewarm_fills_the_pool_with_recorded_events():
         assert len(made) == n                          # the forward used only pre-created events
         recs = att.resolve()
     assert len(recs) == len(att.targets) and all(r.gpu_ms >= 0 for r in recs)
+
+
+# ---- wrap mode: forward wrappers --------------------------------------------------------------
+
+def test_wrap_keeps_the_signature_and_restores_the_class_forward():
+    clock, model, factory = make(1)
+    layer = model.layers[0]
+    before = inspect.signature(layer.forward)
+    with attach(model, event_factory=factory, mode="wrap"):
+        assert "forward" in layer.__dict__
+        assert inspect.signature(layer.forward) == before
+        assert layer.forward.__wrapped__ == Layer.forward.__get__(layer)
+        assert layer.forward.__name__ == "forward"
+    assert "forward" not in layer.__dict__ and layer.forward.__func__ is Layer.forward
+
+
+def test_wrap_chains_and_restores_an_existing_instance_forward():
+    """An instance-level forward already there (accelerate's hooks do this) is called by our
+    wrapper and put back afterwards, also when the forward raised."""
+    clock, model, factory = make(1)
+    mlp = model.layers[0].mlp
+    seen = []
+
+    def theirs(x, _orig=mlp.forward):
+        seen.append("theirs")
+        return _orig(x)
+    mlp.forward = theirs
+    with pytest.raises(RuntimeError, match="boom"):
+        with attach(model, event_factory=factory, mode="wrap") as att:
+            model(torch.zeros(1))
+            recs = att.resolve()
+            raise RuntimeError("boom")
+    assert seen == ["theirs"] and mlp.__dict__["forward"] is theirs
+    assert {r.name: r.gpu_ms for r in recs}["layers.0.mlp"] == pytest.approx(3.0)
+
+
+def test_wrap_leaves_a_wrapper_installed_over_ours_and_turns_pass_through():
+    clock, model, factory = make(1)
+    attn = model.layers[0].self_attn
+    att = attach(model, event_factory=factory, mode="wrap")
+    ours = attn.__dict__["forward"]
+
+    def later(x, _inner=ours):
+        return _inner(x)
+    attn.forward = later                   # installed after us: must survive our removal
+    att.remove()
+    assert attn.__dict__["forward"] is later
+    model(torch.zeros(1))                  # ours is a pass-through now: nothing recorded
+    assert att.calls == []
+    del attn.forward
+
+
+@pytest.mark.parametrize("order", ["inner_first", "outer_first"])
+def test_wrap_nested_attachments_leave_the_model_clean_in_any_order(order):
+    clock, model, factory = make(2)
+    a = attach(model, event_factory=factory, mode="wrap")
+    b = attach(model, event_factory=factory, mode="wrap")
+    model(torch.zeros(1))
+    ra, rb = a.resolve(), b.resolve()
+    assert [r.name for r in ra] == [r.name for r in rb] and len(ra) == len(a.targets)
+    assert [r.gpu_ms for r in ra] == pytest.approx([r.gpu_ms for r in rb])
+    for x in ((a, b) if order == "inner_first" else (b, a)):
+        x.remove()
+    assert _hook_count(model) == 0
+
+
+def test_wrap_bypasses_torch_hook_dispatch():
+    """With wrap mode the hooked modules carry no torch hooks, so Module.__call__ keeps its fast
+    path (no _call_impl hook handling)."""
+    clock, model, factory = make(2)
+    with attach(model, event_factory=factory, mode="wrap") as att:
+        assert all(not m._forward_hooks and not m._forward_pre_hooks for _, m in att.targets)
+        assert all(m.__dict__.get("forward") is not None for _, m in att.targets)
+
+
+# ---- native marks --------------------------------------------------------------------------------
+
+def test_native_marks_are_relative_to_the_reference_event_and_pooled():
+    from _profiler_fakes import FakeEvent
+    clock, model, factory = make(2)
+    native = FakeNative(clock)
+    with attach(model, event_factory=factory, native=native) as att:
+        assert native.marks == {} and native.next_mark == 2 * len(att.targets), "prewarm: recorded and released"
+        clock.now = 10.0
+        ref = FakeEvent(clock)
+        ref.record()
+        clock.now = 12.0
+        model(torch.zeros(1))
+        assert len(native.marks) == 2 * len(att.targets)
+        assert {s for s, _ in native.mark_streams} == {0}, "the current raw stream (0 without CUDA)"
+        recs = att.resolve(reference=ref)
+    assert native.marks == {}
+    by = {r.name: r for r in recs}
+    assert by["Decoder"].start_us == pytest.approx(2000.0)
+    assert by["layers.0"].start_us == pytest.approx(3000.0)
+    assert by["layers.1.self_attn"].gpu_ms == pytest.approx(3.0)
+
+
+def test_native_marks_not_recorded_under_capture_give_no_record():
+    clock, model, factory = make(1)
+    native = FakeNative(clock)
+    with attach(model, event_factory=factory, native=native) as att:
+        native.capturing = True
+        model(torch.zeros(1))
+        native.capturing = False
+        assert att.resolve() == [] and native.marks == {}
+        model(torch.zeros(1))
+        assert len(att.resolve()) == len(att.targets)
+
+
+def test_native_harvest_waits_for_nothing_and_discard_releases():
+    from _profiler_fakes import FakeEvent
+    clock, model, factory = make(1)
+    native = FakeNative(clock)
+    ref = FakeEvent(clock)
+    ref.record()
+    with attach(model, event_factory=factory, native=native) as att:
+        model(torch.zeros(1))
+        native.done = False                       # the GPU has not passed the marks yet
+        assert att.harvest(ref) == [] and native.resolves == 0
+        native.done = True
+        assert len(att.harvest(ref)) == len(att.targets) and native.marks == {}
+        model(torch.zeros(1))
+        assert att.discard() == len(att.targets)
+        assert native.marks == {} and att.calls == []

@@ -301,3 +301,29 @@ def test_import_a_torch_profiler_still_running_is_refused():
         with pytest.raises(ArgumentError, match="^tp: expected a finished torch.profiler.profile.*still running"):
             prof.import_torch_profiler(tp)
     prof.import_torch_profiler(tp)                      # finished: accepted
+
+
+# ---- native marks: the _native contract without a driver ------------------------------------------
+
+def test_native_mark_functions_name_bad_arguments_and_need_no_driver_when_empty():
+    from ferroattn import _native as n
+    if not all(hasattr(n, f) for f in ("profiler_mark", "profiler_marks_query", "profiler_marks_resolve",
+                                       "profiler_marks_release")):
+        pytest.skip("extension built without the mark functions")
+    from ferroattn.errors import ArgumentError
+    for args, exc, arg in [((-1, 0), ArgumentError, "stream"), (("x", 0), TypeError, "stream"),
+                           ((0, "y"), TypeError, "device"), ((0, -2), ArgumentError, "device"),
+                           ((0, 2 ** 40), ArgumentError, "device")]:
+        with pytest.raises(exc, match=f"^{arg}:"):
+            n.profiler_mark(*args)
+    for bad in (["a"], 5, "ab"):
+        with pytest.raises(TypeError, match="^marks:"):
+            n.profiler_marks_release(bad)
+        with pytest.raises(TypeError, match="^marks:"):
+            n.profiler_marks_query(bad)
+    with pytest.raises(ArgumentError, match="^marks:"):
+        n.profiler_marks_resolve([2 ** 63])              # never made
+    with pytest.raises(TypeError, match="^reference_event:"):
+        n.profiler_marks_resolve([1], "ref")
+    assert n.profiler_marks_release((2 ** 63, 2 ** 63 + 1)) == 0
+    assert n.profiler_marks_query(()) == [] and n.profiler_marks_resolve([]) == []

@@ -128,3 +128,36 @@ def test_long_window_harvests_finished_calls_between_steps_and_reuses_events():
     per_forward = len(plain) // 4
     assert made_plain == 4 * 2 * per_forward + 1                         # two events per call + the window's reference
     assert made_q <= 2 * per_forward + 1                                 # later forwards reuse harvested events
+
+
+# ---- native marks (fake _native) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["wrap", "torch"])
+def test_profile_with_native_marks_attributes_kernels_and_frees_every_mark(mode):
+    from _profiler_fakes import make_launching
+    clock, model, factory, native, rec = make_launching(2)
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2)
+    with profile(model, schedule=sched, event_factory=factory, recorder=rec, native=native, mode=mode) as prof:
+        for _ in range(5):
+            model(torch.zeros(1))
+            prof.step()
+    assert native.marks == {}, "warmup discards, harvests, saves and the exit return every mark"
+    mods = prof.records.modules
+    assert sorted({r.step for r in mods}) == [2, 3]
+    by = {}
+    for r in mods:
+        by.setdefault(r.name, []).append(r)
+    assert [r.gpu_ms for r in by["layers.1.self_attn"]] == pytest.approx([3.0, 3.0])
+    attn = [k for k in prof.records.kernels if k.name == "attn_fwd_sm80"]
+    assert len(attn) == 4 and {k.module for k in attn} == {"layers.0.self_attn", "layers.1.self_attn"}
+    assert "forward" not in model.layers[0].__dict__ and not model.layers[0]._forward_hooks
+
+
+def test_profile_left_by_an_exception_frees_its_marks():
+    from _profiler_fakes import make_launching
+    clock, model, factory, native, rec = make_launching(1)
+    with pytest.raises(RuntimeError, match="boom"):
+        with profile(model, event_factory=factory, recorder=rec, native=native):
+            model(torch.zeros(1))
+            raise RuntimeError("boom")
+    assert native.marks == {} and "forward" not in model.__dict__

@@ -243,3 +243,36 @@ def test_ceilings_without_a_gpu_no_raw_torch_error(tmp_path):
     with pytest.raises(ArgumentError, match="^device:"):
         cached_ceilings(-1, cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- plot layout: labels do not pile up, the legend hides no point --------------------------------
+
+def _render(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def _overlap(a, b):
+    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
+
+
+def test_plot_labels_of_close_points_do_not_overlap_and_legend_hides_no_point():
+    pytest.importorskip("matplotlib")
+    # six kernels at (nearly) the same place, as one attention config x several launches gives
+    pts = [RooflinePoint(f"attn_fwd_sm80 cfg{i} (x16)", 100.0 * (1 + 0.01 * i), 300.0 * (1 + 0.01 * i))
+           for i in range(6)] + [RooflinePoint("copy-like", 0.1, 0.4), RooflinePoint("gemm", 400.0, 700.0)]
+    fig = plot_roofline(pts, C)
+    r = _render(fig)
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent(r) for t in ax.texts]
+    assert [t.get_text() for t in ax.texts] == [p.name for p in pts]
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            assert not _overlap(boxes[i], boxes[j]), (ax.texts[i].get_text(), ax.texts[j].get_text())
+    legend = ax.get_legend().get_window_extent(r)
+    for p in pts:
+        x, y = ax.transData.transform((p.intensity, p.tflops))
+        assert not (legend.x0 <= x <= legend.x1 and legend.y0 <= y <= legend.y1), p.name
+    assert legend.x0 >= ax.get_window_extent(r).x1, "the legend is outside the axes"

@@ -239,3 +239,78 @@ def test_build_model_unknown_model_type_is_an_argument_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": 5}))
     with pytest.raises(ArgumentError, match="^model: expected a str \"model_type\""):
         build_model(str(tmp_path), device="cpu")
+
+
+# ---- model_forward: the capturable form of a transformers forward ---------------------------------
+
+class _HostSyncs:
+    """Counts reads of tensor values on the host (bool(t), t.item(), t.tolist(), int(t),
+    float(t)): on CUDA each is a host sync (aten::_local_scalar_dense / a copy), what fails inside
+    CUDA-graph capture. (A TorchDispatchMode does not see them under inference_mode.)"""
+
+    METHODS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.n, self._mp, self.active = 0, monkeypatch, False
+
+    def __enter__(self):
+        self.active = True
+        for name in self.METHODS:
+            real = getattr(torch.Tensor, name)
+
+            def counted(t, *a, _real=real, **k):
+                self.n += self.active
+                return _real(t, *a, **k)
+            self._mp.setattr(torch.Tensor, name, counted)   # undone by monkeypatch at the test's end
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
+def _ferroattn_llama_on_cpu(monkeypatch):
+    """The tiny Llama with attn "ferroattn" on the CPU: our integration's code path, with the
+    kernel call (flash_attn_func) replaced by SDPA (our kernels need a GPU)."""
+    import ferroattn.integrations.transformers as fa_hf
+    monkeypatch.setattr(fa_hf, "flash_attn_func", lambda q, k, v, causal=True, softmax_scale=None, **_: (
+        torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(q.shape[2] // k.shape[2], 1),
+            v.transpose(1, 2).repeat_interleave(q.shape[2] // k.shape[2], 1), is_causal=causal,
+            scale=softmax_scale).transpose(1, 2)))
+    return build_model("tiny", attn="ferroattn", dtype="float32", device="cpu")
+
+
+def _capturing(monkeypatch, on):
+    """Make transformers see a capturing CUDA stream (as during torch.cuda.graph capture)."""
+    import transformers.utils.import_utils as iu
+    monkeypatch.setattr(iu, "is_cuda_stream_capturing", lambda: on)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_model_forward_has_no_host_sync_after_warmup_and_a_plain_forward_has(monkeypatch, batch):
+    pytest.importorskip("transformers")
+    from ferroattn.profiler import model_forward
+    model = _ferroattn_llama_on_cpu(monkeypatch)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(0))
+    fwd = model_forward(model, ids)
+    fwd()                                                  # warm-up (eager): may sync, remembers the answers
+    _capturing(monkeypatch, True)
+    with _HostSyncs(monkeypatch) as pinned:
+        out = fwd()
+    assert pinned.n == 0, "the captured call would sync"
+    with _HostSyncs(monkeypatch) as plain, torch.inference_mode():
+        ref = model(input_ids=ids, use_cache=False)        # a new position_ids each call: our packed check syncs
+    assert plain.n == (1 if batch == 1 else 0)
+    assert torch.allclose(out.logits, ref.logits, atol=1e-5)
+    assert fwd.position_ids.shape == (batch, 16) and fwd.position_ids[0].tolist() == list(range(16))
+
+
+def test_model_forward_arguments():
+    from ferroattn.profiler import model_forward
+    with pytest.raises(ArgumentError, match="^model:"):
+        model_forward(3, torch.zeros(1, 4, dtype=torch.long))
+    for bad in (torch.zeros(4, dtype=torch.long), torch.zeros(1, 4), [[1, 2]]):
+        with pytest.raises(ArgumentError, match="^input_ids:"):
+            model_forward(torch.nn.Identity(), bad)
+    with pytest.raises(ArgumentError, match="^kwargs: position_ids"):
+        model_forward(torch.nn.Identity(), torch.zeros(1, 4, dtype=torch.long), position_ids=None)

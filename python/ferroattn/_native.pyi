@@ -134,7 +134,8 @@ def profiler_enabled() -> bool:
     """Whether launch recording is on."""
 def profiler_stats() -> dict:
     """{enabled: bool, pending: int (records not drained), skipped_capture: int, dropped: int}
-    (the counters count since the process started)."""
+    (the counters count since the process started; dropped also counts marks refused at the
+    cap of profiler_mark)."""
 def profiler_drain(reference_event: Optional[int] = None) -> list[dict]:
     """Resolve and return every record kept so far, in launch order, and forget them (the pool
     gets the events back). Waits for each record's end event (cuEventSynchronize): call it
@@ -162,6 +163,33 @@ def profiler_drain(reference_event: Optional[int] = None) -> list[dict]:
 
     Raises CudaError when an event cannot be resolved (e.g. a sticky error); the records are
     forgotten anyway."""
+
+# Marks: single timing events for the module hooks (python/ferroattn/profiler/hooks.py), from the
+# same per-device event pools as the launch records. Independent of profiler_enable.
+def profiler_mark(stream: int, device: int) -> int:
+    """Record a mark: a pooled timing event of ``device`` recorded on ``stream`` (a raw CUstream
+    of that device as an int, e.g. ``torch._C._cuda_getCurrentRawStream(device)``; 0 = its legacy
+    default stream) now, in stream order; makes ``device``'s primary context current on this
+    thread first. Returns the mark's id (an int > 0; ids are never reused), or 0 when nothing was
+    recorded: ``stream`` is capturing a CUDA graph, or 2_000_000 marks are unresolved (counted in
+    profiler_stats()["dropped"]). Host cost: one cuEventRecord plus bookkeeping (no sync).
+    Raises ArgumentError (device < 0), TypeError (not ints), NoDeviceError (no such device),
+    CudaError (cuEventCreate/cuEventRecord failed, e.g. a stream of another device)."""
+def profiler_marks_query(marks: Sequence[int]) -> list[bool]:
+    """Whether the GPU has passed each mark (cuEventQuery; never waits). ArgumentError naming
+    ``marks`` for an id that is not an unresolved mark; CudaError on a driver error."""
+def profiler_marks_resolve(marks: Sequence[int], reference_event: Optional[int] = None) -> list[Optional[float]]:
+    """Milliseconds (cuEventElapsedTime) from ``reference_event`` (a CUevent handle as an int,
+    e.g. a recorded ``torch.cuda.Event``'s ``.cuda_event``, recorded before the marks; None or 0:
+    the first mark of ``marks``) to each mark, in the order given (negative when the mark came
+    first; None where the driver refuses, e.g. a reference of another device). Waits for every
+    mark (cuEventSynchronize; GIL released), then forgets the marks and returns their events to
+    the pool, also when it fails. ArgumentError naming ``marks``, and nothing forgotten, when an
+    id is not an unresolved mark (never made, resolved or released already, or listed twice);
+    CudaError when an event cannot be waited for."""
+def profiler_marks_release(marks: Sequence[int]) -> int:
+    """Forget marks without timing them (their events go back to the pool); ids that are not
+    unresolved marks are ignored. Returns how many were released."""
 
 # ---- dense GEMM (issue 4) -----------------------------------------------------------
 # out[i] = act(alpha * a[i] @ b[i] + beta * c[i] + bias)   for i in range(batch)

@@ -6,7 +6,8 @@ Importing this package needs neither torch, a GPU nor matplotlib (they are impor
 Modules:
 
 - :mod:`.knee`      :func:`detect_knee` on a {(batch, seqlen): ms} grid -> :class:`Knee`
-                    (largest growth of the marginal cost per unit of work; definition there);
+                    (largest growth of the marginal cost per unit of work, from monotone
+                    smoothing + a two-segment fit with a noise test; definition there);
 - :mod:`.ceilings`  :class:`Ceilings` (TFLOP/s + GB/s with what was timed, device, date) and
                     :func:`measure_ceilings` (times a bf16 and an fp16 matmul and a device copy with
                     :mod:`ferroattn.bench.ceilings`, caches them once per device/driver/torch/CUDA
@@ -21,11 +22,12 @@ Modules:
                     (Trace Event Format JSON) export;
 - :mod:`.table`     :func:`key_averages` by "module" / "kernel" / "op" -> :class:`KeyAverages`
                     with ``.table(sort_by=..., row_limit=...)`` in torch.profiler's layout;
-- :mod:`.hooks`     :func:`attach` -> :class:`Attachment`: forward pre/post hooks on the model, its
-                    top-level components (embeddings, final norm, rotary, lm_head), decoder layers
-                    and their attention/MLP children (rule: :func:`find_targets`), event pairs +
-                    record_function + NVTX, resolved after the forward; :class:`WallClockEvent`
-                    (host-clock events for a model on the CPU);
+- :mod:`.hooks`     :func:`attach` -> :class:`Attachment`: forward wrappers (default) or torch
+                    forward pre/post hooks on the model, its top-level components (embeddings,
+                    final norm, rotary, lm_head), decoder layers and their attention/MLP children
+                    (rule: :func:`find_targets`), GPU timestamps (native marks from Rust, or
+                    events) + record_function + NVTX, resolved after the forward;
+                    :class:`WallClockEvent` (host-clock events for a model on the CPU);
 - :mod:`.launches`  the adapter over the Rust launch recorder (``_native.profiler_*``):
                     :class:`Recorder`, drained records -> :class:`KernelRecord` (module = innermost
                     module record holding the kernel's start), nesting of profiles;
@@ -37,13 +39,16 @@ Modules:
 - :mod:`.sweep`     :func:`sweep` -> :class:`SweepResult` of :class:`SweepPoint` (latency,
                     tokens/s, peak memory, one profiled forward per point; knee; heatmap; table);
 - :mod:`.overhead`  :func:`launch_overhead` -> :class:`LaunchOverhead` (eager vs CUDA graph);
+                    :func:`model_forward` (the capturable form of a transformers forward);
 - :mod:`.cli`       ``python -m ferroattn profile`` (validation, sweep, tables, trace, heatmap).
 
 Measured on an H200 (tests/test_gpu_profiler.py, scripts/profiler_overhead.py; figures in
 bench/results/profiler_*.json): module records of a Llama-3.2-1B-config forward sum to the whole
-forward within ~2 %; ``profile()`` adds < 1 % to a GPU-bound forward (batch 4 x 2048 tokens) and
-more to a host-bound one (+18.7 % at 1 x 256: every hooked module's host cost adds to the wall
-time); ceilings within 20 % of the H200's copy bandwidth and cuBLAS rate; our kernels appear by
+forward within ~2 %; ``profile()`` adds < 1.5 % to a GPU-bound forward (batch 4 x 2048 tokens);
+on a host-bound one (1 x 256, ~15 ms of host time) every hooked module call's host time adds to
+the wall time: +26-60 % with torch hooks and torch.cuda.Event pairs (session 3), hence forward
+wrappers and native marks (estimated ~6-7 µs per hooked call, ~2-3 % at 1 x 256; measured by
+scripts/profiler_overhead.py); ceilings within 20 % of the H200's copy bandwidth and cuBLAS rate; our kernels appear by
 name in a simultaneous torch.profiler trace. On a machine without a GPU, time a model on the CPU
 with ``event_factory=WallClockEvent`` (the tables then show host time in the "GPU" columns).
 Kernel records need an extension built with the launch recorder (``_native.profiler_*``); with
@@ -53,7 +58,7 @@ from .ceilings import Ceilings, cached_ceilings, config_dtype, default_cache_dir
 from .hooks import Attachment, WallClockEvent, attach, find_targets
 from .launches import Recorder, get_recorder, kernel_records, set_recorder
 from .models import build_model
-from .overhead import LaunchOverhead, launch_overhead
+from .overhead import LaunchOverhead, launch_overhead, model_forward
 from .profile import profile
 from .sweep import SweepPoint, SweepResult, sweep
 from .events import KernelRecord, ModuleRecord, Records, chrome_trace_events, export_chrome_trace
@@ -65,7 +70,7 @@ from .table import Average, KeyAverages, key_averages, sort_keys
 
 __all__ = [
     "Attachment", "attach", "find_targets", "profile", "WallClockEvent",
-    "build_model", "sweep", "SweepResult", "SweepPoint", "launch_overhead", "LaunchOverhead",
+    "build_model", "sweep", "SweepResult", "SweepPoint", "launch_overhead", "LaunchOverhead", "model_forward",
     "Recorder", "get_recorder", "set_recorder", "kernel_records", "cached_ceilings", "config_dtype",
     "Average", "Ceilings", "KernelRecord", "KeyAverages", "Knee", "LineKnee", "ModuleRecord", "Records",
     "RooflinePoint", "Utilisation", "arithmetic_intensity", "attainable_tflops", "chrome_trace_events",

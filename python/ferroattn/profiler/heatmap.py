@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 
 from ..errors import ArgumentError
 from ._util import figure_path
-from .knee import Knee, _check_axis_values, _normalise, detect_knee
+from .knee import Knee, _check_axis_values, _normalise, detect_knee, fmt_growth
 
 METRICS = ("latency_ms", "tokens_per_s")
 _LABELS = {"latency_ms": "latency (ms)", "tokens_per_s": "throughput (tokens/s)"}
@@ -47,9 +47,13 @@ def _fmt_si(v: float) -> str:
 
 
 def _fmt(metric: str, v: Optional[float]) -> str:
+    """Cell text: latency with 3 significant digits, whole ms from 1000 ms on (never "1.23e+03");
+    throughput with k/M/G suffixes."""
     if v is None:
         return MISSING
-    return f"{v:.3g}" if metric == "latency_ms" else _fmt_si(v)
+    if metric == "latency_ms":
+        return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    return _fmt_si(v)
 
 
 def sweep_values(points: dict, batches: Sequence[int], seqlens: Sequence[int], metric: str) -> list:
@@ -80,8 +84,10 @@ def plot_sweep_heatmap(grid, *, metric: Union[str, Sequence[str]] = "latency_ms"
     knee: a :class:`~.knee.Knee` (its ``config`` is outlined), None (computed with
     ``detect_knee(grid)``, default work = tokens) or False (no outline). Rows are batch sizes
     (ascending from the top), columns sequence lengths (ascending to the right); each cell is
-    annotated with its value (3 significant digits; throughput with k/M/G suffixes), unmeasured
-    cells are grey and annotated "n/a"; the colour scale is logarithmic when all values are > 0.
+    annotated with its value (3 significant digits, whole ms from 1000 ms on; throughput with
+    k/M/G suffixes), unmeasured cells are grey and annotated "n/a"; the colour scale is
+    logarithmic when all values are > 0. The knee is named in the title and in a figure legend
+    below the panels (constrained layout: it never covers an axis label).
 
     Returns the matplotlib Figure (a bare ``matplotlib.figure.Figure`` rendered by Agg, no pyplot;
     shows inline in Jupyter); with ``path`` also saves it (format from the suffix, e.g. PNG). The
@@ -143,17 +149,19 @@ def plot_sweep_heatmap(grid, *, metric: Union[str, Sequence[str]] = "latency_ms"
             i, j = bs.index(knee_cfg[0]), ss.index(knee_cfg[1])
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5,
                                    gid=KNEE_GID, label=f"knee (batch={knee_cfg[0]}, seqlen={knee_cfg[1]})"))
-            ax.legend(loc="upper left", bbox_to_anchor=(0, -0.12), fontsize=7, frameon=False)
         ax.set_xticks(range(len(ss)), [str(s) for s in ss])
         ax.set_yticks(range(len(bs)), [str(b) for b in bs])
         ax.set_xlabel("sequence length")
         ax.set_ylabel("batch")
         ax.set_title(_LABELS[m], fontsize=9)
         fig.colorbar(im, ax=ax, label=_LABELS[m])
+    if knee_cfg is not None:   # one legend for the figure, below everything (never over an axis label)
+        handles = [p for p in axs[0].patches if p.get_gid() == KNEE_GID]
+        fig.legend(handles=handles, loc="outside lower left", fontsize=7, frameon=False)
     if title is not None:
         fig.suptitle(title)
     elif knee_cfg is not None:
-        growth = "" if knee.growth is None else f", marginal-cost growth {knee.growth:.3g}x"
+        growth = "" if knee.growth is None else f", marginal-cost growth {fmt_growth(knee.growth)}"
         fig.suptitle(f"batch x seqlen sweep — knee at batch={knee_cfg[0]}, seqlen={knee_cfg[1]} "
                      f"(along {knee.axis}{growth})")
     else:

@@ -41,6 +41,12 @@ Other libraries' kernels: ``prof.import_torch_profiler(tp)`` with a finished
 
 torch.profiler: this class never starts or stops torch's profiler; run ``torch.profiler.profile``
 around or inside it and the module ``record_function`` ranges appear in torch's trace.
+
+Module timestamps: :func:`.hooks.attach` with its defaults (forward wrappers, native marks on a
+GPU; ``mode="torch"`` / ``native=`` / ``event_factory=`` pass through ``hook_options`` and the
+keyword arguments). The window's reference event is a ``torch.cuda.Event`` (or one of
+``event_factory``); marks and launch records are resolved against its handle. Marks of calls that
+are not saved (warmup steps, an exception, a window left open) are released at once.
 """
 from __future__ import annotations
 
@@ -190,7 +196,7 @@ class profile:
         self._sub.pending.clear()
         self._harvested = []
         if self._att is not None:
-            self._att.take()
+            self._att.discard()
         if self._factory is not None:
             from .hooks import checked_event  # noqa: PLC0415
             ref = checked_event(self._factory)
@@ -203,7 +209,7 @@ class profile:
         """A warmup step ended: drain and drop its module calls and launches."""
         self._harvested = []
         if self._att is not None:
-            self._att.take()
+            self._att.discard()
         launches.collect(self._sub, self._rec)
         self._sub.pending.clear()
         self._sub.ref = None
@@ -242,8 +248,12 @@ class profile:
 
     def _detach(self) -> None:
         if self._att is not None:
-            self._att.remove()
-            self._att = None
+            att, self._att = self._att, None
+            att.remove()
+            try:
+                att.discard()   # calls never saved (an exception, a window left open): free their marks
+            except Exception:
+                pass
 
     def _finish(self, clean: bool) -> None:
         self._active = False

@@ -102,7 +102,8 @@ class RooflinePoint:
 def plot_roofline(points: Sequence[RooflinePoint], ceilings: Ceilings, path: Optional[os.PathLike] = None,
                   title: Optional[str] = None):
     """Log-log roofline: both ceilings (memory slope up to the ridge point, compute roof after it),
-    one labelled marker per point. Returns the matplotlib Figure; with ``path`` also saves it (the
+    one labelled marker per point; labels are moved around their markers so that they do not
+    overlap each other (:func:`_place_labels`), the legend sits outside the axes. Returns the matplotlib Figure; with ``path`` also saves it (the
     format from the suffix, e.g. PNG). Builds a bare ``matplotlib.figure.Figure`` (rendered by Agg,
     no pyplot, no display needed; shows inline in Jupyter when returned). Needs matplotlib
     (``pip install 'ferroattn[bench]'``). Raises ArgumentError naming ``ceilings``, ``points`` or
@@ -125,7 +126,7 @@ def plot_roofline(points: Sequence[RooflinePoint], ceilings: Ceilings, path: Opt
     xs = [p.intensity for p in pts] + [ridge]
     lo = min(xs) / 4
     hi = max(xs) * 4
-    fig = Figure(figsize=(7, 5), dpi=110)
+    fig = Figure(figsize=(9, 5), dpi=110, layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -134,15 +135,61 @@ def plot_roofline(points: Sequence[RooflinePoint], ceilings: Ceilings, path: Opt
     ax.plot([ridge, hi], [c.peak_tflops, c.peak_tflops], color="tab:red",
             label=f"compute {c.peak_tflops:.1f} TFLOP/s ({c.compute_source})")
     ax.axvline(ridge, color="grey", linestyle=":", linewidth=0.8)
+    anns = []
     for p in pts:
         ax.scatter([p.intensity], [p.tflops], zorder=3)
-        ax.annotate(p.name, (p.intensity, p.tflops), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        anns.append(ax.annotate(p.name, (p.intensity, p.tflops), textcoords="offset points", xytext=(4, 4),
+                                fontsize=7))
     ax.set_xlim(lo, hi)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(title or f"roofline — {c.device}")
-    ax.legend(fontsize=7, loc="lower right")
+    # the legend sits outside the axes, right of them: it never hides a point
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(True, which="both", linewidth=0.3)
+    _place_labels(fig, anns)
     if path is not None:
         fig.savefig(path)
     return fig
+
+
+#: Candidate label offsets from the marker, in points (x, y of the text's lower left corner; a
+#: negative x is taken from the text's right edge).
+_OFFSETS = ((4, 4), (4, -11), (-4, 4), (-4, -11), (4, 15), (4, -22), (-4, 15), (-4, -22), (4, 26), (4, -33),
+            (-4, 26), (-4, -33), (4, 37), (4, -44), (-4, 37), (-4, -44))
+
+
+def _place_labels(fig, anns: list) -> None:
+    """Greedy label placement: lay the figure out once (Agg), then give each annotation, in order,
+    the first candidate offset (:data:`_OFFSETS`) whose text box overlaps no label placed before;
+    when none is free, the candidate with the least overlap. The layout is then frozen so a saved
+    or displayed figure keeps these positions."""
+    if len(anns) < 2:
+        return
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    fig.set_layout_engine("none")   # keep the axes where the first layout put them
+    placed = []
+
+    def overlap(a, b) -> float:
+        w = min(a.x1, b.x1) - max(a.x0, b.x0)
+        h = min(a.y1, b.y1) - max(a.y0, b.y0)
+        return w * h if w > 0 and h > 0 else 0.0
+
+    for ann in anns:
+        best = None
+        for dx, dy in _OFFSETS:
+            ann.set_horizontalalignment("left" if dx >= 0 else "right")
+            ann.xyann = (dx, dy)
+            box = ann.get_window_extent(renderer)
+            cost = sum(overlap(box, b) for b in placed)
+            if best is None or cost < best[0]:
+                best = (cost, dx, dy, box)
+            if cost == 0:
+                break
+        cost, dx, dy, box = best
+        ann.set_horizontalalignment("left" if dx >= 0 else "right")
+        ann.xyann = (dx, dy)
+        placed.append(box)

@@ -31,7 +31,7 @@ from ..bench.timing import event_ms
 from ..errors import ArgumentError, FerroattnError
 from .events import Records
 from ._util import integer
-from .knee import Knee, _check_axis_values, detect_knee
+from .knee import Knee, _check_axis_values, detect_knee, fmt_growth
 
 OOM = "out of memory"
 METRICS = ("latency_ms", "tokens_per_s", "peak_mem_bytes")
@@ -152,10 +152,12 @@ def knee_line(knee: Optional[Knee], error: Optional[str] = None) -> str:
     if knee is None:
         return "knee: not enough points (a line of the grid needs 3 measured points)"
     if not knee.found:
-        g = "" if knee.growth is None else f" (largest marginal-cost growth {knee.growth:.3g}x < {knee.min_growth:g}x)"
+        g = "" if knee.growth is None else (f" (no change of slope that clearly exceeds the noise; largest "
+                                            f"marginal-cost growth {fmt_growth(knee.growth)}, threshold "
+                                            f"{fmt_growth(knee.min_growth)})")
         return f"knee: none{g}"
     return (f"knee: batch={knee.config[0]}, seqlen={knee.config[1]} (along {knee.axis}; marginal cost per token "
-            f"grows {knee.growth:.3g}x after it)")
+            f"grows {fmt_growth(knee.growth)} after it)")
 
 
 def _axis(name: str, values: Any) -> tuple:
