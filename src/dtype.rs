@@ -11,19 +11,22 @@ pub enum DType {
     F64,
     I32,
     I64,
+    /// Only for 2:4 metadata (src/ops/sparse24).
+    I16,
     U8,
     I8,
     Bool,
 }
 
 impl DType {
-    pub const ALL: [DType; 9] = [
+    pub const ALL: [DType; 10] = [
         DType::F16,
         DType::BF16,
         DType::F32,
         DType::F64,
         DType::I32,
         DType::I64,
+        DType::I16,
         DType::U8,
         DType::I8,
         DType::Bool,
@@ -38,6 +41,7 @@ impl DType {
             DType::F64 => "float64",
             DType::I32 => "int32",
             DType::I64 => "int64",
+            DType::I16 => "int16",
             DType::U8 => "uint8",
             DType::I8 => "int8",
             DType::Bool => "bool",
@@ -68,6 +72,7 @@ impl DType {
             DType::F64 => (2, 64, 1),
             DType::I32 => (0, 32, 1),
             DType::I64 => (0, 64, 1),
+            DType::I16 => (0, 16, 1),
             DType::U8 => (1, 8, 1),
             DType::I8 => (0, 8, 1),
             DType::Bool => (6, 8, 1),
@@ -104,6 +109,7 @@ impl DType {
             DType::F64 => "double",
             DType::I32 => "int",
             DType::I64 => "long long",
+            DType::I16 => "short",
             DType::U8 => "unsigned char",
             DType::I8 => "signed char",
             DType::Bool => "bool",
@@ -129,6 +135,7 @@ mod tests {
         assert_eq!(DType::F32.dl_triple(), (2, 32, 1));
         assert_eq!(DType::I32.dl_triple(), (0, 32, 1));
         assert_eq!(DType::I64.dl_triple(), (0, 64, 1));
+        assert_eq!(DType::I16.dl_triple(), (0, 16, 1));
         assert_eq!(DType::U8.dl_triple(), (1, 8, 1));
         assert_eq!(DType::I8.dl_triple(), (0, 8, 1));
         assert_eq!(DType::Bool.dl_triple(), (6, 8, 1));

@@ -15,6 +15,7 @@ pub mod ops;
 pub mod profiler;
 pub mod python;
 pub mod tensor;
+pub mod tma;
 pub mod tuning;
 
 pub use error::{Error, Result};

@@ -5,7 +5,7 @@ boundary through DLPack: any argument typed ``DLPackLike`` may be an object with
 ``__dlpack__``/``__dlpack_device__`` (a *detached* torch tensor, a CuPy or numpy array)
 or a DLPack capsule. ``TensorMeta`` describes a tensor without data (for fake/meta tensors):
 ``(shape, strides_in_elements, dtype_name, (dl_device_type, device_id))`` where dtype_name is
-one of "float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool"
+one of "float16", "bfloat16", "float32", "float64", "int16", "int32", "int64", "uint8", "int8", "bool"
 and dl_device_type is 1 (CPU) or 2 (CUDA).
 
 Errors are raised as the classes of ferroattn.errors.

@@ -2,6 +2,8 @@
 
 pub mod attention;
 pub mod attention_bwd;
+pub mod gemm;
+pub mod sparse24;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod work;
@@ -9,8 +11,8 @@ pub mod work;
 use crate::error::Result;
 use crate::jit::{precompile as pc, Arch};
 
-/// Compile every production configuration of every kernel family (attention forward, then
-/// attention backward) for each arch name (no GPU needed); reports in that order.
+/// Compile every production configuration of every kernel family (attention forward,
+/// attention backward, dense GEMM (wmma, sm90), 2:4 sparse) for each arch name (no GPU needed); reports in that order.
 /// With `check_spills`, a spilling configuration is a CompileError.
 pub fn precompile(archs: &[String], check_spills: bool) -> Result<Vec<pc::Report>> {
     let archs = archs
@@ -27,6 +29,21 @@ pub fn precompile(archs: &[String], check_spills: bool) -> Result<Vec<pc::Report
         .collect();
     let mut reports = pc::precompile(&fwd)?;
     reports.extend(pc::precompile(&bwd)?);
+    let gemm_wmma: Vec<_> = archs
+        .iter()
+        .flat_map(|a| gemm::wmma::production_specs(*a))
+        .collect();
+    reports.extend(pc::precompile(&gemm_wmma)?);
+    let gemm_sm90: Vec<_> = archs
+        .iter()
+        .flat_map(|a| gemm::sm90::production_specs(*a))
+        .collect();
+    reports.extend(pc::precompile(&gemm_sm90)?);
+    for a in &archs {
+        let (sp_matmul, sp_compress) = sparse24::production_specs(*a);
+        reports.extend(pc::precompile(&sp_compress)?);
+        reports.extend(pc::precompile(&sp_matmul)?);
+    }
     if check_spills {
         pc::check_spills(&reports)?;
     }

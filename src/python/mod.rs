@@ -6,8 +6,10 @@ mod attention_bwd;
 mod dlpack;
 mod env;
 pub mod errors;
+mod gemm;
 mod jit;
 mod profiler;
+mod sparse24;
 
 use pyo3::prelude::*;
 
@@ -18,7 +20,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     jit::register(m)?;
     attention::register(m)?;
     attention_bwd::register(m)?;
+    gemm::register(m)?;
     dlpack::register(m)?;
     profiler::register(m)?;
+    sparse24::register(m)?;
     Ok(())
 }

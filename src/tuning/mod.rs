@@ -1,3 +1,6 @@
 //! Tile-size heuristics: pure functions, unit-tested on CPU.
 pub mod attention;
 pub mod attention_bwd;
+pub mod gemm;
+pub mod gemm_sm90;
+pub mod sparse24;

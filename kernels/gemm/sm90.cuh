@@ -1,0 +1,629 @@
+// ferroattn — dense GEMM for Hopper (sm_90a): TMA + mbarrier pipeline, warp-specialised,
+// persistent, wgmma.mma_async with fp32 accumulators and a fused epilogue.
+//
+// What: out[z] = act(alpha * a[z] @ b[z] + beta * c[z] + bias), aux[z] = the pre-activation value
+// (src/ops/gemm/problem.rs states the contract; cuBLASLt epilogue order: scale, add C, add bias,
+// activate; the epilogue runs in fp32 and rounds once to out's type).
+//   a: (m, k) per batch entry, K-major (row-major, k contiguous) or M-major (column-major);
+//   b: (k, n), K-major (column-major, k contiguous) or N-major (row-major, n contiguous);
+//   both read only through the TMA tensor maps of GemmSm90Params (built by src/tma.rs, rank 3:
+//   contiguous dim, other dim, batch), 128-byte swizzled 64-element boxes.
+//   out: row-major, written through shared memory by TMA bulk tensor stores (tma_out: pointer,
+//   row and batch strides 16-byte aligned); c / aux: row-major, 64-bit strides in elements,
+//   read/written straight from the registers in pairs of adjacent columns (pointer, row and
+//   batch strides even).
+// Tiling: one CTA tile BM x BN = 128 x BN (BN 256 in production; 128 compiles but has not run on
+// a GPU) x BK 64, Stages smem stages of
+// (128 + BN) x 64 elements. 384 threads = 3 warpgroups: warpgroup 0 is the producer (one thread
+// issues every TMA copy; setmaxnreg.dec 40), warpgroups 1 and 2 are consumers (setmaxnreg.inc
+// 232), each owning 64 rows x BN of the tile (64 x BN / 128 fp32 accumulators per thread).
+// Persistent: gridDim.x <= number of tiles; CTA i takes tiles i, i + gridDim.x, ... in a grouped
+// order (group_m m-tiles share an n-tile sweep, for L2 reuse); the producer runs ahead into the
+// next tile while the consumers run the epilogue (the tensor cores idle meanwhile: ~7.5 us per
+// tile on an H200, see .dev/gemm_sm90/NOTES.md).
+// Shared memory: Stages x (128 + BN) x 64 x 2 bytes of operand tiles, 4 x 8 KiB epilogue store
+// buffers (two per consumer warpgroup), 2 x Stages mbarriers, 1 KiB alignment slack.
+// Pipeline (per stage s): full[s] (count 1; producer arrive.expect_tx + TMA complete_tx) and
+// empty[s] (count 8: lane 0 of each consumer warp once that stage's wgmmas have completed).
+// Tails: TMA zero-fills out-of-range rows/cols/k of a box, so the k tail adds zeros and m/n
+// tails compute values that the clipped TMA store / predicated c, aux and bias accesses skip.
+// Shared-memory layouts (PTX ISA "Asynchronous warpgroup level matrix shared memory layout",
+// canonical 128B-swizzle layouts): K-major operand tile = rows x 128 bytes (64 elements),
+// 8-row groups 1024 B apart (SBO = 1024), a k16 step advances the start address 32 B;
+// MN-major tile = 64-element (128 B) MN chunks of BK rows, chunks BK*128 B apart (LBO),
+// 8-k-row groups 1024 B apart (SBO), a k16 step advances 16 rows = 2048 B.
+// Accumulator layout of wgmma m64nNk16 (PTX ISA "Matrix fragments for wgmma .m64nNk16"): thread
+// t of the warpgroup, warp w = t/32, lane l: d[4j + 2h + e] is row 16w + l/4 + 8h, column
+// 8j + 2(l%4) + e.
+// Constraints: T = __half or __nv_bfloat16; TOut = __half, __nv_bfloat16 or float; m, n, k,
+// batch >= 1 with m, n, k <= 2^31 - 513 (int32 TMA coordinates); tensor maps describe exactly
+// the operands (pointer and strides 16-byte aligned, which the host checks: src/ops/gemm/sm90.rs
+// supports()).
+// Registers: 168 per thread (the 65536 / 384 launch-bound cap), no spills, for every production
+// specialisation.
+// PTX features (sm_90a): wgmma.mma_async / fence / commit_group / wait_group, setmaxnreg,
+// cp.async.bulk.tensor.3d ... mbarrier::complete_tx::bytes, mbarrier.try_wait.parity,
+// mbarrier.arrive(.expect_tx), fence.mbarrier_init, prefetch.tensormap,
+// cp.async.bulk.tensor.3d.global.shared::cta (store) / commit_group / wait_group(.read),
+// fence.proxy.async.shared::cta, bar.sync with a thread count (named barriers).
+#pragma once
+#include "common/activation.cuh"
+#include "common/dtype.cuh"
+
+namespace ferroattn {
+
+// A CUtensorMap (cuda.h, CUDA 13: 128 opaque bytes, 128-byte aligned) as a kernel parameter.
+struct alignas(128) TmaMap {
+    unsigned long long opaque[16];
+};
+
+// Kernel parameters (mirror: `GemmSm90Params` in src/ops/gemm/sm90.rs; change both together).
+struct GemmSm90Params {
+    TmaMap tma_a;  // a: dims (contiguous, other, batch); box (64, 128) K-major or (64, 64) M-major
+    TmaMap tma_b;  // b: box (64, BN) K-major or (64, 64) N-major
+    TmaMap tma_out;  // out: dims (n, m, batch), box (128 bytes of columns, 64, 1), 128B swizzle
+    void* out;
+    const void* c;     // nullptr: no C term
+    const void* bias;  // nullptr: no bias; (n,) of T or float (bias_f32)
+    void* aux;         // nullptr: no pre-activation output
+    long long out_row_stride;
+    long long out_batch_stride;
+    long long c_row_stride;
+    long long c_batch_stride;
+    long long aux_row_stride;
+    long long aux_batch_stride;
+    long long tiles;     // batch * tiles_m * tiles_n
+    int m, n, k, batch;
+    int a_batch_step;    // batch coordinate of entry z is z * step (0: broadcast operand)
+    int b_batch_step;
+    int tiles_m, tiles_n;
+    int group_m;         // m-tiles per raster group (>= 1)
+    int activation;      // ActivationKind (informational: the kernel's Act template argument rules)
+    int bias_f32;        // 1: bias is float, 0: bias is T
+    float alpha, beta;
+};
+
+namespace sm90 {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier ---------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Spin until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// ---- TMA --------------------------------------------------------------------------------
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, unsigned bar,
+                                            int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2),
+           "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
+// Bulk tensor store shared -> global (the box at coordinates (c0, c1, c2); out-of-range parts
+// of the box are not written), tracked by this thread's bulk async-groups.
+__device__ __forceinline__ void tma_store_3d(const TmaMap* map, unsigned src, int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+        :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Wait until at most N of this thread's bulk groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+// Wait until every bulk group of this thread has completed (writes visible).
+__device__ __forceinline__ void bulk_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Generic-proxy shared-memory writes -> visible to the async proxy (TMA store reads).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier `id` (1..15) over `count` threads (one warpgroup here).
+__device__ __forceinline__ void named_barrier(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void st_shared_b32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v));
+}
+__device__ __forceinline__ void st_shared_v2_f32(unsigned addr, float a, float b) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(a), "f"(b));
+}
+
+// ---- wgmma ------------------------------------------------------------------------------
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte
+// offsets (all >> 4, 14 bits each), swizzle mode 1 in bits 62-63; base offset 0 (every
+// swizzle atom starts 1024-byte aligned).
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4)
+         | (static_cast<unsigned long long>((lbo & 0x3FFFF) >> 4) << 16)
+         | (static_cast<unsigned long long>((sbo & 0x3FFFF) >> 4) << 32)
+         | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+template <int Regs>
+__device__ __forceinline__ void fence_accumulators(float (&d)[Regs]) {
+#pragma unroll
+    for (int i = 0; i < Regs; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+// d (64 x N, fp32) += A (64 x 16, desc_a) * B (16 x N, desc_b); scale_d = 0 overwrites d.
+// TransA / TransB = 1: that operand is MN-major in shared memory (f16/bf16 only).
+// Generated by .dev/gemm_sm90/gen_wgmma.py (the operand lists are too long to write by hand).
+template <int TransA, int TransB>
+__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], unsigned long long desc_a,
+                                                   unsigned long long desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
+}
+
+template <int TransA, int TransB>
+__device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[128], unsigned long long desc_a,
+                                                   unsigned long long desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
+}
+
+template <int TransA, int TransB>
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], unsigned long long desc_a,
+                                                   unsigned long long desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
+}
+
+template <int TransA, int TransB>
+__device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], unsigned long long desc_a,
+                                                   unsigned long long desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
+}
+
+template <typename T, int BN, int TransA, int TransB>
+__device__ __forceinline__ void wgmma_k16(float (&d)[BN / 2], unsigned long long desc_a,
+                                          unsigned long long desc_b, int scale_d) {
+    static_assert(BN == 128 || BN == 256, "BN is 128 or 256");
+    if constexpr (BN == 256) {
+        if constexpr (DTypeTraits<T>::kIsBF16) wgmma_m64n256k16_bf16<TransA, TransB>(d, desc_a, desc_b, scale_d);
+        else wgmma_m64n256k16_f16<TransA, TransB>(d, desc_a, desc_b, scale_d);
+    } else {
+        if constexpr (DTypeTraits<T>::kIsBF16) wgmma_m64n128k16_bf16<TransA, TransB>(d, desc_a, desc_b, scale_d);
+        else wgmma_m64n128k16_f16<TransA, TransB>(d, desc_a, desc_b, scale_d);
+    }
+}
+
+// ---- tile schedule ------------------------------------------------------------------------
+struct TileCoord {
+    int z, tm, tn;
+};
+
+// Linear tile index -> (batch entry, m-tile, n-tile): batch-major; inside a batch entry,
+// groups of group_m m-tiles sweep all n-tiles (m fastest), so concurrently running CTAs
+// share their B columns and a few A rows in L2.
+__device__ __forceinline__ TileCoord tile_coord(const GemmSm90Params& p, long long t) {
+    const long long per_batch = static_cast<long long>(p.tiles_m) * p.tiles_n;
+    const long long zl = t / per_batch;
+    const int r = static_cast<int>(t - zl * per_batch);
+    const int group_size = p.group_m * p.tiles_n;
+    const int g = r / group_size;
+    const int first_m = g * p.group_m;
+    const int gm = min(p.tiles_m - first_m, p.group_m);
+    const int rr = r - g * group_size;
+    return {static_cast<int>(zl), first_m + rr % gm, rr / gm};
+}
+
+// ---- epilogue -----------------------------------------------------------------------------
+template <typename U> __device__ __forceinline__ float to_f32(U x) { return static_cast<float>(x); }
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename U> struct Pair;
+template <> struct Pair<float> {
+    using V = float2;
+    static __device__ __forceinline__ V make(float a, float b) { return make_float2(a, b); }
+    static __device__ __forceinline__ float lo(V v) { return v.x; }
+    static __device__ __forceinline__ float hi(V v) { return v.y; }
+    static __device__ __forceinline__ float one(float a) { return a; }
+};
+template <> struct Pair<__half> {
+    using V = __half2;
+    static __device__ __forceinline__ V make(float a, float b) { return __floats2half2_rn(a, b); }
+    static __device__ __forceinline__ float lo(V v) { return __low2float(v); }
+    static __device__ __forceinline__ float hi(V v) { return __high2float(v); }
+    static __device__ __forceinline__ __half one(float a) { return __float2half_rn(a); }
+};
+template <> struct Pair<__nv_bfloat16> {
+    using V = __nv_bfloat162;
+    static __device__ __forceinline__ V make(float a, float b) { return __floats2bfloat162_rn(a, b); }
+    static __device__ __forceinline__ float lo(V v) { return __low2float(v); }
+    static __device__ __forceinline__ float hi(V v) { return __high2float(v); }
+    static __device__ __forceinline__ __nv_bfloat16 one(float a) { return __float2bfloat16_rn(a); }
+};
+
+// Pack two fp32 values as out's type and store them at shared address `addr` (4 or 8 bytes).
+template <typename TOut>
+__device__ __forceinline__ void st_shared_pair(unsigned addr, float a, float b) {
+    if constexpr (sizeof(TOut) == 4) {
+        st_shared_v2_f32(addr, a, b);
+    } else {
+        const typename Pair<TOut>::V v = Pair<TOut>::make(a, b);
+        st_shared_b32(addr, *reinterpret_cast<const unsigned*>(&v));
+    }
+}
+
+// Writes one consumer warpgroup's 64 x BN accumulators (tile rows row0w .. row0w + 63, columns
+// n0 .. n0 + BN - 1): out = act(alpha*acc + beta*c + bias), aux = the pre-activation value.
+// out goes through shared memory: sub-tiles of 64 rows x 128 bytes (SC columns), written in the
+// 128B-swizzled layout the out tensor map reads (16-byte chunk q of row r at chunk q ^ (r % 8)),
+// double-buffered per warpgroup (`stage`: two 8 KiB buffers) and stored by one thread with a
+// bulk tensor copy, so the global writes overlap the next sub-tile and the next tile's
+// mainloop. c is read and aux written directly (pairs of adjacent columns, predicated).
+// `issued` counts this warpgroup's stores (the buffer parity); uniform over the warpgroup.
+// FastEpi: a second, branch-free copy of the loop for calls without c and aux (not yet run on a
+// GPU: src/tuning/gemm_sm90.rs `fast_epilogue`).
+template <int Act, typename T, typename TOut, int BN, bool FastEpi>
+__device__ __forceinline__ void epilogue(const GemmSm90Params& p, const float (&d)[BN / 2], int z,
+                                         int row0w, int n0, unsigned stage, int bar_id,
+                                         unsigned& issued) {
+    using P = Pair<TOut>;
+    constexpr int SC = 128 / sizeof(TOut);  // columns per sub-tile
+    constexpr int JJ = SC / 8;              // accumulator column chunks per sub-tile
+    constexpr int JH = JJ / 2;              // ... per half sub-tile (bias prefetch granularity)
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    if (row0w >= p.m) return;  // uniform over the warpgroup
+    const float alpha = p.alpha, beta = p.beta;
+    const bool has_c = p.c != nullptr;
+    const bool has_bias = p.bias != nullptr;
+    const bool has_aux = p.aux != nullptr;
+    const TOut* c = has_c ? static_cast<const TOut*>(p.c) + z * p.c_batch_stride : nullptr;
+    TOut* aux = has_aux ? static_cast<TOut*>(p.aux) + z * p.aux_batch_stride : nullptr;
+    const int zo = p.batch > 1 ? z : 0;
+#pragma unroll
+    for (int q = 0; q < BN / SC; ++q) {
+        const int cs = n0 + q * SC;  // first column of the sub-tile
+        if (cs >= p.n) break;        // uniform
+        const unsigned buf = stage + (issued & 1u) * 8192u;
+        if (tid == 0) bulk_wait_read<1>();  // the store that used `buf` has read it
+        named_barrier(bar_id, 128);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            // this thread's bias values of the half sub-tile, loaded before any use
+            float bias0[JH], bias1[JH];
+#pragma unroll
+            for (int i = 0; i < JH; ++i) {
+                const int col = cs + 8 * (half * JH + i) + 2 * (lane % 4);
+                bias0[i] = 0.0f;
+                bias1[i] = 0.0f;
+                if (has_bias && col < p.n) {
+                    if (p.bias_f32) {
+                        const float* bf = static_cast<const float*>(p.bias) + col;
+                        bias0[i] = __ldg(bf);
+                        if (col + 1 < p.n) bias1[i] = __ldg(bf + 1);
+                    } else {
+                        const T* bt = static_cast<const T*>(p.bias) + col;
+                        bias0[i] = to_f32(__ldg(bt));
+                        if (col + 1 < p.n) bias1[i] = to_f32(__ldg(bt + 1));
+                    }
+                }
+            }
+            if (FastEpi && !has_c && !has_aux) {
+                // The same computation with c and aux absent, as straight-line code (the general
+                // loop below compiles to per-element predicated branches: ~4x the instructions).
+#pragma unroll
+                for (int i = 0; i < JH; ++i) {
+                    const int jj = half * JH + i;
+                    const int j = q * JJ + jj;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = warp * 16 + lane / 4 + 8 * h;
+                        const float v0 = activate<Act>(alpha * d[4 * j + 2 * h] + bias0[i]);
+                        const float v1 = activate<Act>(alpha * d[4 * j + 2 * h + 1] + bias1[i]);
+                        const unsigned byte = (8 * jj + 2 * (lane % 4)) * sizeof(TOut);
+                        const unsigned addr = buf + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+                        st_shared_pair<TOut>(addr, v0, v1);
+                    }
+                }
+                continue;
+            }
+#pragma unroll
+            for (int i = 0; i < JH; ++i) {
+                const int jj = half * JH + i;
+                const int j = q * JJ + jj;
+                const int col = cs + 8 * jj + 2 * (lane % 4);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = warp * 16 + lane / 4 + 8 * h;  // row within the 64-row sub-tile
+                    const int row = row0w + r;
+                    float v0 = alpha * d[4 * j + 2 * h] + bias0[i];
+                    float v1 = alpha * d[4 * j + 2 * h + 1] + bias1[i];
+                    if (has_c && row < p.m && col < p.n) {
+                        const TOut* cp = c + row * p.c_row_stride + col;
+                        if (col + 1 < p.n) {
+                            const typename P::V cv = *reinterpret_cast<const typename P::V*>(cp);
+                            v0 += beta * P::lo(cv);
+                            v1 += beta * P::hi(cv);
+                        } else {
+                            v0 += beta * to_f32(cp[0]);
+                        }
+                    }
+                    if (has_aux && row < p.m && col < p.n) {
+                        TOut* ap = aux + row * p.aux_row_stride + col;
+                        if (col + 1 < p.n) *reinterpret_cast<typename P::V*>(ap) = P::make(v0, v1);
+                        else ap[0] = P::one(v0);
+                    }
+                    v0 = activate<Act>(v0);
+                    v1 = activate<Act>(v1);
+                    const unsigned byte = (8 * jj + 2 * (lane % 4)) * sizeof(TOut);  // within the row
+                    const unsigned addr = buf + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+                    st_shared_pair<TOut>(addr, v0, v1);
+                }
+            }
+        }
+        fence_proxy_async_smem();
+        named_barrier(bar_id, 128);
+        if (tid == 0) {
+            tma_store_3d(&p.tma_out, buf, cs, row0w, zo);
+            bulk_commit();
+        }
+        ++issued;
+    }
+}
+
+}  // namespace sm90
+
+// One launch computes every (batch entry, 128 x BN tile) of the problem; grid = (min(tiles,
+// SMs)), block = 384, dynamic shared memory = Stages * (128 + BN) * 128 + 32768 + 16 * Stages
+// + 1024 bytes (src/tuning/gemm_sm90.rs smem_bytes). Act (ActivationKind) is a template argument:
+// one epilogue per kernel (five inlined epilogues of 64 x BN registers cost ptxas 8x the time).
+template <typename T, typename TOut, bool AKMajor, bool BKMajor, int BN, int Stages, int Act,
+          bool FastEpi>
+__global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ GemmSm90Params p) {
+    using namespace sm90;
+    constexpr int BM = 128;
+    constexpr int BK = 64;
+    constexpr unsigned kABytes = BM * BK * 2;
+    constexpr unsigned kBBytes = BN * BK * 2;
+    constexpr unsigned kStageBytes = kABytes + kBBytes;
+    constexpr unsigned kChunkBytes = 64 * BK * 2;  // one 64-element-wide MN chunk of BK rows
+    constexpr unsigned kEpiBytes = 2 * 2 * 8192;   // two 8 KiB store buffers per consumer warpgroup
+    static_assert(Stages >= 2 && Stages * kStageBytes + kEpiBytes + 2 * Stages * 8 + 1024 <= 227 * 1024,
+                  "stages do not fit in shared memory");
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const unsigned epi = base + Stages * kStageBytes;
+    const unsigned bars = epi + kEpiBytes;
+    auto full = [&](int s) { return bars + 8u * s; };
+    auto empty = [&](int s) { return bars + 8u * (Stages + s); };
+
+    const int wg = threadIdx.x / 128;
+    const int tid = threadIdx.x % 128;
+    const int k_tiles = (p.k + BK - 1) / BK;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // Producer warpgroup: one thread issues every copy.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            tma_prefetch_map(&p.tma_a);
+            tma_prefetch_map(&p.tma_b);
+            int stage = 0;
+            unsigned phase = 0;
+            for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+                const TileCoord tc = tile_coord(p, t);
+                const int m0 = tc.tm * BM;
+                const int n0 = tc.tn * BN;
+                const int za = tc.z * p.a_batch_step;
+                const int zb = tc.z * p.b_batch_step;
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    mbar_wait(empty(stage), phase ^ 1u);
+                    const unsigned fb = full(stage);
+                    mbar_expect_tx(fb, kStageBytes);
+                    const unsigned sa = base + stage * kStageBytes;
+                    const unsigned sb = sa + kABytes;
+                    const int k0 = kt * BK;
+                    if constexpr (AKMajor) {
+                        tma_load_3d(sa, &p.tma_a, fb, k0, m0, za);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < BM / 64; ++j)
+                            tma_load_3d(sa + j * kChunkBytes, &p.tma_a, fb, m0 + 64 * j, k0, za);
+                    }
+                    if constexpr (BKMajor) {
+                        tma_load_3d(sb, &p.tma_b, fb, k0, n0, zb);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < BN / 64; ++j)
+                            tma_load_3d(sb + j * kChunkBytes, &p.tma_b, fb, n0 + 64 * j, k0, zb);
+                    }
+                    if (++stage == Stages) {
+                        stage = 0;
+                        phase ^= 1u;
+                    }
+                }
+            }
+        }
+    } else {
+        // Consumer warpgroups: 64 rows x BN each.
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = wg - 1;
+        const int lane = tid % 32;
+        constexpr unsigned kLbo = AKMajor ? 16u : kChunkBytes;
+        constexpr unsigned kLboB = BKMajor ? 16u : kChunkBytes;
+        constexpr unsigned kStepA = AKMajor ? 32u : 2048u;  // bytes per k16 step
+        constexpr unsigned kStepB = BKMajor ? 32u : 2048u;
+        float d[BN / 2];
+        int stage = 0;
+        unsigned phase = 0;
+        unsigned issued = 0;  // out sub-tiles stored by this warpgroup
+        for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+            const TileCoord tc = tile_coord(p, t);
+            int prev = 0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                mbar_wait(full(stage), phase);
+                const unsigned sa = base + stage * kStageBytes + cw * (64 * BK * 2);
+                const unsigned sb = base + stage * kStageBytes + kABytes;
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; ++kk) {
+                    const unsigned long long da = wgmma_desc(sa + kk * kStepA, kLbo, 1024u);
+                    const unsigned long long db = wgmma_desc(sb + kk * kStepB, kLboB, 1024u);
+                    wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(d, da, db, (kt | kk) != 0);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
+                prev = stage;
+                if (++stage == Stages) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+            wgmma_wait<0>();
+            fence_accumulators(d);
+            if (lane == 0) mbar_arrive(empty(prev));
+            epilogue<Act, T, TOut, BN, FastEpi>(p, d, tc.z, tc.tm * BM + cw * 64, tc.tn * BN, epi + cw * 16384u,
+                                       1 + cw, issued);
+        }
+        if (tid == 0) bulk_wait_all();  // the last stores have read shared memory and completed
+    }
+}
+
+}  // namespace ferroattn

@@ -1,0 +1,555 @@
+// ferroattn — dense GEMM, portable tensor-core path (nvcuda::wmma, sm_80+).
+//
+// What: out[z] = act(alpha * A[z] @ B[z] + beta * C[z] + bias) for z in [0, batch), with A[z]
+// (m, k) and B[z] (k, n) of type T (fp16 or bf16), fp32 accumulation and an fp32 epilogue
+// (the cuBLASLt order: scale, add C, add bias, activate) rounded once to TOut; when
+// params.aux != nullptr the pre-activation value is also written there (for the backward of
+// the activation). Activation codes: common/activation.cuh (0 none, 1 relu, 2 gelu_tanh,
+// 3 gelu_erf, 4 silu), chosen at run time by params.activation (one uniform switch per
+// element group in the epilogue; the main loop does not depend on it).
+//
+// Layouts (strides in elements, 64-bit; GemmWmmaParams):
+//   A: ARow ? element (i, kk) at a + z*a_batch_stride + i*a_ld + kk        (row-major, NN/NT)
+//           : element (i, kk) at a + z*a_batch_stride + kk*a_ld + i        (column-major)
+//   B: BRow ? element (kk, j) at b + z*b_batch_stride + kk*b_ld + j        (row-major)
+//           : element (kk, j) at b + z*b_batch_stride + j*b_ld + kk        (column-major)
+//   out / c / aux: row-major, element (i, j) at p + z*batch_stride + i*ld + j; c (read only when
+//   beta != 0) and bias (n,) (fp32 when bias_f32, else T) may be nullptr; a batch stride of 0
+//   broadcasts an input. Any m, n, k >= 1, batch >= 1 (the grid's y dim loops over batch, so
+//   any batch count works).
+//
+// Template parameters:
+//   T, TOut    input (__half / __nv_bfloat16) and output (T's kind or float) types.
+//   BM, BN, BK block tile; WarpsM x WarpsN warps, each owning a (BM/WarpsM) x (BN/WarpsN) tile of
+//              16x16 wmma accumulators. BK a multiple of 16 (32 with DoubleBuffer), the warp tile
+//              of 16.
+//   Stages     >= 2: shared-memory ring of A/B tiles filled by cp.async, Stages-1 tiles ahead.
+//   ARow, BRow the operand layouts (all four NN/NT/TN/TT combinations, no copies).
+//   VecA, VecB elements per global->shared copy for each operand: 8 (16-byte cp.async.cg), 4 or
+//              2 (8/4-byte cp.async.ca), or 1 (plain 2-byte loads and shared stores, no cp.async:
+//              the path for rows that are not even 4-byte aligned, e.g. k = 17 row-major). The
+//              caller (src/tuning/gemm.rs) picks the widest one for which the pointer, the leading
+//              dim and the batch stride are multiples of the vector; vectors that cross the end of
+//              a line copy only the in-range bytes (cp.async src-size; the rest is zero-filled).
+//   DoubleBuffer  true: the fragments of the next 16-deep k step are read while the current
+//              step's mma run (two fragment sets in registers, the tile boundary included: the
+//              barrier for tile kt+1 is taken before tile kt's last step); false: one set, read
+//              right before its mma, one barrier per tile (fewer registers: the variant that fits
+//              BK = 64 tiles without spills). Measured on the H200 the two are within ~5% of each
+//              other; the fastest tile there is 128x256x64, 3 stages, single-buffered.
+// Fragments: f16 operands use wmma.load (PTX, .shared state space) in their stored layouts. For
+// bf16, ptxas lowers wmma.load into 32-bit loads (no shared-memory matrix loads; C++
+// load_matrix_sync even came out as generic LD.E), so bf16 fragments are declared (row A, col B)
+// and filled by ldmatrix.x4 (.trans for transposed storage) in the register order ptxas itself
+// uses for those fragments (= the mma.m16n8k16 operand layouts; see ldsm_lane_offset).
+// Tails: tile rows/columns and k steps beyond m, n, k are zero-filled on load and never stored.
+//
+// Shared memory (bytes = gemm_wmma_smem_bytes<...>(), mirrored by GemmWmmaConfig::smem_bytes in
+// src/tuning/gemm.rs): Stages x (A tile + B tile), each tile stored "line-major" in the layout its
+// operand has in global memory (the contiguous dim inside a line), each line padded by 8
+// elements (16 bytes). Why padding and not an XOR swizzle: wmma::load_matrix_sync takes a plain
+// pointer and one leading dimension, so the tile must be linear in shared memory; a line pitch
+// of (L + 8) elements puts the 8 lines that one 16-byte-per-lane load phase touches on 8
+// different 16-byte bank groups (pitch/16 bytes is odd), which is what a swizzle would achieve
+// (ldmatrix and cp.async phases are conflict-free), and keeps every fragment pointer 32-byte
+// aligned (wmma's requirement). The cost is 8/L of the ring (20% at L = 32, 11% at L = 64). The epilogue reuses the
+// ring as a BM x (BN + 4) fp32 tile (store_matrix_sync: the accumulator fragment layout is
+// opaque), then each thread processes groups of 4 columns (coalesced global stores, vectorised
+// when out/c/aux pointers, leading dims and batch strides allow 4-element vectors).
+// Launch: grid (tiles_m * tiles_n, min(batch, 65535), 1) with block tiles visited in groups of
+// 8 tile rows (L2 reuse of B), block WarpsM*WarpsN*32 threads, dynamic smem as above (the
+// caller raises the function's limit above 48 KiB).
+// PTX features: wmma.load / wmma.mma.sync m16n16k16 f16/bf16 -> f32 (sm_80+ for bf16),
+// ldmatrix.x4(.trans), cp.async.ca/.cg with src-size, cp.async.commit_group/wait_group.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+#include "common/activation.cuh"
+
+namespace ferroattn {
+
+// Kernel parameters (mirrored #[repr(C)] by GemmWmmaParams in src/ops/gemm/wmma.rs).
+struct GemmWmmaParams {
+    const void* a;
+    const void* b;
+    void* out;
+    const void* c;
+    const void* bias;
+    void* aux;
+    long long a_ld, a_batch_stride;
+    long long b_ld, b_batch_stride;
+    long long out_ld, out_batch_stride;
+    long long c_ld, c_batch_stride;
+    long long aux_ld, aux_batch_stride;
+    long long batch;
+    int m, n, k;
+    int tiles_m, tiles_n;
+    float alpha, beta;
+    int activation;
+    int bias_f32;
+};
+
+template <int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages, bool ARow, bool BRow>
+struct GemmWmmaShape {
+    static constexpr int kPad = 8;  // elements per line of padding (16 bytes)
+    static constexpr int kALineLen = ARow ? BK : BM;
+    static constexpr int kALines = ARow ? BM : BK;
+    static constexpr int kBLineLen = BRow ? BN : BK;
+    static constexpr int kBLines = BRow ? BK : BN;
+    static constexpr int kALd = kALineLen + kPad;
+    static constexpr int kBLd = kBLineLen + kPad;
+    static constexpr int kAStage = kALines * kALd;  // elements
+    static constexpr int kBStage = kBLines * kBLd;
+    static constexpr int kWM = BM / WarpsM;
+    static constexpr int kWN = BN / WarpsN;
+    static constexpr int kCLd = BN + 4;  // fp32 pitch of the staged output tile
+    static constexpr int kPipeBytes = Stages * (kAStage + kBStage) * 2;
+    static constexpr int kEpiBytes = BM * kCLd * 4;
+    static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+};
+
+template <int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages, bool ARow, bool BRow>
+__host__ __device__ constexpr int gemm_wmma_smem_bytes() {
+    return GemmWmmaShape<BM, BN, BK, WarpsM, WarpsN, Stages, ARow, BRow>::kSmemBytes;
+}
+
+namespace gemm_wmma_detail {
+
+template <typename T> struct IsHalf { static constexpr bool value = false; };
+template <> struct IsHalf<__half> { static constexpr bool value = true; };
+
+template <bool C, typename A, typename B> struct Select { using type = A; };
+template <typename A, typename B> struct Select<false, A, B> { using type = B; };
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Copy `src_bytes` (<= Bytes) from global src to shared dst and zero the rest of the Bytes.
+template <int Bytes>
+__device__ __forceinline__ void cp_async(unsigned dst, const void* src, int src_bytes) {
+    if constexpr (Bytes == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+    } else {
+        static_assert(Bytes == 8 || Bytes == 4, "cp.async copies 4, 8 or 16 bytes");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(src), "n"(Bytes), "r"(src_bytes) : "memory");
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
+// Copy a Lines x LineLen tile into shared memory (line pitch Ld elements): element (l, e) comes
+// from g[(line0 + l) * ld + e0 + e] and is zero when line0 + l >= line_end or e0 + e >= e_end.
+// g must satisfy the Vec alignment (vectors start at multiples of Vec along the line).
+template <typename T, int Lines, int LineLen, int Ld, int Vec, int Threads>
+__device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int line0, int line_end,
+                                          int e0, int e_end, int tid) {
+    constexpr int kVecPerLine = LineLen / Vec;
+    constexpr int kTotal = Lines * kVecPerLine;
+    static_assert(LineLen % Vec == 0, "line length must be a multiple of the vector");
+    static_assert(kTotal % Threads == 0, "tile vectors must divide evenly among the threads");
+    if constexpr (Vec == 1) {
+        // Synchronous 2-byte path: a rolled loop (no per-slot addresses kept live).
+#pragma unroll 2
+        for (int idx = tid; idx < kTotal; idx += Threads) {
+            const int l = idx / kVecPerLine;
+            const int e = idx % kVecPerLine;
+            const int line = line0 + l;
+            unsigned short v = 0;
+            if (line < line_end && e0 + e < e_end)
+                v = *reinterpret_cast<const unsigned short*>(g + static_cast<long long>(line) * ld + (e0 + e));
+            *reinterpret_cast<unsigned short*>(s + l * Ld + e) = v;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < kTotal / Threads; ++j) {
+            const int idx = tid + j * Threads;
+            const int l = idx / kVecPerLine;
+            const int e = (idx % kVecPerLine) * Vec;
+            const int line = line0 + l;
+            int count = line < line_end ? e_end - (e0 + e) : 0;
+            count = count < 0 ? 0 : (count > Vec ? Vec : count);
+            const T* src = g + static_cast<long long>(line) * ld + (e0 + e);
+            cp_async<Vec * 2>(smem_addr(s + l * Ld + e), count > 0 ? src : g, count * 2);
+        }
+    }
+}
+
+// f16 fragments: wmma.load.{a,b} from the .shared state space (PTX ISA "Warp-level matrix load
+// instruction: wmma.load"), which ptxas turns into shared-memory matrix loads (LDSM). The C++
+// load_matrix_sync takes a generic pointer; address-space inference is not guaranteed, and for
+// bf16 it came out as generic 32-bit LD.E loads (cuobjdump, sm_90a). The registers are written
+// into the fragment's storage as mma.h's own loaders do (the fragment object as an int array of
+// 8 f16x2 registers).
+#define FERROATTN_WMMA_LD8(OP, LAYOUT)                                                            \
+    asm volatile("wmma.load." OP ".sync.aligned." LAYOUT ".m16n16k16.shared.f16"                  \
+                 " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;\n"                                        \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]),         \
+                   "=r"(r[6]), "=r"(r[7])                                                         \
+                 : "r"(addr), "n"(Ldm))
+
+// Operand A (IsA) or B fragment of f16, row- (Row) or column-major, leading dim Ldm elements.
+template <typename T, bool IsA, bool Row, int Ldm, typename Frag>
+__device__ __forceinline__ void wmma_load_shared(Frag& f, unsigned addr) {
+    static_assert(IsHalf<T>::value, "bf16 fragments are loaded with ldmatrix");
+    unsigned* r = reinterpret_cast<unsigned*>(&f);
+    if constexpr (IsA && Row) FERROATTN_WMMA_LD8("a", "row");
+    else if constexpr (IsA) FERROATTN_WMMA_LD8("a", "col");
+    else if constexpr (Row) FERROATTN_WMMA_LD8("b", "row");
+    else FERROATTN_WMMA_LD8("b", "col");
+}
+#undef FERROATTN_WMMA_LD8
+
+// bf16 fragments through ldmatrix. ptxas lowers wmma.load of bf16 (even from .shared) into
+// 32-bit loads, not into shared-memory matrix loads, so bf16 fragments are filled with
+// ldmatrix.x4 (.trans for the transposed storage) instead. This fixes the fragments' register
+// order: A (row_major fragment) {a0, a1, a2, a3} = rows 0-7 / 8-15 x k 0-7, then rows 0-7 / 8-15
+// x k 8-15; B (col_major fragment) {b0, b1} of columns 0-7, then {b0, b1} of columns 8-15, with
+// b0 = k 0-7, b1 = k 8-15: the mma.m16n8k16 operand layouts (PTX ISA "Matrix fragments for
+// mma.m16n8k16"), which is also the order ptxas itself loads these fragments in (cuobjdump of
+// wmma.load.a.row / wmma.load.b.col, bf16, sm_90a). Only the (row A, col B) fragment types are
+// filled this way, so wmma::mma_sync runs the standard HMMA on them.
+// `base`: shared address of the fragment's first stored element; Ld: line pitch in elements.
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
+    if constexpr (Trans) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    }
+}
+
+// Byte offset of this lane's ldmatrix row address inside a 16 x 16 fragment whose first stored
+// element is at offset 0. A fragment (16 rows x 16 k), stored [m][k] (Row) or [k][m]: matrices
+// {rows 0-7, k 0-7}, {rows 8-15, k 0-7}, {rows 0-7, k 8-15}, {rows 8-15, k 8-15}; loaded with
+// .trans when stored [k][m]. B fragment (16 k x 16 columns), stored [k][n] (Row) or [n][k]:
+// matrices {cols 0-7, k 0-7}, {cols 0-7, k 8-15}, {cols 8-15, k 0-7}, {cols 8-15, k 8-15};
+// loaded with .trans when stored [k][n].
+// In both cases matrix i covers the 8 x 8 block (16-dim offset 8 * (i & 1), k offset
+// 8 * (i >> 1)) for A and (n offset 8 * (i >> 1), k offset 8 * (i & 1)) for B, which puts lane
+// row r of matrix i at stored line r + 8 * (i & 1), element 8 * (i >> 1) when Row, and at line
+// r + 8 * (i >> 1), element 8 * (i & 1) otherwise, for A and B alike.
+template <bool Row, int Ld>
+__device__ __forceinline__ unsigned ldsm_lane_offset(int lane) {
+    const int i = lane >> 3, r = lane & 7;
+    const int line = Row ? r + 8 * (i & 1) : r + 8 * (i >> 1);
+    const int elem = Row ? 8 * (i >> 1) : 8 * (i & 1);
+    return static_cast<unsigned>((line * Ld + elem) * 2);
+}
+
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+
+// 4 consecutive elements of a TOut row: one vector access when `vec`, else per element j < count.
+template <typename TOut>
+__device__ __forceinline__ void load4(const TOut* p, bool vec, int count, float (&x)[4]) {
+    if (vec) {
+        if constexpr (sizeof(TOut) == 4) {
+            const float4 v = *reinterpret_cast<const float4*>(p);
+            x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+        } else {
+            const uint2 v = *reinterpret_cast<const uint2*>(p);
+            const TOut* h = reinterpret_cast<const TOut*>(&v);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) x[j] = to_float<TOut>(h[j]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x[j] = j < count ? to_float<TOut>(p[j]) : 0.0f;
+    }
+}
+
+template <typename TOut>
+__device__ __forceinline__ void store4(TOut* p, bool vec, int count, const float (&x)[4]) {
+    if (vec) {
+        if constexpr (sizeof(TOut) == 4) {
+            *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+        } else {
+            uint2 v;
+            TOut* h = reinterpret_cast<TOut*>(&v);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) h[j] = from_float<TOut>(x[j]);
+            *reinterpret_cast<uint2*>(p) = v;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (j < count) p[j] = from_float<TOut>(x[j]);
+    }
+}
+
+__device__ __forceinline__ float activate_rt(int act, float x) {
+    switch (act) {
+        case kActRelu: return activate<kActRelu>(x);
+        case kActGeluTanh: return activate<kActGeluTanh>(x);
+        case kActGeluErf: return activate<kActGeluErf>(x);
+        case kActSilu: return activate<kActSilu>(x);
+        default: return x;
+    }
+}
+
+// Whether 4-element vector accesses of a row-major TOut matrix are aligned everywhere.
+template <typename TOut>
+__device__ __forceinline__ bool vec4_ok(const void* p, long long ld, long long batch_stride) {
+    return p != nullptr && (reinterpret_cast<unsigned long long>(p) % (4 * sizeof(TOut))) == 0 &&
+           ld % 4 == 0 && batch_stride % 4 == 0;
+}
+
+}  // namespace gemm_wmma_detail
+
+template <typename T, typename TOut, int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages,
+          bool ARow, bool BRow, int VecA, int VecB, bool DoubleBuffer>
+__global__ void __launch_bounds__(WarpsM * WarpsN * 32)
+gemm_wmma(const GemmWmmaParams p) {
+    namespace wm = nvcuda::wmma;
+    using namespace gemm_wmma_detail;
+    using S = GemmWmmaShape<BM, BN, BK, WarpsM, WarpsN, Stages, ARow, BRow>;
+    constexpr int kThreads = WarpsM * WarpsN * 32;
+    constexpr int kWM = S::kWM, kWN = S::kWN;
+    constexpr int kMI = kWM / 16, kNI = kWN / 16;
+    static_assert(BK % (DoubleBuffer ? 32 : 16) == 0 && kWM % 16 == 0 && kWN % 16 == 0,
+                  "BK a multiple of 16 (32 with DoubleBuffer: an even number of 16-deep steps), "
+                  "warp tiles multiples of 16");
+    static_assert(Stages >= 2, "at least two pipeline stages");
+    static_assert(VecA == 1 || VecA == 2 || VecA == 4 || VecA == 8, "VecA in {1, 2, 4, 8}");
+    static_assert(VecB == 1 || VecB == 2 || VecB == 4 || VecB == 8, "VecB in {1, 2, 4, 8}");
+    // f16: fragments in the stored layouts, loaded by wmma.load.shared; bf16: (row, col)
+    // fragments filled by ldmatrix (see ldsm_lane_offset).
+    constexpr bool kHalf = IsHalf<T>::value;
+    using LayoutA = typename Select<ARow || !kHalf, wm::row_major, wm::col_major>::type;
+    using LayoutB = typename Select<BRow && kHalf, wm::row_major, wm::col_major>::type;
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    T* const sA = reinterpret_cast<T*>(smem);
+    T* const sB = sA + Stages * S::kAStage;
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int warp_m = warp / WarpsN, warp_n = warp % WarpsN;
+
+    // Block tile: groups of 8 tile rows walk the tile columns together (B tiles reused in L2).
+    constexpr int kGroup = 8;
+    const int tile = blockIdx.x;
+    const int per_group = kGroup * p.tiles_n;
+    const int first_m = (tile / per_group) * kGroup;
+    const int group_rows = min(p.tiles_m - first_m, kGroup);
+    const int in_group = tile % per_group;
+    const int m0 = (first_m + in_group % group_rows) * BM;
+    const int n0 = (in_group / group_rows) * BN;
+    const int k_tiles = (p.k + BK - 1) / BK;
+
+    const bool out_vec = vec4_ok<TOut>(p.out, p.out_ld, p.out_batch_stride);
+    const bool c_vec = vec4_ok<TOut>(p.c, p.c_ld, p.c_batch_stride);
+    const bool aux_vec = vec4_ok<TOut>(p.aux, p.aux_ld, p.aux_batch_stride);
+
+    for (long long z = blockIdx.y; z < p.batch; z += gridDim.y) {
+        const T* const A = static_cast<const T*>(p.a) + z * p.a_batch_stride;
+        const T* const B = static_cast<const T*>(p.b) + z * p.b_batch_stride;
+
+        auto load_stage = [&](int stage, int kt) {
+            const int k0 = kt * BK;
+            T* const a_s = sA + stage * S::kAStage;
+            T* const b_s = sB + stage * S::kBStage;
+            if constexpr (ARow) {
+                load_tile<T, BM, BK, S::kALd, VecA, kThreads>(a_s, A, p.a_ld, m0, p.m, k0, p.k, tid);
+            } else {
+                load_tile<T, BK, BM, S::kALd, VecA, kThreads>(a_s, A, p.a_ld, k0, p.k, m0, p.m, tid);
+            }
+            if constexpr (BRow) {
+                load_tile<T, BK, BN, S::kBLd, VecB, kThreads>(b_s, B, p.b_ld, k0, p.k, n0, p.n, tid);
+            } else {
+                load_tile<T, BN, BK, S::kBLd, VecB, kThreads>(b_s, B, p.b_ld, n0, p.n, k0, p.k, tid);
+            }
+        };
+
+        wm::fragment<wm::accumulator, 16, 16, 16, float> acc[kMI][kNI];
+#pragma unroll
+        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+            for (int j = 0; j < kNI; ++j) wm::fill_fragment(acc[i][j], 0.0f);
+
+        // Fragments of one 16-deep k step of this warp's tile, read from ring slot `stage`.
+        using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, T, LayoutA>;
+        using FragB = wm::fragment<wm::matrix_b, 16, 16, 16, T, LayoutB>;
+        FragA fa[2][kMI];
+        FragB fb[2][kNI];
+        // Shared addresses: one 32-bit base per operand (warp's tile + this lane's ldmatrix row
+        // for bf16), plus the ring slot and compile-time fragment offsets per load.
+        const unsigned a_base = smem_addr(sA) +
+                                (kHalf ? 0u : ldsm_lane_offset<ARow, S::kALd>(lane)) +
+                                (ARow ? warp_m * kWM * S::kALd * 2 : warp_m * kWM * 2);
+        const unsigned b_base = smem_addr(sB) +
+                                (kHalf ? 0u : ldsm_lane_offset<BRow, S::kBLd>(lane)) +
+                                (BRow ? warp_n * kWN * 2 : warp_n * kWN * S::kBLd * 2);
+        auto load_frags = [&](FragA (&a)[kMI], FragB (&b)[kNI], int stage, int kk) {
+            const unsigned a_s = a_base + stage * (S::kAStage * 2);
+            const unsigned b_s = b_base + stage * (S::kBStage * 2);
+#pragma unroll
+            for (int i = 0; i < kMI; ++i) {
+                const unsigned addr = a_s + (ARow ? (i * 16 * S::kALd + kk) * 2 : (kk * S::kALd + i * 16) * 2);
+                if constexpr (kHalf) {
+                    wmma_load_shared<T, true, ARow, S::kALd>(a[i], addr);
+                } else {
+                    ldmatrix_x4<!ARow>(reinterpret_cast<unsigned*>(&a[i]), addr);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kNI; ++j) {
+                const unsigned addr = b_s + (BRow ? (kk * S::kBLd + j * 16) * 2 : (j * 16 * S::kBLd + kk) * 2);
+                if constexpr (kHalf) {
+                    wmma_load_shared<T, false, BRow, S::kBLd>(b[j], addr);
+                } else {
+                    ldmatrix_x4<BRow>(reinterpret_cast<unsigned*>(&b[j]), addr);
+                }
+            }
+        };
+
+        if constexpr (DoubleBuffer) {
+            // Main loop. Tiles kt+1 .. kt+Stages-1 are in flight (cp.async) while tile kt is
+            // multiplied; fragments are double-buffered in registers: the fragments of k step
+            // kk+1 (for the last step: step 0 of the next tile, after the barrier that makes that
+            // tile visible) are read while the mma of step kk run, so no shared-memory latency is
+            // exposed at a tile boundary. The refill of ring slot (kt-1) % Stages is issued at step
+            // 0 of tile kt: every warp read its last fragments of tile kt-1 before the barrier of
+            // the previous iteration.
+            constexpr int kSteps = BK / 16;
+    #pragma unroll
+            for (int s = 0; s < Stages - 1; ++s) {
+                if (s < k_tiles) load_stage(s, s);
+                cp_async_commit();
+            }
+            cp_async_wait<Stages - 2>();
+            __syncthreads();  // tile 0 landed
+            load_frags(fa[0], fb[0], 0, 0);
+
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int stage = kt % Stages;
+    #pragma unroll
+                for (int step = 0; step < kSteps; ++step) {
+                    const int cur = step & 1;  // kSteps is even: the parity restarts every tile
+                    if (step == kSteps - 1) {
+                        cp_async_wait<Stages - 2>();
+                        __syncthreads();  // tile kt+1 landed; nobody reads slot (kt-1) % Stages
+                    }
+                    if (step + 1 < kSteps) {
+                        load_frags(fa[cur ^ 1], fb[cur ^ 1], stage, (step + 1) * 16);
+                    } else if (kt + 1 < k_tiles) {
+                        load_frags(fa[cur ^ 1], fb[cur ^ 1], (kt + 1) % Stages, 0);
+                    }
+                    if (step == 0) {
+                        const int next = kt + Stages - 1;
+                        if (next < k_tiles) load_stage(next % Stages, next);
+                        cp_async_commit();
+                    }
+    #pragma unroll
+                    for (int i = 0; i < kMI; ++i)
+    #pragma unroll
+                        for (int j = 0; j < kNI; ++j)
+                            wm::mma_sync(acc[i][j], fa[cur][i], fb[cur][j], acc[i][j]);
+                }
+            }
+        } else {
+            // Main loop, single-buffered fragments: one barrier per tile, then the tile's
+            // fragments are read and multiplied step by step.
+#pragma unroll
+            for (int s = 0; s < Stages - 1; ++s) {
+                if (s < k_tiles) load_stage(s, s);
+                cp_async_commit();
+            }
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                cp_async_wait<Stages - 2>();
+                __syncthreads();  // tile kt landed for everyone; slot (kt-1) % Stages is free
+                const int next = kt + Stages - 1;
+                if (next < k_tiles) load_stage(next % Stages, next);
+                cp_async_commit();
+#pragma unroll
+                for (int kk = 0; kk < BK; kk += 16) {
+                    load_frags(fa[0], fb[0], kt % Stages, kk);
+#pragma unroll
+                    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                        for (int j = 0; j < kNI; ++j)
+                            wm::mma_sync(acc[i][j], fa[0][i], fb[0][j], acc[i][j]);
+                }
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // every warp is done with the ring
+
+        // Epilogue: the block's fp32 tile goes to shared memory (the ring is free now), then
+        // every thread walks groups of 4 columns of it: a runtime loop with one copy of the
+        // element code and no accumulator live (small code, low register pressure).
+        float* const ctile = reinterpret_cast<float*>(smem);
+#pragma unroll
+        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+            for (int j = 0; j < kNI; ++j)
+                wm::store_matrix_sync(ctile + (warp_m * kWM + i * 16) * S::kCLd + warp_n * kWN + j * 16,
+                                      acc[i][j], S::kCLd, wm::mem_row_major);
+        __syncthreads();
+        TOut* const out = static_cast<TOut*>(p.out) + z * p.out_batch_stride;
+        const TOut* const cm = static_cast<const TOut*>(p.c) + z * p.c_batch_stride;
+        TOut* const aux = static_cast<TOut*>(p.aux) + z * p.aux_batch_stride;
+        constexpr int kGroupsPerRow = BN / 4;
+#pragma unroll 1
+        for (int g = tid; g < BM * kGroupsPerRow; g += kThreads) {
+            const int r = g / kGroupsPerRow;
+            const int row = m0 + r;
+            const int col = n0 + (g % kGroupsPerRow) * 4;
+            const int count = p.n - col;  // valid columns of this group (may be <= 0)
+            if (row >= p.m || count <= 0) continue;
+            const float4 v = *reinterpret_cast<const float4*>(ctile + r * S::kCLd + (g % kGroupsPerRow) * 4);
+            float x[4] = {p.alpha * v.x, p.alpha * v.y, p.alpha * v.z, p.alpha * v.w};
+            const bool full = count >= 4;
+            if (p.beta != 0.0f) {
+                float cv[4];
+                load4<TOut>(cm + static_cast<long long>(row) * p.c_ld + col, c_vec && full, count, cv);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) x[e] += p.beta * cv[e];
+            }
+            if (p.bias != nullptr) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (e < count) {
+                        x[e] += p.bias_f32 ? static_cast<const float*>(p.bias)[col + e]
+                                           : to_float<T>(static_cast<const T*>(p.bias)[col + e]);
+                    }
+                }
+            }
+            if (p.aux != nullptr) {
+                store4<TOut>(aux + static_cast<long long>(row) * p.aux_ld + col, aux_vec && full, count, x);
+            }
+            if (p.activation != kActNone) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) x[e] = activate_rt(p.activation, x[e]);
+            }
+            store4<TOut>(out + static_cast<long long>(row) * p.out_ld + col, out_vec && full, count, x);
+        }
+        __syncthreads();  // the staged tile is the next batch entry's ring
+    }
+}
+
+}  // namespace ferroattn

@@ -1,0 +1,159 @@
+//! The WMMA GEMM family (kernels/gemm/wmma.cuh, sm_80+): kernel parameters, launch shape and
+//! launch of a validated [`GemmProblem`].
+
+use super::problem::GemmProblem;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
+use crate::tuning::gemm::{parse_tile, wmma_config, wmma_production_configs, GemmWmmaConfig, WmmaTile};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{OnceLock, RwLock};
+
+/// Mirror of `struct GemmWmmaParams` in kernels/gemm/wmma.cuh (change both together).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GemmWmmaParams {
+    pub a: *const c_void,
+    pub b: *const c_void,
+    pub out: *mut c_void,
+    pub c: *const c_void,
+    pub bias: *const c_void,
+    pub aux: *mut c_void,
+    pub a_ld: i64,
+    pub a_batch_stride: i64,
+    pub b_ld: i64,
+    pub b_batch_stride: i64,
+    pub out_ld: i64,
+    pub out_batch_stride: i64,
+    pub c_ld: i64,
+    pub c_batch_stride: i64,
+    pub aux_ld: i64,
+    pub aux_batch_stride: i64,
+    pub batch: i64,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub tiles_m: i32,
+    pub tiles_n: i32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub activation: i32,
+    pub bias_f32: i32,
+}
+
+impl KernelSpec for GemmWmmaConfig {
+    fn kernel(&self) -> &'static str {
+        GemmWmmaConfig::KERNEL
+    }
+    fn header(&self) -> &'static str {
+        GemmWmmaConfig::HEADER
+    }
+    fn name_expression(&self) -> String {
+        GemmWmmaConfig::name_expression(self)
+    }
+    fn arch(&self) -> Arch {
+        self.arch
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        self.smem_bytes()
+    }
+}
+
+/// What `precompile` builds for this family.
+pub fn production_specs(arch: Arch) -> Vec<GemmWmmaConfig> {
+    wmma_production_configs(arch)
+}
+
+/// Kernel parameters of a validated problem for `config`'s tiling.
+pub fn params(p: &GemmProblem, config: &GemmWmmaConfig) -> GemmWmmaParams {
+    let (tiles_m, tiles_n) = config.tiles(p.m, p.n);
+    let null = std::ptr::null::<c_void>();
+    GemmWmmaParams {
+        a: p.a.ptr as *const c_void,
+        b: p.b.ptr as *const c_void,
+        out: p.out.ptr as *mut c_void,
+        c: p.c.map_or(null, |c| c.ptr as *const c_void),
+        bias: p.bias.map_or(null, |(ptr, _)| ptr as *const c_void),
+        aux: p.aux.map_or(null as *mut c_void, |t| t.ptr as *mut c_void),
+        a_ld: p.a.leading_dim(),
+        a_batch_stride: p.a.batch_stride,
+        b_ld: p.b.leading_dim(),
+        b_batch_stride: p.b.batch_stride,
+        out_ld: p.out.row_stride,
+        out_batch_stride: p.out.batch_stride,
+        c_ld: p.c.map_or(0, |c| c.row_stride),
+        c_batch_stride: p.c.map_or(0, |c| c.batch_stride),
+        aux_ld: p.aux.map_or(0, |t| t.row_stride),
+        aux_batch_stride: p.aux.map_or(0, |t| t.batch_stride),
+        batch: p.batch,
+        // validated: m, n, k <= i32::MAX; tiles fewer
+        m: p.m as i32,
+        n: p.n as i32,
+        k: p.k as i32,
+        tiles_m: tiles_m as i32,
+        tiles_n: tiles_n as i32,
+        alpha: p.alpha,
+        beta: if p.c.is_some() { p.beta } else { 0.0 },
+        activation: p.activation.code(),
+        bias_f32: i32::from(matches!(p.bias, Some((_, DType::F32)))),
+    }
+}
+
+/// Grid (tiles_m · tiles_n, min(batch, 65535)): the kernel loops over the batch in steps of
+/// gridDim.y, so any batch count runs. Block: the tile's threads; smem from the config.
+pub fn launch_shape(p: &GemmProblem, config: &GemmWmmaConfig) -> LaunchShape {
+    let (tm, tn) = config.tiles(p.m, p.n);
+    LaunchShape {
+        grid: (
+            u32::try_from(tm.saturating_mul(tn)).unwrap_or(u32::MAX),
+            p.batch.clamp(1, 65535) as u32,
+            1,
+        ),
+        block: (config.threads(), 1, 1),
+        dynamic_smem_bytes: config.smem_bytes(),
+    }
+}
+
+/// Multiprocessors of a device, cached (the tile heuristic's input).
+fn sm_count(device: i32) -> Result<u32> {
+    static CACHE: OnceLock<RwLock<HashMap<i32, u32>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(n) = cache.read().unwrap().get(&device) {
+        return Ok(*n);
+    }
+    let n = crate::device::info(device)?.sm_count.max(1) as u32;
+    cache.write().unwrap().insert(device, n);
+    Ok(n)
+}
+
+/// The FERROATTN_GEMM_WMMA_TILE override ("bm,bn,bk,warps_m,warps_n,stages", for tuning
+/// experiments; ignored when invalid or too large for the arch's shared memory).
+fn tile_override(arch: Arch) -> Option<WmmaTile> {
+    let t = std::env::var("FERROATTN_GEMM_WMMA_TILE").ok().as_deref().and_then(parse_tile)?;
+    let fits = [(true, true), (true, false), (false, true), (false, false)].iter().all(|&(a, b)| {
+        let c = GemmWmmaConfig { tile: t, a_row_major: a, b_row_major: b, ..production_specs(arch)[0] };
+        c.smem_bytes() <= arch.max_smem_per_block()
+    });
+    fits.then_some(t)
+}
+
+static KERNELS: KernelMap<GemmWmmaConfig> = KernelMap::new();
+
+/// Launch the WMMA kernel for a validated problem on `stream` (raw CUstream) of its device.
+/// Never synchronises; blocking only on the first call of a configuration (compile or load).
+pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
+    let config = wmma_config(p, tile_override(arch), sm_count(p.device)?, arch);
+    let shape = launch_shape(p, &config);
+    shape.check()?;
+    let kernel = KERNELS.get(&config, p.device)?;
+    let mut prm = params(p, &config);
+    let info = LaunchInfo {
+        op: "ferroattn::gemm",
+        work: crate::ops::work::gemm(p),
+    };
+    // SAFETY: `prm` mirrors GemmWmmaParams; the problem was validated (pointers non-NULL where
+    // used, shapes and strides in range) and the caller keeps the tensors alive in stream order.
+    unsafe { launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info) }
+}

@@ -1,0 +1,840 @@
+//! 2:4 structured sparsity: compress / decompress (GPU kernels and the CPU reference of
+//! host.rs) and the sparse matmul out = act(x @ w.T + bias) with w 2:4-compressed.
+//! Validation (shared by the metadata-only `matmul_check` and the launches), kernel parameter
+//! structs (mirrors of kernels/sparse24/params.cuh) and launches.
+//!
+//! The compressed layout is documented in host.rs (the reference).
+
+pub mod host;
+
+use crate::dtype::DType;
+use crate::error::{CudaResultExt, Error, Result};
+use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::ops::attention::{check_dtype, check_not_null, check_shape, check_strides};
+use crate::ops::gemm::problem::Activation;
+use crate::ops::work;
+use crate::tensor::{fmt_shape, overlaps, self_overlaps, TensorMeta, TensorView};
+use crate::tuning::sparse24::{
+    compress_production_configs, matmul_config, matmul_production_configs, CompressKind,
+    Sparse24CompressConfig, Sparse24MatmulConfig, Tile,
+};
+use host::Layout;
+use std::ffi::c_void;
+
+/// Mirror of `struct Sparse24MatmulParams` (kernels/sparse24/params.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sparse24MatmulParams {
+    pub x: *const c_void,
+    pub values: *const c_void,
+    pub meta: *const u32,
+    pub bias: *const c_void,
+    pub out: *mut c_void,
+    pub x_row_stride: i64,
+    pub out_row_stride: i64,
+    pub rows: i32,
+    pub n: i32,
+    pub k: i32,
+    pub k_pad: i32,
+    pub bias_kind: i32,
+    pub vec_out: i32,
+    pub row_tiles: i32,
+    pub n_tiles: i32,
+}
+
+/// Mirror of `struct Sparse24CompressParams` (kernels/sparse24/params.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sparse24CompressParams {
+    pub dense: *mut c_void,
+    pub values: *mut c_void,
+    pub meta: *mut u32,
+    pub bad_groups: *mut i32,
+    pub dense_row_stride: i64,
+    pub m: i32,
+    pub k: i32,
+    pub m_pad: i32,
+    pub k_pad: i32,
+    pub prune: i32,
+}
+
+impl KernelSpec for Sparse24MatmulConfig {
+    fn kernel(&self) -> &'static str {
+        Sparse24MatmulConfig::KERNEL
+    }
+    fn header(&self) -> &'static str {
+        "sparse24/mma_sp.cuh"
+    }
+    fn name_expression(&self) -> String {
+        Sparse24MatmulConfig::name_expression(self)
+    }
+    fn arch(&self) -> Arch {
+        self.arch
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        self.smem_bytes()
+    }
+}
+
+impl KernelSpec for Sparse24CompressConfig {
+    fn kernel(&self) -> &'static str {
+        Sparse24CompressConfig::kernel(self)
+    }
+    fn header(&self) -> &'static str {
+        "sparse24/compress.cuh"
+    }
+    fn name_expression(&self) -> String {
+        Sparse24CompressConfig::name_expression(self)
+    }
+    fn arch(&self) -> Arch {
+        self.arch
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        0
+    }
+}
+
+/// What `precompile` builds for this family: (matmul configs, compress configs).
+pub fn production_specs(arch: Arch) -> (Vec<Sparse24MatmulConfig>, Vec<Sparse24CompressConfig>) {
+    (
+        matmul_production_configs(arch),
+        compress_production_configs(arch),
+    )
+}
+
+/// Largest m, k, rows, n the kernels index with 32-bit counts.
+const MAX_DIM: i64 = i32::MAX as i64 - 256;
+
+/// The compressed layout of a (m, k) matrix; m, k >= 0 and small enough for 32-bit counts.
+pub fn layout(m: i64, k: i64) -> Result<Layout> {
+    for (arg, v) in [("m", m), ("k", k)] {
+        if !(0..=MAX_DIM).contains(&v) {
+            return Err(Error::argument(
+                arg,
+                format!("an integer in [0, {MAX_DIM}]"),
+                v,
+            ));
+        }
+    }
+    Ok(Layout::new(m as usize, k as usize))
+}
+
+fn check_rank2(arg: &str, t: &TensorMeta, what: &str) -> Result<()> {
+    if t.strides.len() != t.shape.len() {
+        return Err(Error::argument(
+            arg,
+            format!("{} strides", t.shape.len()),
+            format!("{} strides", t.strides.len()),
+        ));
+    }
+    if t.shape.len() != 2 {
+        return Err(Error::argument(
+            arg,
+            format!("2 dims {what}"),
+            format!("{} dims (shape {})", t.shape.len(), fmt_shape(&t.shape)),
+        ));
+    }
+    if let Some(s) = t.shape.iter().find(|&&s| s < 0) {
+        return Err(Error::argument(arg, "non-negative sizes", s));
+    }
+    Ok(())
+}
+
+/// Row-major contiguous (strides of size-1 dims are ignored).
+fn check_contiguous(arg: &str, t: &TensorMeta) -> Result<()> {
+    let want = TensorMeta::contiguous_strides(&t.shape);
+    let ok = t
+        .shape
+        .iter()
+        .zip(t.strides.iter().zip(&want))
+        .all(|(&n, (&s, &w))| n <= 1 || s == w);
+    if !ok {
+        return Err(Error::argument(
+            arg,
+            format!("a contiguous tensor (strides {want:?})"),
+            format!("strides {:?} for shape {}", t.strides, fmt_shape(&t.shape)),
+        ));
+    }
+    Ok(())
+}
+
+fn check_16bit_float(arg: &str, t: &TensorMeta) -> Result<()> {
+    if !matches!(t.dtype, DType::F16 | DType::BF16) {
+        return Err(Error::dtype(arg, "float16 or bfloat16", t.dtype));
+    }
+    Ok(())
+}
+
+/// values and meta of a (m, k) matrix: shapes of `l`, `dtype` / int16, contiguous, on `dense`'s device.
+fn check_compressed(
+    values: &TensorMeta,
+    meta: &TensorMeta,
+    l: &Layout,
+    dtype: DType,
+    dense: &str,
+) -> Result<()> {
+    let why = format!(" (sparse24_layout({}, {}))", l.m, l.k);
+    check_rank2("values", values, "(m_pad, k_pad / 2)")?;
+    check_dtype("values", values, dtype, &format!(" ({dense}'s dtype)"))?;
+    let vs = l.values_shape().map(|v| v as i64);
+    check_shape("values", values, &vs, &why)?;
+    check_contiguous("values", values)?;
+    check_rank2("meta", meta, "(m_pad / 16, k_pad)")?;
+    check_dtype("meta", meta, DType::I16, "")?;
+    let ms = l.meta_shape().map(|v| v as i64);
+    check_shape("meta", meta, &ms, &why)?;
+    check_contiguous("meta", meta)?;
+    Ok(())
+}
+
+/// `t` on `base`'s device (`base_arg` names it in the message).
+fn check_device(arg: &str, t: &TensorMeta, base_arg: &str, base: &TensorMeta) -> Result<()> {
+    if t.device != base.device {
+        return Err(Error::device(
+            arg,
+            format!("a tensor on {} ({base_arg}'s device)", base.device),
+            t.device,
+        ));
+    }
+    Ok(())
+}
+
+/// A dense (m, k) 16-bit matrix with stride 1 along k: w of compress, out of decompress.
+fn check_dense_matrix(arg: &str, t: &TensorMeta) -> Result<Layout> {
+    check_rank2(arg, t, "(m, k)")?;
+    check_16bit_float(arg, t)?;
+    check_strides(arg, t)?;
+    if self_overlaps(t) {
+        return Err(Error::argument(
+            arg,
+            "rows that do not overlap (row stride >= k)",
+            format!("strides {:?} for shape {}", t.strides, fmt_shape(&t.shape)),
+        ));
+    }
+    layout(t.shape[0], t.shape[1])
+}
+
+/// [start, end) bytes spanned by a tensor with non-negative strides (empty: None).
+fn byte_span(t: &TensorView) -> Option<(u128, u128)> {
+    let m = &t.meta;
+    if m.shape.contains(&0) {
+        return None;
+    }
+    let e = m.dtype.size_bytes() as u128;
+    let last: u128 = m
+        .shape
+        .iter()
+        .zip(&m.strides)
+        .map(|(&n, &s)| (n.max(1) - 1) as u128 * s.max(0) as u128 * e)
+        .sum();
+    Some((t.ptr as u128, t.ptr as u128 + last + e))
+}
+
+/// No pair may share memory. `strict` (host reference: the tensors become Rust slices): the
+/// byte spans must be disjoint; otherwise elements must be disjoint (`tensor::overlaps`, so
+/// e.g. x and out may be interleaved column slices of one buffer).
+fn check_no_overlap(pairs: &[(&str, &TensorView, &str, &TensorView)], strict: bool) -> Result<()> {
+    for (a, ta, b, tb) in pairs {
+        let spans = match (byte_span(ta), byte_span(tb)) {
+            (Some((a0, a1)), Some((b0, b1))) => a0 < b1 && b0 < a1,
+            _ => false,
+        };
+        if spans && (strict || overlaps(ta, tb)) {
+            return Err(Error::argument(
+                *a,
+                format!("memory that does not overlap {b}"),
+                "an overlapping tensor",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_device_kind(arg: &str, t: &TensorMeta, cuda: bool) -> Result<()> {
+    if t.device.is_cuda() != cuda {
+        let want = if cuda {
+            "a CUDA tensor"
+        } else {
+            "a CPU tensor"
+        };
+        return Err(Error::device(arg, want, t.device));
+    }
+    Ok(())
+}
+
+/// Validate compress arguments (GPU when `cuda`, else the host reference).
+fn validate_compress(
+    w: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    bad: Option<&TensorView>,
+    cuda: bool,
+) -> Result<Layout> {
+    let l = check_dense_matrix("w", &w.meta)?;
+    check_compressed(&values.meta, &meta.meta, &l, w.meta.dtype, "w")?;
+    if let Some(b) = bad {
+        check_dtype("bad_groups", &b.meta, DType::I32, "")?;
+        check_shape("bad_groups", &b.meta, &[1], "")?;
+    }
+    check_device_kind("w", &w.meta, cuda)?;
+    check_device("values", &values.meta, "w", &w.meta)?;
+    check_device("meta", &meta.meta, "w", &w.meta)?;
+    if let Some(b) = bad {
+        check_device("bad_groups", &b.meta, "w", &w.meta)?;
+    }
+    let mut pairs = vec![
+        ("values", values, "w", w),
+        ("meta", meta, "w", w),
+        ("meta", meta, "values", values),
+    ];
+    if let Some(b) = bad {
+        pairs.extend([
+            ("bad_groups", b, "w", w),
+            ("bad_groups", b, "values", values),
+            ("bad_groups", b, "meta", meta),
+        ]);
+    }
+    check_no_overlap(&pairs, !cuda)?;
+    Ok(l)
+}
+
+fn validate_decompress(
+    values: &TensorView,
+    meta: &TensorView,
+    out: &TensorView,
+    cuda: bool,
+) -> Result<Layout> {
+    let l = check_dense_matrix("out", &out.meta)?;
+    check_compressed(&values.meta, &meta.meta, &l, out.meta.dtype, "out")?;
+    check_device_kind("out", &out.meta, cuda)?;
+    check_device("values", &values.meta, "out", &out.meta)?;
+    check_device("meta", &meta.meta, "out", &out.meta)?;
+    check_no_overlap(
+        &[("out", out, "values", values), ("out", out, "meta", meta)],
+        !cuda,
+    )?;
+    Ok(l)
+}
+
+static COMPRESS: KernelMap<Sparse24CompressConfig> = KernelMap::new();
+
+fn compress_launch(
+    kind: CompressKind,
+    l: &Layout,
+    device: i32,
+    dtype: DType,
+    stream: u64,
+    mut prm: Sparse24CompressParams,
+    dense_bytes: f64,
+) -> Result<()> {
+    let arch = crate::device::arch(device)?;
+    let config = Sparse24CompressConfig { kind, dtype, arch };
+    let words = (l.m_pad / 16) as u64 * (l.k_pad / 2) as u64;
+    let shape = LaunchShape {
+        grid: (
+            words.div_ceil(Sparse24CompressConfig::THREADS as u64) as u32,
+            1,
+            1,
+        ),
+        block: (Sparse24CompressConfig::THREADS, 1, 1),
+        dynamic_smem_bytes: 0,
+    };
+    shape.check()?;
+    let kernel = COMPRESS.get(&config, device)?;
+    let info = LaunchInfo {
+        op: "ferroattn::sparse24_compress",
+        work: work::sparse24_compress(
+            l,
+            dtype.size_bytes() as u64,
+            dense_bytes,
+            kind == CompressKind::Compress,
+        ),
+    };
+    // SAFETY: `prm` mirrors Sparse24CompressParams; the caller keeps the tensors alive in stream order.
+    unsafe { launch(kernel, device, &shape, stream, &mut prm, &info) }
+}
+
+/// GPU compress of w into values / meta; bad_groups (int32 (1,)) is set to the number of
+/// groups with more than 2 non-zeros (zeroed on `stream`, then counted by the kernel).
+pub fn compress(
+    w: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    bad_groups: &TensorView,
+    prune: bool,
+    stream: u64,
+) -> Result<()> {
+    let l = validate_compress(w, values, meta, Some(bad_groups), true)?;
+    check_not_null("bad_groups", bad_groups)?;
+    let device = w.meta.device.id;
+    crate::device::bind(device)?;
+    // SAFETY: bad_groups is a validated int32 (1,) CUDA tensor of this device.
+    unsafe { cudarc::driver::result::memset_d8_async(bad_groups.ptr, 0, 4, stream as _) }
+        .call("cuMemsetD8Async")?;
+    if l.m_pad == 0 || l.k_pad == 0 {
+        return Ok(());
+    }
+    for (arg, t) in [("w", w), ("values", values), ("meta", meta)] {
+        check_not_null(arg, t)?;
+    }
+    let prm = Sparse24CompressParams {
+        dense: w.ptr as *mut c_void,
+        values: values.ptr as *mut c_void,
+        meta: meta.ptr as *mut u32,
+        bad_groups: bad_groups.ptr as *mut i32,
+        dense_row_stride: w.meta.strides[0],
+        m: l.m as i32,
+        k: l.k as i32,
+        m_pad: l.m_pad as i32,
+        k_pad: l.k_pad as i32,
+        prune: prune as i32,
+    };
+    let dense_bytes = (l.m * l.k * w.meta.dtype.size_bytes()) as f64;
+    compress_launch(
+        CompressKind::Compress,
+        &l,
+        device,
+        w.meta.dtype,
+        stream,
+        prm,
+        dense_bytes,
+    )
+}
+
+/// GPU decompress of values / meta into out (m, k).
+pub fn decompress(
+    values: &TensorView,
+    meta: &TensorView,
+    out: &TensorView,
+    stream: u64,
+) -> Result<()> {
+    let l = validate_decompress(values, meta, out, true)?;
+    if l.m == 0 || l.k == 0 {
+        return Ok(());
+    }
+    for (arg, t) in [("values", values), ("meta", meta), ("out", out)] {
+        check_not_null(arg, t)?;
+    }
+    let prm = Sparse24CompressParams {
+        dense: out.ptr as *mut c_void,
+        values: values.ptr as *mut c_void,
+        meta: meta.ptr as *mut u32,
+        bad_groups: std::ptr::null_mut(),
+        dense_row_stride: out.meta.strides[0],
+        m: l.m as i32,
+        k: l.k as i32,
+        m_pad: l.m_pad as i32,
+        k_pad: l.k_pad as i32,
+        prune: 0,
+    };
+    let dense_bytes = (l.m * l.k * out.meta.dtype.size_bytes()) as f64;
+    compress_launch(
+        CompressKind::Decompress,
+        &l,
+        out.meta.device.id,
+        out.meta.dtype,
+        stream,
+        prm,
+        dense_bytes,
+    )
+}
+
+/// The elements of a validated host tensor, from its data pointer: (rows - 1) · row_stride + cols.
+fn host_len(t: &TensorView) -> usize {
+    let m = &t.meta;
+    if m.shape.contains(&0) {
+        return 0;
+    }
+    ((m.shape[0] - 1) * m.strides[0] + m.shape[1]) as usize
+}
+
+/// # Safety
+/// `t` is a validated host tensor of 16-bit elements that stays alive and is not written
+/// through another alias while the slice lives.
+unsafe fn host_slice<'a>(t: &TensorView, len: usize) -> &'a [u16] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: forwarded to the caller.
+    unsafe { std::slice::from_raw_parts(t.ptr as *const u16, len) }
+}
+
+/// # Safety
+/// As `host_slice`, and no other slice of the same memory exists.
+unsafe fn host_slice_mut<'a>(t: &TensorView, len: usize) -> &'a mut [u16] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: forwarded to the caller.
+    unsafe { std::slice::from_raw_parts_mut(t.ptr as *mut u16, len) }
+}
+
+fn check_host_aligned(arg: &str, t: &TensorView, bytes: u64) -> Result<()> {
+    if !t.ptr.is_multiple_of(bytes) {
+        return Err(Error::argument(
+            arg,
+            format!("a {bytes}-byte aligned data pointer"),
+            format!("address {:#x}", t.ptr),
+        ));
+    }
+    Ok(())
+}
+
+/// The CPU reference of `compress` on host tensors; returns bad_groups.
+pub fn compress_host(
+    w: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    prune: bool,
+) -> Result<usize> {
+    let l = validate_compress(w, values, meta, None, false)?;
+    for (arg, t) in [("w", w), ("values", values), ("meta", meta)] {
+        check_not_null(arg, t)?;
+        check_host_aligned(arg, t, 2)?;
+    }
+    let nv = l.m_pad * l.k_pad / 2;
+    let nm = l.m_pad * l.k_pad / 16;
+    // SAFETY: validated host tensors of those lengths, pairwise non-overlapping; the caller
+    // (the Python binding) keeps them alive for the call.
+    let (wd, vd, md) = unsafe {
+        (
+            host_slice(w, host_len(w)),
+            host_slice_mut(values, nv),
+            host_slice_mut(meta, nm),
+        )
+    };
+    let mat = host::Matrix {
+        data: wd,
+        rows: l.m,
+        cols: l.k,
+        row_stride: w.meta.strides[0].max(0) as usize,
+    };
+    Ok(match w.meta.dtype {
+        DType::F16 => host::compress::<half::f16>(&mat, vd, md, prune),
+        _ => host::compress::<half::bf16>(&mat, vd, md, prune),
+    })
+}
+
+/// The CPU reference of `decompress` on host tensors.
+pub fn decompress_host(values: &TensorView, meta: &TensorView, out: &TensorView) -> Result<()> {
+    let l = validate_decompress(values, meta, out, false)?;
+    if l.m == 0 || l.k == 0 {
+        return Ok(());
+    }
+    for (arg, t) in [("values", values), ("meta", meta), ("out", out)] {
+        check_not_null(arg, t)?;
+        check_host_aligned(arg, t, 2)?;
+    }
+    let nv = l.m_pad * l.k_pad / 2;
+    let nm = l.m_pad * l.k_pad / 16;
+    // SAFETY: as in compress_host.
+    let (vd, md, od) = unsafe {
+        (
+            host_slice(values, nv),
+            host_slice(meta, nm),
+            host_slice_mut(out, host_len(out)),
+        )
+    };
+    host::decompress(vd, md, od, l.m, l.k, out.meta.strides[0].max(0) as usize);
+    Ok(())
+}
+
+/// A validated sparse matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulProblem {
+    pub rows: i64,
+    pub n: i64,
+    pub k: i64,
+    pub layout: Layout,
+    pub dtype: DType,
+    pub activation: Activation,
+    /// 0 none, 1 x's dtype, 2 float32.
+    pub bias_kind: i32,
+    pub device: i32,
+}
+
+/// Validate sparse24_matmul arguments from metadata alone (`out` None from Python's check
+/// before it allocates).
+#[allow(clippy::too_many_arguments)]
+pub fn validate_matmul(
+    x: &TensorMeta,
+    values: &TensorMeta,
+    meta: &TensorMeta,
+    out: Option<&TensorMeta>,
+    bias: Option<&TensorMeta>,
+    n: i64,
+    k: i64,
+    activation: &str,
+) -> Result<MatmulProblem> {
+    let activation = Activation::parse("activation", activation)?;
+    for (arg, v) in [("n", n), ("k", k)] {
+        if !(1..=MAX_DIM).contains(&v) {
+            return Err(Error::argument(
+                arg,
+                format!("an integer in [1, {MAX_DIM}]"),
+                v,
+            ));
+        }
+    }
+    check_rank2("x", x, "(rows, k)")?;
+    check_16bit_float("x", x)?;
+    check_strides("x", x)?;
+    let rows = x.shape[0];
+    if x.shape[1] != k {
+        return Err(Error::argument(
+            "x",
+            format!("{k} columns (k)"),
+            format!("shape {}", fmt_shape(&x.shape)),
+        ));
+    }
+    if rows > MAX_DIM {
+        return Err(Error::argument(
+            "x",
+            format!("at most {MAX_DIM} rows"),
+            rows,
+        ));
+    }
+    let l = layout(n, k)?;
+    check_compressed(values, meta, &l, x.dtype, "x")?;
+    let bias_kind = match bias {
+        None => 0,
+        Some(b) => {
+            if b.dtype != x.dtype && b.dtype != DType::F32 {
+                return Err(Error::dtype(
+                    "bias",
+                    format!("{} (x's dtype) or float32", x.dtype),
+                    b.dtype,
+                ));
+            }
+            check_shape("bias", b, &[n], " (n,)")?;
+            check_strides("bias", b)?;
+            if b.dtype == DType::F32 {
+                2
+            } else {
+                1
+            }
+        }
+    };
+    if let Some(o) = out {
+        check_rank2("out", o, "(rows, n)")?;
+        check_dtype("out", o, x.dtype, " (x's dtype)")?;
+        check_shape("out", o, &[rows, n], " (rows, n)")?;
+        check_strides("out", o)?;
+        if self_overlaps(o) {
+            return Err(Error::argument(
+                "out",
+                "rows that do not overlap (row stride >= n)",
+                format!("strides {:?} for shape {}", o.strides, fmt_shape(&o.shape)),
+            ));
+        }
+    }
+    if !x.device.is_cuda() {
+        return Err(Error::device("x", "a CUDA tensor", x.device));
+    }
+    check_device("values", values, "x", x)?;
+    check_device("meta", meta, "x", x)?;
+    if let Some(b) = bias {
+        check_device("bias", b, "x", x)?;
+    }
+    if let Some(o) = out {
+        check_device("out", o, "x", x)?;
+    }
+    Ok(MatmulProblem {
+        rows,
+        n,
+        k,
+        layout: l,
+        dtype: x.dtype,
+        activation,
+        bias_kind,
+        device: x.device.id,
+    })
+}
+
+/// The backends of sparse24_matmul; "wgmma_sp" (sm_90a) is not implemented yet.
+pub const BACKENDS: [&str; 3] = ["auto", "mma_sp", "wgmma_sp"];
+
+fn pick_backend(backend: &str) -> Result<&'static str> {
+    match backend {
+        "auto" | "mma_sp" => Ok("mma_sp"),
+        "wgmma_sp" => Err(Error::argument(
+            "backend",
+            "a supported backend: auto or mma_sp (wgmma_sp is not implemented yet)",
+            format!("{backend:?}"),
+        )),
+        _ => Err(Error::argument(
+            "backend",
+            format!("one of {}", BACKENDS.join(", ")),
+            format!("{backend:?}"),
+        )),
+    }
+}
+
+/// A tile forced by $FERROATTN_SPARSE24_TILE ("block_n,block_r,warps_n,warps_r,stages"; for
+/// experiments and benchmarks of alternative tiles). Unset: None; malformed: ArgumentError.
+fn tile_override() -> Result<Option<Tile>> {
+    match std::env::var("FERROATTN_SPARSE24_TILE") {
+        Err(_) => Ok(None),
+        Ok(s) if s.is_empty() => Ok(None),
+        Ok(s) => Tile::parse(&s).map(Some).ok_or_else(|| {
+            Error::argument(
+                "FERROATTN_SPARSE24_TILE",
+                "block_n,block_r,warps_n,warps_r,stages of a valid tile",
+                format!("{s:?}"),
+            )
+        }),
+    }
+}
+
+/// Rows of x move with 16-byte copies: aligned pointer, row stride and k multiples of 8.
+fn vec_ok(t: &TensorView, cols: i64) -> bool {
+    t.ptr.is_multiple_of(16)
+        && cols % 8 == 0
+        && (t.meta.shape[0] <= 1 || t.meta.strides[0] % 8 == 0)
+}
+
+static MATMUL: KernelMap<Sparse24MatmulConfig> = KernelMap::new();
+
+/// Multiprocessors of a device (the tile heuristic's grid-fill test), cached.
+fn sm_count(device: i32) -> Result<u32> {
+    use std::collections::HashMap;
+    use std::sync::{OnceLock, RwLock};
+    static CACHE: OnceLock<RwLock<HashMap<i32, u32>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(n) = cache.read().unwrap().get(&device) {
+        return Ok(*n);
+    }
+    let n = crate::device::info(device)?.sm_count.max(1) as u32;
+    cache.write().unwrap().insert(device, n);
+    Ok(n)
+}
+
+/// Validate everything, then launch out = act(x @ w.T + bias) on `stream`; returns the backend
+/// that ran. Never synchronises; rows == 0 launches nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    x: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    out: &TensorView,
+    bias: Option<&TensorView>,
+    n: i64,
+    k: i64,
+    activation: &str,
+    backend: &str,
+    stream: u64,
+) -> Result<&'static str> {
+    let p = validate_matmul(
+        &x.meta,
+        &values.meta,
+        &meta.meta,
+        Some(&out.meta),
+        bias.map(|b| &b.meta),
+        n,
+        k,
+        activation,
+    )?;
+    let ran = pick_backend(backend)?;
+    let mut pairs = vec![
+        ("out", out, "x", x),
+        ("out", out, "values", values),
+        ("out", out, "meta", meta),
+    ];
+    if let Some(b) = bias {
+        pairs.push(("out", out, "bias", b));
+    }
+    check_no_overlap(&pairs, false)?;
+    if p.rows == 0 {
+        return Ok(ran);
+    }
+    for (arg, t) in [("x", x), ("values", values), ("meta", meta), ("out", out)] {
+        check_not_null(arg, t)?;
+    }
+    for (arg, t) in [("values", values), ("meta", meta)] {
+        if !t.ptr.is_multiple_of(16) {
+            return Err(Error::argument(
+                arg,
+                "a 16-byte aligned data pointer",
+                format!("address {:#x}", t.ptr),
+            ));
+        }
+    }
+    if let Some(b) = bias {
+        check_not_null("bias", b)?;
+        let e = b.meta.dtype.size_bytes() as u64;
+        if !b.ptr.is_multiple_of(e) {
+            return Err(Error::argument(
+                "bias",
+                format!("a {e}-byte aligned data pointer"),
+                format!("address {:#x}", b.ptr),
+            ));
+        }
+    }
+    for (arg, t) in [("x", x), ("out", out)] {
+        if !t.ptr.is_multiple_of(2) {
+            return Err(Error::argument(
+                arg,
+                "a 2-byte aligned data pointer",
+                format!("address {:#x}", t.ptr),
+            ));
+        }
+    }
+    let arch = crate::device::arch(p.device)?;
+    let config = matmul_config(
+        p.rows as u64,
+        p.layout.m_pad as u64,
+        sm_count(p.device)?,
+        p.activation,
+        vec_ok(x, p.k),
+        p.dtype,
+        arch,
+        tile_override()?,
+    );
+    let t = &config.tile;
+    let row_tiles = (p.rows as u64).div_ceil(t.block_r as u64);
+    let n_tiles = (p.layout.m_pad as u64) / t.block_n as u64;
+    let blocks = row_tiles * n_tiles;
+    if blocks > i32::MAX as u64 {
+        return Err(Error::argument(
+            "x",
+            "fewer rows (the grid exceeds 2^31 - 1 blocks)",
+            p.rows,
+        ));
+    }
+    let shape = LaunchShape {
+        grid: (blocks as u32, 1, 1),
+        block: (config.threads(), 1, 1),
+        dynamic_smem_bytes: config.smem_bytes(),
+    };
+    shape.check()?;
+    let kernel = MATMUL.get(&config, p.device)?;
+    let mut prm = Sparse24MatmulParams {
+        x: x.ptr as *const c_void,
+        values: values.ptr as *const c_void,
+        meta: meta.ptr as *const u32,
+        bias: bias.map_or(std::ptr::null(), |b| b.ptr as *const c_void),
+        out: out.ptr as *mut c_void,
+        x_row_stride: x.meta.strides[0],
+        out_row_stride: out.meta.strides[0],
+        rows: p.rows as i32,
+        n: p.n as i32,
+        k: p.k as i32,
+        k_pad: p.layout.k_pad as i32,
+        bias_kind: p.bias_kind,
+        vec_out: vec_ok(out, p.n) as i32,
+        row_tiles: row_tiles as i32,
+        n_tiles: n_tiles as i32,
+    };
+    let bias_bytes = bias.map_or(0.0, |b| (p.n as usize * b.meta.dtype.size_bytes()) as f64);
+    let info = LaunchInfo {
+        op: "ferroattn::sparse24_matmul",
+        work: work::sparse24_matmul(&p, bias_bytes),
+    };
+    // SAFETY: `prm` mirrors Sparse24MatmulParams; the caller keeps the tensors alive in stream order.
+    unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info) }?;
+    Ok(ran)
+}
+
+#[cfg(test)]
+mod tests;

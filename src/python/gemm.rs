@@ -1,0 +1,102 @@
+//! gemm_check (metadata), gemm (DLPack tensors) and gemm_backends → ops::gemm.
+
+use super::attention::{stream_handle, MetaTuple};
+use crate::dlpack::{import, import_writable, Imported};
+use crate::error::Result;
+use crate::ops::gemm as op;
+use crate::tensor::TensorMeta;
+use pyo3::prelude::*;
+
+fn meta(arg: &str, t: MetaTuple, expected: &str) -> Result<TensorMeta> {
+    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, expected)
+}
+
+fn meta_opt(arg: &str, t: Option<MetaTuple>, expected: &str) -> Result<Option<TensorMeta>> {
+    t.map(|t| meta(arg, t, expected)).transpose()
+}
+
+const INPUT: &str = "float16 or bfloat16";
+const OUTPUT: &str = "float16, bfloat16 or float32";
+
+/// Validate GEMM arguments from metadata alone (same checks and errors as gemm).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn gemm_check(
+    a: MetaTuple,
+    b: MetaTuple,
+    out: MetaTuple,
+    c: Option<MetaTuple>,
+    bias: Option<MetaTuple>,
+    aux: Option<MetaTuple>,
+    beta: f64,
+    activation: &str,
+) -> Result<()> {
+    let (a, b, out) = (meta("a", a, INPUT)?, meta("b", b, INPUT)?, meta("out", out, OUTPUT)?);
+    let c = meta_opt("c", c, OUTPUT)?;
+    let bias = meta_opt("bias", bias, "float16, bfloat16 or float32")?;
+    let aux = meta_opt("aux", aux, OUTPUT)?;
+    op::validate(&a, &b, &out, c.as_ref(), bias.as_ref(), aux.as_ref(), beta as f32, activation)?;
+    Ok(())
+}
+
+fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str, writable: bool) -> Result<Option<Imported>> {
+    t.filter(|t| !t.is_none())
+        .map(|t| if writable { import_writable(t, arg) } else { import(t, arg) })
+        .transpose()
+}
+
+/// Launch the GEMM on `stream` (raw CUstream) in a's device's primary context; returns the
+/// backend that ran. Validates everything before launching; never synchronises.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    c: Option<&Bound<'_, PyAny>>,
+    bias: Option<&Bound<'_, PyAny>>,
+    aux: Option<&Bound<'_, PyAny>>,
+    alpha: f64,
+    beta: f64,
+    activation: &str,
+    backend: &str,
+    stream: &Bound<'_, PyAny>,
+) -> Result<&'static str> {
+    let stream = stream_handle(stream)?;
+    let (a, b, o) = (import(a, "a")?, import(b, "b")?, import_writable(out, "out")?);
+    let c = import_opt(c, "c", false)?;
+    let bias = import_opt(bias, "bias", false)?;
+    let aux = import_opt(aux, "aux", true)?;
+    let (cv, biasv, auxv) = (c.as_ref().map(|t| &t.view), bias.as_ref().map(|t| &t.view), aux.as_ref().map(|t| &t.view));
+    // Detached: the first call of a configuration compiles or loads a module.
+    py.detach(|| {
+        op::gemm(
+            &a.view,
+            &b.view,
+            &o.view,
+            cv,
+            biasv,
+            auxv,
+            alpha as f32,
+            beta as f32,
+            activation,
+            backend,
+            stream,
+        )
+    })
+}
+
+/// The backends this device supports, fastest first; NoDeviceError without a GPU.
+#[pyfunction]
+#[pyo3(signature = (device = 0))]
+fn gemm_backends(device: i32) -> Result<Vec<&'static str>> {
+    Ok(op::backends_for(crate::device::arch(device)?))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(gemm_check, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_backends, m)?)?;
+    Ok(())
+}
