@@ -48,7 +48,10 @@
 # Environment knobs: OUT (default ./out), PYTHON (default python3), GPU_CHECK_BUDGET_S (total
 # seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
 # TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
-# PYTEST_TARGETS (pytest stage: test paths, default "tests"), SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_* and attn_bwd_* kernels;
+# PYTEST_TARGETS (pytest stage: test paths, default "tests"), NOTEBOOKS (notebook paths for the notebooks
+# stage, default all), SANITIZE_SCRIPTS (the sanitizer stages' scripts, default all three),
+# GPU_CHECK_KERNEL_CACHE (kernel cache dir, default a fresh one under /tmp/gpu_check; a dir outside it
+# survives into the next call on a still-warm machine), BENCH_GEMM_ARGS / BENCH_SPARSE24_ARGS, SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_* and attn_bwd_* kernels;
 # empty = check every kernel).
 set -u
 set -o pipefail
@@ -143,7 +146,8 @@ do_notebooks() {
     local budget=$(( $1 - 30 )) rc
     [ "$budget" -lt 30 ] && budget=30
     rm -rf "$OUT/notebooks" "$OUT/notebooks.tar.gz"
-    "$PY" scripts/run_notebooks.py --out "$OUT/notebooks" --budget-s "$budget" --cell-timeout 300 \
+    # shellcheck disable=SC2086
+    "$PY" scripts/run_notebooks.py ${NOTEBOOKS:-} --out "$OUT/notebooks" --budget-s "$budget" --cell-timeout 300 \
         --json "$WORK/logs/notebooks.json"
     rc=$?
     if [ -d "$OUT/notebooks" ]; then
@@ -179,7 +183,7 @@ do_sanitize() {
     # forward cases, then backward cases; the stage's exit code is the first non-zero one
     local tool=$1 rc=0 r script
     if [ -z "$CS" ]; then echo "compute-sanitizer not found on PATH or under /usr/local/cuda*/bin"; return 127; fi
-    for script in scripts/sanitize_attention.py scripts/sanitize_attention_bwd.py scripts/sanitize_gemm.py; do
+    for script in ${SANITIZE_SCRIPTS:-scripts/sanitize_attention.py scripts/sanitize_attention_bwd.py scripts/sanitize_gemm.py}; do
         echo "--- $tool: $script"
         if [ "$script" = scripts/sanitize_gemm.py ]; then
             sanitize_one "$tool" "$script" "${GEMM_SANITIZER_FILTER-}"   # every kernel it launches
@@ -255,7 +259,7 @@ exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 TEE_PID=$!
 
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export FERROATTN_CACHE_DIR="$WORK/kernel-cache"
+export FERROATTN_CACHE_DIR="${GPU_CHECK_KERNEL_CACHE:-$WORK/kernel-cache}"
 export OUT PY WORK SITE BUDGET
 if [ -z "${FERROATTN_COMMIT:-}" ] && [ -f dist/COMMIT ]; then
     FERROATTN_COMMIT=$(head -n1 dist/COMMIT); export FERROATTN_COMMIT
