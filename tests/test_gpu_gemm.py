@@ -240,9 +240,19 @@ def test_every_supported_backend():
     torch.manual_seed(9)
     for name in names + ["auto"]:
         for layout in LAYOUTS:
-            a, b, bias = operand(1001, 1000, layout[0]), operand(1000, 127, layout[1]), rnd(127)
+            # 16-byte aligned rows and columns (every backend's fast path), tails in m, n and k
+            a, b, bias = operand(1000, 1000, layout[0]), operand(1000, 136, layout[1]), rnd(136)
             assert_close(matmul(a, b, bias=bias, activation="gelu", backend=name), ref(a, b, bias, "gelu"),
                          what=f"{name} {layout}")
+            # n = 127: rows of b / out not 16-byte aligned; "auto" and wmma run it, sm90 refuses it
+            # by name (the contract: an explicit backend that cannot run a problem is an ArgumentError)
+            a, b, bias = operand(1001, 1000, layout[0]), operand(1000, 127, layout[1]), rnd(127)
+            if name == "sm90":
+                with pytest.raises(errors.ArgumentError, match="backend"):
+                    matmul(a, b, bias=bias, activation="gelu", backend=name)
+                continue
+            assert_close(matmul(a, b, bias=bias, activation="gelu", backend=name), ref(a, b, bias, "gelu"),
+                         what=f"{name} {layout} n=127")
 
 
 # ---- autograd -------------------------------------------------------------------------------

@@ -358,7 +358,9 @@ mod tests {
         assert_eq!(vector_elems(&operand(0x100, 64, 17, 17, 1088)), 1); // k = 17
         assert_eq!(vector_elems(&operand(0x102, 64, 64, 64, 4096)), 1); // 2-byte aligned pointer
         assert_eq!(vector_elems(&operand(0x104, 64, 64, 64, 4096)), 2);
-        assert_eq!(vector_elems(&operand(0x100, 1, 17, 17, 0)), 8); // one row: ld unused
+        assert_eq!(vector_elems(&operand(0x100, 1, 16, 17, 0)), 8); // one row: ld unused
+        assert_eq!(vector_elems(&operand(0x100, 1, 17, 17, 0)), 1); // no vector may straddle the row end
+        assert_eq!(vector_elems(&operand(0x100, 64, 60, 64, 4096)), 4); // line 60 < ld 64
         assert_eq!(vector_elems(&operand(0x100, 64, 64, 64, 4100)), 4); // batch stride
     }
 

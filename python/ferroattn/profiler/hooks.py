@@ -135,10 +135,13 @@ def find_targets(model: Any, include_root: bool = True, layer_lists: Sequence[st
     return targets
 
 
-# A hooked call is a list (cheapest to build on the per-call path):
-# [name, kind, depth, step, start mark, end mark (None while open), input shapes (torch.Size/None
-# per positional argument) or None].
-_NAME, _KIND, _DEPTH, _STEP, _START, _END, _SHAPES = range(7)
+# A hooked call is ONE list, also the entry of the open-call stack (the per-call path allocates as
+# few garbage-collected containers as it can: on a host-bound forward, every container per call
+# brings Python's full collections closer, and those cost more than the bookkeeping itself):
+# [name, kind, depth, step, start mark, end mark (None while open), input shapes (None, the
+# torch.Size of a single tensor argument, or a list of torch.Size/None per positional argument),
+# module, record_function context or None].
+_NAME, _KIND, _DEPTH, _STEP, _START, _END, _SHAPES, _MODULE, _RF = range(9)
 
 
 def _completed(event: Any) -> bool:
@@ -157,8 +160,13 @@ def _profiler_probe() -> Callable[[], bool]:
 
 
 def _plain_shapes(shapes) -> Optional[tuple]:
-    """The recorded shapes as plain tuples (None stays None)."""
-    return None if shapes is None else tuple(None if x is None else tuple(x) for x in shapes)
+    """The recorded shapes as plain tuples, one per positional argument (None stays None; a bare
+    torch.Size is the shape of a single tensor argument)."""
+    if shapes is None:
+        return None
+    if type(shapes) is not list:   # torch.Size of the only argument
+        return (tuple(shapes),)
+    return tuple(None if x is None else tuple(x) for x in shapes)
 
 
 # ---- clocks: where the timestamps come from ------------------------------------------------
@@ -283,7 +291,7 @@ class Attachment:
         self.mode = mode
         self.step = 0
         self.calls: list = []
-        self._open: list = []        # (call, module, record_function ctx or None)
+        self._open: list = []        # the open calls (call lists, innermost last)
         self._handles: list = []     # objects with remove(): torch hook handles or forward restorers
         self._enabled = True
         self._live = False           # enabled and attached: what the per-call path checks
@@ -310,19 +318,23 @@ class Attachment:
     def _enter(self, name, kind, module, args):
         """Open a call: start mark, ranges; returns the entry :meth:`_exit` closes."""
         stack = self._open
-        call = [name, kind, len(stack), self.step, self._mark(), None,
-                [a.shape if isinstance(a, self._tensor) else None for a in args] if self.record_shapes else None]
+        shapes = None
+        if self.record_shapes and args:
+            if len(args) == 1:
+                a = args[0]
+                shapes = a.shape if isinstance(a, self._tensor) else [None]
+            else:
+                shapes = [a.shape if isinstance(a, self._tensor) else None for a in args]
+        call = [name, kind, len(stack), self.step, self._mark(), None, shapes, module, None]
         self.calls.append(call)
-        rf = None
         if self._rf_probe is not None and self._rf_probe():
             from torch.autograd.profiler import record_function  # noqa: PLC0415
-            rf = record_function(name)
+            rf = call[_RF] = record_function(name)
             rf.__enter__()
         if self._push is not None:
             self._push(name)
-        entry = (call, module, rf)
-        stack.append(entry)
-        return entry
+        stack.append(call)
+        return call
 
     def _exit(self, entry) -> None:
         """Close ``entry`` and anything opened above it that was not closed (normally it is the
@@ -346,18 +358,19 @@ class Attachment:
     def _post(self, module, args, output):    # torch mode: forward hook (always_call)
         # the innermost open call of this module (normally the top of the stack)
         for i in range(len(self._open) - 1, -1, -1):
-            if self._open[i][1] is module:
+            if self._open[i][_MODULE] is module:
                 self._exit(self._open[i])
                 break
         return None
 
-    def _close(self, entry) -> None:
-        call, _module, rf = entry
+    def _close(self, call) -> None:
         if call[_END] is None:
             call[_END] = self._mark()
         if self._pop is not None:
             self._pop()
+        rf = call[_RF]
         if rf is not None:
+            call[_RF] = None
             rf.__exit__(None, None, None)
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -135,12 +135,17 @@ impl Operand {
     }
 
     /// Whether `vec_elems`-element vectors (e.g. 8 fp16 = 16 bytes) along the contiguous dim
-    /// are naturally aligned everywhere: the pointer, the leading dim (when more than one
+    /// are naturally aligned everywhere and never cross the end of a line: the pointer, the
+    /// line length (the contiguous dim's extent), the leading dim (when more than one
     /// row/column is used) and the batch stride (when used) are multiples of the vector.
     pub fn vector_aligned(&self, vec_elems: i64) -> bool {
         let bytes = vec_elems as u64 * self.dtype.size_bytes() as u64;
-        let lines = if self.row_major() { self.rows } else { self.cols };
+        let (lines, line_len) = if self.row_major() { (self.rows, self.cols) } else { (self.cols, self.rows) };
+        // The line length too: a vector that straddles the end of a line would be a partial
+        // cp.async (src-size < cp-size), which compute-sanitizer reports as an out-of-bounds
+        // read of the whole vector at the end of an allocation.
         self.ptr.is_multiple_of(bytes)
+            && line_len % vec_elems == 0
             && (lines <= 1 || self.leading_dim() % vec_elems == 0)
             && self.batch_stride % vec_elems == 0
     }
