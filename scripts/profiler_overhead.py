@@ -48,6 +48,11 @@ import time
 
 T0 = time.perf_counter()
 MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop", "profile")
+#: Diagnostic modes (``--modes``): where a hooked call's host time goes. hooks_no_marks: the default
+#: hooks with the timestamps replaced by a constant (no driver call); hooks_bare: also no NVTX, no
+#: shapes, no record_function probe (the wrapper and its bookkeeping alone); hooks_marks_only: the
+#: bare hooks plus the native timestamps.
+DIAGNOSTIC_MODES = ("hooks_no_marks", "hooks_bare", "hooks_marks_only")
 
 
 def _quantile(xs, q):
@@ -94,6 +99,12 @@ class Modes:
             finally:
                 self.native.profiler_enable(False)
                 self.native.profiler_drain()
+        elif mode in DIAGNOSTIC_MODES:
+            kw = {} if mode == "hooks_no_marks" else {"nvtx": False, "record_shapes": False, "record_function": False}
+            with attach(self.model, **kw) as att:
+                if mode != "hooks_marks_only":
+                    att._mark = lambda: 0    # no timestamp: nothing to resolve afterwards
+                yield (lambda: att.discard())
         elif mode in ("hooks", "hooks_no_nvtx", "hooks_torch"):
             kw = {"nvtx": False} if mode == "hooks_no_nvtx" else {"mode": "torch"} if mode == "hooks_torch" else {}
             with attach(self.model, **kw) as att:
@@ -202,6 +213,7 @@ def per_call_us(n: int = 10000) -> dict:
 
 
 def main(argv=None) -> int:
+    global MODES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1x256,1x2048,4x1024,4x2048", help="batch x seqlen list (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=40, help="most rounds per shape (default %(default)s)")
@@ -210,7 +222,15 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=75.0,
                     help="wall-clock budget of the whole script in s; rounds are cut to fit (default %(default)s)")
     ap.add_argument("--out", default=None, help="JSON output path (default $OUT/profiler_overhead.json)")
+    ap.add_argument("--modes", default=",".join(MODES[1:]),
+                    help="modes compared with off, from " + ",".join(MODES[1:] + DIAGNOSTIC_MODES) + " (default %(default)s)")
     args = ap.parse_args(argv)
+    chosen = tuple(m for m in args.modes.split(",") if m)
+    if not chosen or not set(chosen) <= set(MODES[1:] + DIAGNOSTIC_MODES):
+        print(f"profiler_overhead: bad --modes {args.modes!r}: expected a comma-separated subset of "
+              f"{','.join(MODES[1:] + DIAGNOSTIC_MODES)}", file=sys.stderr)
+        return 2
+    MODES = ("off",) + chosen
     try:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         assert all(len(s) == 2 and min(s) >= 1 for s in shapes)
@@ -264,8 +284,10 @@ def main(argv=None) -> int:
         hcells = "".join(f"{r['modes'][m]['host']['pct']:+6.1f}".rjust(15) for m in MODES[1:])
         print(f"{'host':>9} {r['off_host_ms']:8.2f}{hcells}", flush=True)
     n_mod = len(modes.targets)
-    for row in rows:   # host µs per hooked module call implied by the hooks mode (2 marks each)
-        row["hooks_us_per_module_call"] = 1e3 * (row["modes"]["hooks"]["host_ms"] - row["off_host_ms"]) / n_mod
+    for row in rows:   # host µs per hooked module call implied by each hooks mode (the default: 2 marks each)
+        for mode in (m for m in MODES if m.startswith("hooks")):
+            key = "hooks_us_per_module_call" if mode == "hooks" else f"{mode}_us_per_module_call"
+            row[key] = 1e3 * (row["modes"][mode]["host_ms"] - row["off_host_ms"]) / n_mod
     doc = {"kind": "profiler_overhead", "device": torch.cuda.get_device_name(0), "driver": driver_version(),
            "torch": torch.__version__, "commit": os.environ.get("FERROATTN_COMMIT"),
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
