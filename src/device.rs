@@ -87,6 +87,19 @@ pub fn max_threads_per_multiprocessor(ordinal: i32) -> Result<i32> {
     Ok(n)
 }
 
+/// Multiprocessors of a device (at least 1), cached: the grid-size input of the GEMM and 2:4
+/// tile heuristics and of the persistent sm90 GEMM grid.
+pub fn sm_count(ordinal: i32) -> Result<u32> {
+    static CACHE: OnceLock<RwLock<HashMap<i32, u32>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(n) = cache.read().unwrap().get(&ordinal) {
+        return Ok(*n);
+    }
+    let n = info(ordinal)?.sm_count.max(1) as u32;
+    cache.write().unwrap().insert(ordinal, n);
+    Ok(n)
+}
+
 /// The arch kernels are compiled for on this device (UnsupportedGpu below sm_80).
 pub fn arch(ordinal: i32) -> Result<Arch> {
     let (major, minor) = compute_capability(ordinal)?;

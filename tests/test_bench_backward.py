@@ -361,7 +361,7 @@ def test_gpu_check_stage_selection():
     r = _list_stages(None)
     assert r.returncode == 0
     assert r.stdout.split() == ["install", "info", "precompile", "warm", "demo", "profile", "notebooks", "train", "bench",
-                                "bench_bwd", "pytest", "memcheck", "racecheck"]
+                                "bench_bwd", "bench_gemm", "bench_sparse24", "pytest", "memcheck", "racecheck"]
     r = _list_stages("info, train,bench_bwd,memcheck,racecheck")
     assert r.returncode == 0 and r.stdout.split() == ["install", "info", "train", "bench_bwd", "memcheck", "racecheck"]
     r = _list_stages("bench,benchbwd")
@@ -373,6 +373,7 @@ def test_gpu_check_script_parses_and_defaults():
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")]).returncode == 0
     assert 'SANITIZER_FILTER-"--kernel-name kns=attn_"' in text
     assert "scripts/sanitize_attention_bwd.py" in text and "--backward" in text and "bench training" in text
+    assert "scripts/sanitize_gemm.py" in text and "bench gemm" in text and "bench sparse24" in text
 
 
 # ---- gpu_check summary: backward bench, training, sanitizer sums, merge -----------------

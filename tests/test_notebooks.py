@@ -344,7 +344,7 @@ def test_gpu_check_has_notebooks_stage():
                        text=True, env=env, timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["install", "notebooks"]
     text = (ROOT / "scripts" / "gpu_check.sh").read_text()
-    assert "scripts/run_notebooks.py --out \"$OUT/notebooks\"" in text and "[notebooks]=" in text
+    assert "scripts/run_notebooks.py ${NOTEBOOKS:-} --out \"$OUT/notebooks\"" in text and "[notebooks]=" in text
 
 
 def test_build_wheel_brings_notebook_wheels():

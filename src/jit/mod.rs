@@ -144,6 +144,36 @@ pub trait KernelSpec:
     }
 }
 
+/// `impl KernelSpec` for a tuning config with an `arch: Arch` field and an inherent
+/// `name_expression(&self) -> String`; `kernel`, `header` and `smem` (dynamic shared memory
+/// bytes) are expressions of the config bound by `|c|`, e.g. `smem: |c| c.smem_bytes()`.
+/// `KernelSpec` must be in scope where it is used.
+macro_rules! impl_kernel_spec {
+    ($ty:ident, kernel: |$k:pat_param| $kernel:expr, header: |$h:pat_param| $header:expr, smem: |$s:pat_param| $smem:expr $(,)?) => {
+        impl KernelSpec for $ty {
+            fn kernel(&self) -> &'static str {
+                let $k = self;
+                $kernel
+            }
+            fn header(&self) -> &'static str {
+                let $h = self;
+                $header
+            }
+            fn name_expression(&self) -> String {
+                $ty::name_expression(self)
+            }
+            fn arch(&self) -> $crate::jit::Arch {
+                self.arch
+            }
+            fn dynamic_smem_bytes(&self) -> u32 {
+                let $s = self;
+                $smem
+            }
+        }
+    };
+}
+pub(crate) use impl_kernel_spec;
+
 /// Digest of every embedded kernel source (part of every cache key).
 fn sources_digest() -> &'static str {
     static D: OnceLock<String> = OnceLock::new();

@@ -13,8 +13,11 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::ops::validate::{
+    check_device, check_dtype, check_i32, check_not_null, check_shape, check_strides,
+};
 use crate::ops::work::AttnSizes;
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig};
@@ -59,23 +62,12 @@ pub struct AttnFwdParams {
     pub total_k: i32,
 }
 
-impl KernelSpec for AttnFwdConfig {
-    fn kernel(&self) -> &'static str {
-        AttnFwdConfig::KERNEL
-    }
-    fn header(&self) -> &'static str {
-        "attention/fwd_sm80.cuh"
-    }
-    fn name_expression(&self) -> String {
-        AttnFwdConfig::name_expression(self)
-    }
-    fn arch(&self) -> Arch {
-        self.arch
-    }
-    fn dynamic_smem_bytes(&self) -> u32 {
-        self.smem_bytes()
-    }
-}
+impl_kernel_spec!(
+    AttnFwdConfig,
+    kernel: |_| AttnFwdConfig::KERNEL,
+    header: |_| "attention/fwd_sm80.cuh",
+    smem: |c| c.smem_bytes(),
+);
 
 /// What `precompile` builds for this family.
 pub fn production_specs(arch: Arch) -> Vec<AttnFwdConfig> {
@@ -134,28 +126,6 @@ fn check_rank(arg: &str, t: &TensorMeta, rank: usize, layout: &str) -> Result<()
     Ok(())
 }
 
-pub(crate) fn check_strides(arg: &str, t: &TensorMeta) -> Result<()> {
-    if let Some(s) = t.strides.iter().find(|&&s| s < 0) {
-        return Err(Error::argument(
-            arg,
-            "non-negative strides",
-            format!("stride {s} in {:?}", t.strides),
-        ));
-    }
-    if t.strides.last() != Some(&1) && t.shape.last().is_some_and(|&d| d > 1) {
-        return Err(Error::argument(
-            arg,
-            "stride 1 in the last dim",
-            format!(
-                "stride {} (strides {:?})",
-                t.strides.last().unwrap(),
-                t.strides
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// The kernels move q/k/v/out tiles in 16-byte (8-element) copies: the data pointer and every
 /// stride that is used (a dim of size > 1) must be multiples of 16 bytes. The torch op copies
 /// such tensors first (python/ferroattn/ops/attention.py), so only direct callers see this.
@@ -205,45 +175,8 @@ pub(crate) fn check_dense(arg: &str, t: &TensorMeta) -> Result<()> {
     Ok(())
 }
 
-/// A non-empty tensor must have a data pointer.
-pub(crate) fn check_not_null(arg: &str, t: &TensorView) -> Result<()> {
-    if t.ptr == 0 && t.meta.shape.iter().all(|&n| n > 0) {
-        return Err(Error::argument(arg, "a non-NULL data pointer", "NULL"));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_device(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<()> {
-    if t.device != q.device {
-        return Err(Error::device(
-            arg,
-            format!("a tensor on {} (q's device)", q.device),
-            t.device,
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_dtype(arg: &str, t: &TensorMeta, want: DType, why: &str) -> Result<()> {
-    if t.dtype != want {
-        return Err(Error::dtype(arg, format!("{want}{why}"), t.dtype));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_shape(arg: &str, t: &TensorMeta, want: &[i64], why: &str) -> Result<()> {
-    if t.shape != want {
-        return Err(Error::argument(
-            arg,
-            format!("shape {}{why}", fmt_shape(want)),
-            format!("shape {}", fmt_shape(&t.shape)),
-        ));
-    }
-    Ok(())
-}
-
 fn check_cu_seqlens(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<i64> {
-    check_device(arg, t, q)?;
+    check_device(arg, t, "q", q)?;
     check_dtype(arg, t, DType::I32, "")?;
     check_rank(arg, t, 1, "(batch + 1,)")?;
     if t.shape[0] > 1 && t.strides[0] != 1 {
@@ -261,13 +194,6 @@ fn check_cu_seqlens(arg: &str, t: &TensorMeta, q: &TensorMeta) -> Result<i64> {
         ));
     }
     Ok(t.shape[0])
-}
-
-fn check_i32(arg: &str, what: &str, v: i64) -> Result<()> {
-    if v > i32::MAX as i64 {
-        return Err(Error::argument(arg, format!("{what} <= {}", i32::MAX), v));
-    }
-    Ok(())
 }
 
 /// Validate attention-forward arguments from metadata alone. `out`/`lse` are None from
@@ -418,18 +344,18 @@ pub fn validate(
     if !q.device.is_cuda() {
         return Err(Error::device("q", "a CUDA tensor", q.device));
     }
-    check_device("k", k, q)?;
-    check_device("v", v, q)?;
+    check_device("k", k, "q", q)?;
+    check_device("v", v, "q", q)?;
 
     if let Some(o) = out {
-        check_device("out", o, q)?;
+        check_device("out", o, "q", q)?;
         check_dtype("out", o, q.dtype, " (q's dtype)")?;
         check_shape("out", o, &q.shape, " (q's shape)")?;
         check_strides("out", o)?;
         check_dense("out", o)?;
     }
     if let Some(l) = lse {
-        check_device("softmax_lse", l, q)?;
+        check_device("softmax_lse", l, "q", q)?;
         check_dtype("softmax_lse", l, DType::F32, "")?;
         let (want, why) = if varlen {
             (vec![heads, total_q], " (heads, total_q)")

@@ -11,16 +11,19 @@
 //! q, k, v, cu_seqlens and max_seqlen are checked by the forward's `validate` (same errors).
 
 use super::attention::{
-    batch_row_head_strides, check_dense, check_device, check_dtype, check_not_null, check_shape,
-    check_strides, check_tile_layout, params as fwd_params, validate as fwd_validate,
-    AttnFwdParams, Problem,
+    batch_row_head_strides, check_dense, check_tile_layout, params as fwd_params,
+    validate as fwd_validate, AttnFwdParams, Problem,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::ops::validate::{
+    check_device, check_disjoint, check_dtype, check_no_self_overlap, check_not_null, check_shape,
+    check_strides, NO_ELEMENT_TWICE,
+};
 use crate::ops::work::AttnSizes;
-use crate::tensor::{fmt_shape, overlaps, self_overlaps, TensorMeta, TensorView};
+use crate::tensor::{TensorMeta, TensorView};
 use crate::tuning::attention_bwd::{bwd_plan, bwd_production_configs, AttnBwdConfig};
 use std::ffi::c_void;
 
@@ -54,23 +57,12 @@ pub struct AttnBwdParams {
     pub dqa_head_stride: i64,
 }
 
-impl KernelSpec for AttnBwdConfig {
-    fn kernel(&self) -> &'static str {
-        AttnBwdConfig::kernel(self)
-    }
-    fn header(&self) -> &'static str {
-        AttnBwdConfig::header(self)
-    }
-    fn name_expression(&self) -> String {
-        AttnBwdConfig::name_expression(self)
-    }
-    fn arch(&self) -> Arch {
-        self.arch
-    }
-    fn dynamic_smem_bytes(&self) -> u32 {
-        self.smem_bytes()
-    }
-}
+impl_kernel_spec!(
+    AttnBwdConfig,
+    kernel: |c| AttnBwdConfig::kernel(c),
+    header: |c| AttnBwdConfig::header(c),
+    smem: |c| c.smem_bytes(),
+);
 
 /// What `precompile` builds for this family.
 pub fn production_specs(arch: Arch) -> Vec<AttnBwdConfig> {
@@ -99,16 +91,12 @@ fn check_like(
     q: &TensorMeta,
     written: bool,
 ) -> Result<()> {
-    check_device(arg, t, q)?;
+    check_device(arg, t, "q", q)?;
     check_dtype(arg, t, like.dtype, &format!(" ({like_name}'s dtype)"))?;
     check_shape(arg, t, &like.shape, &format!(" ({like_name}'s shape)"))?;
     check_strides(arg, t)?;
-    if written && self_overlaps(t) {
-        return Err(Error::argument(
-            arg,
-            "a non-overlapping tensor (no element reachable by two indices)",
-            format!("strides {:?} for shape {}", t.strides, fmt_shape(&t.shape)),
-        ));
+    if written {
+        check_no_self_overlap(arg, t, NO_ELEMENT_TWICE)?;
     }
     Ok(())
 }
@@ -152,7 +140,7 @@ pub fn validate(
     check_like("dv", g.dv, v, "v", q, true)?;
 
     let d = g.softmax_d;
-    check_device("softmax_d", d, q)?;
+    check_device("softmax_d", d, "q", q)?;
     check_dtype("softmax_d", d, DType::F32, "")?;
     check_shape("softmax_d", d, &softmax_lse.shape, " (softmax_lse's shape)")?;
     check_strides("softmax_d", d)?;
@@ -184,7 +172,7 @@ pub fn validate(
                 "None",
             ));
         };
-        check_device("dq_accum", a, q)?;
+        check_device("dq_accum", a, "q", q)?;
         check_dtype("dq_accum", a, DType::F32, "")?;
         check_shape("dq_accum", a, &q.shape, " (q's shape)")?;
         check_strides("dq_accum", a)?;
@@ -349,28 +337,7 @@ fn check_views(t: &BwdTensors<'_>, deterministic: bool) -> Result<()> {
             check_tile_layout(arg, v)?;
         }
     }
-    for (i, (wa, w)) in writes.iter().enumerate() {
-        let Some(w) = w else { continue };
-        for (ra, r) in writes[i + 1..].iter().chain(&reads) {
-            let Some(r) = r else { continue };
-            if overlaps(w, r) {
-                return Err(Error::argument(
-                    *wa,
-                    format!("memory that does not overlap {ra} (it is written while {ra} is in use)"),
-                    format!(
-                        "a tensor at {:#x} (shape {}, strides {:?}) overlapping {ra} at {:#x} (shape {}, strides {:?})",
-                        w.ptr,
-                        fmt_shape(&w.meta.shape),
-                        w.meta.strides,
-                        r.ptr,
-                        fmt_shape(&r.meta.shape),
-                        r.meta.strides
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
+    check_disjoint(&writes, &reads, true)
 }
 
 static KERNELS: KernelMap<AttnBwdConfig> = KernelMap::new();

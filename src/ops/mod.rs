@@ -6,6 +6,7 @@ pub mod gemm;
 pub mod sparse24;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub(crate) mod validate;
 pub mod work;
 
 use crate::error::Result;

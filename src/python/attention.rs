@@ -9,12 +9,17 @@ use pyo3::prelude::*;
 /// `TensorMeta` as the .pyi defines it.
 pub(super) type MetaTuple = (Vec<i64>, Vec<i64>, String, (i32, i32));
 
+/// `TensorMeta` from the tuple; `expected` words the accepted dtypes in a DTypeError.
+pub(super) fn meta_of(arg: &str, t: MetaTuple, expected: &str) -> Result<TensorMeta> {
+    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, expected)
+}
+
 pub(super) fn meta(arg: &str, t: MetaTuple) -> Result<TensorMeta> {
-    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "float16 or bfloat16")
+    meta_of(arg, t, "float16 or bfloat16")
 }
 
 fn meta_opt(arg: &str, t: Option<MetaTuple>) -> Result<Option<TensorMeta>> {
-    t.map(|t| TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, "int32")).transpose()
+    t.map(|t| meta_of(arg, t, "int32")).transpose()
 }
 
 /// Optional (cu_seqlens_q, cu_seqlens_k) metadata, int32.
@@ -73,9 +78,10 @@ pub(super) fn raw_handle(obj: &Bound<'_, PyAny>, arg: &str, what: &str) -> Resul
         .map_err(|_| crate::error::Error::argument(arg, format!("{what}, an int in [0, 2**64)"), shown()))
 }
 
-fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str) -> Result<Option<Imported>> {
+/// An optional tensor argument (`writable`: one the op writes); a Python None counts as absent.
+pub(super) fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str, writable: bool) -> Result<Option<Imported>> {
     t.filter(|t| !t.is_none())
-        .map(|t| import(t, arg))
+        .map(|t| if writable { import_writable(t, arg) } else { import(t, arg) })
         .transpose()
 }
 
@@ -84,7 +90,7 @@ pub(super) fn import_cu(
     cu_seqlens_q: Option<&Bound<'_, PyAny>>,
     cu_seqlens_k: Option<&Bound<'_, PyAny>>,
 ) -> Result<(Option<Imported>, Option<Imported>)> {
-    Ok((import_opt(cu_seqlens_q, "cu_seqlens_q")?, import_opt(cu_seqlens_k, "cu_seqlens_k")?))
+    Ok((import_opt(cu_seqlens_q, "cu_seqlens_q", false)?, import_opt(cu_seqlens_k, "cu_seqlens_k", false)?))
 }
 
 /// Launch attention forward on `stream` (raw CUstream; 0 = legacy default) in q's device's

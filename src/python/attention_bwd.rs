@@ -1,10 +1,9 @@
 //! attn_bwd_check (metadata) and attn_bwd (DLPack tensors) → ops::attention_bwd.
 
-use super::attention::{cu_metas, import_cu, meta, stream_handle, MetaTuple};
+use super::attention::{cu_metas, import_cu, import_opt, meta, meta_of, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::attention_bwd as op;
-use crate::tensor::TensorMeta;
 use pyo3::prelude::*;
 
 /// Validate attention-backward arguments from metadata alone (same checks and errors as attn_bwd).
@@ -29,8 +28,7 @@ fn attn_bwd_check(
         meta("v", v)?,
         meta("out", out)?,
     );
-    let l = softmax_lse;
-    let lse = TensorMeta::from_parts("softmax_lse", l.0, l.1, &l.2, l.3, "float32")?;
+    let lse = meta_of("softmax_lse", softmax_lse, "float32")?;
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
     op::validate(
         &dout,
@@ -88,10 +86,7 @@ fn attn_bwd(
         import_writable(dv, "dv")?,
     );
     let d = import_writable(softmax_d, "softmax_d")?;
-    let dq_accum = dq_accum
-        .filter(|t| !t.is_none())
-        .map(|t| import_writable(t, "dq_accum"))
-        .transpose()?;
+    let dq_accum = import_opt(dq_accum, "dq_accum", true)?;
     let (cq, ck) = import_cu(cu_seqlens_q, cu_seqlens_k)?;
     let tensors = op::BwdTensors {
         dout: &dout.view,

@@ -1,18 +1,14 @@
 //! gemm_check (metadata), gemm (DLPack tensors) and gemm_backends → ops::gemm.
 
-use super::attention::{stream_handle, MetaTuple};
-use crate::dlpack::{import, import_writable, Imported};
+use super::attention::{import_opt, meta_of, stream_handle, MetaTuple};
+use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::gemm as op;
 use crate::tensor::TensorMeta;
 use pyo3::prelude::*;
 
-fn meta(arg: &str, t: MetaTuple, expected: &str) -> Result<TensorMeta> {
-    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, expected)
-}
-
 fn meta_opt(arg: &str, t: Option<MetaTuple>, expected: &str) -> Result<Option<TensorMeta>> {
-    t.map(|t| meta(arg, t, expected)).transpose()
+    t.map(|t| meta_of(arg, t, expected)).transpose()
 }
 
 const INPUT: &str = "float16 or bfloat16";
@@ -31,18 +27,12 @@ fn gemm_check(
     beta: f64,
     activation: &str,
 ) -> Result<()> {
-    let (a, b, out) = (meta("a", a, INPUT)?, meta("b", b, INPUT)?, meta("out", out, OUTPUT)?);
+    let (a, b, out) = (meta_of("a", a, INPUT)?, meta_of("b", b, INPUT)?, meta_of("out", out, OUTPUT)?);
     let c = meta_opt("c", c, OUTPUT)?;
     let bias = meta_opt("bias", bias, "float16, bfloat16 or float32")?;
     let aux = meta_opt("aux", aux, OUTPUT)?;
     op::validate(&a, &b, &out, c.as_ref(), bias.as_ref(), aux.as_ref(), beta as f32, activation)?;
     Ok(())
-}
-
-fn import_opt(t: Option<&Bound<'_, PyAny>>, arg: &str, writable: bool) -> Result<Option<Imported>> {
-    t.filter(|t| !t.is_none())
-        .map(|t| if writable { import_writable(t, arg) } else { import(t, arg) })
-        .transpose()
 }
 
 /// Launch the GEMM on `stream` (raw CUstream) in a's device's primary context; returns the

@@ -1,16 +1,11 @@
 //! sparse24_* (python/ferroattn/_native.pyi, "2:4 structured sparsity") → ops::sparse24.
 
-use super::attention::{stream_handle, MetaTuple};
+use super::attention::{import_opt, meta_of, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::sparse24 as op;
-use crate::tensor::TensorMeta;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-
-fn meta_of(arg: &str, t: MetaTuple, expected: &str) -> Result<TensorMeta> {
-    TensorMeta::from_parts(arg, t.0, t.1, &t.2, t.3, expected)
-}
 
 /// {m_pad, k_pad, values_shape, meta_shape, tile_m, tile_k} of a (m, k) matrix.
 #[pyfunction]
@@ -146,10 +141,7 @@ fn sparse24_matmul(
     let x = import(x, "x")?;
     let (v, m) = (import(values, "values")?, import(meta, "meta")?);
     let o = import_writable(out, "out")?;
-    let b = bias
-        .filter(|b| !b.is_none())
-        .map(|b| import(b, "bias"))
-        .transpose()?;
+    let b = import_opt(bias, "bias", false)?;
     let (xv, vv, mv, ov) = (&x.view, &v.view, &m.view, &o.view);
     let bv = b.as_ref().map(|b| &b.view);
     py.detach(|| op::matmul(xv, vv, mv, ov, bv, n, k, activation, backend, stream))

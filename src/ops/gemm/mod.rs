@@ -19,8 +19,10 @@ pub mod wmma;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::jit::Arch;
-use crate::ops::attention::check_not_null;
-use crate::tensor::{fmt_shape, overlaps, self_overlaps, TensorMeta, TensorView};
+use crate::ops::validate::{
+    check_device, check_disjoint, check_i32, check_no_self_overlap, check_not_null, NO_ELEMENT_TWICE,
+};
+use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use problem::{Activation, GemmProblem, Operand};
 
 /// The kernel families, fastest first where both run.
@@ -114,26 +116,8 @@ fn check_out_like(arg: &str, t: &TensorMeta, out_dtype: Option<DType>, s: Sizes,
             format!("strides {:?}", t.strides),
         ));
     }
-    if written && self_overlaps(t) {
-        return Err(Error::argument(
-            arg,
-            "a non-overlapping tensor (no element reachable by two indices)",
-            format!("strides {:?} for shape {}", t.strides, fmt_shape(&t.shape)),
-        ));
-    }
-    Ok(())
-}
-
-fn check_device(arg: &str, t: &TensorMeta, a: &TensorMeta) -> Result<()> {
-    if t.device != a.device {
-        return Err(Error::device(arg, format!("a tensor on {} (a's device)", a.device), t.device));
-    }
-    Ok(())
-}
-
-fn check_i32(arg: &str, what: &str, v: i64) -> Result<()> {
-    if v > i32::MAX as i64 {
-        return Err(Error::argument(arg, format!("{what} <= {}", i32::MAX), v));
+    if written {
+        check_no_self_overlap(arg, t, NO_ELEMENT_TWICE)?;
     }
     Ok(())
 }
@@ -220,40 +204,14 @@ pub fn validate(
     if !a.device.is_cuda() {
         return Err(Error::device("a", "a CUDA tensor", a.device));
     }
-    check_device("b", b, a)?;
-    check_device("out", out, a)?;
+    check_device("b", b, "a", a)?;
+    check_device("out", out, "a", a)?;
     for (arg, t) in [("c", c), ("bias", bias), ("aux", aux)] {
         if let Some(t) = t {
-            check_device(arg, t, a)?;
+            check_device(arg, t, "a", a)?;
         }
     }
     Ok((s, act))
-}
-
-/// Outputs must not overlap any input or each other (the kernel reads inputs while writing).
-fn check_disjoint(writes: &[(&str, Option<&TensorView>)], reads: &[(&str, Option<&TensorView>)]) -> Result<()> {
-    for (i, (wa, w)) in writes.iter().enumerate() {
-        let Some(w) = w else { continue };
-        for (ra, r) in writes[i + 1..].iter().chain(reads) {
-            let Some(r) = r else { continue };
-            if overlaps(w, r) {
-                return Err(Error::argument(
-                    *wa,
-                    format!("memory that does not overlap {ra}"),
-                    format!(
-                        "a tensor at {:#x} (shape {}, strides {:?}) overlapping {ra} at {:#x} (shape {}, strides {:?})",
-                        w.ptr,
-                        fmt_shape(&w.meta.shape),
-                        w.meta.strides,
-                        r.ptr,
-                        fmt_shape(&r.meta.shape),
-                        r.meta.strides
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Validate real tensors and build the problem every backend receives.
@@ -285,9 +243,11 @@ pub fn problem(
             check_not_null(arg, t)?;
         }
     }
+    // Outputs must not overlap any input or each other (the kernel reads inputs while writing).
     check_disjoint(
         &[("out", Some(out)), ("aux", aux)],
         &[("a", Some(a)), ("b", Some(b)), ("c", c), ("bias", bias)],
+        false,
     )?;
     let op = |arg: &str, t: &TensorView| operand(arg, &t.meta, t.ptr, s.batch);
     Ok(GemmProblem {

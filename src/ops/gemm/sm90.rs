@@ -13,14 +13,13 @@
 use super::problem::{GemmProblem, Operand};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::gemm_sm90::{
     config, production_configs, GemmSm90Config, BLOCK_K, BLOCK_M, GROUP_M, THREADS,
 };
-use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::sync::OnceLock;
 
 /// Whether `supports` may return true. The kernel passed its H200 checks (84/84 layouts, tails,
 /// batches, broadcasts, epilogues vs an fp32 reference; compute-sanitizer memcheck clean) through
@@ -61,23 +60,12 @@ pub struct GemmSm90Params {
     pub beta: f32,
 }
 
-impl KernelSpec for GemmSm90Config {
-    fn kernel(&self) -> &'static str {
-        GemmSm90Config::KERNEL
-    }
-    fn header(&self) -> &'static str {
-        "gemm/sm90.cuh"
-    }
-    fn name_expression(&self) -> String {
-        GemmSm90Config::name_expression(self)
-    }
-    fn arch(&self) -> Arch {
-        self.arch
-    }
-    fn dynamic_smem_bytes(&self) -> u32 {
-        self.smem_bytes()
-    }
-}
+impl_kernel_spec!(
+    GemmSm90Config,
+    kernel: |_| GemmSm90Config::KERNEL,
+    header: |_| "gemm/sm90.cuh",
+    smem: |c| c.smem_bytes(),
+);
 
 /// What `precompile` builds for this family (sm_90a only).
 pub fn production_specs(arch: Arch) -> Vec<GemmSm90Config> {
@@ -194,18 +182,6 @@ fn out_map(p: &GemmProblem) -> Result<TensorMap> {
     .encode("out")
 }
 
-/// SM count per device ordinal (the persistent grid size), read once.
-fn sm_count(device: i32) -> Result<i64> {
-    static COUNTS: OnceLock<RwLock<HashMap<i32, i64>>> = OnceLock::new();
-    let counts = COUNTS.get_or_init(Default::default);
-    if let Some(n) = counts.read().unwrap().get(&device) {
-        return Ok(*n);
-    }
-    let n = crate::device::info(device)?.sm_count.max(1) as i64;
-    counts.write().unwrap().insert(device, n);
-    Ok(n)
-}
-
 static KERNELS: KernelMap<GemmSm90Config> = KernelMap::new();
 
 /// Launch the sm90 kernel for `p` on `stream` (raw CUstream). Never synchronises.
@@ -238,7 +214,7 @@ pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
     let tma_out = out_map(p)?;
     let (tm, tn) = (tiles_m(p), tiles_n(p, cfg.block_n));
     let tiles = p.batch * tm * tn;
-    let grid = tiles.min(sm_count(p.device)?);
+    let grid = tiles.min(crate::device::sm_count(p.device)? as i64);
     let (c, c_row, c_batch) = p.c.map_or((0, 0, 0), |c| (c.ptr, c.row_stride, c.batch_stride));
     let (aux, aux_row, aux_batch) = p.aux.map_or((0, 0, 0), |a| (a.ptr, a.row_stride, a.batch_stride));
     let mut params = GemmSm90Params {

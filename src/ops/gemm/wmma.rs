@@ -4,12 +4,10 @@
 use super::problem::GemmProblem;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
 use crate::tuning::gemm::{parse_tile, wmma_config, wmma_production_configs, GemmWmmaConfig, WmmaTile};
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{OnceLock, RwLock};
 
 /// Mirror of `struct GemmWmmaParams` in kernels/gemm/wmma.cuh (change both together).
 #[repr(C)]
@@ -43,23 +41,12 @@ pub struct GemmWmmaParams {
     pub bias_f32: i32,
 }
 
-impl KernelSpec for GemmWmmaConfig {
-    fn kernel(&self) -> &'static str {
-        GemmWmmaConfig::KERNEL
-    }
-    fn header(&self) -> &'static str {
-        GemmWmmaConfig::HEADER
-    }
-    fn name_expression(&self) -> String {
-        GemmWmmaConfig::name_expression(self)
-    }
-    fn arch(&self) -> Arch {
-        self.arch
-    }
-    fn dynamic_smem_bytes(&self) -> u32 {
-        self.smem_bytes()
-    }
-}
+impl_kernel_spec!(
+    GemmWmmaConfig,
+    kernel: |_| GemmWmmaConfig::KERNEL,
+    header: |_| GemmWmmaConfig::HEADER,
+    smem: |c| c.smem_bytes(),
+);
 
 /// What `precompile` builds for this family.
 pub fn production_specs(arch: Arch) -> Vec<GemmWmmaConfig> {
@@ -116,18 +103,6 @@ pub fn launch_shape(p: &GemmProblem, config: &GemmWmmaConfig) -> LaunchShape {
     }
 }
 
-/// Multiprocessors of a device, cached (the tile heuristic's input).
-fn sm_count(device: i32) -> Result<u32> {
-    static CACHE: OnceLock<RwLock<HashMap<i32, u32>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(n) = cache.read().unwrap().get(&device) {
-        return Ok(*n);
-    }
-    let n = crate::device::info(device)?.sm_count.max(1) as u32;
-    cache.write().unwrap().insert(device, n);
-    Ok(n)
-}
-
 /// The FERROATTN_GEMM_WMMA_TILE override ("bm,bn,bk,warps_m,warps_n,stages", for tuning
 /// experiments; ignored when invalid or too large for the arch's shared memory).
 fn tile_override(arch: Arch) -> Option<WmmaTile> {
@@ -144,7 +119,7 @@ static KERNELS: KernelMap<GemmWmmaConfig> = KernelMap::new();
 /// Launch the WMMA kernel for a validated problem on `stream` (raw CUstream) of its device.
 /// Never synchronises; blocking only on the first call of a configuration (compile or load).
 pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
-    let config = wmma_config(p, tile_override(arch), sm_count(p.device)?, arch);
+    let config = wmma_config(p, tile_override(arch), crate::device::sm_count(p.device)?, arch);
     let shape = launch_shape(p, &config);
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;

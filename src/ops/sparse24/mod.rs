@@ -9,12 +9,14 @@ pub mod host;
 
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
-use crate::jit::{Arch, KernelMap, KernelSpec};
+use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch, LaunchInfo, LaunchShape};
-use crate::ops::attention::{check_dtype, check_not_null, check_shape, check_strides};
+use crate::ops::validate::{
+    check_device, check_dtype, check_no_self_overlap, check_not_null, check_shape, check_strides,
+};
 use crate::ops::gemm::problem::Activation;
 use crate::ops::work;
-use crate::tensor::{fmt_shape, overlaps, self_overlaps, TensorMeta, TensorView};
+use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tuning::sparse24::{
     compress_production_configs, matmul_config, matmul_production_configs, CompressKind,
     Sparse24CompressConfig, Sparse24MatmulConfig, Tile,
@@ -59,41 +61,19 @@ pub struct Sparse24CompressParams {
     pub prune: i32,
 }
 
-impl KernelSpec for Sparse24MatmulConfig {
-    fn kernel(&self) -> &'static str {
-        Sparse24MatmulConfig::KERNEL
-    }
-    fn header(&self) -> &'static str {
-        "sparse24/mma_sp.cuh"
-    }
-    fn name_expression(&self) -> String {
-        Sparse24MatmulConfig::name_expression(self)
-    }
-    fn arch(&self) -> Arch {
-        self.arch
-    }
-    fn dynamic_smem_bytes(&self) -> u32 {
-        self.smem_bytes()
-    }
-}
+impl_kernel_spec!(
+    Sparse24MatmulConfig,
+    kernel: |_| Sparse24MatmulConfig::KERNEL,
+    header: |_| "sparse24/mma_sp.cuh",
+    smem: |c| c.smem_bytes(),
+);
 
-impl KernelSpec for Sparse24CompressConfig {
-    fn kernel(&self) -> &'static str {
-        Sparse24CompressConfig::kernel(self)
-    }
-    fn header(&self) -> &'static str {
-        "sparse24/compress.cuh"
-    }
-    fn name_expression(&self) -> String {
-        Sparse24CompressConfig::name_expression(self)
-    }
-    fn arch(&self) -> Arch {
-        self.arch
-    }
-    fn dynamic_smem_bytes(&self) -> u32 {
-        0
-    }
-}
+impl_kernel_spec!(
+    Sparse24CompressConfig,
+    kernel: |c| Sparse24CompressConfig::kernel(c),
+    header: |_| "sparse24/compress.cuh",
+    smem: |_| 0,
+);
 
 /// What `precompile` builds for this family: (matmul configs, compress configs).
 pub fn production_specs(arch: Arch) -> (Vec<Sparse24MatmulConfig>, Vec<Sparse24CompressConfig>) {
@@ -188,30 +168,12 @@ fn check_compressed(
     Ok(())
 }
 
-/// `t` on `base`'s device (`base_arg` names it in the message).
-fn check_device(arg: &str, t: &TensorMeta, base_arg: &str, base: &TensorMeta) -> Result<()> {
-    if t.device != base.device {
-        return Err(Error::device(
-            arg,
-            format!("a tensor on {} ({base_arg}'s device)", base.device),
-            t.device,
-        ));
-    }
-    Ok(())
-}
-
 /// A dense (m, k) 16-bit matrix with stride 1 along k: w of compress, out of decompress.
 fn check_dense_matrix(arg: &str, t: &TensorMeta) -> Result<Layout> {
     check_rank2(arg, t, "(m, k)")?;
     check_16bit_float(arg, t)?;
     check_strides(arg, t)?;
-    if self_overlaps(t) {
-        return Err(Error::argument(
-            arg,
-            "rows that do not overlap (row stride >= k)",
-            format!("strides {:?} for shape {}", t.strides, fmt_shape(&t.shape)),
-        ));
-    }
+    check_no_self_overlap(arg, t, "rows that do not overlap (row stride >= k)")?;
     layout(t.shape[0], t.shape[1])
 }
 
@@ -319,15 +281,33 @@ fn validate_decompress(
 
 static COMPRESS: KernelMap<Sparse24CompressConfig> = KernelMap::new();
 
+/// Launch compress (`dense` = w, with its `bad_groups` counter) or decompress (`dense` = out)
+/// between the dense matrix and the compressed pair `values` / `meta` of layout `l`.
+#[allow(clippy::too_many_arguments)]
 fn compress_launch(
     kind: CompressKind,
     l: &Layout,
-    device: i32,
-    dtype: DType,
+    dense: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    bad_groups: Option<&TensorView>,
+    prune: bool,
     stream: u64,
-    mut prm: Sparse24CompressParams,
-    dense_bytes: f64,
 ) -> Result<()> {
+    let (device, dtype) = (dense.meta.device.id, dense.meta.dtype);
+    let mut prm = Sparse24CompressParams {
+        dense: dense.ptr as *mut c_void,
+        values: values.ptr as *mut c_void,
+        meta: meta.ptr as *mut u32,
+        bad_groups: bad_groups.map_or(std::ptr::null_mut(), |b| b.ptr as *mut i32),
+        dense_row_stride: dense.meta.strides[0],
+        m: l.m as i32,
+        k: l.k as i32,
+        m_pad: l.m_pad as i32,
+        k_pad: l.k_pad as i32,
+        prune: prune as i32,
+    };
+    let dense_bytes = (l.m * l.k * dtype.size_bytes()) as f64;
     let arch = crate::device::arch(device)?;
     let config = Sparse24CompressConfig { kind, dtype, arch };
     let words = (l.m_pad / 16) as u64 * (l.k_pad / 2) as u64;
@@ -378,28 +358,7 @@ pub fn compress(
     for (arg, t) in [("w", w), ("values", values), ("meta", meta)] {
         check_not_null(arg, t)?;
     }
-    let prm = Sparse24CompressParams {
-        dense: w.ptr as *mut c_void,
-        values: values.ptr as *mut c_void,
-        meta: meta.ptr as *mut u32,
-        bad_groups: bad_groups.ptr as *mut i32,
-        dense_row_stride: w.meta.strides[0],
-        m: l.m as i32,
-        k: l.k as i32,
-        m_pad: l.m_pad as i32,
-        k_pad: l.k_pad as i32,
-        prune: prune as i32,
-    };
-    let dense_bytes = (l.m * l.k * w.meta.dtype.size_bytes()) as f64;
-    compress_launch(
-        CompressKind::Compress,
-        &l,
-        device,
-        w.meta.dtype,
-        stream,
-        prm,
-        dense_bytes,
-    )
+    compress_launch(CompressKind::Compress, &l, w, values, meta, Some(bad_groups), prune, stream)
 }
 
 /// GPU decompress of values / meta into out (m, k).
@@ -416,28 +375,7 @@ pub fn decompress(
     for (arg, t) in [("values", values), ("meta", meta), ("out", out)] {
         check_not_null(arg, t)?;
     }
-    let prm = Sparse24CompressParams {
-        dense: out.ptr as *mut c_void,
-        values: values.ptr as *mut c_void,
-        meta: meta.ptr as *mut u32,
-        bad_groups: std::ptr::null_mut(),
-        dense_row_stride: out.meta.strides[0],
-        m: l.m as i32,
-        k: l.k as i32,
-        m_pad: l.m_pad as i32,
-        k_pad: l.k_pad as i32,
-        prune: 0,
-    };
-    let dense_bytes = (l.m * l.k * out.meta.dtype.size_bytes()) as f64;
-    compress_launch(
-        CompressKind::Decompress,
-        &l,
-        out.meta.device.id,
-        out.meta.dtype,
-        stream,
-        prm,
-        dense_bytes,
-    )
+    compress_launch(CompressKind::Decompress, &l, out, values, meta, None, false, stream)
 }
 
 /// The elements of a validated host tensor, from its data pointer: (rows - 1) · row_stride + cols.
@@ -621,13 +559,7 @@ pub fn validate_matmul(
         check_dtype("out", o, x.dtype, " (x's dtype)")?;
         check_shape("out", o, &[rows, n], " (rows, n)")?;
         check_strides("out", o)?;
-        if self_overlaps(o) {
-            return Err(Error::argument(
-                "out",
-                "rows that do not overlap (row stride >= n)",
-                format!("strides {:?} for shape {}", o.strides, fmt_shape(&o.shape)),
-            ));
-        }
+        check_no_self_overlap("out", o, "rows that do not overlap (row stride >= n)")?;
     }
     if !x.device.is_cuda() {
         return Err(Error::device("x", "a CUDA tensor", x.device));
@@ -695,20 +627,6 @@ fn vec_ok(t: &TensorView, cols: i64) -> bool {
 }
 
 static MATMUL: KernelMap<Sparse24MatmulConfig> = KernelMap::new();
-
-/// Multiprocessors of a device (the tile heuristic's grid-fill test), cached.
-fn sm_count(device: i32) -> Result<u32> {
-    use std::collections::HashMap;
-    use std::sync::{OnceLock, RwLock};
-    static CACHE: OnceLock<RwLock<HashMap<i32, u32>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(n) = cache.read().unwrap().get(&device) {
-        return Ok(*n);
-    }
-    let n = crate::device::info(device)?.sm_count.max(1) as u32;
-    cache.write().unwrap().insert(device, n);
-    Ok(n)
-}
 
 /// Validate everything, then launch out = act(x @ w.T + bias) on `stream`; returns the backend
 /// that ran. Never synchronises; rows == 0 launches nothing.
@@ -784,7 +702,7 @@ pub fn matmul(
     let config = matmul_config(
         p.rows as u64,
         p.layout.m_pad as u64,
-        sm_count(p.device)?,
+        crate::device::sm_count(p.device)?,
         p.activation,
         vec_ok(x, p.k),
         p.dtype,
