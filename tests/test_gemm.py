@@ -328,3 +328,30 @@ def test_forward_ad_is_rejected():
     with fwad.dual_level():
         dual = fwad.make_dual(a, torch.empty_like(a))
         _raises(NotImplementedError, r"^a: .*forward-mode", lambda: matmul(dual, b))
+
+
+# ---- adversarial review (issue 4) ----------------------------------------------------------
+@pytest.mark.parametrize("a_shape,b_shape,k_a,k_b", [
+    ((4, 0), (1, 3), 0, 1),          # k = 0 in a used to be replaced by 1 and return zeros
+    ((4, 1), (0, 3), 1, 0),
+    ((0, 4, 0), (1, 1, 3), 0, 1),
+    ((4, 8), (7, 3), 8, 7),
+])
+def test_inner_dim_checked_on_the_real_shapes(a_shape, b_shape, k_a, k_b):
+    for device in ("meta", "cpu"):   # cpu: the check comes before the device check
+        a = torch.empty(*a_shape, dtype=BF16, device=device)
+        b = torch.empty(*b_shape, dtype=BF16, device=device)
+        _raises(errors.ArgumentError, rf"^b: expected shape \(\.\.\., k, n\) with k = a\.shape\[-1\] = {k_a} "
+                rf".*got k = {k_b} ", lambda: matmul(a, b))
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(a=[[1.0]], b=_meta(1, 3)), "a"),
+    (dict(a=_meta(4, 8), b=None), "b"),
+    (dict(a=_meta(4, 8), b=_meta(8, 3), bias=[1.0, 2.0, 3.0]), "bias"),
+    (dict(a=_meta(4, 8), b=_meta(8, 3), beta=1.0, c=[1]), "c"),
+    (dict(a=_meta(4, 8), b=_meta(8, 3), c="x"), "c"),
+])
+def test_non_tensor_operands_raise_type_error_naming_them(kwargs, name):
+    a, b = kwargs.pop("a"), kwargs.pop("b")
+    _raises(TypeError, rf"^{name}: expected a torch\.Tensor", lambda: matmul(a, b, **kwargs))

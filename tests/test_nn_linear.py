@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 
 import pytest
 import torch
@@ -166,3 +167,26 @@ def test_compile_fullgraph_fake_cuda():
     assert out.shape == (2, 5, 64) and len(graphs) == 1
     targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.ferroattn.gemm.default) == 2
+
+
+# ---- adversarial review (issue 4) ----------------------------------------------------------
+def test_1d_input_gives_out_features_on_every_path():
+    torch.manual_seed(0)
+    m = fnn.Linear(8, 3)                                        # CPU fp32: the torch path
+    x = torch.randn(8)
+    assert m(x).shape == (3,) and torch.equal(m(x), torch.nn.functional.linear(x, m.weight, m.bias))
+    mk = fnn.Linear(8, 3, device="meta", dtype=BF16, activation="silu")   # the kernel path (shapes)
+    y = mk(torch.empty(8, device="meta", dtype=BF16))
+    assert y.shape == torch.nn.Linear(8, 3, device="meta", dtype=BF16)(torch.empty(8, device="meta",
+                                                                                  dtype=BF16)).shape == (3,)
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("meta", BF16)])
+@pytest.mark.parametrize("x_shape", [(2, 7), (7,), ()])
+def test_wrong_last_dim_names_x_and_in_features(device, dtype, x_shape):
+    m = fnn.Linear(8, 3, device=device, dtype=dtype)
+    x = torch.zeros(x_shape, device=device, dtype=dtype)
+    with pytest.raises(errors.ArgumentError,
+                       match=rf"^x: expected shape \(\.\.\., in_features\) with in_features = 8, "
+                             rf"got shape {re.escape(str(tuple(x_shape)))}$"):
+        m(x)

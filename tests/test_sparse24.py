@@ -374,3 +374,69 @@ def test_prune_nan_payloads_tie(native):
     expect[0, [0, 3, 5, 7]] = 0                   # group 0 keeps the first two NaNs; group 1 keeps +-inf
     assert torch.equal(_bits(p), expect)
     assert torch.equal(_bits(sparse24.decompress(sparse24.compress(w, prune=True))), expect)
+
+
+# ---- adversarial review (issue 4) ----------------------------------------------------------
+def test_sparse24_tensor_dtype_and_shape_errors(native):
+    ws = sparse24.compress(torch.randn(16, 32, dtype=FP16), prune=True)
+    with pytest.raises(DTypeError, match=r"^values: expected dtype torch\.float16 or torch\.bfloat16, "
+                                         r"got torch\.float32$"):
+        sparse24.Sparse24Tensor(ws.values.float(), ws.meta, (16, 32))
+    with pytest.raises(DTypeError, match=r"^dtype: expected torch\.float16 or torch\.bfloat16, got torch\.float32$"):
+        sparse24.Sparse24Tensor(ws.values.float(), ws.meta, (16, 32), torch.float32)
+    with pytest.raises(DTypeError, match=r"^values: expected dtype torch\.bfloat16 \(the dtype argument\), "
+                                         r"got torch\.float16$"):
+        sparse24.Sparse24Tensor(ws.values, ws.meta, (16, 32), BF16)
+    for bad in (16, (16.7, 32.2), None):
+        with pytest.raises(TypeError, match=r"^shape: expected a sequence of two ints"):
+            sparse24.Sparse24Tensor(ws.values, ws.meta, bad)
+
+
+def test_dense_cache_sees_storage_swaps(native):
+    torch.manual_seed(0)
+    w1, w2 = (sparse24.prune(torch.randn(8, 16, dtype=BF16)) for _ in range(2))
+    ws, other = sparse24.compress(w1), sparse24.compress(w2)
+    assert torch.equal(ws.dense(), w1)
+    ws.values.data = other.values.clone()     # same Python objects, new storage, no version bump
+    ws.meta.data = other.meta.clone()
+    assert torch.equal(ws.dense(), w2)
+    ws.values.data.copy_(sparse24.compress(w1).values)   # bypasses the version counter: documented
+    ws.meta.data.copy_(sparse24.compress(w1).meta)
+    ws.drop_dense_cache()
+    assert torch.equal(ws.dense(), w1)
+
+
+def test_dense_cache_not_used_for_inference_tensors(native):
+    torch.manual_seed(0)
+    x = torch.randn(3, 16, dtype=BF16)
+    with torch.inference_mode():
+        w = sparse24.prune(torch.randn(8, 16, dtype=BF16))
+        ws = sparse24.compress(w)
+        assert torch.equal(sparse24.matmul(x, ws, backend="dense"), F.linear(x, w))
+        ws.values.zero_()                     # no version counter to see this write
+        assert torch.equal(sparse24.matmul(x, ws, backend="dense"), torch.zeros(3, 8, dtype=BF16))
+
+
+@pytest.mark.parametrize("bad", ["no", "False", None, 1, 0])
+def test_compress_prune_must_be_a_bool(native, bad):
+    w = sparse24.prune(torch.randn(4, 8, dtype=FP16))
+    with pytest.raises(TypeError, match=r"^prune: expected a bool, got "):
+        sparse24.compress(w, prune=bad)
+
+
+def test_is_sparse24_argument_errors_and_empty(native):
+    with pytest.raises(ArgumentError, match=r"^w: expected a tensor of rank >= 1"):
+        sparse24.is_sparse24(torch.tensor(1.0))
+    with pytest.raises(TypeError, match=r"^w: expected a torch\.Tensor, got list"):
+        sparse24.is_sparse24([1, 2])
+    assert sparse24.is_sparse24(torch.empty(3, 0)) and sparse24.is_sparse24(torch.empty(0, 8))
+    assert sparse24.is_sparse24(torch.tensor([1.0, 0.0, 2.0, 0.0])) and not sparse24.is_sparse24(torch.ones(4))
+
+
+def test_matmul_activation_and_backend_of_the_wrong_type(native):
+    ws = sparse24.compress(torch.randn(4, 8, dtype=FP16), prune=True)
+    x = torch.randn(2, 8, dtype=FP16)
+    with pytest.raises(ArgumentError, match=r"^activation: .*\['relu'\]"):
+        sparse24.matmul(x, ws, activation=["relu"])
+    with pytest.raises(ArgumentError, match=r"^backend: .*\['auto'\]"):
+        sparse24.matmul(x, ws, backend=["auto"])

@@ -171,3 +171,41 @@ def test_compiled_forward_traces_in_one_graph(native):
     cnt2 = CompileCounterWithBackend("eager")
     assert torch.compile(kernel_path, backend=cnt2, fullgraph=True)(x).shape == (2, 9, 48)
     assert cnt2.frame_count == 1
+
+
+# ---- adversarial review (issue 4) ----------------------------------------------------------
+@pytest.mark.parametrize("convert", [lambda m: m.float(), lambda m: m.double(), lambda m: m.to(torch.float32)])
+def test_float_conversion_keeps_the_layer_whole(native, convert):
+    lin = _linear(n=4, k=8, dtype=torch.float16)
+    sl = SparseLinear.from_dense(lin)
+    x = torch.randn(2, 8, dtype=torch.float16)
+    y0 = sl(x)
+    assert convert(sl) is sl
+    assert sl.values.dtype == sl.bias.dtype == torch.float16 and sl.meta.dtype == torch.int16
+    assert sl.weight.dtype == torch.float16 and torch.equal(sl(x), y0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, dtype=torch.float16), SparseLinear.from_dense(lin),
+                                torch.nn.Linear(4, 4, dtype=torch.float16))
+    convert(model)   # the whole model converts; the 2:4 layer stays 16-bit and usable
+    assert model[0].weight.dtype == model[2].weight.dtype != torch.float16
+    assert model[1].values.dtype == model[1].bias.dtype == torch.float16
+    assert torch.equal(model[1](x), y0)
+    # 16-bit conversions still apply
+    sl.to(BF16)
+    assert sl.values.dtype == sl.bias.dtype == sl.weight.dtype == BF16
+
+
+def test_from_dense_prune_must_be_a_bool(native):
+    with pytest.raises(TypeError, match=r"^prune: expected a bool, got str 'no'"):
+        SparseLinear.from_dense(_linear(n=4, k=8), prune="no")
+
+
+def test_activation_list_is_an_argument_error(native):
+    with pytest.raises(ArgumentError, match=r"^activation: .*\['relu'\]"):
+        SparseLinear(8, 4, activation=["relu"])
+
+
+def test_sparsify_prune_must_be_a_bool(native):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4).to(BF16))
+    with pytest.raises(TypeError, match=r"^prune: expected a bool, got NoneType"):
+        sparse24.sparsify(model, lambda name, mod: True, prune=None)
+    assert isinstance(model[0], torch.nn.Linear) and not isinstance(model[0], SparseLinear)

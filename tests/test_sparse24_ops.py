@@ -135,3 +135,20 @@ def test_dispatch_rule_traces_without_graph_breaks():
         assert float(cf(torch.ones(2048, 4, dtype=BF16))[0, 0]) == 2.0        # sparse above it
     finally:
         sparse24.set_dispatch_table(saved)
+
+
+# ---- adversarial review (issue 4) ----------------------------------------------------------
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)])
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_matmul_zero_rows_keeps_autograd(any_native, lead, activation):
+    torch.manual_seed(0)
+    ws = sparse24.compress(torch.randn(6, 8, dtype=BF16), prune=True)
+    x = torch.randn(*lead, 8, dtype=BF16, requires_grad=True)
+    bias = torch.randn(6, dtype=BF16, requires_grad=True)
+    y = sparse24.matmul(x, ws, bias, activation)
+    ref = torch.nn.functional.linear(x, sparse24.decompress(ws), bias)
+    assert y.shape == ref.shape == (*lead, 6) and y.dtype == BF16
+    assert y.requires_grad and y.grad_fn is not None
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert bias.grad is not None and torch.equal(bias.grad, torch.zeros(6, dtype=BF16))

@@ -32,6 +32,18 @@ class SparseLinear(nn.Module):
         bias: whether the layer has a bias (n,).
         activation: None, "relu", "gelu", "gelu_tanh" or "silu" (fused into the kernel).
         device, dtype: of the buffers; dtype float16 or bfloat16 (default: bfloat16).
+
+    Dtype conversions: the layer always stays float16 or bfloat16 (the 2:4 kernels' dtypes).
+    ``.half()`` / ``.bfloat16()`` / ``.to(torch.float16 | torch.bfloat16)`` convert ``values`` and
+    ``bias``; a conversion to any other floating dtype (``.float()``, ``.double()``,
+    ``.to(torch.float32)``, e.g. from ``model.to(torch.float32)`` on a model around it) leaves
+    ``values`` and ``bias`` in their 16-bit dtype, the way torch leaves non-floating buffers alone
+    (``meta`` is int16 and never converted), so the conversion of the whole model completes and the
+    layer stays usable with inputs of its dtype; device moves always apply.
+
+    The dense path caches the decompressed weight (:meth:`Sparse24Tensor.dense`); ``copy_`` /
+    ``load_state_dict`` / buffer replacement are seen, a write through ``values.data`` /
+    ``meta.data`` is not: call ``layer.weight.drop_dense_cache()`` after one.
     The constructor makes an all-zero weight (as ``load_state_dict`` target); build a useful one
     with :meth:`from_dense`. Input: (..., in_features) of the layer's dtype and device; output
     (..., out_features).
@@ -43,7 +55,7 @@ class SparseLinear(nn.Module):
         dtype = torch.bfloat16 if dtype is None else dtype
         if dtype not in (torch.float16, torch.bfloat16):
             raise DTypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
-        if activation not in sparse24.ACTIVATIONS:
+        if not sparse24._known_activation(activation):
             raise ArgumentError(
                 f"activation: expected None, 'relu', 'gelu', 'gelu_tanh' or 'silu', got {activation!r}")
         if int(in_features) < 1 or int(out_features) < 1:
@@ -63,11 +75,12 @@ class SparseLinear(nn.Module):
     @classmethod
     def from_dense(cls, linear: nn.Linear, prune: bool = True, *, activation: Optional[str] = None) -> "SparseLinear":
         """A SparseLinear with ``linear``'s weight pruned to 2:4 (magnitude; ``prune=False``:
-        it must already be 2:4, else ValueError) and compressed on its device, and a copy of its
-        bias (same requires_grad). ``linear``'s weight must be float16 or bfloat16.
+        it must already be 2:4, else ValueError; ``prune`` not a bool: TypeError) and compressed on
+        its device, and a copy of its bias (same requires_grad). ``linear``'s weight must be float16 or bfloat16.
         Raises TypeError when ``linear`` is not an nn.Linear, plus compress's errors."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
+        sparse24._check_bool("prune", prune)
         w = linear.weight
         ws = sparse24.compress(w.detach(), prune=prune)
         layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, activation=activation,
@@ -87,7 +100,15 @@ class SparseLinear(nn.Module):
                                                    self.values.dtype)
 
     def _apply(self, fn, recurse=True):
-        out = super()._apply(fn, recurse)
+        # Keep the 16-bit dtype on conversions to other floating dtypes (see the class docstring):
+        # a half-converted layer (fp32 values the Sparse24Tensor rejects) is never left behind.
+        def keep_16bit(t):
+            out = fn(t)
+            if (isinstance(t, Tensor) and isinstance(out, Tensor) and t.dtype in sparse24._HALF
+                    and out.is_floating_point() and out.dtype not in sparse24._HALF):
+                out = out.to(t.dtype)   # exact: fp16/bf16 -> fp32/fp64 -> back is lossless
+            return out
+        out = super()._apply(keep_16bit, recurse)
         self._refresh()
         return out
 

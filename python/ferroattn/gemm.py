@@ -65,12 +65,14 @@ def matmul(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: O
     ``torch.matmul`` returns for k = 0 -- without launching a kernel.
 
     Raises:
-        ArgumentError (a ``ValueError``): bad ranks, batch counts, shapes, strides, alpha/beta,
+        ArgumentError (a ``ValueError``): bad ranks, batch counts, shapes (``a.shape[-1] !=
+            b.shape[-2]`` names ``b`` and both k, also when one of them is 0), strides, alpha/beta,
             activation or backend names, ``c`` missing with ``beta != 0``, ``out`` with the
             wrong shape, ``out=`` with autograd; the message names the argument, the expected and
             the actual value.
         DTypeError (a ``TypeError``): a/b not fp16/bf16 or different, bad out_dtype, bias or c
             dtype.
+        TypeError: a or b not a tensor, bias or c neither a tensor nor None (naming it).
         DeviceError: a tensor not on a's CUDA device.
         NotImplementedError: forward-mode AD (no jvp formula).
 
@@ -81,6 +83,10 @@ def matmul(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: O
     Sources: cuBLASLt epilogue order (scale, + C, + bias, activation; ``cublasLtEpilogue_t``);
     GELU (Hendrycks & Gimpel, 2016) exact and tanh forms as ``torch.nn.functional.gelu``.
     """
+    for name, t, optional in (("a", a, False), ("b", b, False), ("bias", bias, True), ("c", c, True)):
+        if not (isinstance(t, Tensor) or (optional and t is None)):
+            raise TypeError(f"{name}: expected a torch.Tensor{' or None' if optional else ''}, "
+                            f"got {type(t).__name__}")
     _reject_forward_ad("ferroattn.matmul", (("a", a), ("b", b), ("bias", bias), ("c", c)))
     act = _ops.public_activation(activation)
     _ops.check_args(alpha, beta, act, backend, out_dtype)  # before the op's schema sees them

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .errors import ArgumentError
 from .gemm import matmul
 from .ops.gemm import activate, public_activation
 
@@ -45,7 +46,9 @@ class Linear(torch.nn.Linear):
         activation: None, "relu", "gelu" (erf), "gelu_tanh" or "silu" (ArgumentError otherwise).
         backend: "auto", "wmma" or "sm90" (see :func:`ferroattn.matmul`).
 
-    Shapes: x (..., in_features) -> (..., out_features), x's dtype.
+    Shapes: x (..., in_features) -> (..., out_features), x's dtype; a 1-D x (in_features,) gives
+    (out_features,) as torch.nn.Linear. ArgumentError naming ``x`` and ``in_features`` (expected and
+    actual) for a 0-d x or a last dim other than in_features, on every path (kernel and torch).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
@@ -76,12 +79,18 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         weight, bias = self.weight, self.bias
+        if x.dim() == 0 or x.shape[-1] != weight.shape[-1]:   # on every path, before any operand is built
+            raise ArgumentError(f"x: expected shape (..., in_features) with in_features = {weight.shape[-1]}, "
+                                f"got shape {tuple(x.shape)}")
         if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
             dt = torch.get_autocast_dtype("cuda")
             if dt in _KERNEL_DTYPES:
                 x, weight = x.to(dt), weight.to(dt)
                 bias = None if bias is None else bias.to(dt)
         if _use_kernel(x, weight):
+            if x.dim() == 1:   # (in,) -> (out,), as torch.nn.Linear (matmul takes (..., m, k))
+                return matmul(x.unsqueeze(0), weight.T, bias=bias, activation=self.activation,
+                              backend=self.backend).squeeze(0)
             return matmul(x, weight.T, bias=bias, activation=self.activation, backend=self.backend)
         y = torch.nn.functional.linear(x, weight, bias)
         return activate(y, public_activation(self.activation))

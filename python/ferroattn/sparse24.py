@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -62,6 +63,18 @@ BACKENDS = ("auto", "dense", "sparse", "mma_sp", "wgmma_sp")
 # ---------------------------------------------------------------------------------------------
 # the compressed tensor
 # ---------------------------------------------------------------------------------------------
+def _known_activation(activation: Any) -> bool:
+    """Whether ``activation`` is a key of :data:`ACTIVATIONS` (False for unhashable values such as
+    a list, instead of a raw TypeError)."""
+    return (activation is None or isinstance(activation, str)) and activation in ACTIVATIONS
+
+
+def _check_bool(name: str, value: Any) -> None:
+    """TypeError naming ``name`` unless ``value`` is a bool (``prune="no"`` must not mean True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+
+
 def _layout(m: int, k: int) -> dict:
     return _native.sparse24_layout(int(m), int(k))
 
@@ -104,21 +117,36 @@ class Sparse24Tensor:
 
     Build one with :func:`compress`; the constructor only checks that the parts fit together
     (shapes from the layout, dtypes, one device) and raises ArgumentError / DTypeError /
-    DeviceError naming the part. The dense matrix used by the dense path of :func:`matmul` is
-    decompressed once and cached (:meth:`dense`; costs m·k elements of memory; drop it with
-    :meth:`drop_dense_cache`); an in-place change of values/meta invalidates it (seen through torch's
-    version counter; inference tensors have none, so for them the cache trusts identity alone)."""
+    DeviceError naming the part (TypeError naming ``shape`` when it is not a sequence of two
+    integers). The dense matrix used by the dense path of :func:`matmul` is decompressed once and
+    cached (:meth:`dense`; costs m·k elements of memory; drop it with :meth:`drop_dense_cache`).
+    The cache is keyed on values' and meta's identity, storage address (``data_ptr``: a
+    ``t.data = other`` / ``set_`` swap is seen) and torch's version counter (every in-place write
+    through autograd-visible tensors, e.g. ``copy_`` and ``load_state_dict``, is seen). Writes that
+    bypass the version counter cannot be seen without reading the values: for inference tensors
+    (made under ``torch.inference_mode``: no version counter) nothing is cached, so each dense call
+    decompresses again; after writing through ``t.data`` (``values.data.copy_(...)``: ``.data``
+    has its own version counter) call :meth:`drop_dense_cache`."""
 
     def __init__(self, values: Tensor, meta: Tensor, shape: Sequence[int], dtype: Optional[torch.dtype] = None):
         if not isinstance(values, Tensor) or not isinstance(meta, Tensor):
             raise TypeError(f"values, meta: expected torch.Tensor, got {type(values).__name__}, "
                             f"{type(meta).__name__}")
-        shape = tuple(int(s) for s in shape)
+        try:
+            shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"shape: expected a sequence of two ints (m, k), got {type(shape).__name__} "
+                            f"{shape!r}") from None
         if len(shape) != 2 or min(shape) < 1:
             raise ArgumentError(f"shape: expected (m, k) with m, k >= 1, got {shape}")
-        dtype = values.dtype if dtype is None else dtype
-        if dtype not in _HALF or values.dtype != dtype:
-            raise DTypeError(f"values: expected dtype {dtype} (float16 or bfloat16), got {values.dtype}")
+        if dtype is None:
+            if values.dtype not in _HALF:
+                raise DTypeError(f"values: expected dtype torch.float16 or torch.bfloat16, got {values.dtype}")
+            dtype = values.dtype
+        elif dtype not in _HALF:
+            raise DTypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
+        elif values.dtype != dtype:
+            raise DTypeError(f"values: expected dtype {dtype} (the dtype argument), got {values.dtype}")
         if meta.dtype != torch.int16:
             raise DTypeError(f"meta: expected dtype torch.int16, got {meta.dtype}")
         lay = _layout(*shape)
@@ -146,7 +174,11 @@ class Sparse24Tensor:
         torch.compile traces (the result is then a traced value, not a tensor to keep)."""
         if torch.compiler.is_compiling():
             return torch.ops.ferroattn.sparse24_decompress(self.values, self.meta, *self.shape)
-        key = (id(self.values), _version(self.values), id(self.meta), _version(self.meta))
+        if self.values.is_inference() or self.meta.is_inference():   # no version counter: never cached
+            self._dense = self._dense_key = None
+            with torch.no_grad():
+                return decompress(self)
+        key = tuple((id(t), t.data_ptr(), _version(t)) for t in (self.values, self.meta))
         if self._dense is None or self._dense_key != key:
             with torch.no_grad():
                 self._dense = decompress(self)
@@ -232,7 +264,17 @@ def prune(w: Tensor) -> Tensor:
 
 def is_sparse24(w: Tensor) -> bool:
     """True when every aligned group of 4 along the last dim of ``w`` has at most 2 non-zeros
-    (NaN counts as non-zero). Reads the values (a sync for CUDA tensors)."""
+    (NaN counts as non-zero). Reads the values (a sync for CUDA tensors).
+
+    Args: w: (..., k) tensor of rank >= 1, any dtype and device. An empty ``w`` (k = 0 or no rows)
+    has no group and is 2:4 (True).
+    Raises: TypeError for a non-tensor, ArgumentError for a 0-d tensor."""
+    if not isinstance(w, Tensor):
+        raise TypeError(f"w: expected a torch.Tensor, got {type(w).__name__}")
+    if w.dim() == 0:
+        raise ArgumentError("w: expected a tensor of rank >= 1 (groups of 4 along the last dim), got a 0-d tensor")
+    if w.numel() == 0:
+        return True
     return _bad_groups(w) == 0
 
 
@@ -262,10 +304,12 @@ def compress(w: Tensor, prune: bool = False) -> Sparse24Tensor:
         ValueError (ArgumentError) when ``prune`` is False and groups hold more than 2 non-zeros:
         the message says how many of how many groups (reading that count synchronises a CUDA
         stream once); TypeError / DTypeError / ArgumentError naming ``w`` for a non-tensor, a
-        dtype other than fp16/bf16, a rank other than 2 or an empty dimension.
+        dtype other than fp16/bf16, a rank other than 2 or an empty dimension; TypeError naming
+        ``prune`` when it is not a bool.
     """
     if not isinstance(w, Tensor):
         raise TypeError(f"w: expected a torch.Tensor, got {type(w).__name__}")
+    _check_bool("prune", prune)
     if w.dtype not in _HALF:
         raise DTypeError(f"w: expected float16 or bfloat16, got {w.dtype}")
     if w.dim() != 2 or min(w.shape) < 1:
@@ -480,9 +524,9 @@ def matmul(x: Tensor, w_sparse: Sparse24Tensor, bias: Optional[Tensor] = None, a
                         f"got {type(w_sparse).__name__}")
     if not isinstance(x, Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if activation not in ACTIVATIONS:
+    if not _known_activation(activation):
         raise ArgumentError(f"activation: expected None, 'relu', 'gelu', 'gelu_tanh' or 'silu', got {activation!r}")
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ArgumentError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     act = ACTIVATIONS[activation]
     n, k = w_sparse.shape
@@ -503,8 +547,11 @@ def matmul(x: Tensor, w_sparse: Sparse24Tensor, bias: Optional[Tensor] = None, a
             raise DeviceError(f"bias: expected x's device {x.device}, got {bias.device}")
     lead = tuple(x.shape[:-1])
     rows = math.prod(lead)
-    if rows == 0:
-        return x.new_zeros((*lead, n))
+    if rows == 0:   # empty (..., n), connected to x and bias like F.linear's (zero gradients)
+        y = x.sum(-1, keepdim=True).expand(*lead, n).clone()
+        if bias is not None:
+            y = y + bias.to(x.dtype)
+        return _dense_activation(y, act)
     if backend == "auto":
         backend = choose_backend(rows, n, k, x.dtype, x.device, w_sparse.arch)
     if backend == "dense":
@@ -612,7 +659,8 @@ def sparsify(model: torch.nn.Module, filter: Optional[Callable[[str, torch.nn.Mo
             .logits``) on it is measured before and after; tokenizer: a transformers tokenizer or
             any callable returning ids (``tokenizer(text)["input_ids"]`` or a list); None: UTF-8
             bytes as ids (vocabulary >= 256).
-        prune: False: the weights must already be 2:4 (else ValueError naming the layer).
+        prune: a bool (TypeError otherwise). False: the weights must already be 2:4 (else
+            ValueError naming the layer).
         max_tokens: at most this many tokens of text are scored.
     Returns: :class:`SparsifyReport`.
     Raises: ArgumentError when the filter matches no nn.Linear or the text has < 2 tokens;
@@ -620,6 +668,7 @@ def sparsify(model: torch.nn.Module, filter: Optional[Callable[[str, torch.nn.Mo
     """
     from ._sparse_linear import SparseLinear  # noqa: PLC0415
 
+    _check_bool("prune", prune)   # before anything is converted
     pick = filter or default_filter
     chosen = [(name, mod) for name, mod in model.named_modules()
               if name and isinstance(mod, torch.nn.Linear) and not isinstance(mod, SparseLinear) and pick(name, mod)]

@@ -131,8 +131,9 @@ class GemmPlan(NamedTuple):
 
 def plan(a: Tensor, b: Tensor) -> GemmPlan:
     """:class:`GemmPlan` of ``a @ b`` under this module's broadcasting rules. Raises
-    :class:`~ferroattn.errors.ArgumentError` for ranks and batch counts that do not fit (the
-    inner dims ``k`` are checked by the Rust validation). Works on fake and meta tensors."""
+    :class:`~ferroattn.errors.ArgumentError` for ranks, inner dims ``k`` (``a.shape[-1] !=
+    b.shape[-2]``, naming ``b`` with both k) and batch counts that do not fit. Works on fake and
+    meta tensors."""
     if a.dim() < 2:
         raise ArgumentError(f"a: expected rank >= 2 (..., m, k), got rank {a.dim()} (shape {tuple(a.shape)})")
     if b.dim() not in (2, 3):
@@ -143,6 +144,9 @@ def plan(a: Tensor, b: Tensor) -> GemmPlan:
     batch_b = b.shape[0] if b.dim() == 3 else 1
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
+    if b.shape[-2] != k:  # on the real shapes, before any 0 size is substituted for validation
+        raise ArgumentError(f"b: expected shape (..., k, n) with k = a.shape[-1] = {k} (a's shape "
+                            f"{tuple(a.shape)}), got k = {b.shape[-2]} (shape {tuple(b.shape)})")
     if batch_a == batch_b or batch_b == 1:
         batch = batch_a
     elif batch_a == 1:
@@ -176,7 +180,7 @@ def _operands(a: Tensor, b: Tensor, c: Optional[Tensor], bias: Optional[Tensor],
     """The (batch, ·, ·) views handed to the kernels: a broadcast operand gets batch stride 0
     (``expand``), never a copy; ``c`` is dropped when ``beta == 0`` (never read, as cuBLAS)."""
     a3 = _batched(_unit_stride(a.reshape(p.batch_a, p.m, p.k)), p.batch)
-    b3 = _batched(_unit_stride(b if b.dim() == 3 else b.unsqueeze(0)), p.batch)  # b's k: checked by Rust
+    b3 = _batched(_unit_stride(b if b.dim() == 3 else b.unsqueeze(0)), p.batch)  # b's k: checked by plan
     c3 = None
     if beta != 0.0:
         if c is None:
