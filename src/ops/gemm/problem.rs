@@ -189,6 +189,37 @@ impl GemmProblem {
     }
 }
 
+/// A test problem: row-major a (m, k), b (k, n) of `dtype` and out (m, n) of `out_dtype` at a
+/// 16-byte aligned fake address, packed batches (batch stride 0 when batch == 1), no epilogue.
+#[cfg(test)]
+pub(crate) fn row_major_problem(batch: i64, m: i64, n: i64, k: i64, dtype: DType, out_dtype: DType) -> GemmProblem {
+    let op = |rows: i64, cols: i64, dtype: DType| Operand {
+        ptr: 0x10000,
+        rows,
+        cols,
+        row_stride: cols,
+        col_stride: 1,
+        batch_stride: if batch == 1 { 0 } else { rows * cols },
+        dtype,
+    };
+    GemmProblem {
+        device: 0,
+        batch,
+        m,
+        n,
+        k,
+        a: op(m, k, dtype),
+        b: op(k, n, dtype),
+        out: op(m, n, out_dtype),
+        c: None,
+        bias: None,
+        aux: None,
+        alpha: 1.0,
+        beta: 0.0,
+        activation: Activation::None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

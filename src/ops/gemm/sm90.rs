@@ -262,7 +262,6 @@ pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::gemm::problem::Activation;
 
     #[test]
     fn params_layout_matches_the_kernel_struct() {
@@ -281,22 +280,7 @@ mod tests {
     }
 
     fn problem(m: i64, n: i64, k: i64) -> GemmProblem {
-        GemmProblem {
-            device: 0,
-            batch: 1,
-            m,
-            n,
-            k,
-            a: op(m, k, k, 1, DType::BF16),
-            b: op(k, n, n, 1, DType::BF16),
-            out: op(m, n, n, 1, DType::BF16),
-            c: None,
-            bias: None,
-            aux: None,
-            alpha: 1.0,
-            beta: 0.0,
-            activation: Activation::None,
-        }
+        crate::ops::gemm::problem::row_major_problem(1, m, n, k, DType::BF16, DType::BF16)
     }
 
     #[test]

@@ -166,31 +166,7 @@ fn problem_normalises_operands_and_rejects_overlap() {
 }
 
 fn problem_of(batch: i64, m: i64, n: i64, k: i64) -> GemmProblem {
-    let op = |rows: i64, cols: i64, dtype: DType| Operand {
-        ptr: 0x10000,
-        rows,
-        cols,
-        row_stride: cols,
-        col_stride: 1,
-        batch_stride: if batch == 1 { 0 } else { rows * cols },
-        dtype,
-    };
-    GemmProblem {
-        device: 0,
-        batch,
-        m,
-        n,
-        k,
-        a: op(m, k, DType::BF16),
-        b: op(k, n, DType::BF16),
-        out: op(m, n, DType::F32),
-        c: None,
-        bias: None,
-        aux: None,
-        alpha: 1.0,
-        beta: 0.0,
-        activation: Activation::None,
-    }
+    super::problem::row_major_problem(batch, m, n, k, DType::BF16, DType::F32)
 }
 
 #[test]
