@@ -94,12 +94,17 @@ def test_dispatch_table_round_trip(tmp_path):
 def test_summary_and_formatting():
     pts = _fake_points()
     pts[-1]["ours"], pts[-1]["ours_error"], pts[-1]["speedup_vs_dense"] = None, "CudaError: boom", None
+    pts[-1]["speedup_vs_peer"] = None
     s = bench.summarize(pts)
     assert s["n_points"] == 8 and s["n_measured"] == 7 and s["n_ours_failed"] == 1
     large = [p["speedup_vs_dense"] for p in pts if p["speedup_vs_dense"] is not None
              and ((p["kind"] == "square" and p["m"] == 8192) or (p["kind"] == "llm" and p["m"] >= 4096))]
     assert s["speedup_vs_dense_large"]["min"] == min(large) and s["speedup_vs_dense_large"]["n"] == len(large)
     assert s["peer_refused"] == ["4096x4096 m=4096 bf16"]
+    n_large_peer = sum(1 for p in pts if p["speedup_vs_peer"] is not None
+                       and ((p["kind"] == "square" and p["m"] == 8192) or (p["kind"] == "llm" and p["m"] >= 4096)))
+    assert s["speedup_vs_peer_large"]["n"] == n_large_peer and 0 < n_large_peer < s["speedup_vs_peer_all"]["n"]
     text = bench.format_table(pts)
     assert "ours: CudaError: boom" in text and len(text.splitlines()) == 2 + 8
     assert "target >= 1.3" in bench.format_summary(s)
+    assert "ours / semi-structured peer, large: min" in bench.format_summary(s)
