@@ -7,8 +7,9 @@ random tokens, for each shape in --shapes. Modes (what is on during the timed fo
 - ``off``:           nothing;
 - ``recorder``:      only the Rust launch recorder (``_native.profiler_enable(True)``);
 - ``hooks``:         only the module hooks as ``profile`` uses them (``profiler.attach``: forward
-                     wrappers, native marks, NVTX);
-- ``hooks_no_nvtx``: the same without NVTX ranges;
+                     wrappers, native marks; NVTX ranges only when an NVTX tool is attached, i.e.
+                     none here unless run under Nsight);
+- ``hooks_no_nvtx``: the same with NVTX ranges off explicitly;
 - ``hooks_torch``:   the module hooks in torch-hook mode (``attach(mode="torch")``, native marks);
 - ``torch_noop``:    torch's own cost of a no-op forward pre hook + post hook (``always_call``)
                      on the same modules (the floor of any torch-hook-based attribution);
@@ -52,7 +53,27 @@ MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop
 #: hooks with the timestamps replaced by a constant (no driver call); hooks_bare: also no NVTX, no
 #: shapes, no record_function probe (the wrapper and its bookkeeping alone); hooks_marks_only: the
 #: bare hooks plus the native timestamps.
-DIAGNOSTIC_MODES = ("hooks_no_marks", "hooks_bare", "hooks_marks_only")
+DIAGNOSTIC_MODES = ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_noop_native", "hooks_nvtx",
+                    "hooks_old")
+#: hooks_noop_native: the bare hooks whose two "marks" per call are a raw-stream lookup plus a
+#: trivial native call (``_native.profiler_enabled()``, no driver call): with hooks_bare and
+#: hooks_marks_only it splits a mark's in-situ cost into the Python->Rust call and the rest (the
+#: driver's cuEventRecord and the pool bookkeeping).
+#: hooks_nvtx: the default hooks with NVTX ranges forced on (``attach(nvtx=True)``; by default they
+#: are pushed only when an NVTX tool is attached); hooks_old: the hooks module given by
+#: --old-hooks (a copy of an earlier python/ferroattn/profiler/hooks.py), default options: an A/B
+#: of the Python per-call path in the same run.
+OLD_HOOKS = None
+#: GPU gaps between consecutive depth-1 siblings (µs; one list per forward, boundaries in call
+#: order), from the ``hooks`` mode's records: what sharing one mark between a call's end and the
+#: next sibling's start would hide.
+GAPS: list = []
+
+
+def _sibling_gaps(recs) -> list:
+    """start(next) - end(previous) in µs for consecutive depth-1 records of one forward."""
+    d1 = sorted((r for r in recs if r.depth == 1), key=lambda r: r.start_us)
+    return [b.start_us - (a.start_us + 1e3 * a.gpu_ms) for a, b in zip(d1, d1[1:])]
 
 
 def _quantile(xs, q):
@@ -99,14 +120,28 @@ class Modes:
             finally:
                 self.native.profiler_enable(False)
                 self.native.profiler_drain()
-        elif mode in DIAGNOSTIC_MODES:
+        elif mode in ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_noop_native"):
             kw = {} if mode == "hooks_no_marks" else {"nvtx": False, "record_shapes": False, "record_function": False}
             with attach(self.model, **kw) as att:
-                if mode != "hooks_marks_only":
+                if mode == "hooks_noop_native":
+                    raw, noop, dev = self.torch._C._cuda_getCurrentRawStream, self.native.profiler_enabled, att.device
+
+                    def fake_mark():
+                        raw(dev)
+                        return 0 if noop() is False else 0
+                    att._mark = fake_mark
+                elif mode != "hooks_marks_only":
                     att._mark = lambda: 0    # no timestamp: nothing to resolve afterwards
                 yield (lambda: att.discard())
-        elif mode in ("hooks", "hooks_no_nvtx", "hooks_torch"):
-            kw = {"nvtx": False} if mode == "hooks_no_nvtx" else {"mode": "torch"} if mode == "hooks_torch" else {}
+        elif mode == "hooks_old":
+            with OLD_HOOKS.attach(self.model) as att:
+                yield att.resolve
+        elif mode == "hooks":
+            with attach(self.model) as att:
+                yield (lambda: GAPS.append(_sibling_gaps(att.resolve())))
+        elif mode in ("hooks_no_nvtx", "hooks_torch", "hooks_nvtx"):
+            kw = {"nvtx": False} if mode == "hooks_no_nvtx" else {"mode": "torch"} if mode == "hooks_torch" \
+                else {"nvtx": True}
             with attach(self.model, **kw) as att:
                 yield att.resolve
         elif mode == "torch_noop":
@@ -125,14 +160,27 @@ class Modes:
             raise ValueError(mode)
 
 
+#: Python garbage collections (per generation) that started inside timed forwards, per mode
+#: (gc.callbacks); a profiler that keeps objects alive can make the interpreter collect more often.
+_GC = {"on": False, "counts": [0, 0, 0]}
+GC_TIMED: dict = {}
+
+
+def _gc_callback(phase, info):
+    if phase == "start" and _GC["on"]:
+        _GC["counts"][info["generation"]] += 1
+
+
 def timed(torch, fwd):
     """(wall ms, host ms) of one forward."""
     torch.cuda.synchronize()
+    _GC["on"] = True
     t0 = time.perf_counter()
     fwd()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     t2 = time.perf_counter()
+    _GC["on"] = False
     return (t2 - t0) * 1e3, (t1 - t0) * 1e3
 
 
@@ -145,11 +193,16 @@ def one_round(modes: Modes, fwd, order, per_round: int) -> dict:
             fwd()                      # untimed: first call after set-up
             after()
             walls, hosts = [], []
+            before = list(_GC["counts"])
             for _ in range(per_round):
                 w, h = timed(torch, fwd)
                 walls.append(w)
                 hosts.append(h)
                 after()
+            acc = GC_TIMED.setdefault(mode, {"forwards": 0, "gen0": 0, "gen1": 0, "gen2": 0})
+            acc["forwards"] += per_round
+            for g in range(3):
+                acc[f"gen{g}"] += _GC["counts"][g] - before[g]
         out[mode] = (statistics.fmean(walls), statistics.fmean(hosts))
     return out
 
@@ -209,6 +262,38 @@ def per_call_us(n: int = 10000) -> dict:
            "raw_stream_us": loop(lambda: raw(dev)), "nvtx_push_pop_us": loop(nvtx)}
     if hasattr(_native, "profiler_mark"):
         out["native_mark_us"] = loop(lambda: marks.append(_native.profiler_mark(raw(dev), dev)), release)
+        # in situ-like: a mark after a small kernel launch (GPU busy or just idle), and after ~20 µs
+        # of host work (GPU idle): the mark's cost = the pair's time minus the time without it
+        x = torch.zeros(256, device="cuda")
+        m = max(1, n // 5)
+
+        def spin():
+            t = time.perf_counter() + 20e-6
+            while time.perf_counter() < t:
+                pass
+
+        def pair_loop(work, with_mark):
+            def body():
+                work()
+                if with_mark:
+                    marks.append(_native.profiler_mark(raw(dev), dev))
+            runs = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(m):
+                    body()
+                runs.append((time.perf_counter() - t0) / m * 1e6)
+                torch.cuda.synchronize()
+                release()
+            return statistics.median(runs)
+        for label, work in (("after_kernel", lambda: x.add_(1)), ("after_host_20us", spin)):
+            base, with_mark = pair_loop(work, False), pair_loop(work, True)
+            out[f"native_mark_{label}_us"] = with_mark - base
+            out[f"{label}_alone_us"] = base
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):   # a non-legacy stream: the capture check runs
+            out["native_mark_side_stream_us"] = loop(
+                lambda: marks.append(_native.profiler_mark(raw(dev), dev)), release)
     return out
 
 
@@ -222,6 +307,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=75.0,
                     help="wall-clock budget of the whole script in s; rounds are cut to fit (default %(default)s)")
     ap.add_argument("--out", default=None, help="JSON output path (default $OUT/profiler_overhead.json)")
+    ap.add_argument("--old-hooks", default=None, help="path of an earlier hooks.py for the hooks_old mode")
     ap.add_argument("--modes", default=",".join(MODES[1:]),
                     help="modes compared with off, from " + ",".join(MODES[1:] + DIAGNOSTIC_MODES) + " (default %(default)s)")
     args = ap.parse_args(argv)
@@ -231,6 +317,15 @@ def main(argv=None) -> int:
               f"{','.join(MODES[1:] + DIAGNOSTIC_MODES)}", file=sys.stderr)
         return 2
     MODES = ("off",) + chosen
+    if "hooks_old" in chosen:
+        if not args.old_hooks:
+            print("profiler_overhead: --modes hooks_old needs --old-hooks PATH", file=sys.stderr)
+            return 2
+        import importlib.util
+        global OLD_HOOKS
+        spec = importlib.util.spec_from_file_location("ferroattn.profiler._hooks_old", args.old_hooks)
+        OLD_HOOKS = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(OLD_HOOKS)
     try:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         assert all(len(s) == 2 and min(s) >= 1 for s in shapes)
@@ -239,6 +334,8 @@ def main(argv=None) -> int:
         print(f"profiler_overhead: bad arguments: --shapes {args.shapes!r} (e.g. 1x256,4x2048), --rounds >= 3, "
               f"--min-rounds >= 3, --per-round >= 1, --budget-s > 0", file=sys.stderr)
         return 2
+    import gc
+    gc.callbacks.append(_gc_callback)
     import torch
     if not torch.cuda.is_available():
         print("profiler_overhead: no CUDA GPU", file=sys.stderr)
@@ -276,7 +373,15 @@ def main(argv=None) -> int:
     print(f"{'shape':>9} {'off ms':>8}{hdr}   (wall % over off: median of paired rounds [95% CI])")
     share = [max(0.0, left) * t / sum(t_round) for t in t_round]   # each shape's slice of the budget, s
     for (b, s), fwd, slice_s in zip(shapes, inputs, share):
+        GAPS.clear()
+        GC_TIMED.clear()
         r = measure(modes, fwd, rounds, args.per_round, time.perf_counter() + slice_s)
+        r["gc_in_timed_forwards"] = {m: dict(v) for m, v in GC_TIMED.items()}
+        per_forward = [g for g in GAPS if len(g) == len(GAPS[0])] if GAPS else []
+        r["sibling_gaps_us"] = ({"forwards": len(per_forward),
+                                 "median_per_boundary": [statistics.median(c) for c in zip(*per_forward)],
+                                 "max_per_boundary": [max(c) for c in zip(*per_forward)]}
+                                if per_forward else None)
         rows.append({"shape": [b, s], **r})
         cells = "".join(f"{r['modes'][m]['wall']['pct']:+6.1f} [{r['modes'][m]['wall']['ci95'][0]:+.0f},"
                         f"{r['modes'][m]['wall']['ci95'][1]:+.0f}]".rjust(15) for m in MODES[1:])
@@ -296,6 +401,7 @@ def main(argv=None) -> int:
                      "paired ratio mode/off - 1, 95% bootstrap CI of that median, IQR; wall = synchronised "
                      "before and after, host = until the forward call returns",
            "hooked_modules": n_mod, "modes": list(MODES), "shapes": rows, "per_call_host_us": micro,
+
            "elapsed_s": time.perf_counter() - T0}
     out = args.out or (os.path.join(os.environ["OUT"], "profiler_overhead.json") if os.environ.get("OUT") else None)
     if out:

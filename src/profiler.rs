@@ -310,6 +310,40 @@ pub fn stats() -> Stats {
     lock(&BOOK).stats(enabled())
 }
 
+thread_local! {
+    /// (device, context) of the last [`bind_cached`] on this thread.
+    static BOUND: std::cell::Cell<(i32, usize)> = const { std::cell::Cell::new((-1, 0)) };
+}
+
+/// `device::bind(device)`, skipped when this thread's current context is already the context a
+/// previous call bound for `device` (primary contexts are retained for the process lifetime by
+/// `device::bind`, so a remembered handle stays valid): one cuCtxGetCurrent when nothing
+/// changed, instead of a lock, a map lookup and cuCtxGetCurrent.
+fn bind_cached(device: i32) -> Result<()> {
+    let (d, c) = BOUND.with(|b| b.get());
+    if d == device && c != 0 {
+        // A bind succeeded on this thread before, so the driver is loaded (cudarc panics on a
+        // driver call without one: the first call of a thread always goes through device::bind,
+        // which reports a missing driver as NoDevice).
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        unsafe { sys::cuCtxGetCurrent(&mut current) }
+            .result()
+            .call("cuCtxGetCurrent")?;
+        if c == current as usize {
+            return Ok(());
+        }
+    }
+    crate::device::bind(device)?;
+    let mut bound: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: as above.
+    unsafe { sys::cuCtxGetCurrent(&mut bound) }
+        .result()
+        .call("cuCtxGetCurrent")?;
+    BOUND.with(|b| b.set((device, bound as usize)));
+    Ok(())
+}
+
 /// Whether `stream` is capturing a graph (an error, e.g. the legacy stream while another
 /// stream captures in global mode, counts as capturing: recording there is not safe).
 fn capturing(stream: sys::CUstream) -> bool {
@@ -492,8 +526,15 @@ pub fn drain(reference_event: Option<u64>) -> Result<Vec<Resolved>> {
 /// of `device` current on this thread first (as a launch does). Returns the mark's id (> 0), or
 /// 0 when nothing was recorded: `stream` is capturing a CUDA graph (an event there would join
 /// the graph) or [`MAX_MARKS`] marks are unresolved (counted in [`Stats::dropped`]).
+///
+/// Host cost (the per-call path of the module hooks, so kept short): the context is bound only
+/// when the thread's current context is not the one this thread last bound for `device`
+/// ([`bind_cached`]: one cuCtxGetCurrent). The capture check stays per mark, also on the legacy
+/// stream, which cannot capture itself but reports an error while a blocking stream of the
+/// context captures (cudaErrorStreamCaptureImplicit; an event recorded there would invalidate
+/// that capture): such a mark is not recorded either.
 pub fn mark(device: i32, stream: u64) -> Result<u64> {
-    crate::device::bind(device)?;
+    bind_cached(device)?;
     let s = stream as sys::CUstream;
     if capturing(s) {
         return Ok(0);

@@ -17,8 +17,8 @@ hooks' host cost shows: measured and reported in (b), not asserted):
 (g) launch_overhead: finite, graph_ms <= 1.1 x eager_ms;
 (h) ``python -m ferroattn profile --model tiny --batch 1,2 --seq 128,256 --trace --plot`` exits 0
     and writes both files;
-(i) host-bound overhead (batch 1 x 256: ~15 ms of host time per forward, 53 hooked module calls):
-    profile() on vs off, paired per round (round robin, order alternating), median ratio <= 1.05;
+(i) host-bound overhead (batch 1 x 256: ~10-15 ms of host time per forward, 53 hooked module calls):
+    profile() on vs off, 41 rounds paired (order alternating), median ratio <= 1.05;
 (j) native marks (``_native.profiler_mark*``): a mark pair around ``torch.cuda._sleep`` resolves to
     a positive time against a torch event, query/resolve/release keep their contract, a capturing
     stream gets no mark; torch-hook mode (``mode="torch"``) gives the same records as the default;
@@ -241,7 +241,8 @@ def test_i_host_bound_overhead_at_most_5_percent(llama):
     for _ in range(3):
         fwd(ids)
     ratios, offs, ons = [], [], []
-    for r in range(15):                       # paired rounds, order alternating
+    for r in range(41):                       # paired rounds, order alternating (41: the host-bound
+        # forward's round-to-round spread is ~+-10 %, so fewer rounds leave the median at the noise's mercy)
         pair = {}
         for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
             if mode == "on":

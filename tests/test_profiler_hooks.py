@@ -417,3 +417,70 @@ def test_native_harvest_waits_for_nothing_and_discard_releases():
         model(torch.zeros(1))
         assert att.discard() == len(att.targets)
         assert native.marks == {} and att.calls == []
+
+
+# ---- NVTX only under a tool; the inlined wrapper path -------------------------------------------
+
+def test_nvtx_tool_detection_follows_the_injection_variable(monkeypatch):
+    from ferroattn.profiler.hooks import NVTX_INJECTION_VAR, nvtx_tool_attached
+    assert NVTX_INJECTION_VAR == "NVTX_INJECTION64_PATH"
+    monkeypatch.delenv(NVTX_INJECTION_VAR, raising=False)
+    assert nvtx_tool_attached() is False
+    monkeypatch.setenv(NVTX_INJECTION_VAR, "")
+    assert nvtx_tool_attached() is False, "an empty path loads nothing"
+    monkeypatch.setenv(NVTX_INJECTION_VAR, "/opt/nsight/libToolsInjection64.so")
+    assert nvtx_tool_attached() is True
+
+
+@pytest.mark.parametrize("mode", ["wrap", "torch"])
+def test_nvtx_ranges_pushed_and_popped_per_call_when_on(mode, monkeypatch):
+    pushed, popped = [], []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(name))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: popped.append(1))
+    clock, model, factory = make(2)
+    with attach(model, event_factory=factory, nvtx=True, mode=mode) as att:
+        model(torch.zeros(1))
+        att.resolve()
+    assert pushed == [n for n, _ in att.targets] and len(popped) == len(pushed)
+    pushed.clear()
+    with attach(model, event_factory=factory, mode=mode) as att:   # nvtx=None: no CUDA here -> off
+        model(torch.zeros(1))
+        att.resolve()
+    assert pushed == [] and att.nvtx is (torch.cuda.is_available() and bool(__import__("os").environ.get(
+        "NVTX_INJECTION64_PATH")))
+
+
+def test_wrap_path_records_in_order_and_survives_take_between_forwards():
+    """The inlined wrapper appends to the attachment's call log in place: take()/harvest() between
+    forwards must not detach the log from the wrappers."""
+    clock, model, factory = make(2)
+    native = FakeNative(clock)
+    with attach(model, event_factory=factory, native=native) as att:
+        for _ in range(3):
+            model(torch.zeros(1, 3))
+            recs = att.resolve()                 # take() inside
+            assert [r.name for r in recs] == [n for n, _ in att.targets]
+            assert [r.depth for r in recs] == [0, 1, 1, 2, 2, 1, 2, 2]
+            assert recs[2].input_shapes == ((1, 3),)
+        assert att.calls == [] and native.marks == {}
+
+
+def test_wrap_closes_calls_a_raising_child_left_open():
+    """A call whose entry is no longer the top of the open-call stack (something above it left
+    open) closes everything above it too (the slow path of the inlined wrapper)."""
+    clock, model, factory = make(1)
+    with attach(model, event_factory=factory) as att:
+        inner = model.layers[0].self_attn.__dict__["forward"]
+        dangling = [["x", "X", 9, 0, att._mark(), None, None, None, None]]
+
+        def leaves_one_open(*a, **k):
+            att._open.append(dangling[0])      # an entry opened and never closed by its owner
+            return inner(*a, **k)
+        model.layers[0].self_attn.__dict__["forward"] = leaves_one_open
+        try:
+            model(torch.zeros(1))
+        finally:
+            model.layers[0].self_attn.__dict__["forward"] = inner
+        assert att._open == [] and dangling[0][5] is not None, "closed by the layer's exit"
+        recs = att.resolve()
+    assert len(recs) == len(att.targets)

@@ -172,7 +172,8 @@ def profiler_mark(stream: int, device: int) -> int:
     default stream) now, in stream order; makes ``device``'s primary context current on this
     thread first. Returns the mark's id (an int > 0; ids are never reused), or 0 when nothing was
     recorded: ``stream`` is capturing a CUDA graph, or 2_000_000 marks are unresolved (counted in
-    profiler_stats()["dropped"]). Host cost: one cuEventRecord plus bookkeeping (no sync).
+    profiler_stats()["dropped"]). Host cost: cuStreamIsCapturing, one cuEventRecord and the pool
+    bookkeeping (no sync); the context is bound only when the thread's current one changed.
     Raises ArgumentError (device < 0), TypeError (not ints), NoDeviceError (no such device),
     CudaError (cuEventCreate/cuEventRecord failed, e.g. a stream of another device)."""
 def profiler_marks_query(marks: Sequence[int]) -> list[bool]:

@@ -26,7 +26,8 @@ Modules:
                     forward pre/post hooks on the model, its top-level components (embeddings,
                     final norm, rotary, lm_head), decoder layers and their attention/MLP children
                     (rule: :func:`find_targets`), GPU timestamps (native marks from Rust, or
-                    events) + record_function + NVTX, resolved after the forward;
+                    events) + record_function (while a torch profiler collects) + NVTX (while an
+                    NVTX tool is attached), resolved after the forward;
                     :class:`WallClockEvent` (host-clock events for a model on the CPU);
 - :mod:`.launches`  the adapter over the Rust launch recorder (``_native.profiler_*``):
                     :class:`Recorder`, drained records -> :class:`KernelRecord` (module = innermost

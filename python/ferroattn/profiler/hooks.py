@@ -35,23 +35,27 @@ How a call is bracketed (``mode``):
   its interval (they run around ``forward``).
 - ``"torch"``: ``register_forward_pre_hook`` + ``register_forward_hook(always_call=True)``.
 
-Why (measured on an H200 with the Llama-3.2-1B config, batch 1 x 256 tokens: a host-bound forward
-of ~14.4 ms wall, 53 hooked module calls; bench/results/profiler_overhead_*_20261129T234342.json):
-torch's hook dispatch alone, with no-op pre/post hooks, costs ~28 µs per module call (+10 %); a
-``torch.cuda.Event.record()`` costs 11-14 µs, 7.9 µs of it ``torch.cuda.current_stream()``; an
-NVTX push + pop 0.9 µs. The default path therefore avoids torch's hooks (wrap) and records its
-timestamps as native marks: ``_native.profiler_mark(stream, device)`` records a pooled CUDA event
-(the launch recorder's pool) on the raw current stream (``torch._C._cuda_getCurrentRawStream``),
-no Python event object and no stream object. Estimated host cost per hooked call (2 marks): the
-wrapper frame ~0.5 µs, two marks ~2 x 2 µs (a PyO3 call, the context check, cuStreamIsCapturing,
-cuEventRecord ~1 µs, pool bookkeeping), call bookkeeping and shapes ~1 µs, NVTX ~0.9 µs, the
-``record_function`` check ~0.1 µs: ~6-7 µs, i.e. ~0.35 ms for 53 calls = ~2.5 % of the 1 x 256
-forward (was ~0.1 ms per call with torch hooks and torch events: +26-60 %).
+Why (measured on an H200 with the Llama-3.2-1B config; bench/NOTES.md "Profiler cost"): torch's
+hook dispatch with no-op pre/post hooks costs ~28 µs per module call on a host-bound forward
+(+10 % at 1 x 256, 2026-11-29); a ``torch.cuda.Event.record()`` 7-15 µs, 4-8 µs of it
+``torch.cuda.current_stream()``. The default path therefore avoids torch's hooks (wrap) and
+records its timestamps as native marks: ``_native.profiler_mark(stream, device)`` records a pooled
+CUDA event (the launch recorder's pool) on the raw current stream
+(``torch._C._cuda_getCurrentRawStream``, fetched per mark: a module may switch streams), no
+Python event object and no stream object. The wrapper is one Python frame (the per-call work is
+inlined in it). Measured at 1 x 256 (53 hooked calls, 106 marks per forward; 2026-11-30 03:17,
+``profiler_overhead_*_20261130T0317_1x256.json``): the wrapper and its bookkeeping ~1.8 µs per call
+(+0.8 %), a mark ~5 µs in situ (1.3-2 µs in a tight loop; the cuEventRecord driver call between the
+forward's own launches), so the marks alone are ~+4.8 % of an 11.7 ms host-bound forward; NVTX
+ranges cost ~3.5 µs per call in situ even with no tool (hence only under a tool). GPU-bound
+forwards (4 x 1024, 4 x 2048) pay ~1 %.
 
 Per call: a start mark, then a ``torch.autograd.profiler.record_function`` range while a torch
 profiler is collecting (it shows in that torch.profiler trace; with none running the range would
-be invisible, so it is skipped and costs nothing) and, when CUDA is available, an NVTX range
-(Nsight Systems); at the end the end mark and both ranges closed. Marks are kept per call; times
+be invisible, so it is skipped and costs nothing) and, when CUDA is available and an NVTX tool is
+attached (e.g. Nsight Systems: :func:`nvtx_tool_attached`), an NVTX range; without a
+tool NVTX calls are no-ops inside NVTX, so they are skipped too; at the end the end mark and both
+ranges closed. Marks are kept per call; times
 are read only by :meth:`Attachment.resolve` after the forward (one wait, then the marks go back
 to the pool: no event creation per call once warm). A mark on a stream that is capturing a CUDA
 graph is not recorded (the call gets no record).
@@ -328,8 +332,7 @@ class Attachment:
         call = [name, kind, len(stack), self.step, self._mark(), None, shapes, module, None]
         self.calls.append(call)
         if self._rf_probe is not None and self._rf_probe():
-            from torch.autograd.profiler import record_function  # noqa: PLC0415
-            rf = call[_RF] = record_function(name)
+            rf = call[_RF] = _record_function()(name)
             rf.__enter__()
         if self._push is not None:
             self._push(name)
@@ -391,7 +394,7 @@ class Attachment:
     def take(self) -> list:
         """The finished calls so far (removed from the attachment); open calls stay."""
         done = [c for c in self.calls if c[_END] is not None]
-        self.calls = [c for c in self.calls if c[_END] is None]
+        self.calls[:] = [c for c in self.calls if c[_END] is None]   # in place: the wrappers hold this list
         return done
 
     def discard(self) -> int:
@@ -424,7 +427,7 @@ class Attachment:
         if not done:
             return []
         ids = {id(c) for c in done}
-        self.calls = [c for c in self.calls if id(c) not in ids]
+        self.calls[:] = [c for c in self.calls if id(c) not in ids]   # in place (see take)
         return self.resolve(done, reference=reference)
 
     def resolve(self, calls: Optional[list] = None, reference: Any = None) -> list:
@@ -485,23 +488,60 @@ def _wrap_forward(att: Attachment, name: str, module: Any) -> _Restore:
     d = module.__dict__
     had = "forward" in d
     inner = d["forward"] if had else module.forward
-    enter, exit_, kind = att._enter, att._exit, type(module).__name__
+    kind = type(module).__name__
     dead = [False]   # set by _Restore.remove (also mirrored on the function for chain walking)
+    # The per-call path, inlined (one Python frame besides the marks; what Attachment._enter /
+    # _exit / _close do, in that order). Bound once here: the open-call stack and the call log
+    # (lists the attachment only ever mutates in place), the range functions, the shapes switch.
+    stack, calls = att._open, att.calls
+    push, pop, probe, tensor, shapes_on = att._push, att._pop, att._rf_probe, att._tensor, att.record_shapes
+    close = att._exit
 
     @functools.wraps(inner)
     def forward(*args, **kwargs):
         if not att._live or dead[0]:
             return inner(*args, **kwargs)
-        entry = enter(name, kind, module, args)
+        mark = att._mark
+        shapes = None
+        if shapes_on and args:
+            if len(args) == 1:
+                a = args[0]
+                shapes = a.shape if isinstance(a, tensor) else [None]
+            else:
+                shapes = [a.shape if isinstance(a, tensor) else None for a in args]
+        call = [name, kind, len(stack), att.step, mark(), None, shapes, module, None]
+        calls.append(call)
+        if probe is not None and probe():
+            rf = call[_RF] = _record_function()(name)
+            rf.__enter__()
+        if push is not None:
+            push(name)
+        stack.append(call)
         try:
             return inner(*args, **kwargs)
         finally:
-            exit_(entry)
+            if stack and stack[-1] is call:   # the usual case: close it here
+                stack.pop()
+                if call[_END] is None:
+                    call[_END] = mark()
+                if pop is not None:
+                    pop()
+                rf = call[_RF]
+                if rf is not None:
+                    call[_RF] = None
+                    rf.__exit__(None, None, None)
+            else:                             # closed already, or calls above it left open
+                close(call)
 
     forward._ferroattn_inner, forward._ferroattn_had, forward._ferroattn_dead = inner, had, False
     forward._ferroattn_kill = dead
     d["forward"] = forward
     return _Restore(module, forward)
+
+
+def _record_function():
+    from torch.autograd.profiler import record_function  # noqa: PLC0415
+    return record_function
 
 
 class WallClockEvent:
@@ -525,6 +565,21 @@ class WallClockEvent:
 
     def synchronize(self) -> None:
         return None
+
+
+NVTX_INJECTION_VAR = "NVTX_INJECTION64_PATH"
+
+
+def nvtx_tool_attached() -> bool:
+    """Whether an NVTX tool is attached to this process: the environment variable
+    ``NVTX_INJECTION64_PATH`` (the injection library NVTX loads at its first call: how NVTX tools
+    attach; Nsight Systems sets it for the processes it launches) is set and non-empty. Without one, every NVTX call is a no-op inside NVTX (NVTX v3 loader: the
+    variable first, then a statically linked ``InitializeInjectionNvtx2_fnptr``, which a Python
+    process does not have), so ranges pushed then are visible to nobody and only cost the calls
+    (two per hooked module call). Read when :func:`attach` runs (NVTX itself reads it once, at
+    its first call in the process)."""
+    import os  # noqa: PLC0415
+    return bool(os.environ.get(NVTX_INJECTION_VAR))
 
 
 def checked_event(factory: Callable[[], Any]) -> Any:
@@ -556,7 +611,9 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     event_factory: see the module docstring (None: native marks when available, else CUDA
     events; NoDeviceError without a GPU); record_function: open
     ``torch.autograd.profiler.record_function`` ranges (while a torch profiler collects); nvtx:
-    push NVTX ranges (None: when CUDA is available); record_shapes: keep the tensor argument
+    push NVTX ranges (None: when CUDA is available and an NVTX tool is attached,
+    :func:`nvtx_tool_attached`; True: always, e.g. for a tool that injects itself after
+    ``attach``); record_shapes: keep the tensor argument
     shapes; include_root, layer_lists, attention_names, mlp_names, top_level:
     :func:`find_targets`; mode: "wrap" (forward wrappers, default) or "torch" (torch forward
     hooks); native: an object with the ``_native`` mark functions to take timestamps from
@@ -588,7 +645,8 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     else:
         clock = EventClock(factory)
     att = Attachment(targets, factory, clock, record_function=record_function,
-                     nvtx=cuda if nvtx is None else bool(nvtx), record_shapes=record_shapes, device=device, mode=mode)
+                     nvtx=(cuda and nvtx_tool_attached()) if nvtx is None else bool(nvtx),
+                     record_shapes=record_shapes, device=device, mode=mode)
     if native is not None:
         checked_event(factory).record()   # checks the factory's events (ArgumentError)
         att.prewarm()
