@@ -19,8 +19,8 @@
 // 232), each owning 64 rows x BN of the tile (64 x BN / 128 fp32 accumulators per thread).
 // Persistent: gridDim.x <= number of tiles; CTA i takes tiles i, i + gridDim.x, ... in a grouped
 // order (group_m m-tiles share an n-tile sweep, for L2 reuse); the producer runs ahead into the
-// next tile while the consumers run the epilogue (the tensor cores idle meanwhile: ~7.5 us per
-// tile on an H200, see .dev/gemm_sm90/NOTES.md).
+// next tile while the consumers run the epilogue (the tensor cores idle meanwhile: 15 % of the
+// active cycles at 8192 x 4096 x 4096 by ncu; kernels/gemm/sm90_pingpong.cuh overlaps it).
 // Shared memory: Stages x (128 + BN) x 64 x 2 bytes of operand tiles, 4 x 8 KiB epilogue store
 // buffers (two per consumer warpgroup), 2 x Stages mbarriers, 1 KiB alignment slack.
 // Pipeline (per stage s): full[s] (count 1; producer arrive.expect_tx + TMA complete_tx) and

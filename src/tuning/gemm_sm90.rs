@@ -7,7 +7,7 @@ use crate::dtype::DType;
 use crate::jit::Arch;
 use crate::ops::gemm::problem::Activation;
 
-/// Rows of the CTA tile (two consumer warpgroups of 64 rows; kernels/gemm/sm90.cuh).
+/// Rows of the tile of one work unit (every schedule in production uses 128).
 pub const BLOCK_M: u32 = 128;
 /// K depth of one pipeline stage (one 128-byte swizzle row of 16-bit elements).
 pub const BLOCK_K: u32 = 64;
@@ -16,10 +16,88 @@ pub const THREADS: u32 = 384;
 /// Shared memory of the epilogue's TMA-store buffers: 2 consumer warpgroups x 2 x 8 KiB.
 pub const EPILOGUE_SMEM: u32 = 2 * 2 * 8192;
 
+/// How the two consumer warpgroups share the work (bench/NOTES.md "Dense GEMM, Hopper path").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// `gemm_sm90` (kernels/gemm/sm90.cuh): both consumer warpgroups on one 128 x 256 tile (64
+    /// rows each); the tensor cores idle during every tile's epilogue.
+    Cooperative,
+    /// `gemm_sm90_pingpong` (kernels/gemm/sm90_pingpong.cuh): each consumer warpgroup owns a
+    /// 128 x 128 tile; mainloops alternate, so one warpgroup's epilogue overlaps the other's
+    /// mainloop.
+    PingPong,
+    /// `gemm_sm90_pingpong_c2`: PingPong in 2-CTA clusters along m, B multicast to both CTAs
+    /// (half of B's L2 -> shared-memory traffic).
+    PingPongCluster2,
+}
+
+impl Schedule {
+    /// Parses the FERROATTN_GEMM_SM90_SCHEDULE names: "coop", "pingpong", "pingpong_c2".
+    pub fn from_name(name: &str) -> Option<Schedule> {
+        match name {
+            "coop" => Some(Schedule::Cooperative),
+            "pingpong" => Some(Schedule::PingPong),
+            "pingpong_c2" => Some(Schedule::PingPongCluster2),
+            _ => None,
+        }
+    }
+
+    /// CTAs per cluster (the kernel's `__cluster_dims__`; the grid is a multiple of it).
+    pub fn cluster(self) -> u32 {
+        match self {
+            Schedule::PingPongCluster2 => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Largest k for which the k-rule (`SchedulePolicy::ByK`) picks `Schedule::PingPong`.
+pub const PINGPONG_MAX_K: i64 = 4096;
+
+/// How a problem's schedule is chosen when FERROATTN_GEMM_SM90_SCHEDULE names none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulePolicy {
+    /// One schedule for every problem.
+    Fixed(Schedule),
+    /// PingPong for k <= PINGPONG_MAX_K without an activation, where the cooperative kernel's
+    /// exposed epilogue is ~13 % of a tile's time and hiding it won 3-10 % in the harness;
+    /// Cooperative for larger k, where the epilogue share is small and PingPong's 128 x 128 tiles
+    /// (1.33x the L2 -> shared-memory bytes per MAC, lower clocks under the power cap) lost
+    /// 3-15 %, and for activations (bias + erf-GELU with PingPong: -4 % to -8 % in 3 of 4
+    /// measurements). bench/NOTES.md "Dense GEMM, Hopper path", session 5: harness median over
+    /// the target grid 0.940 -> 0.952 and 0.934 -> 0.944 in two device calls.
+    ByK,
+}
+
+/// The production policy. Fixed(Cooperative) = the kernel as before session 5: the k-rule has
+/// passed the harness on the GPU but not yet the GPU tests through the wheel (switch to ByK
+/// after they pass; FERROATTN_GEMM_SM90_SCHEDULE=auto selects it at run time meanwhile).
+/// PingPongCluster2 is correct but ~0.4x cuBLAS in its current form (never chosen by default).
+pub const DEFAULT_POLICY: SchedulePolicy = SchedulePolicy::Fixed(Schedule::Cooperative);
+
+/// The schedule `policy` picks for a problem with inner dimension `k` and epilogue `activation`.
+pub fn schedule_for(policy: SchedulePolicy, k: i64, activation: Activation) -> Schedule {
+    match policy {
+        SchedulePolicy::Fixed(s) => s,
+        SchedulePolicy::ByK if k <= PINGPONG_MAX_K && activation == Activation::None => Schedule::PingPong,
+        SchedulePolicy::ByK => Schedule::Cooperative,
+    }
+}
+
+/// The schedules `policy` can pick (what `production_configs` builds).
+pub fn policy_schedules(policy: SchedulePolicy) -> Vec<Schedule> {
+    match policy {
+        SchedulePolicy::Fixed(s) => vec![s],
+        SchedulePolicy::ByK => vec![Schedule::Cooperative, Schedule::PingPong],
+    }
+}
+
 /// One specialisation of
 /// `ferroattn::gemm_sm90<T, TOut, AKMajor, BKMajor, BN, Stages, Act, FastEpi>`
-/// (kernels/gemm/sm90.cuh): the single source of truth for its template arguments, launch
-/// shape and cache key.
+/// (kernels/gemm/sm90.cuh, Schedule::Cooperative) or
+/// `ferroattn::gemm_sm90_pingpong[_c2]<T, TOut, AKMajor, BKMajor, BM, BN, Stages, Act, FastEpi>`
+/// (kernels/gemm/sm90_pingpong.cuh): the single source of truth for its template arguments,
+/// launch shape and cache key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmSm90Config {
     /// a / b element type (fp16 or bf16).
@@ -30,7 +108,11 @@ pub struct GemmSm90Config {
     pub a_k_major: bool,
     /// b is K-major (column-major (k, n)); else N-major (row-major).
     pub b_k_major: bool,
-    /// Columns of the CTA tile: 128 or 256 (the wgmma N).
+    /// Which kernel (consumer-warpgroup schedule).
+    pub schedule: Schedule,
+    /// Rows of one work unit's tile (128).
+    pub block_m: u32,
+    /// Columns of one work unit's tile: 128 or 256 (the wgmma N).
     pub block_n: u32,
     /// TMA/mbarrier pipeline depth.
     pub stages: u32,
@@ -43,18 +125,37 @@ pub struct GemmSm90Config {
 }
 
 impl GemmSm90Config {
-    pub const KERNEL: &'static str = "ferroattn::gemm_sm90";
+    /// The kernel's qualified name.
+    pub fn kernel(&self) -> &'static str {
+        match self.schedule {
+            Schedule::Cooperative => "ferroattn::gemm_sm90",
+            Schedule::PingPong => "ferroattn::gemm_sm90_pingpong",
+            Schedule::PingPongCluster2 => "ferroattn::gemm_sm90_pingpong_c2",
+        }
+    }
+
+    /// The header (under kernels/) that defines the kernel.
+    pub fn header(&self) -> &'static str {
+        match self.schedule {
+            Schedule::Cooperative => "gemm/sm90.cuh",
+            _ => "gemm/sm90_pingpong.cuh",
+        }
+    }
 
     /// The NVRTC name expression that instantiates this specialisation.
     pub fn name_expression(&self) -> String {
+        let tile = match self.schedule {
+            Schedule::Cooperative => format!("{}", self.block_n),
+            _ => format!("{}, {}", self.block_m, self.block_n),
+        };
         format!(
             "{}<{}, {}, {}, {}, {}, {}, {}, {}>",
-            Self::KERNEL,
+            self.kernel(),
             self.dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.a_k_major,
             self.b_k_major,
-            self.block_n,
+            tile,
             self.stages,
             self.activation.code(),
             self.fast_epilogue
@@ -63,9 +164,9 @@ impl GemmSm90Config {
 
     /// Dynamic shared memory in bytes: `stages` A and B tiles, the epilogue's store buffers
     /// (two 8 KiB buffers per consumer warpgroup), full/empty mbarriers and the slack that
-    /// aligns the tiles to 1024 bytes (the kernel's static_assert uses the same sum).
+    /// aligns the tiles to 1024 bytes (the kernels' static_asserts use the same sum).
     pub fn smem_bytes(&self) -> u32 {
-        self.stages * (BLOCK_M + self.block_n) * BLOCK_K * 2 + EPILOGUE_SMEM + 2 * self.stages * 8 + 1024
+        self.stages * (self.block_m + self.block_n) * BLOCK_K * 2 + EPILOGUE_SMEM + 2 * self.stages * 8 + 1024
     }
 }
 
@@ -73,9 +174,10 @@ impl GemmSm90Config {
 /// ~8 x 256 columns keeps the 132 concurrently running tiles of an H200 roughly square.
 pub const GROUP_M: i32 = 16;
 
-/// The configuration one problem runs with. 128 x 256 x 64 tiles, 4 stages (192 KiB of the
-/// 227 KiB a block may use, 32 KiB more for the epilogue's store buffers); bench/NOTES.md
-/// (from .dev/gemm_sm90/NOTES.md) has the measurements.
+/// The configuration one problem runs with under `schedule`. Cooperative: 128 x 256 x 64 tiles,
+/// 4 stages (192 KiB of the 227 KiB a block may use, 32 KiB more for the epilogue's store
+/// buffers); PingPong / PingPongCluster2: 128 x 128 x 64 tiles per warpgroup, 6 stages (192 KiB);
+/// bench/NOTES.md has the measurements.
 pub fn config(
     dtype: DType,
     out_dtype: DType,
@@ -83,33 +185,43 @@ pub fn config(
     b_k_major: bool,
     activation: Activation,
     fast_epilogue: bool,
+    schedule: Schedule,
 ) -> GemmSm90Config {
+    let (block_n, stages) = match schedule {
+        Schedule::Cooperative => (256, 4),
+        _ => (128, 6),
+    };
     GemmSm90Config {
         dtype,
         out_dtype,
         a_k_major,
         b_k_major,
-        block_n: 256,
-        stages: 4,
+        schedule,
+        block_m: BLOCK_M,
+        block_n,
+        stages,
         activation,
         fast_epilogue,
         arch: Arch::Sm90a,
     }
 }
 
-/// Every configuration `config` returns by default (fast_epilogue off; sm_90a only, empty for
-/// other archs).
+/// Every configuration `config` returns by default (the schedules DEFAULT_POLICY can pick;
+/// fast_epilogue off; sm_90a only, empty for other archs).
 pub fn production_configs(arch: Arch) -> Vec<GemmSm90Config> {
     if arch != Arch::Sm90a {
         return Vec::new();
     }
+    let schedules = policy_schedules(DEFAULT_POLICY);
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for out_dtype in [DType::F16, DType::BF16, DType::F32] {
             for a_k_major in [true, false] {
                 for b_k_major in [true, false] {
                     for act in Activation::ALL {
-                        out.push(config(dtype, out_dtype, a_k_major, b_k_major, act, false));
+                        for &schedule in &schedules {
+                            out.push(config(dtype, out_dtype, a_k_major, b_k_major, act, false, schedule));
+                        }
                     }
                 }
             }
@@ -125,7 +237,7 @@ mod tests {
     #[test]
     fn production_configs_are_distinct_and_fit() {
         let all = production_configs(Arch::Sm90a);
-        assert_eq!(all.len(), 2 * 3 * 4 * 5);
+        assert_eq!(all.len(), 2 * 3 * 4 * 5 * policy_schedules(DEFAULT_POLICY).len());
         for (i, c) in all.iter().enumerate() {
             assert!(c.smem_bytes() <= Arch::Sm90a.max_smem_per_block(), "{c:?}");
             assert!(all[..i].iter().all(|o| o != c));
@@ -135,14 +247,34 @@ mod tests {
 
     #[test]
     fn name_expression_and_smem() {
-        let c = config(DType::BF16, DType::F32, true, false, Activation::Silu, false);
+        let c = config(DType::BF16, DType::F32, true, false, Activation::Silu, false, Schedule::Cooperative);
         assert_eq!(
             c.name_expression(),
             "ferroattn::gemm_sm90<__nv_bfloat16, float, true, false, 256, 4, 4, false>"
         );
-        let f = config(DType::F16, DType::F16, false, true, Activation::None, true);
+        assert_eq!(c.header(), "gemm/sm90.cuh");
+        let f = config(DType::F16, DType::F16, false, true, Activation::None, true, Schedule::Cooperative);
         assert!(f.name_expression().ends_with("<__half, __half, false, true, 256, 4, 0, true>"));
         assert_eq!(f.smem_bytes(), c.smem_bytes());
         assert_eq!(c.smem_bytes(), 4 * 384 * 128 + 32768 + 64 + 1024);
+        let p = config(DType::BF16, DType::BF16, true, false, Activation::GeluErf, false, Schedule::PingPong);
+        assert_eq!(
+            p.name_expression(),
+            "ferroattn::gemm_sm90_pingpong<__nv_bfloat16, __nv_bfloat16, true, false, 128, 128, 6, 3, false>"
+        );
+        assert_eq!(p.header(), "gemm/sm90_pingpong.cuh");
+        assert_eq!(p.smem_bytes(), 6 * 256 * 128 + 32768 + 96 + 1024);
+        let q = config(DType::F16, DType::F32, false, true, Activation::None, false, Schedule::PingPongCluster2);
+        assert!(q.name_expression().starts_with("ferroattn::gemm_sm90_pingpong_c2<__half, float, false, true, 128, 128, 6, 0,"));
+        assert_eq!((q.smem_bytes(), q.schedule.cluster()), (p.smem_bytes(), 2));
+        assert_eq!(Schedule::from_name("pingpong_c2"), Some(Schedule::PingPongCluster2));
+        assert_eq!(Schedule::from_name("coop"), Some(Schedule::Cooperative));
+        assert_eq!(Schedule::from_name("x"), None);
+        assert_eq!(schedule_for(SchedulePolicy::ByK, 4096, Activation::None), Schedule::PingPong);
+        assert_eq!(schedule_for(SchedulePolicy::ByK, 4097, Activation::None), Schedule::Cooperative);
+        assert_eq!(schedule_for(SchedulePolicy::ByK, 64, Activation::Relu), Schedule::Cooperative);
+        let fixed = SchedulePolicy::Fixed(Schedule::PingPong);
+        assert_eq!(schedule_for(fixed, 9999, Activation::Silu), Schedule::PingPong);
+        assert_eq!(policy_schedules(SchedulePolicy::ByK).len(), 2);
     }
 }

@@ -1,6 +1,9 @@
-//! The Hopper GEMM family (kernels/gemm/sm90.cuh, sm_90a: TMA + mbarrier pipeline, wgmma,
-//! warp specialisation, persistent tiles): which problems it runs, its TMA tensor maps,
-//! kernel parameters, launch shape and launch of a validated [`GemmProblem`].
+//! The Hopper GEMM family (kernels/gemm/sm90.cuh and kernels/gemm/sm90_pingpong.cuh, sm_90a:
+//! TMA and mbarrier pipeline, wgmma, warp specialisation, persistent tiles): which problems it
+//! runs, its TMA tensor maps, kernel parameters, launch shape and launch of a validated
+//! [`GemmProblem`]. The kernel (schedule) follows `DEFAULT_POLICY` unless
+//! FERROATTN_GEMM_SM90_SCHEDULE names a schedule ("coop", "pingpong", "pingpong_c2") or "auto"
+//! (the k-rule, `SchedulePolicy::ByK`); read once per process.
 //!
 //! Operand rules (what TMA accepts; anything else goes to the wmma path): a and b fp16/bf16
 //! with a 16-byte aligned pointer, a leading dim that is a multiple of 8 elements (16 bytes)
@@ -17,7 +20,8 @@ use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::gemm_sm90::{
-    config, production_configs, GemmSm90Config, BLOCK_K, BLOCK_M, GROUP_M, THREADS,
+    config, production_configs, schedule_for, GemmSm90Config, Schedule, SchedulePolicy, BLOCK_K, DEFAULT_POLICY,
+    GROUP_M, THREADS,
 };
 use std::sync::OnceLock;
 
@@ -62,8 +66,8 @@ pub struct GemmSm90Params {
 
 impl_kernel_spec!(
     GemmSm90Config,
-    kernel: |_| GemmSm90Config::KERNEL,
-    header: |_| "gemm/sm90.cuh",
+    kernel: |c| c.kernel(),
+    header: |c| c.header(),
     smem: |c| c.smem_bytes(),
 );
 
@@ -87,7 +91,8 @@ pub fn supports(p: &GemmProblem, arch: Arch) -> bool {
     let out_tma_ok = out_ok(&p.out) && p.out.vector_aligned(16 / p.out.dtype.size_bytes() as i64);
     // int32 TMA coordinates and tile offsets: a tile's last coordinate (+ 255) must not wrap.
     let limit = i32::MAX as i64 - 512;
-    let tiles = tiles_m(p) * tiles_n(p, config_for(p).block_n);
+    let cfg = config_for(p);
+    let tiles = tiles_m(p, cfg.block_m) * tiles_n(p, cfg.block_n);
     tma_operand_ok(&p.a)
         && tma_operand_ok(&p.b)
         && out_tma_ok
@@ -111,6 +116,23 @@ fn fast_epilogue() -> bool {
     })
 }
 
+/// The schedule policy: FERROATTN_GEMM_SM90_SCHEDULE = "coop" | "pingpong" | "pingpong_c2" (that
+/// schedule for every problem) or "auto" (`SchedulePolicy::ByK`); unset or unknown:
+/// `DEFAULT_POLICY`. Read once per process.
+fn policy() -> SchedulePolicy {
+    static P: OnceLock<SchedulePolicy> = OnceLock::new();
+    *P.get_or_init(|| match std::env::var("FERROATTN_GEMM_SM90_SCHEDULE").as_deref() {
+        Ok("auto") => SchedulePolicy::ByK,
+        Ok(name) => Schedule::from_name(name).map_or(DEFAULT_POLICY, SchedulePolicy::Fixed),
+        Err(_) => DEFAULT_POLICY,
+    })
+}
+
+/// The kernel schedule for `p`.
+fn schedule(p: &GemmProblem) -> Schedule {
+    schedule_for(policy(), p.k, p.activation)
+}
+
 fn config_for(p: &GemmProblem) -> GemmSm90Config {
     // a (m, k) is K-major when row-major; b (k, n) is K-major when column-major.
     config(
@@ -120,11 +142,12 @@ fn config_for(p: &GemmProblem) -> GemmSm90Config {
         !p.b.row_major(),
         p.activation,
         fast_epilogue(),
+        schedule(p),
     )
 }
 
-fn tiles_m(p: &GemmProblem) -> i64 {
-    (p.m + BLOCK_M as i64 - 1) / BLOCK_M as i64
+fn tiles_m(p: &GemmProblem, block_m: u32) -> i64 {
+    (p.m + block_m as i64 - 1) / block_m as i64
 }
 
 fn tiles_n(p: &GemmProblem, block_n: u32) -> i64 {
@@ -199,22 +222,32 @@ pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
     }
     let cfg = config_for(p);
     let kernel = KERNELS.get(&cfg, p.device)?;
-    // a: K-major (k, m) boxes of 64 x 128; M-major (m, k) boxes of 64 x 64.
+    // a: K-major (k, m) boxes of 64 x block_m; M-major (m, k) boxes of 64 x 64.
     let (tma_a, a_step) = if cfg.a_k_major {
-        operand_map("a", &p.a, p.batch, (p.k, p.m), BLOCK_M)?
+        operand_map("a", &p.a, p.batch, (p.k, p.m), cfg.block_m)?
     } else {
         operand_map("a", &p.a, p.batch, (p.m, p.k), 64)?
     };
-    // b: K-major (k, n) boxes of 64 x block_n; N-major (n, k) boxes of 64 x 64.
+    // b: K-major (k, n) boxes of 64 x block_n (64 x 64 with B multicast: each CTA of a cluster
+    // loads half of the tile's block_n = 128 rows); N-major (n, k) boxes of 64 x 64.
+    let cluster = cfg.schedule.cluster();
     let (tma_b, b_step) = if cfg.b_k_major {
-        operand_map("b", &p.b, p.batch, (p.k, p.n), cfg.block_n)?
+        operand_map("b", &p.b, p.batch, (p.k, p.n), cfg.block_n / cluster)?
     } else {
         operand_map("b", &p.b, p.batch, (p.n, p.k), 64)?
     };
     let tma_out = out_map(p)?;
-    let (tm, tn) = (tiles_m(p), tiles_n(p, cfg.block_n));
+    let (tm, tn) = (tiles_m(p, cfg.block_m), tiles_n(p, cfg.block_n));
     let tiles = p.batch * tm * tn;
-    let grid = tiles.min(crate::device::sm_count(p.device)? as i64);
+    let sms = crate::device::sm_count(p.device)? as i64;
+    // Persistent grid: one CTA per SM at most. With clusters of 2 the work units are pairs of
+    // m-tiles (kernels/gemm/sm90_pingpong.cuh) and the grid a multiple of 2.
+    let grid = if cluster == 2 {
+        let units = p.batch * ((tm + 1) / 2) * tn;
+        2 * units.min((sms / 2).max(1))
+    } else {
+        tiles.min(sms)
+    };
     let (c, c_row, c_batch) = p.c.map_or((0, 0, 0), |c| (c.ptr, c.row_stride, c.batch_stride));
     let (aux, aux_row, aux_batch) = p.aux.map_or((0, 0, 0), |a| (a.ptr, a.row_stride, a.batch_stride));
     let mut params = GemmSm90Params {
@@ -291,6 +324,10 @@ mod tests {
         p.a = op(256, 128, 1, 256, DType::BF16); // a column-major: M-major
         let c = config_for(&p);
         assert!(!c.a_k_major && c.b_k_major);
+        assert_eq!(c.schedule, schedule(&p));
+        if policy() == SchedulePolicy::ByK {
+            assert_eq!(c.schedule, Schedule::PingPong); // k = 128, no activation
+        }
     }
 
     #[test]
