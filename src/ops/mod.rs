@@ -44,6 +44,7 @@ pub fn precompile(archs: &[String], check_spills: bool) -> Result<Vec<pc::Report
         let (sp_matmul, sp_compress) = sparse24::production_specs(*a);
         reports.extend(pc::precompile(&sp_compress)?);
         reports.extend(pc::precompile(&sp_matmul)?);
+        reports.extend(pc::precompile(&sparse24::wgmma_production_specs(*a))?);
     }
     if check_spills {
         pc::check_spills(&reports)?;

@@ -5,8 +5,10 @@
 //! `ferroattn::sparse24_matmul_sm80<BlockN, BlockR, WarpsN, WarpsR, Stages, Act, VecX, T>`
 //! (kernels/sparse24/mma_sp.cuh): out = act(x @ w.T + bias) with w (n, k) 2:4-compressed.
 //! BlockN w rows (output features) × BlockR x rows per block, k tiles of 64 (one metadata
-//! unit). `Sparse24CompressConfig` instantiates the compress / decompress kernels of
-//! kernels/sparse24/compress.cuh.
+//! unit). `Sparse24WgmmaConfig` instantiates
+//! `ferroattn::sparse24_matmul_wgmma<T, BN, Stages, Act>` (kernels/sparse24/wgmma_sp.cuh, sm_90a:
+//! wgmma.mma_async.sp, same compressed layout). `Sparse24CompressConfig` instantiates the
+//! compress / decompress kernels of kernels/sparse24/compress.cuh.
 
 use crate::dtype::DType;
 use crate::jit::Arch;
@@ -294,6 +296,72 @@ pub fn compress_production_configs(arch: Arch) -> Vec<Sparse24CompressConfig> {
         .collect()
 }
 
+/// One specialisation of `ferroattn::sparse24_matmul_wgmma<T, BN, Stages, Act>`
+/// (kernels/sparse24/wgmma_sp.cuh, sm_90a only): wgmma.mma_async.sp, 128 w rows (two consumer
+/// warpgroups of 64) × `block_r` x rows per tile, 128 logical k per TMA stage, 384 threads
+/// (producer warpgroup + 2 consumers), persistent grid of min(tiles, SMs) CTAs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sparse24WgmmaConfig {
+    /// Tokens (x rows) per tile: the wgmma N (128, 192 or 256).
+    pub block_r: u32,
+    pub stages: u32,
+    pub activation: Activation,
+    pub dtype: DType,
+    pub arch: Arch,
+}
+
+impl Sparse24WgmmaConfig {
+    pub const KERNEL: &'static str = "ferroattn::sparse24_matmul_wgmma";
+    pub const THREADS: u32 = 384;
+    /// w rows (output features) per tile.
+    pub const BLOCK_N: u32 = 128;
+
+    pub fn name_expression(&self) -> String {
+        format!(
+            "{}<{}, {}, {}, {}>",
+            Self::KERNEL,
+            self.dtype.cuda_type(),
+            self.block_r,
+            self.stages,
+            self.activation.code()
+        )
+    }
+
+    /// Dynamic shared memory (bytes): `stages` × (values 128 × 128 B + x 2 × block_r × 128 B +
+    /// metadata 2 KiB) + 2 × `stages` mbarriers + 1 KiB alignment slack
+    /// (`sparse24_wgmma_smem_bytes` in wgmma_sp.cuh, which static_asserts <= 227 KiB).
+    pub fn smem_bytes(&self) -> u32 {
+        self.stages * (16384 + 256 * self.block_r + 2048) + 16 * self.stages + 1024
+    }
+}
+
+/// The wgmma_sp configuration for a call: 128 × 128 tiles, 4 stages (201 KiB of shared memory;
+/// 192 / 3 and 256 / 2 compile too: .dev/sparse24_wgmma measures them).
+pub fn wgmma_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
+    Sparse24WgmmaConfig {
+        block_r: 128,
+        stages: 4,
+        activation,
+        dtype,
+        arch,
+    }
+}
+
+/// Every configuration `wgmma_config` returns for `arch` (none below or above Hopper: wgmma is
+/// sm_90a only): what precompile builds.
+pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
+    if arch != Arch::Sm90a {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for activation in Activation::ALL {
+            out.push(wgmma_config(activation, dtype, arch));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,5 +511,36 @@ mod tests {
         assert_eq!(Tile::parse("96,64,2,2,3"), None, "block_n must divide 128");
         assert_eq!(Tile::parse("128,64,4,4,3"), None, "at most 8 warps");
         assert_eq!(Tile::parse("a,b,c,d,e"), None);
+    }
+
+    #[test]
+    fn wgmma_configs() {
+        for arch in Arch::ALL {
+            let prod = wgmma_production_configs(arch);
+            assert_eq!(
+                prod.len(),
+                if arch == Arch::Sm90a { 10 } else { 0 },
+                "{arch:?}"
+            );
+            for c in prod {
+                assert_fits_smem(&c);
+            }
+        }
+        let c = wgmma_config(Activation::Silu, DType::BF16, Arch::Sm90a);
+        assert_eq!(
+            c.name_expression(),
+            "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 4, 4>"
+        );
+        // sparse24_wgmma_smem_bytes(128, 4) in wgmma_sp.cuh
+        assert_eq!(
+            c.smem_bytes(),
+            4 * (16384 + 256 * 128 + 2048) + 16 * 4 + 1024
+        );
+        let big = Sparse24WgmmaConfig {
+            block_r: 256,
+            stages: 2,
+            ..c
+        };
+        assert!(big.smem_bytes() <= 227 * 1024);
     }
 }

@@ -17,9 +17,11 @@ use crate::ops::validate::{
 use crate::ops::gemm::problem::Activation;
 use crate::ops::work;
 use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
+use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
-    compress_production_configs, matmul_config, matmul_production_configs, CompressKind,
-    Sparse24CompressConfig, Sparse24MatmulConfig, Tile,
+    compress_production_configs, matmul_config, matmul_production_configs, wgmma_config,
+    wgmma_production_configs, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
+    Sparse24WgmmaConfig, Tile,
 };
 use host::Layout;
 use std::ffi::c_void;
@@ -43,6 +45,19 @@ pub struct Sparse24MatmulParams {
     pub vec_out: i32,
     pub row_tiles: i32,
     pub n_tiles: i32,
+}
+
+/// Mirror of `struct Sparse24WgmmaParams` (kernels/sparse24/wgmma_sp.cuh; 512 bytes, the kernel
+/// static_asserts the C layout): the TMA maps of x, values and meta, then the mma_sp parameters
+/// (x / values / meta pointers informational, row_tiles = ceil(rows / block_r), n_tiles =
+/// m_pad / 128).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sparse24WgmmaParams {
+    pub tma_x: TensorMap,
+    pub tma_values: TensorMap,
+    pub tma_meta: TensorMap,
+    pub p: Sparse24MatmulParams,
 }
 
 /// Mirror of `struct Sparse24CompressParams` (kernels/sparse24/params.cuh).
@@ -69,6 +84,13 @@ impl_kernel_spec!(
 );
 
 impl_kernel_spec!(
+    Sparse24WgmmaConfig,
+    kernel: |_| Sparse24WgmmaConfig::KERNEL,
+    header: |_| "sparse24/wgmma_sp.cuh",
+    smem: |c| c.smem_bytes(),
+);
+
+impl_kernel_spec!(
     Sparse24CompressConfig,
     kernel: |c| Sparse24CompressConfig::kernel(c),
     header: |_| "sparse24/compress.cuh",
@@ -81,6 +103,12 @@ pub fn production_specs(arch: Arch) -> (Vec<Sparse24MatmulConfig>, Vec<Sparse24C
         matmul_production_configs(arch),
         compress_production_configs(arch),
     )
+}
+
+/// What `precompile` should build for the wgmma_sp backend (sm_90a only; empty elsewhere).
+/// Not yet part of `production_specs` (its callers in src/ops/mod.rs take a pair).
+pub fn wgmma_production_specs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
+    wgmma_production_configs(arch)
 }
 
 /// Largest m, k, rows, n the kernels index with 32-bit counts.
@@ -584,23 +612,144 @@ pub fn validate_matmul(
     })
 }
 
-/// The backends of sparse24_matmul; "wgmma_sp" (sm_90a) is not implemented yet.
+/// The backends of sparse24_matmul. "auto" runs mma_sp (wgmma_sp only when asked for, until
+/// GPU measurements exist).
 pub const BACKENDS: [&str; 3] = ["auto", "mma_sp", "wgmma_sp"];
 
 fn pick_backend(backend: &str) -> Result<&'static str> {
     match backend {
         "auto" | "mma_sp" => Ok("mma_sp"),
-        "wgmma_sp" => Err(Error::argument(
-            "backend",
-            "a supported backend: auto or mma_sp (wgmma_sp is not implemented yet)",
-            format!("{backend:?}"),
-        )),
+        "wgmma_sp" => Ok("wgmma_sp"),
         _ => Err(Error::argument(
             "backend",
             format!("one of {}", BACKENDS.join(", ")),
             format!("{backend:?}"),
         )),
     }
+}
+
+/// Whether the wgmma_sp kernel may run: on unless FERROATTN_SPARSE24_WGMMA is "0" (the switch
+/// for a GPU run that finds it wrong: .dev/sparse24_wgmma checks it).
+fn wgmma_enabled() -> bool {
+    std::env::var("FERROATTN_SPARSE24_WGMMA").map_or(true, |v| v.trim() != "0")
+}
+
+/// Why wgmma_sp cannot run this call (None: it can): an sm_90a device, and x readable by TMA
+/// (16-byte aligned data pointer and row stride; stride 1 along k is validated already).
+fn wgmma_unsupported(x: &TensorView, arch: Arch) -> Option<String> {
+    if !wgmma_enabled() {
+        return Some("FERROATTN_SPARSE24_WGMMA=0".into());
+    }
+    if arch != Arch::Sm90a {
+        return Some(format!("a {arch:?} device (wgmma_sp needs sm_90)"));
+    }
+    if !x.ptr.is_multiple_of(16) {
+        return Some(format!(
+            "x at address {:#x} (TMA needs 16-byte alignment)",
+            x.ptr
+        ));
+    }
+    if x.meta.shape[0] > 1 && (x.meta.strides[0] * 2) % 16 != 0 {
+        return Some(format!(
+            "x row stride {} elements (TMA needs a multiple of 8)",
+            x.meta.strides[0]
+        ));
+    }
+    None
+}
+
+static WGMMA: KernelMap<Sparse24WgmmaConfig> = KernelMap::new();
+
+/// Launch the wgmma_sp kernel (kernels/sparse24/wgmma_sp.cuh) for a validated problem whose
+/// pointers `matmul` has checked; `prm` carries the mma_sp parameters (row_tiles / n_tiles are
+/// recomputed for the wgmma tile).
+fn launch_wgmma(
+    p: &MatmulProblem,
+    x: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    mut prm: Sparse24MatmulParams,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<()> {
+    let arch = crate::device::arch(p.device)?;
+    if let Some(why) = wgmma_unsupported(x, arch) {
+        return Err(Error::argument(
+            "backend",
+            "a call wgmma_sp supports (sm_90 device, 16-byte aligned x rows), or backend=\"mma_sp\"",
+            format!("\"wgmma_sp\" with {why}"),
+        ));
+    }
+    let config = wgmma_config(p.activation, p.dtype, arch);
+    let (rows, k) = (p.rows as u64, p.k as u64);
+    let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
+    let round16 = |v: u64| v.div_ceil(16).max(1) * 16;
+    // x (rows, k): dims (k, rows, 1), box (64, block_r, 1), 128-byte swizzle; zero fill past
+    // rows and k. A dim of size 1 gets a stride that meets TMA's rules (never stepped over).
+    let ldx = if rows > 1 {
+        x.meta.strides[0] as u64 * 2
+    } else {
+        round16(k * 2)
+    };
+    let tma_x = Tiled {
+        dtype: p.dtype,
+        ptr: x.ptr,
+        dims: vec![k, rows, 1],
+        strides_bytes: vec![ldx, round16(ldx * rows)],
+        box_dims: vec![64, config.block_r, 1],
+        swizzle: Swizzle::B128,
+    }
+    .encode("x")?;
+    // values (m_pad, k_pad / 2): box (64, 128, 1) = one stage's 128 logical k of 128 w rows.
+    let tma_values = Tiled {
+        dtype: p.dtype,
+        ptr: values.ptr,
+        dims: vec![k_pad / 2, m_pad, 1],
+        strides_bytes: vec![k_pad, round16(k_pad * m_pad)],
+        box_dims: vec![64, Sparse24WgmmaConfig::BLOCK_N, 1],
+        swizzle: Swizzle::B128,
+    }
+    .encode("values")?;
+    // meta as 4-byte words (m_pad / 16, k_pad / 2), box (64, 8, 1) = 2 units of 8 16-row groups,
+    // no swizzle. Encoded as float32: TMA copies the bits (src/tma.rs has no integer types).
+    let tma_meta = Tiled {
+        dtype: DType::F32,
+        ptr: meta.ptr,
+        dims: vec![k_pad / 2, m_pad / 16, 1],
+        strides_bytes: vec![2 * k_pad, round16(2 * k_pad * (m_pad / 16))],
+        box_dims: vec![64, 8, 1],
+        swizzle: Swizzle::None,
+    }
+    .encode("meta")?;
+    let row_tiles = rows.div_ceil(config.block_r as u64);
+    let n_tiles = m_pad / Sparse24WgmmaConfig::BLOCK_N as u64;
+    let tiles = row_tiles * n_tiles;
+    if tiles > i32::MAX as u64 {
+        return Err(Error::argument(
+            "x",
+            "fewer rows (more than 2^31 - 1 tiles)",
+            p.rows,
+        ));
+    }
+    prm.row_tiles = row_tiles as i32;
+    prm.n_tiles = n_tiles as i32;
+    let sms = crate::device::sm_count(p.device)? as u64;
+    let shape = LaunchShape {
+        grid: (tiles.min(sms).max(1) as u32, 1, 1),
+        block: (Sparse24WgmmaConfig::THREADS, 1, 1),
+        dynamic_smem_bytes: config.smem_bytes(),
+    };
+    shape.check()?;
+    let kernel = WGMMA.get(&config, p.device)?;
+    let mut params = Sparse24WgmmaParams {
+        tma_x,
+        tma_values,
+        tma_meta,
+        p: prm,
+    };
+    // SAFETY: `params` mirrors Sparse24WgmmaParams; the maps describe the validated tensors,
+    // which the caller keeps alive in stream order.
+    unsafe { launch(kernel, p.device, &shape, stream, &mut params, info) }
 }
 
 /// A tile forced by $FERROATTN_SPARSE24_TILE ("block_n,block_r,warps_n,warps_r,stages"; for
@@ -725,8 +874,6 @@ pub fn matmul(
         block: (config.threads(), 1, 1),
         dynamic_smem_bytes: config.smem_bytes(),
     };
-    shape.check()?;
-    let kernel = MATMUL.get(&config, p.device)?;
     let mut prm = Sparse24MatmulParams {
         x: x.ptr as *const c_void,
         values: values.ptr as *const c_void,
@@ -749,6 +896,12 @@ pub fn matmul(
         op: "ferroattn::sparse24_matmul",
         work: work::sparse24_matmul(&p, bias_bytes),
     };
+    if ran == "wgmma_sp" {
+        launch_wgmma(&p, x, values, meta, prm, &info, stream)?;
+        return Ok(ran);
+    }
+    shape.check()?;
+    let kernel = MATMUL.get(&config, p.device)?;
     // SAFETY: `prm` mirrors Sparse24MatmulParams; the caller keeps the tensors alive in stream order.
     unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info) }?;
     Ok(ran)

@@ -216,12 +216,7 @@ fn matmul_errors_name_the_argument() {
         "backend",
         &["auto, mma_sp, wgmma_sp"],
     );
-    check_err(
-        pick_backend("wgmma_sp"),
-        "Argument",
-        "backend",
-        &["not implemented"],
-    );
+    assert_eq!(pick_backend("wgmma_sp").unwrap(), "wgmma_sp");
     assert_eq!(pick_backend("auto").unwrap(), "mma_sp");
 }
 
@@ -346,4 +341,55 @@ fn all_production_configs_compile_without_spills() {
         eprintln!("{arch}: {} kernels, at most {max} registers", reports.len());
         crate::jit::precompile::check_spills(&reports).unwrap();
     }
+}
+
+#[test]
+fn wgmma_params_layout() {
+    // kernels/sparse24/wgmma_sp.cuh static_asserts the same: 3 maps of 128 B, then
+    // Sparse24MatmulParams (88 B) at 384; 512 bytes, 128-byte aligned.
+    assert_eq!(std::mem::size_of::<Sparse24MatmulParams>(), 88);
+    assert_eq!(std::mem::size_of::<Sparse24WgmmaParams>(), 512);
+    assert_eq!(std::mem::align_of::<Sparse24WgmmaParams>(), 128);
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, p), 384);
+    assert_eq!(std::mem::offset_of!(Sparse24MatmulParams, rows), 56);
+    check_layout_with_nvrtc::<Sparse24WgmmaParams>(
+        "sparse24/wgmma_sp.cuh",
+        "ferroattn::Sparse24WgmmaParams",
+    );
+}
+
+#[test]
+fn wgmma_backend_is_accepted_and_auto_stays_mma_sp() {
+    assert_eq!(pick_backend("wgmma_sp").unwrap(), "wgmma_sp");
+    assert_eq!(pick_backend("auto").unwrap(), "mma_sp");
+    assert_eq!(pick_backend("mma_sp").unwrap(), "mma_sp");
+    assert!(pick_backend("cusparselt").is_err());
+}
+
+#[test]
+fn wgmma_kernels_compile_without_spills() {
+    if crate::jit::nvrtc::tests::toolchain().is_none() {
+        return;
+    }
+    assert!(wgmma_production_specs(Arch::Sm80).is_empty());
+    let specs = wgmma_production_specs(Arch::Sm90a);
+    assert_eq!(specs.len(), 10);
+    // two representative specialisations (all ten: ~20 s of NVRTC)
+    let picks: Vec<_> = specs
+        .iter()
+        .filter(|c| {
+            (c.dtype == DType::BF16 && c.activation == Activation::None)
+                || (c.dtype == DType::F16 && c.activation == Activation::GeluErf)
+        })
+        .copied()
+        .collect();
+    assert_eq!(picks.len(), 2);
+    let reports = crate::jit::precompile::precompile(&picks).unwrap();
+    for r in &reports {
+        eprintln!(
+            "{} [{}]: {} registers, {} spill bytes",
+            r.config, r.arch, r.resources.registers, r.resources.spill_stores
+        );
+    }
+    crate::jit::precompile::check_spills(&reports).unwrap();
 }

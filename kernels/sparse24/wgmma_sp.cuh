@@ -1,0 +1,406 @@
+// ferroattn — 2:4 structured-sparse matmul for Hopper (sm_90a): wgmma.mma_async.sp, TMA +
+// mbarrier pipeline, warp-specialised, persistent.
+//
+// What: out (rows, n) = act(x (rows, k) @ w.T + bias), w (n, k) 2:4-sparse, given compressed as
+// values (m_pad, k_pad / 2) + meta (m_pad / 16, k_pad) int16 in the layout of
+// src/ops/sparse24/host.rs (the SAME layout kernels/sparse24/mma_sp.cuh reads: no second
+// layout). Same contract and Sparse24MatmulParams as mma_sp.cuh, plus three TMA maps.
+// Orientation: w is wgmma's sparse A operand (M side = w rows = output features), the tokens
+// (x rows) are N: a tile computes out^T (BM features x BN tokens) and the epilogue writes it
+// transposed into row-major out.
+// Tiling: BM = 128 or 256 features (two consumer warpgroups x 64 or x 128 = one or two m64
+// blocks each) x BN tokens (128 / 192 / 256) x 128 logical k per pipeline stage (= 64 compressed
+// columns = 2 metadata units = 4 k32 steps per m64 block).
+// 384 threads = 3 warpgroups: warpgroup 0 = producer (one thread issues every TMA copy;
+// setmaxnreg.dec 40), warpgroups 1, 2 = consumers (setmaxnreg.inc 232), consumer c owns
+// features (BM / 2) c .. (BM / 2) (c + 1) - 1 of the tile, BM / 128 x BN / 2 fp32 accumulators
+// per thread.
+// Persistent: grid = min(tiles, SMs); CTA i takes tiles i, i + gridDim.x, ... of the grouped
+// order of mma_sp.cuh (groups of 8 token tiles sweep all feature tiles).
+// Shared memory per stage (every part 1024-byte aligned):
+//   A  values  BM rows x 128 B (64 compressed elements), 128B swizzle, TMA box (64, BM) of
+//              the values map: the canonical K-major layout of a dense A tile (kernels/gemm/
+//              sm90.cuh): 8-row groups 1024 B apart (SBO 1024), k32 step j = compressed columns
+//              16j .. 16j + 15 = start address + 32 j bytes.
+//   B  x       two boxes (64 k, BN tokens) of the x map, BN x 128 B each, 128B swizzle; k32
+//              step j reads box j / 2 at start address + 64 (j % 2) bytes (SBO 1024).
+//   E  meta    BM / 16 meta rows (16 w rows each) x 64 words (2 units of 32 words), no swizzle:
+//              word (r, 32 u + l) = lane l's metadata register of unit u of 16-row group r.
+// Metadata (PTX ISA 9.7.15.6.2 "Matrix fragments for warpgroup-level multiply-accumulate
+// operation with sparse matrix A"): warp w % 4 of the warpgroup supplies the metadata of A rows
+// 16w .. 16w + 15 (here: meta row 4 (kMT c + i) + w of the tile for m64 block i, kMT = BM / 128);
+// inside a warp, the f16/bf16 k32 layout is the one of mma.sp m16n8k32 (host.rs): selector 0 reads lanes 4g, 4g + 1 (first / second
+// 16 columns; rows g / g + 8 in the low / high 16 bits), selector 1 lanes 4g + 2, 4g + 3.
+// host.rs puts step s of a unit in lanes 4g + 2s + h, so step 0 runs with selector 0 and step 1
+// with selector 1 on the same register. FERROATTN_WGMMA_SP_META_SHFL (compile flag) instead
+// runs both steps with selector 0 and moves step 1's words to lanes 4g, 4g + 1 with one
+// shfl.xor 2 (the fallback if the hardware reads selector 1 differently for wgmma).
+// Pipeline (per stage s): full[s] (count 1; producer arrive.expect_tx + TMA complete_tx),
+// empty[s] (count 8: lane 0 of each consumer warp once that stage's wgmmas completed).
+// Tails: TMA zero-fills out-of-range x rows / x columns (k ..) and values / meta columns past
+// k_pad / 2 (expect_tx counts whole boxes). A stage with one metadata unit (k_pad % 128 == 64,
+// the last one) still loads the second x box (wholly out of range: zeros) and runs steps 2 and
+// 3 on zero values and zero x with metadata (0, 1) per group (never the invalid zero pattern):
+// exact zeros, and the same wgmma sequence every stage (no branch, see the consumer loop);
+// w rows n .. m_pad are zero padding (compress) and never stored; out is predicated per
+// element (token < rows, feature < n).
+// Accumulators (PTX ISA "Matrix fragments for wgmma .m64nNk16", the k32 sparse shapes use the
+// same D layout): thread t of the warpgroup, warp w = t / 32, lane l: d[4j + 2h + e] is
+// feature 16w + l/4 + 8h, token 8j + 2(l%4) + e of an m64 block's 64 x BN tile.
+// Epilogue: + bias (fp32), activation (common/activation.cuh), rounded to T, stored straight
+// from registers: one warp store covers 4 tokens x 8 consecutive features (16 B each).
+// Constraints (host side, src/ops/sparse24/mod.rs wgmma_unsupported): T = __half / __nv_bfloat16;
+// x's data pointer and row stride 16-byte aligned (TMA), rows >= 1; values / meta as compress
+// wrote them (m_pad % 128 == 0, k_pad % 64 == 0: the TMA maps' strides are then 16-byte
+// multiples); rows, k_pad < 2^31.
+// Dynamic shared memory: Stages x (128 BM + 256 BN + 16 BM) + 16 Stages + 1024 bytes
+// (sparse24_wgmma_smem_bytes below).
+// PTX features (sm_90a): wgmma.mma_async.sp (m64nNk32 .f32.bf16.bf16 / .f32.f16.f16),
+// wgmma.fence / commit_group / wait_group, setmaxnreg, cp.async.bulk.tensor.3d with
+// mbarrier::complete_tx::bytes, mbarrier try_wait.parity / arrive(.expect_tx),
+// prefetch.tensormap. Device helpers (mbarrier, TMA, descriptors, wgmma fences): namespace
+// ferroattn::sm90 of kernels/gemm/sm90.cuh.
+#pragma once
+#include "common/activation.cuh"
+#include "common/dtype.cuh"
+#include "gemm/sm90.cuh"
+#include "sparse24/params.cuh"
+
+namespace ferroattn {
+
+// Kernel parameters of sparse24_matmul_wgmma (mirrors: Sparse24WgmmaParams in
+// src/ops/sparse24/mod.rs and the harness .dev/sparse24_wgmma/check.py). 3 x 128 + 128 bytes.
+struct Sparse24WgmmaParams {
+    TmaMap tma_x;       // x (rows, k) T: dims (k, rows, 1), box (64, BN, 1), 128B swizzle
+    TmaMap tma_values;  // values (m_pad, k_pad/2) T: dims (k_pad/2, m_pad, 1), box (64, BM, 1), 128B swizzle
+    TmaMap tma_meta;    // meta as 4-byte words (m_pad/16, k_pad/2): dims (k_pad/2, m_pad/16, 1), box (64, BM/16, 1),
+                        // no swizzle (any 4-byte element type: a bit copy)
+    Sparse24MatmulParams p;  // x / values / meta pointers unused (the maps hold them); row_tiles = ceil(rows / BN),
+                             // n_tiles = ceil(m_pad / BM)
+};
+
+// The byte layout the host mirrors pack: maps at 0 / 128 / 256, p at 384 (5 pointers at 384..423,
+// 2 int64 at 424, 8 int32 at 440..471, no padding inside), 512 bytes in all.
+static_assert(sizeof(Sparse24MatmulParams) == 88 && sizeof(Sparse24WgmmaParams) == 512 &&
+                  alignof(Sparse24WgmmaParams) == 128,
+              "Sparse24WgmmaParams layout (host mirrors)");
+
+__host__ __device__ constexpr unsigned sparse24_wgmma_smem_bytes(int bn, int stages, int bm = 128) {
+    return static_cast<unsigned>(stages) * (128u * bm + 256u * bn + 16u * bm) + 16u * stages + 1024u;
+}
+
+namespace sp90 {
+
+// Generated by .dev/sparse24_wgmma/gen_wgmma_sp.py. d (64 x N, fp32) += A (64 x 32, 2:4 sparse:
+// desc_a = the 64 x 16 compressed tile, meta / Sel = this thread's metadata register and the
+// sparsity selector) * B (32 x N, desc_b); scale_d = 0 overwrites d. Both operands K-major.
+template <int Sel>
+__device__ __forceinline__ void wgmma_sp_m64n128k32_bf16(float (&d)[64], unsigned long long desc_a,
+                                                   unsigned long long desc_b, unsigned meta, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %67, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n128k32.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, %68, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "r"(scale_d), "n"(Sel));
+}
+
+template <int Sel>
+__device__ __forceinline__ void wgmma_sp_m64n128k32_f16(float (&d)[64], unsigned long long desc_a,
+                                                   unsigned long long desc_b, unsigned meta, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %67, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n128k32.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, %68, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "r"(scale_d), "n"(Sel));
+}
+
+template <int Sel>
+__device__ __forceinline__ void wgmma_sp_m64n192k32_bf16(float (&d)[96], unsigned long long desc_a,
+                                                   unsigned long long desc_b, unsigned meta, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %99, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n192k32.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, %98, %100, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "r"(scale_d), "n"(Sel));
+}
+
+template <int Sel>
+__device__ __forceinline__ void wgmma_sp_m64n192k32_f16(float (&d)[96], unsigned long long desc_a,
+                                                   unsigned long long desc_b, unsigned meta, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %99, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n192k32.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, %98, %100, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "r"(scale_d), "n"(Sel));
+}
+
+template <int Sel>
+__device__ __forceinline__ void wgmma_sp_m64n256k32_bf16(float (&d)[128], unsigned long long desc_a,
+                                                   unsigned long long desc_b, unsigned meta, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %131, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n256k32.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, %132, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "r"(scale_d), "n"(Sel));
+}
+
+template <int Sel>
+__device__ __forceinline__ void wgmma_sp_m64n256k32_f16(float (&d)[128], unsigned long long desc_a,
+                                                   unsigned long long desc_b, unsigned meta, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %131, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n256k32.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, %132, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "r"(scale_d), "n"(Sel));
+}
+
+template <typename T, int BN, int Sel>
+__device__ __forceinline__ void wgmma_sp_k32(float (&d)[BN / 2], unsigned long long desc_a,
+                                             unsigned long long desc_b, unsigned meta, int scale_d) {
+    static_assert(BN == 128 || BN == 192 || BN == 256, "BN is 128, 192 or 256");
+    constexpr bool kBF = DTypeTraits<T>::kIsBF16;
+    if constexpr (BN == 128) {
+        if constexpr (kBF) wgmma_sp_m64n128k32_bf16<Sel>(d, desc_a, desc_b, meta, scale_d);
+        else wgmma_sp_m64n128k32_f16<Sel>(d, desc_a, desc_b, meta, scale_d);
+    } else if constexpr (BN == 192) {
+        if constexpr (kBF) wgmma_sp_m64n192k32_bf16<Sel>(d, desc_a, desc_b, meta, scale_d);
+        else wgmma_sp_m64n192k32_f16<Sel>(d, desc_a, desc_b, meta, scale_d);
+    } else {
+        if constexpr (kBF) wgmma_sp_m64n256k32_bf16<Sel>(d, desc_a, desc_b, meta, scale_d);
+        else wgmma_sp_m64n256k32_f16<Sel>(d, desc_a, desc_b, meta, scale_d);
+    }
+}
+
+// Tile t -> (token tile, feature tile): the grouped order of mma_sp.cuh (8 token tiles per
+// group; inside a group the token tile runs fastest, so concurrent CTAs share w tiles).
+__device__ __forceinline__ void tile_of(const Sparse24MatmulParams& p, long long t, int& row_tile, int& n_tile) {
+    constexpr int kGroup = 8;
+    const long long per_group = static_cast<long long>(kGroup) * p.n_tiles;
+    const int group = static_cast<int>(t / per_group);
+    const int first_r = group * kGroup;
+    const int gsize = min(p.row_tiles - first_r, kGroup);
+    const int in_group = static_cast<int>(t - group * per_group);
+    row_tile = first_r + in_group % gsize;
+    n_tile = in_group / gsize;
+}
+
+// mbarrier wait. With FERROATTN_WGMMA_SP_WAIT_LIMIT (harness builds only) a wait that spins
+// that many times traps (the launch fails with an error instead of hanging the GPU).
+__device__ __forceinline__ void wait_bar(unsigned bar, unsigned parity) {
+#ifdef FERROATTN_WGMMA_SP_WAIT_LIMIT
+    unsigned done = 0;
+    for (long long i = 0; i < static_cast<long long>(FERROATTN_WGMMA_SP_WAIT_LIMIT); ++i) {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (done) return;
+    }
+    __trap();
+#else
+    sm90::mbar_wait(bar, parity);
+#endif
+}
+
+__device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+}  // namespace sp90
+
+// grid = (min(row_tiles * n_tiles, SMs)), block = 384, dynamic shared memory =
+// sparse24_wgmma_smem_bytes(BN, Stages, BM). Act: ActivationKind (one epilogue per kernel).
+// BM = features per tile: 128 (each consumer warpgroup one m64 block) or 256 (two m64 blocks,
+// 2 x BN / 2 accumulators; x is reused over twice the features: less L2 traffic per FLOP). With
+// BM = 256 the host passes n_tiles = ceil(m_pad / 256) and maps whose values / meta boxes are 256
+// / 16 rows; a last tile's second half (rows >= m_pad) is TMA zero fill: its m64 blocks run on
+// metadata (0, 1) per group (never the zero pattern) and their outputs are never stored.
+template <typename T, int BN, int Stages, int Act, int BM = 128>
+__global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_constant__ Sparse24WgmmaParams P) {
+    using namespace sm90;
+    constexpr int kMT = BM / 128;                             // m64 blocks per consumer warpgroup
+    constexpr unsigned kABytes = BM * 128;                    // BM rows x 64 compressed elements
+    constexpr unsigned kBBoxBytes = BN * 128;                 // BN tokens x 64 k
+    constexpr unsigned kBBytes = 2 * kBBoxBytes;
+    constexpr unsigned kMetaBytes = (BM / 16) * 64 * 4;       // BM / 16 meta rows x 2 units x 32 words
+    constexpr unsigned kStageBytes = kABytes + kBBytes + kMetaBytes;
+    static_assert(BM == 128 || BM == 256, "BM");
+    static_assert(BN % 64 == 0 && BN <= 256, "BN");
+    static_assert(kStageBytes % 1024 == 0, "1024-byte aligned stages (128B swizzle atoms)");
+    static_assert(Stages >= 2 && sparse24_wgmma_smem_bytes(BN, Stages, BM) <= 227 * 1024,
+                  "stages do not fit in shared memory");
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const unsigned bars = base + Stages * kStageBytes;
+    auto full = [&](int s) { return bars + 8u * s; };
+    auto empty = [&](int s) { return bars + 8u * (Stages + s); };
+
+    const Sparse24MatmulParams& p = P.p;
+    const int wg = threadIdx.x / 128;
+    const int tid = threadIdx.x % 128;
+    const int k_tiles = (p.k_pad + 127) / 128;                // stages per tile
+    const long long tiles = static_cast<long long>(p.row_tiles) * p.n_tiles;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // Producer warpgroup: one thread issues every copy.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            tma_prefetch_map(&P.tma_x);
+            tma_prefetch_map(&P.tma_values);
+            tma_prefetch_map(&P.tma_meta);
+            int stage = 0;
+            unsigned phase = 0;
+            for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int row_tile, n_tile;
+                sp90::tile_of(p, t, row_tile, n_tile);
+                const int n0 = n_tile * BM;
+                const int r0 = row_tile * BN;
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    sp90::wait_bar(empty(stage), phase ^ 1u);
+                    const unsigned fb = full(stage);
+                    mbar_expect_tx(fb, kStageBytes);  // out-of-range box parts count (zero-filled)
+                    const unsigned sa = base + stage * kStageBytes;
+                    const unsigned sb = sa + kABytes;
+                    const unsigned se = sb + kBBytes;
+                    tma_load_3d(sa, &P.tma_values, fb, kt * 64, n0, 0);
+                    tma_load_3d(se, &P.tma_meta, fb, kt * 64, n0 / 16, 0);
+                    tma_load_3d(sb, &P.tma_x, fb, kt * 128, r0, 0);
+                    tma_load_3d(sb + kBBoxBytes, &P.tma_x, fb, kt * 128 + 64, r0, 0);
+                    if (++stage == Stages) {
+                        stage = 0;
+                        phase ^= 1u;
+                    }
+                }
+            }
+        }
+    } else {
+        // Consumer warpgroups: features (BM / 2) cw .. + BM / 2 - 1 of the tile x BN tokens each.
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = wg - 1;
+        const int warp = tid / 32;
+        const int lane = tid % 32;
+        // this warp's metadata words for m64 block i: meta row 4 (kMT cw + i) + warp of the stage,
+        // word `lane` of unit 0 / 1
+        const unsigned meta_off = kABytes + kBBytes + ((cw * kMT * 4 + warp) * 64 + lane) * 4;
+        const int m_pad = (p.n + 127) / 128 * 128;
+        float d[kMT][BN / 2];
+        int stage = 0;
+        unsigned phase = 0;
+        for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int row_tile, n_tile;
+            sp90::tile_of(p, t, row_tile, n_tile);
+            int prev = 0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                sp90::wait_bar(full(stage), phase);
+                const unsigned st = base + stage * kStageBytes;
+                const unsigned sb = st + kABytes;
+                // unit 1 past k_pad (k_pad % 128 == 64, last stage; uniform): its values and x are
+                // TMA zero fill, its meta zero fill = the invalid pattern 0b0000: use indices (0, 1)
+                // per group instead, so steps 2 and 3 add exact zeros without a branch around
+                // the wgmmas (a branch makes ptxas inject warpgroup.arrive, C7519)
+                const bool unit1 = kt * 128 + 64 < p.k_pad;
+                unsigned e0[kMT], e1[kMT], e0s[kMT], e1s[kMT];
+#pragma unroll
+                for (int i = 0; i < kMT; ++i) {
+                    const unsigned mo = st + meta_off + i * (4 * 256);
+                    // an m64 block wholly past m_pad (BM = 256, last tile): zero values, same trick
+                    const bool rows_ok = kMT == 1 || n_tile * BM + (cw * kMT + i) * 64 < m_pad;
+                    e0[i] = rows_ok ? sp90::ld_shared_u32(mo) : 0x44444444u;
+                    e1[i] = rows_ok && unit1 ? sp90::ld_shared_u32(mo + 128) : 0x44444444u;
+#ifdef FERROATTN_WGMMA_SP_META_SHFL
+                    // selector 0 only: step 1's words (lanes 4g + 2, 4g + 3) to lanes 4g, 4g + 1
+                    e0s[i] = __shfl_xor_sync(0xffffffffu, e0[i], 2);
+                    e1s[i] = __shfl_xor_sync(0xffffffffu, e1[i], 2);
+#else
+                    e0s[i] = e0[i];
+                    e1s[i] = e1[i];
+#endif
+                }
+#ifdef FERROATTN_WGMMA_SP_META_SHFL
+                constexpr int kSel1 = 0;
+#else
+                constexpr int kSel1 = 1;
+#endif
+                const int acc = kt != 0;
+                wgmma_fence();
+#pragma unroll
+                for (int i = 0; i < kMT; ++i) {
+                    const unsigned sa = st + (cw * kMT + i) * (64 * 128);  // this block's 64 values rows
+                    sp90::wgmma_sp_k32<T, BN, 0>(d[i], wgmma_desc(sa, 16u, 1024u), wgmma_desc(sb, 16u, 1024u),
+                                                 e0[i], acc);
+                    sp90::wgmma_sp_k32<T, BN, kSel1>(d[i], wgmma_desc(sa + 32u, 16u, 1024u),
+                                                     wgmma_desc(sb + 64u, 16u, 1024u), e0s[i], 1);
+                    sp90::wgmma_sp_k32<T, BN, 0>(d[i], wgmma_desc(sa + 64u, 16u, 1024u),
+                                                 wgmma_desc(sb + kBBoxBytes, 16u, 1024u), e1[i], 1);
+                    sp90::wgmma_sp_k32<T, BN, kSel1>(d[i], wgmma_desc(sa + 96u, 16u, 1024u),
+                                                     wgmma_desc(sb + kBBoxBytes + 64u, 16u, 1024u), e1s[i], 1);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
+                prev = stage;
+                if (++stage == Stages) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < kMT; ++i) fence_accumulators(d[i]);
+            if (lane == 0) mbar_arrive(empty(prev));
+
+            // ---- epilogue: out[token][feature] = act(d + bias), predicated per element
+            const int g = lane >> 2, tq = lane & 3;
+            T* out = static_cast<T*>(p.out);
+            const long long r0 = static_cast<long long>(row_tile) * BN;
+#pragma unroll
+            for (int i = 0; i < kMT; ++i) {
+                // features f0 (h = 0), f0 + 8 (h = 1) of m64 block i
+                const int f0 = n_tile * BM + (cw * kMT + i) * 64 + warp * 16 + g;
+                const int f1 = f0 + 8;
+                float b0 = 0.0f, b1 = 0.0f;
+                if (p.bias_kind == 2) {
+                    const float* bf = static_cast<const float*>(p.bias);
+                    if (f0 < p.n) b0 = __ldg(bf + f0);
+                    if (f1 < p.n) b1 = __ldg(bf + f1);
+                } else if (p.bias_kind == 1) {
+                    const T* bt = static_cast<const T*>(p.bias);
+                    if (f0 < p.n) b0 = static_cast<float>(bt[f0]);
+                    if (f1 < p.n) b1 = static_cast<float>(bt[f1]);
+                }
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const long long r = r0 + 8 * j + 2 * tq + e;
+                        if (r < p.rows) {
+                            T* orow = out + r * p.out_row_stride;
+                            if (f0 < p.n) orow[f0] = static_cast<T>(activate<Act>(d[i][4 * j + e] + b0));
+                            if (f1 < p.n) orow[f1] = static_cast<T>(activate<Act>(d[i][4 * j + 2 + e] + b1));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace ferroattn
