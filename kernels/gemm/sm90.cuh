@@ -41,8 +41,12 @@
 // supports()).
 // Registers: 168 per thread (the 65536 / 384 launch-bound cap), no spills, for every production
 // specialisation.
+// Instruction budget (session 5b, SASS of the NN bf16 spec): 51 instructions per consumer warp and
+// k-step (4 HGMMA; descriptors in uniform registers), ~75 per 64 x 64 epilogue sub-tile on the
+// FastEpi path (stmatrix); .dev/gemm_sm90/NOTES.md has the counts.
 // PTX features (sm_90a): wgmma.mma_async / fence / commit_group / wait_group, setmaxnreg,
-// cp.async.bulk.tensor.3d ... mbarrier::complete_tx::bytes, mbarrier.try_wait.parity,
+// cp.async.bulk.tensor.3d ... mbarrier::complete_tx::bytes, mbarrier.try_wait.parity (with a
+// suspend-time hint), stmatrix.m8n8.x4, shfl.sync (warp-uniform role index),
 // mbarrier.arrive(.expect_tx), fence.mbarrier_init, prefetch.tensormap,
 // cp.async.bulk.tensor.3d.global.shared::cta (store) / commit_group / wait_group(.read),
 // fence.proxy.async.shared::cta, bar.sync with a thread count (named barriers).
@@ -100,15 +104,21 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
-// Spin until the phase of parity `parity` has completed.
+// Suspend-time hint of every mbarrier wait, in ns (PTX ISA "mbarrier.test_wait/try_wait": a
+// suspended thread resumes when the phase completes, or at the latest after this limit; without a
+// hint the limit is system-dependent and short: ncu counted 5 M try_wait retries of the ping-pong
+// producer in one 8192 x 4096 x 4096 launch, ~10 ns per retry).
+constexpr unsigned kWaitHintNs = 1000000u;
+
+// Wait until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     unsigned done;
     do {
         asm volatile(
             "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
             "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+            : "=r"(done) : "r"(bar), "r"(parity), "n"(kWaitHintNs) : "memory");
     } while (!done);
 }
 
@@ -172,6 +182,21 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned
          | (static_cast<unsigned long long>((sbo & 0x3FFFF) >> 4) << 32)
          | (1ull << 62);
 }
+// A descriptor is built once per kernel (wgmma_desc, masking the address to its 18-bit window
+// offset) and then advanced by adding bytes / 16 to its low 32-bit word (desc_at). Exact: every
+// address the kernels describe is a window offset below 227 KiB + 1 KiB < 2^18, so its >> 4 fits
+// the 14-bit start-address field (bits 0-13) and a sum that is itself such an address never
+// carries into bit 14 (bits 14-15 are reserved zero; LBO starts at bit 16). Only the low word
+// changes, so the high word (SBO, swizzle) stays one constant and the adds are 32-bit: ptxas keeps
+// the descriptors in uniform registers when their inputs are warp-uniform (SASS: UIADD3 feeding
+// HGMMA's gdesc[UR], no R2UR per wgmma).
+// `bytes` is a signed multiple of 16 (a step back to stage 0 is negative: bytes / 16 is then exact
+// and the 32-bit sum wraps to the right field value; an unsigned (2^32 - x) >> 4 would not).
+__device__ __forceinline__ unsigned long long desc_at(unsigned long long desc, int bytes) {
+    const unsigned lo = static_cast<unsigned>(desc) + static_cast<unsigned>(bytes / 16);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -368,31 +393,51 @@ template <> struct Pair<__nv_bfloat16> {
     static __device__ __forceinline__ __nv_bfloat16 one(float a) { return __float2bfloat16_rn(a); }
 };
 
+// Two fp32 values as one 32-bit word of 16-bit out elements (a in the low half).
+template <typename TOut>
+__device__ __forceinline__ unsigned pack_pair(float a, float b) {
+    const typename Pair<TOut>::V v = Pair<TOut>::make(a, b);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+
 // Pack two fp32 values as out's type and store them at shared address `addr` (4 or 8 bytes).
 template <typename TOut>
 __device__ __forceinline__ void st_shared_pair(unsigned addr, float a, float b) {
     if constexpr (sizeof(TOut) == 4) {
         st_shared_v2_f32(addr, a, b);
     } else {
-        const typename Pair<TOut>::V v = Pair<TOut>::make(a, b);
-        st_shared_b32(addr, *reinterpret_cast<const unsigned*>(&v));
+        st_shared_b32(addr, pack_pair<TOut>(a, b));
     }
+}
+
+// Stores four 8x8 matrices of 16-bit elements (stmatrix .x4): lanes 8i .. 8i + 7 give the
+// 16-byte row addresses of matrix i, and register i of lane l holds row l / 4, columns 2 (l % 4)
+// and 2 (l % 4) + 1 of matrix i (the low half is the lower column), the wgmma accumulator layout
+// of an 8-column chunk (PTX ISA "stmatrix"; sm_90).
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
 
 // Writes one consumer warpgroup's 64 x BN accumulators (tile rows row0w .. row0w + 63, columns
 // n0 .. n0 + BN - 1): out = act(alpha*acc + beta*c + bias), aux = the pre-activation value.
 // out goes through shared memory: sub-tiles of 64 rows x 128 bytes (SC columns), written in the
 // 128B-swizzled layout the out tensor map reads (16-byte chunk q of row r at chunk q ^ (r % 8)),
-// double-buffered per warpgroup (`stage`: two 8 KiB buffers) and stored by one thread with a
-// bulk tensor copy, so the global writes overlap the next sub-tile and the next tile's
-// mainloop. c is read and aux written directly (pairs of adjacent columns, predicated).
-// `issued` counts this warpgroup's stores (the buffer parity); uniform over the warpgroup.
-// FastEpi: a second, branch-free copy of the loop for calls without c and aux (not yet run on a
-// GPU: src/tuning/gemm_sm90.rs `fast_epilogue`).
+// double-buffered per warpgroup (`stage`: two 8 KiB buffers, sub-tile q in buffer q % 2) and
+// stored by one thread with a bulk tensor copy, so the global writes overlap the next sub-tile
+// and the next tile's mainloop. c is read and aux written directly (pairs of adjacent columns,
+// predicated).
+// Buffer reuse, one named barrier per sub-tile: on entry thread 0 waits until every earlier store
+// of this warpgroup has read its buffer (barrier E); before barrier B_q (which orders sub-tile q's
+// writes before store q) thread 0 waits until store q - 1 has read buffer (q + 1) % 2, so after
+// B_q that buffer is free for sub-tile q + 1 (the session-4 scheme had a second barrier per
+// sub-tile for this: 2 x BN / SC + 0 vs BN / SC + 1 barriers per warpgroup and tile).
+// FastEpi: a second, branch-free copy of the loop for calls without c and aux (bias and the
+// activation stay): 16-bit outputs are written with stmatrix (4 x4 per 64 x 64 sub-tile per
+// thread instead of 16 st.shared.b32 and their address arithmetic).
 template <int Act, typename T, typename TOut, int BN, bool FastEpi>
 __device__ __forceinline__ void epilogue(const GemmSm90Params& p, const float (&d)[BN / 2], int z,
-                                         int row0w, int n0, unsigned stage, int bar_id,
-                                         unsigned& issued) {
+                                         int row0w, int n0, unsigned stage, int bar_id) {
     using P = Pair<TOut>;
     constexpr int SC = 128 / sizeof(TOut);  // columns per sub-tile
     constexpr int JJ = SC / 8;              // accumulator column chunks per sub-tile
@@ -405,40 +450,69 @@ __device__ __forceinline__ void epilogue(const GemmSm90Params& p, const float (&
     const bool has_c = p.c != nullptr;
     const bool has_bias = p.bias != nullptr;
     const bool has_aux = p.aux != nullptr;
+    const bool fast = FastEpi && !has_c && !has_aux;
     const TOut* c = has_c ? static_cast<const TOut*>(p.c) + z * p.c_batch_stride : nullptr;
     TOut* aux = has_aux ? static_cast<TOut*>(p.aux) + z * p.aux_batch_stride : nullptr;
     const int zo = p.batch > 1 ? z : 0;
+    // stmatrix row address of this lane for the x4 that covers chunks 0, 1 of a sub-tile: matrix
+    // g = lane / 8 is (chunk g / 2, rows 8 (g % 2) ..); chunk 2a + g / 2 of the same row lies at
+    // this offset XOR (a << 5) (the row's swizzle XORs chunk bits 4-6 with row % 8 = lane % 8).
+    const int g = lane / 8;
+    const int srow = warp * 16 + 8 * (g & 1) + (lane & 7);
+    const unsigned sm_off = srow * 128 + ((((g >> 1) ^ (lane & 7)) & 7) << 4);
+    if (tid == 0) bulk_wait_read<0>();  // every earlier store of this warpgroup has read its buffer
+    named_barrier(bar_id, 128);
 #pragma unroll
     for (int q = 0; q < BN / SC; ++q) {
         const int cs = n0 + q * SC;  // first column of the sub-tile
         if (cs >= p.n) break;        // uniform
-        const unsigned buf = stage + (issued & 1u) * 8192u;
-        if (tid == 0) bulk_wait_read<1>();  // the store that used `buf` has read it
-        named_barrier(bar_id, 128);
+        const unsigned buf = stage + (q & 1) * 8192u;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             // this thread's bias values of the half sub-tile, loaded before any use
+            // (one uniform branch skips them all when there is no bias)
             float bias0[JH], bias1[JH];
 #pragma unroll
-            for (int i = 0; i < JH; ++i) {
-                const int col = cs + 8 * (half * JH + i) + 2 * (lane % 4);
-                bias0[i] = 0.0f;
-                bias1[i] = 0.0f;
-                if (has_bias && col < p.n) {
-                    if (p.bias_f32) {
-                        const float* bf = static_cast<const float*>(p.bias) + col;
-                        bias0[i] = __ldg(bf);
-                        if (col + 1 < p.n) bias1[i] = __ldg(bf + 1);
-                    } else {
-                        const T* bt = static_cast<const T*>(p.bias) + col;
-                        bias0[i] = to_f32(__ldg(bt));
-                        if (col + 1 < p.n) bias1[i] = to_f32(__ldg(bt + 1));
+            for (int i = 0; i < JH; ++i) bias0[i] = bias1[i] = 0.0f;
+            if (has_bias) {
+#pragma unroll
+                for (int i = 0; i < JH; ++i) {
+                    const int col = cs + 8 * (half * JH + i) + 2 * (lane % 4);
+                    if (col < p.n) {
+                        if (p.bias_f32) {
+                            const float* bf = static_cast<const float*>(p.bias) + col;
+                            bias0[i] = __ldg(bf);
+                            if (col + 1 < p.n) bias1[i] = __ldg(bf + 1);
+                        } else {
+                            const T* bt = static_cast<const T*>(p.bias) + col;
+                            bias0[i] = to_f32(__ldg(bt));
+                            if (col + 1 < p.n) bias1[i] = to_f32(__ldg(bt + 1));
+                        }
                     }
                 }
             }
-            if (FastEpi && !has_c && !has_aux) {
-                // The same computation with c and aux absent, as straight-line code (the general
-                // loop below compiles to per-element predicated branches: ~4x the instructions).
+            if constexpr (FastEpi && sizeof(TOut) == 2) {
+                if (fast) {
+                    // Straight-line: one stmatrix x4 per two chunks (16 rows x 16 columns of the warp).
+#pragma unroll
+                    for (int i2 = 0; i2 < JH / 2; ++i2) {
+                        unsigned r[4];
+#pragma unroll
+                        for (int m = 0; m < 4; ++m) {
+                            const int i = 2 * i2 + m / 2;       // chunk within the half
+                            const int j = q * JJ + half * JH + i;  // accumulator chunk
+                            const int h = m % 2;
+                            r[m] = pack_pair<TOut>(activate<Act>(alpha * d[4 * j + 2 * h] + bias0[i]),
+                                                   activate<Act>(alpha * d[4 * j + 2 * h + 1] + bias1[i]));
+                        }
+                        const unsigned a = (half * JH + 2 * i2) / 2;  // chunk pair within the row
+                        stmatrix_x4((buf + sm_off) ^ (a << 5), r[0], r[1], r[2], r[3]);
+                    }
+                    continue;
+                }
+            }
+            if (FastEpi && fast) {
+                // 32-bit out: the same computation, straight-line, one st.shared.v2 per pair.
 #pragma unroll
                 for (int i = 0; i < JH; ++i) {
                     const int jj = half * JH + i;
@@ -490,12 +564,12 @@ __device__ __forceinline__ void epilogue(const GemmSm90Params& p, const float (&
             }
         }
         fence_proxy_async_smem();
-        named_barrier(bar_id, 128);
+        if (tid == 0) bulk_wait_read<0>();  // store q - 1 has read buffer (q + 1) % 2
+        named_barrier(bar_id, 128);         // B_q: sub-tile q is in buf
         if (tid == 0) {
             tma_store_3d(&p.tma_out, buf, cs, row0w, zo);
             bulk_commit();
         }
-        ++issued;
     }
 }
 
@@ -525,7 +599,10 @@ __global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ Gemm
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (Stages + s); };
 
-    const int wg = threadIdx.x / 128;
+    // Broadcast from lane 0: the compiler then knows wg is warp-uniform, so the role branches
+    // below are convergent and the consumers' descriptor / stage arithmetic can live in uniform
+    // registers (a plain threadIdx.x / 128 makes every value inside the branches per-thread).
+    const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
     const int tid = threadIdx.x % 128;
     const int k_tiles = (p.k + BK - 1) / BK;
     if (threadIdx.x == 0) {
@@ -589,28 +666,31 @@ __global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ Gemm
         constexpr unsigned kLboB = BKMajor ? 16u : kChunkBytes;
         constexpr unsigned kStepA = AKMajor ? 32u : 2048u;  // bytes per k16 step
         constexpr unsigned kStepB = BKMajor ? 32u : 2048u;
+        // The current stage's descriptors, built once and advanced with the stage (desc_at; its
+        // comment has the proof that the adds are exact).
+        unsigned long long da = wgmma_desc(base + cw * (64 * BK * 2), kLbo, 1024u);
+        unsigned long long db = wgmma_desc(base + kABytes, kLboB, 1024u);
         float d[BN / 2];
         int stage = 0;
         unsigned phase = 0;
-        unsigned issued = 0;  // out sub-tiles stored by this warpgroup
         for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
             const TileCoord tc = tile_coord(p, t);
             int prev = 0;
             for (int kt = 0; kt < k_tiles; ++kt) {
                 mbar_wait(full(stage), phase);
-                const unsigned sa = base + stage * kStageBytes + cw * (64 * BK * 2);
-                const unsigned sb = base + stage * kStageBytes + kABytes;
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) {
-                    const unsigned long long da = wgmma_desc(sa + kk * kStepA, kLbo, 1024u);
-                    const unsigned long long db = wgmma_desc(sb + kk * kStepB, kLboB, 1024u);
-                    wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(d, da, db, (kt | kk) != 0);
-                }
+                for (int kk = 0; kk < BK / 16; ++kk)
+                    wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(d, desc_at(da, kk * kStepA),
+                                                                      desc_at(db, kk * kStepB), (kt | kk) != 0);
                 wgmma_commit();
                 wgmma_wait<1>();
                 if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
                 prev = stage;
+                const int adv = stage == Stages - 1 ? -static_cast<int>((Stages - 1) * kStageBytes)
+                                                    : static_cast<int>(kStageBytes);
+                da = desc_at(da, adv);
+                db = desc_at(db, adv);
                 if (++stage == Stages) {
                     stage = 0;
                     phase ^= 1u;
@@ -620,7 +700,7 @@ __global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ Gemm
             fence_accumulators(d);
             if (lane == 0) mbar_arrive(empty(prev));
             epilogue<Act, T, TOut, BN, FastEpi>(p, d, tc.z, tc.tm * BM + cw * 64, tc.tn * BN, epi + cw * 16384u,
-                                       1 + cw, issued);
+                                       1 + cw);
         }
         if (tid == 0) bulk_wait_all();  // the last stores have read shared memory and completed
     }

@@ -79,9 +79,9 @@ __device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity)
     do {
         asm volatile(
             "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n"
             "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+            : "=r"(done) : "r"(bar), "r"(parity), "n"(kWaitHintNs) : "memory");
     } while (!done);
 }
 // TMA load of one box into shared address `dst` of every CTA in `mask` (same CTA-relative
@@ -144,7 +144,7 @@ __device__ __forceinline__ void pingpong_body(const GemmSm90Params& p) {
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (Stages + s); };
 
-    const int wg = threadIdx.x / 128;
+    const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);  // uniform (gemm_sm90)
     const int tid = threadIdx.x % 128;
     const int k_tiles = (p.k + BK - 1) / BK;
     // Work units: tiles (Cluster 1) or m-tile pairs (Cluster 2); this CTA's first unit and stride.
@@ -231,36 +231,41 @@ __device__ __forceinline__ void pingpong_body(const GemmSm90Params& p) {
                 mbar_arrive_cluster(empty(s), 1u);
             }
         };
+        // Stage-0 descriptors (desc_at advances them to a stage and k16 step).
+        const unsigned long long da0 = wgmma_desc(base, kLbo, 1024u);
+        const unsigned long long db0 = wgmma_desc(base + kABytes, kLboB, 1024u);
         float d[MI][BN / 2];
         // Ring position of this warpgroup's next k-step: warpgroup 1 starts after unit s = 0.
         long long pos = static_cast<long long>(cw) * k_tiles;
-        unsigned issued = 0;  // out sub-tiles stored by this warpgroup
         long long s = cw;
         for (long long u = first + cw * stride; u < units; u += 2 * stride, s += 2) {
             const TileCoord tc = tile_coord_of(u, units_m, p.tiles_n, group_m);
             const int tm = Cluster == 1 ? tc.tm : 2 * tc.tm + static_cast<int>(rank);
             int stage = static_cast<int>(pos % Stages);
             unsigned phase = static_cast<unsigned>((pos / Stages) & 1);
+            // This stage's descriptors, advanced with the stage below.
+            unsigned long long da = desc_at(da0, stage * kStageBytes);
+            unsigned long long db = desc_at(db0, stage * kStageBytes);
             if (s > 0) named_barrier(kTurn + cw, 256);  // the other warpgroup has issued unit s - 1
             int prev = 0;
             for (int kt = 0; kt < k_tiles; ++kt) {
                 mbar_wait(full(stage), phase);
-                const unsigned sa = base + stage * kStageBytes;
-                const unsigned sb = sa + kABytes;
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; ++kk) {
-                    const unsigned long long db = wgmma_desc(sb + kk * kStepB, kLboB, 1024u);
 #pragma unroll
-                    for (int i = 0; i < MI; ++i) {
-                        const unsigned long long da = wgmma_desc(sa + i * 8192u + kk * kStepA, kLbo, 1024u);
-                        wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(d[i], da, db, (kt | kk) != 0);
-                    }
+                    for (int i = 0; i < MI; ++i)
+                        wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(
+                            d[i], desc_at(da, i * 8192u + kk * kStepA), desc_at(db, kk * kStepB), (kt | kk) != 0);
                 }
                 wgmma_commit();
                 wgmma_wait<1>();
                 if (kt > 0 && lane == 0) release(prev);
                 prev = stage;
+                const int adv = stage == Stages - 1 ? -static_cast<int>((Stages - 1) * kStageBytes)
+                                                    : static_cast<int>(kStageBytes);
+                da = desc_at(da, adv);
+                db = desc_at(db, adv);
                 if (++stage == Stages) {
                     stage = 0;
                     phase ^= 1u;
@@ -276,7 +281,7 @@ __device__ __forceinline__ void pingpong_body(const GemmSm90Params& p) {
 #pragma unroll
             for (int i = 0; i < MI; ++i)
                 epilogue<Act, T, TOut, BN, FastEpi>(p, d[i], tc.z, tm * BM + i * 64, tc.tn * BN,
-                                                    epi + cw * 16384u, 1 + cw, issued);
+                                                    epi + cw * 16384u, 1 + cw);
         }
         if (tid == 0) bulk_wait_all();  // the last stores have read shared memory and completed
     }

@@ -92,6 +92,12 @@ pub fn policy_schedules(policy: SchedulePolicy) -> Vec<Schedule> {
     }
 }
 
+/// Whether production kernels carry the branch-free epilogue loop (FastEpi) that calls without c
+/// and aux take: stmatrix stores of 16-bit outputs, no per-element predicates (bench/NOTES.md
+/// "Dense GEMM, Hopper path", session 5b). FERROATTN_GEMM_SM90_FAST_EPILOGUE=0 selects the
+/// general loop at run time (src/ops/gemm/sm90.rs).
+pub const DEFAULT_FAST_EPILOGUE: bool = true;
+
 /// One specialisation of
 /// `ferroattn::gemm_sm90<T, TOut, AKMajor, BKMajor, BN, Stages, Act, FastEpi>`
 /// (kernels/gemm/sm90.cuh, Schedule::Cooperative) or
@@ -118,8 +124,8 @@ pub struct GemmSm90Config {
     pub stages: u32,
     /// The epilogue activation (a template argument: one epilogue per kernel).
     pub activation: Activation,
-    /// Adds the branch-free epilogue loop for calls without c and aux (FastEpi; compiled and
-    /// checked for spills, not yet run on a GPU: off by default, see `config`).
+    /// Adds the branch-free epilogue loop for calls without c and aux (FastEpi; production:
+    /// `DEFAULT_FAST_EPILOGUE`).
     pub fast_epilogue: bool,
     pub arch: Arch,
 }
@@ -207,7 +213,7 @@ pub fn config(
 }
 
 /// Every configuration `config` returns by default (the schedules DEFAULT_POLICY can pick;
-/// fast_epilogue off; sm_90a only, empty for other archs).
+/// fast_epilogue = DEFAULT_FAST_EPILOGUE; sm_90a only, empty for other archs).
 pub fn production_configs(arch: Arch) -> Vec<GemmSm90Config> {
     if arch != Arch::Sm90a {
         return Vec::new();
@@ -220,7 +226,7 @@ pub fn production_configs(arch: Arch) -> Vec<GemmSm90Config> {
                 for b_k_major in [true, false] {
                     for act in Activation::ALL {
                         for &schedule in &schedules {
-                            out.push(config(dtype, out_dtype, a_k_major, b_k_major, act, false, schedule));
+                            out.push(config(dtype, out_dtype, a_k_major, b_k_major, act, DEFAULT_FAST_EPILOGUE, schedule));
                         }
                     }
                 }
@@ -243,6 +249,7 @@ mod tests {
             assert!(all[..i].iter().all(|o| o != c));
         }
         assert!(production_configs(Arch::Sm80).is_empty());
+        assert!(all.iter().all(|c| c.fast_epilogue == DEFAULT_FAST_EPILOGUE));
     }
 
     #[test]

@@ -20,8 +20,8 @@ use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::gemm_sm90::{
-    config, production_configs, schedule_for, GemmSm90Config, Schedule, SchedulePolicy, BLOCK_K, DEFAULT_POLICY,
-    GROUP_M, THREADS,
+    config, production_configs, schedule_for, GemmSm90Config, Schedule, SchedulePolicy, BLOCK_K, DEFAULT_FAST_EPILOGUE,
+    DEFAULT_POLICY, GROUP_M, THREADS,
 };
 use std::sync::OnceLock;
 
@@ -105,14 +105,16 @@ pub fn supports(p: &GemmProblem, arch: Arch) -> bool {
         && tiles <= i32::MAX as i64
 }
 
-/// Whether to use the branch-free epilogue loop (kernel template FastEpi): set
-/// FERROATTN_GEMM_SM90_FAST_EPILOGUE=1. Off by default until it has run on a GPU: its SASS is
-/// the tested kernel's plus a straight-line copy of the epilogue loop for calls without c and
-/// aux (.dev/gemm_sm90/NOTES.md); read once per process.
+/// Whether to use the branch-free epilogue loop (kernel template FastEpi; for calls without c and
+/// aux: stmatrix stores, no per-element predicates): on (`DEFAULT_FAST_EPILOGUE`) unless
+/// FERROATTN_GEMM_SM90_FAST_EPILOGUE=0, which selects the general loop for every call (those
+/// specialisations are not precompiled: NVRTC builds them on first use). Read once per process.
 fn fast_epilogue() -> bool {
     static FAST: OnceLock<bool> = OnceLock::new();
-    *FAST.get_or_init(|| {
-        std::env::var("FERROATTN_GEMM_SM90_FAST_EPILOGUE").is_ok_and(|v| v == "1")
+    *FAST.get_or_init(|| match std::env::var("FERROATTN_GEMM_SM90_FAST_EPILOGUE").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => DEFAULT_FAST_EPILOGUE,
     })
 }
 
@@ -325,6 +327,10 @@ mod tests {
         let c = config_for(&p);
         assert!(!c.a_k_major && c.b_k_major);
         assert_eq!(c.schedule, schedule(&p));
+        assert_eq!(c.fast_epilogue, fast_epilogue());
+        if std::env::var_os("FERROATTN_GEMM_SM90_FAST_EPILOGUE").is_none() {
+            assert_eq!(c.fast_epilogue, DEFAULT_FAST_EPILOGUE); // the precompiled specialisation
+        }
         if policy() == SchedulePolicy::ByK {
             assert_eq!(c.schedule, Schedule::PingPong); // k = 128, no activation
         }
@@ -342,6 +348,27 @@ mod tests {
         q.b.ptr += 8;
         assert!(!tma_operand_ok(&q.b));
         assert!(!supports(&p, Arch::Sm80));
+    }
+
+    /// Every sm90 production specialisation compiles for sm_90a with 0 spills and 0 stack (slow:
+    /// 120 NVRTC compiles; `python -m ferroattn precompile --arch sm_90a --check-spills` covers it
+    /// with the other families). Run with `-- --ignored sm90_production`.
+    #[test]
+    #[ignore]
+    fn sm90_production_specs_compile_without_spills() {
+        let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
+        let specs = production_specs(Arch::Sm90a);
+        assert!(!specs.is_empty());
+        let reports = crate::jit::precompile::precompile(&specs).unwrap();
+        for r in &reports {
+            eprintln!(
+                "{} regs {} stack {} spills {}/{}",
+                r.config, r.resources.registers, r.resources.stack_bytes, r.resources.spill_stores, r.resources.spill_loads
+            );
+        }
+        crate::jit::precompile::check_spills(&reports).unwrap();
+        assert!(reports.iter().all(|r| r.resources.stack_bytes == 0), "a specialisation uses a stack frame");
+        assert_eq!(reports.len(), specs.len());
     }
 
     #[test]
