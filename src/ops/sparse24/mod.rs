@@ -628,17 +628,21 @@ fn pick_backend(backend: &str) -> Result<&'static str> {
     }
 }
 
-/// Whether the wgmma_sp kernel may run: on unless FERROATTN_SPARSE24_WGMMA is "0" (the switch
-/// for a GPU run that finds it wrong: .dev/sparse24_wgmma checks it).
+/// Whether the wgmma_sp kernel may run: only with FERROATTN_SPARSE24_WGMMA=1. It is experimental:
+/// its first GPU check (H200, 2026-11-30, .dev/sparse24_wgmma) gave wrong results (the metadata
+/// mapping of wgmma .sp differs from mma.sp's), so it stays off until a check passes.
 fn wgmma_enabled() -> bool {
-    std::env::var("FERROATTN_SPARSE24_WGMMA").map_or(true, |v| v.trim() != "0")
+    std::env::var("FERROATTN_SPARSE24_WGMMA").is_ok_and(|v| v.trim() == "1")
 }
 
 /// Why wgmma_sp cannot run this call (None: it can): an sm_90a device, and x readable by TMA
 /// (16-byte aligned data pointer and row stride; stride 1 along k is validated already).
 fn wgmma_unsupported(x: &TensorView, arch: Arch) -> Option<String> {
     if !wgmma_enabled() {
-        return Some("FERROATTN_SPARSE24_WGMMA=0".into());
+        return Some(
+            "the experimental wgmma_sp kernel without FERROATTN_SPARSE24_WGMMA=1 (it has not passed its GPU check)"
+                .into(),
+        );
     }
     if arch != Arch::Sm90a {
         return Some(format!("a {arch:?} device (wgmma_sp needs sm_90)"));
