@@ -32,11 +32,21 @@
 // inside a warp, the f16/bf16 k32 layout is the one of mma.sp m16n8k32 (host.rs): selector 0 reads lanes 4g, 4g + 1 (first / second
 // 16 columns; rows g / g + 8 in the low / high 16 bits), selector 1 lanes 4g + 2, 4g + 3.
 // host.rs puts step s of a unit in lanes 4g + 2s + h, so step 0 runs with selector 0 and step 1
-// with selector 1 on the same register. FERROATTN_WGMMA_SP_META_SHFL (compile flag) instead
-// runs both steps with selector 0 and moves step 1's words to lanes 4g, 4g + 1 with one
-// shfl.xor 2 (the fallback if the hardware reads selector 1 differently for wgmma).
+// with selector 1 on the same register (GPU-verified: a one-stage problem with random metadata
+// is exact, 2026-11-30 run 1).
+// Metadata registers are read asynchronously: like the accumulators, the metadata register of a
+// wgmma.mma_async.sp is read while the wgmma runs, after the instruction was issued, so it must
+// not be written until a wgmma.wait_group has retired that wgmma (ptxas does not protect it: it
+// ends the register's live range at the issue; CUTLASS's sm90 sparse mainloop keeps 0 wgmma
+// groups in flight for the same reason). Run 1 reloaded the registers for stage s + 1 while
+// stage s's group was still running (wait_group 1): wrong results whenever metadata differed
+// between stages / units (uniform metadata passed, a one-stage problem passed, error grew with
+// the pipeline depth). FERROATTN_WGMMA_SP_META_SETS (below) picks the cure: 1 = wait_group 0
+// after each stage (default), 2 = two register sets, alternate stages (wait_group 1 keeps one
+// stage of wgmmas in flight; the stage count per tile is made even with a zero padding stage).
 // Pipeline (per stage s): full[s] (count 1; producer arrive.expect_tx + TMA complete_tx),
 // empty[s] (count 8: lane 0 of each consumer warp once that stage's wgmmas completed).
+// k_pad % 128 == 64 and the padding stage of META_SETS = 2: see the consumer loop.
 // Tails: TMA zero-fills out-of-range x rows / x columns (k ..) and values / meta columns past
 // k_pad / 2 (expect_tx counts whole boxes). A stage with one metadata unit (k_pad % 128 == 64,
 // the last one) still loads the second x box (wholly out of range: zeros) and runs steps 2 and
@@ -65,6 +75,13 @@
 #include "common/dtype.cuh"
 #include "gemm/sm90.cuh"
 #include "sparse24/params.cuh"
+
+// Metadata register sets per consumer thread (see "Metadata registers are read asynchronously"
+// above): 1 = wait_group 0 after every stage (the safe form); 2 = two alternating sets, wait_group 1
+// (one stage of wgmmas stays in flight while the next stage's metadata is loaded).
+#ifndef FERROATTN_WGMMA_SP_META_SETS
+#define FERROATTN_WGMMA_SP_META_SETS 1
+#endif
 
 namespace ferroattn {
 
@@ -209,6 +226,13 @@ __device__ __forceinline__ void wait_bar(unsigned bar, unsigned parity) {
 #endif
 }
 
+// A real (PTX-level) use of a metadata register after the wait_group that retired its wgmmas.
+__device__ __forceinline__ unsigned touch(unsigned v) {
+    unsigned r;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(v));
+    return r;
+}
+
 __device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
     unsigned v;
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
@@ -228,6 +252,8 @@ template <typename T, int BN, int Stages, int Act, int BM = 128>
 __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_constant__ Sparse24WgmmaParams P) {
     using namespace sm90;
     constexpr int kMT = BM / 128;                             // m64 blocks per consumer warpgroup
+    constexpr int kSets = FERROATTN_WGMMA_SP_META_SETS;       // metadata register sets (1 or 2)
+    static_assert(kSets == 1 || kSets == 2, "FERROATTN_WGMMA_SP_META_SETS is 1 or 2");
     constexpr unsigned kABytes = BM * 128;                    // BM rows x 64 compressed elements
     constexpr unsigned kBBoxBytes = BN * 128;                 // BN tokens x 64 k
     constexpr unsigned kBBytes = 2 * kBBoxBytes;
@@ -247,7 +273,10 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
     const Sparse24MatmulParams& p = P.p;
     const int wg = threadIdx.x / 128;
     const int tid = threadIdx.x % 128;
-    const int k_tiles = (p.k_pad + 127) / 128;                // stages per tile
+    const int k_tiles = (p.k_pad + 127) / 128;                // stages with data per tile
+    // stages run per tile: kSets = 2 alternates two metadata register sets, so the count is made
+    // even (an odd k_tiles gets one padding stage wholly past k_pad: TMA zero fill, adds zeros)
+    const int k_steps = kSets == 2 ? (k_tiles + 1) & ~1 : k_tiles;
     const long long tiles = static_cast<long long>(p.row_tiles) * p.n_tiles;
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -273,7 +302,7 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                 sp90::tile_of(p, t, row_tile, n_tile);
                 const int n0 = n_tile * BM;
                 const int r0 = row_tile * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = 0; kt < k_steps; ++kt) {
                     sp90::wait_bar(empty(stage), phase ^ 1u);
                     const unsigned fb = full(stage);
                     mbar_expect_tx(fb, kStageBytes);  // out-of-range box parts count (zero-filled)
@@ -302,70 +331,84 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
         const unsigned meta_off = kABytes + kBBytes + ((cw * kMT * 4 + warp) * 64 + lane) * 4;
         const int m_pad = (p.n + 127) / 128 * 128;
         float d[kMT][BN / 2];
+        // Metadata registers, kSets sets (see "Metadata registers are read asynchronously" above):
+        // em[set][i][u] = unit u of m64 block i. A set is written only once the wgmma group that
+        // read it has retired (kSets = 1: wait_group 0 each stage; kSets = 2: the stages alternate
+        // sets and wait_group 1 retires the other set's group before it is reloaded).
+        unsigned em[kSets][kMT][2];
+#pragma unroll
+        for (int s = 0; s < kSets; ++s)
+#pragma unroll
+            for (int i = 0; i < kMT; ++i) em[s][i][0] = em[s][i][1] = 0x44444444u;
+        unsigned keep = 0;  // kSets = 2: a use of each set after its group retired (liveness for ptxas)
         int stage = 0;
         unsigned phase = 0;
         for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
             int row_tile, n_tile;
             sp90::tile_of(p, t, row_tile, n_tile);
             int prev = 0;
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                sp90::wait_bar(full(stage), phase);
-                const unsigned st = base + stage * kStageBytes;
-                const unsigned sb = st + kABytes;
-                // unit 1 past k_pad (k_pad % 128 == 64, last stage; uniform): its values and x are
-                // TMA zero fill, its meta zero fill = the invalid pattern 0b0000: use indices (0, 1)
-                // per group instead, so steps 2 and 3 add exact zeros without a branch around
-                // the wgmmas (a branch makes ptxas inject warpgroup.arrive, C7519)
-                const bool unit1 = kt * 128 + 64 < p.k_pad;
-                unsigned e0[kMT], e1[kMT], e0s[kMT], e1s[kMT];
+            for (int kt0 = 0; kt0 < k_steps; kt0 += kSets) {
 #pragma unroll
-                for (int i = 0; i < kMT; ++i) {
-                    const unsigned mo = st + meta_off + i * (4 * 256);
-                    // an m64 block wholly past m_pad (BM = 256, last tile): zero values, same trick
-                    const bool rows_ok = kMT == 1 || n_tile * BM + (cw * kMT + i) * 64 < m_pad;
-                    e0[i] = rows_ok ? sp90::ld_shared_u32(mo) : 0x44444444u;
-                    e1[i] = rows_ok && unit1 ? sp90::ld_shared_u32(mo + 128) : 0x44444444u;
-#ifdef FERROATTN_WGMMA_SP_META_SHFL
-                    // selector 0 only: step 1's words (lanes 4g + 2, 4g + 3) to lanes 4g, 4g + 1
-                    e0s[i] = __shfl_xor_sync(0xffffffffu, e0[i], 2);
-                    e1s[i] = __shfl_xor_sync(0xffffffffu, e1[i], 2);
-#else
-                    e0s[i] = e0[i];
-                    e1s[i] = e1[i];
-#endif
-                }
-#ifdef FERROATTN_WGMMA_SP_META_SHFL
-                constexpr int kSel1 = 0;
-#else
-                constexpr int kSel1 = 1;
-#endif
-                const int acc = kt != 0;
-                wgmma_fence();
+                for (int h = 0; h < kSets; ++h) {
+                    const int kt = kt0 + h;
+                    sp90::wait_bar(full(stage), phase);
+                    const unsigned st = base + stage * kStageBytes;
+                    const unsigned sb = st + kABytes;
+                    // a unit past k_pad (unit 1 of a stage with k_pad % 128 == 64, or both units of
+                    // the even-count padding stage; uniform): values and x are TMA zero fill, meta
+                    // zero fill = the invalid pattern 0b0000: indices (0, 1) per group instead, so
+                    // the steps add exact zeros without a branch around the wgmmas (a branch makes
+                    // ptxas inject warpgroup.arrive, C7519)
+                    const bool unit0 = kt * 128 < p.k_pad;
+                    const bool unit1 = kt * 128 + 64 < p.k_pad;
 #pragma unroll
-                for (int i = 0; i < kMT; ++i) {
-                    const unsigned sa = st + (cw * kMT + i) * (64 * 128);  // this block's 64 values rows
-                    sp90::wgmma_sp_k32<T, BN, 0>(d[i], wgmma_desc(sa, 16u, 1024u), wgmma_desc(sb, 16u, 1024u),
-                                                 e0[i], acc);
-                    sp90::wgmma_sp_k32<T, BN, kSel1>(d[i], wgmma_desc(sa + 32u, 16u, 1024u),
-                                                     wgmma_desc(sb + 64u, 16u, 1024u), e0s[i], 1);
-                    sp90::wgmma_sp_k32<T, BN, 0>(d[i], wgmma_desc(sa + 64u, 16u, 1024u),
-                                                 wgmma_desc(sb + kBBoxBytes, 16u, 1024u), e1[i], 1);
-                    sp90::wgmma_sp_k32<T, BN, kSel1>(d[i], wgmma_desc(sa + 96u, 16u, 1024u),
-                                                     wgmma_desc(sb + kBBoxBytes + 64u, 16u, 1024u), e1s[i], 1);
-                }
-                wgmma_commit();
-                wgmma_wait<1>();
-                if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
-                prev = stage;
-                if (++stage == Stages) {
-                    stage = 0;
-                    phase ^= 1u;
+                    for (int i = 0; i < kMT; ++i) {
+                        const unsigned mo = st + meta_off + i * (4 * 256);
+                        // an m64 block wholly past m_pad (BM = 256, last tile): zero values, same trick
+                        const bool rows_ok = kMT == 1 || n_tile * BM + (cw * kMT + i) * 64 < m_pad;
+                        em[h][i][0] = rows_ok && unit0 ? sp90::ld_shared_u32(mo) : 0x44444444u;
+                        em[h][i][1] = rows_ok && unit1 ? sp90::ld_shared_u32(mo + 128) : 0x44444444u;
+                    }
+                    const int acc = kt != 0;
+                    wgmma_fence();
+#pragma unroll
+                    for (int i = 0; i < kMT; ++i) {
+                        const unsigned sa = st + (cw * kMT + i) * (64 * 128);  // this block's 64 values rows
+                        sp90::wgmma_sp_k32<T, BN, 0>(d[i], wgmma_desc(sa, 16u, 1024u), wgmma_desc(sb, 16u, 1024u),
+                                                     em[h][i][0], acc);
+                        sp90::wgmma_sp_k32<T, BN, 1>(d[i], wgmma_desc(sa + 32u, 16u, 1024u),
+                                                     wgmma_desc(sb + 64u, 16u, 1024u), em[h][i][0], 1);
+                        sp90::wgmma_sp_k32<T, BN, 0>(d[i], wgmma_desc(sa + 64u, 16u, 1024u),
+                                                     wgmma_desc(sb + kBBoxBytes, 16u, 1024u), em[h][i][1], 1);
+                        sp90::wgmma_sp_k32<T, BN, 1>(d[i], wgmma_desc(sa + 96u, 16u, 1024u),
+                                                     wgmma_desc(sb + kBBoxBytes + 64u, 16u, 1024u), em[h][i][1], 1);
+                    }
+                    wgmma_commit();
+                    if constexpr (kSets == 1) {
+                        // this stage's wgmmas (and their metadata reads) done: registers and stage free
+                        wgmma_wait<0>();
+                        if (lane == 0) mbar_arrive(empty(stage));
+                    } else {
+                        wgmma_wait<1>();  // the previous stage's group (the other set) retired
+#pragma unroll
+                        for (int i = 0; i < kMT; ++i) keep ^= sp90::touch(em[h ^ 1][i][0]) ^ sp90::touch(em[h ^ 1][i][1]);
+                        if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
+                        prev = stage;
+                    }
+                    if (++stage == Stages) {
+                        stage = 0;
+                        phase ^= 1u;
+                    }
                 }
             }
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < kMT; ++i) fence_accumulators(d[i]);
-            if (lane == 0) mbar_arrive(empty(prev));
+            if constexpr (kSets == 2) {
+#pragma unroll
+                for (int i = 0; i < kMT; ++i) keep ^= sp90::touch(em[1][i][0]) ^ sp90::touch(em[1][i][1]);
+                if (lane == 0) mbar_arrive(empty(prev));
+            }
 
             // ---- epilogue: out[token][feature] = act(d + bias), predicated per element
             const int g = lane >> 2, tq = lane & 3;
@@ -400,6 +443,10 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                 }
             }
         }
+        // kSets = 2: keep the XOR of every metadata set (taken after its group retired) alive, so
+        // ptxas cannot end a set's live range at its wgmmas and reuse the register while they
+        // run. Never true (rows >= 1 is a host contract).
+        if (kSets == 2 && p.rows < 0 && keep == 0x9e3779b9u) __trap();
     }
 }
 

@@ -297,13 +297,16 @@ pub fn compress_production_configs(arch: Arch) -> Vec<Sparse24CompressConfig> {
 }
 
 /// One specialisation of `ferroattn::sparse24_matmul_wgmma<T, BN, Stages, Act>`
-/// (kernels/sparse24/wgmma_sp.cuh, sm_90a only): wgmma.mma_async.sp, 128 w rows (two consumer
-/// warpgroups of 64) × `block_r` x rows per tile, 128 logical k per TMA stage, 384 threads
-/// (producer warpgroup + 2 consumers), persistent grid of min(tiles, SMs) CTAs.
+/// (kernels/sparse24/wgmma_sp.cuh, sm_90a only): wgmma.mma_async.sp, `block_n` w rows (two
+/// consumer warpgroups of block_n / 2, one or two m64 blocks each) × `block_r` x rows per tile,
+/// 128 logical k per TMA stage, 384 threads (producer warpgroup + 2 consumers), persistent grid
+/// of min(tiles, SMs) CTAs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Sparse24WgmmaConfig {
-    /// Tokens (x rows) per tile: the wgmma N (128, 192 or 256).
+    /// Tokens (x rows) per tile: the wgmma N (128, 192 or 256); the kernel's `BN`.
     pub block_r: u32,
+    /// w rows (output features) per tile: 128 or 256; the kernel's `BM`.
+    pub block_n: u32,
     pub stages: u32,
     pub activation: Activation,
     pub dtype: DType,
@@ -313,34 +316,36 @@ pub struct Sparse24WgmmaConfig {
 impl Sparse24WgmmaConfig {
     pub const KERNEL: &'static str = "ferroattn::sparse24_matmul_wgmma";
     pub const THREADS: u32 = 384;
-    /// w rows (output features) per tile.
-    pub const BLOCK_N: u32 = 128;
 
     pub fn name_expression(&self) -> String {
         format!(
-            "{}<{}, {}, {}, {}>",
+            "{}<{}, {}, {}, {}, {}>",
             Self::KERNEL,
             self.dtype.cuda_type(),
             self.block_r,
             self.stages,
-            self.activation.code()
+            self.activation.code(),
+            self.block_n
         )
     }
 
-    /// Dynamic shared memory (bytes): `stages` × (values 128 × 128 B + x 2 × block_r × 128 B +
-    /// metadata 2 KiB) + 2 × `stages` mbarriers + 1 KiB alignment slack
+    /// Dynamic shared memory (bytes): `stages` × (values block_n × 128 B + x 2 × block_r × 128 B +
+    /// metadata block_n × 16 B) + 2 × `stages` mbarriers + 1 KiB alignment slack
     /// (`sparse24_wgmma_smem_bytes` in wgmma_sp.cuh, which static_asserts <= 227 KiB).
     pub fn smem_bytes(&self) -> u32 {
-        self.stages * (16384 + 256 * self.block_r + 2048) + 16 * self.stages + 1024
+        self.stages * (128 * self.block_n + 256 * self.block_r + 16 * self.block_n) + 16 * self.stages + 1024
     }
 }
 
-/// The wgmma_sp configuration for a call: 128 × 128 tiles, 4 stages (201 KiB of shared memory;
-/// 192 / 3 and 256 / 2 compile too: .dev/sparse24_wgmma measures them).
+/// The wgmma_sp configuration for a call: 256 w rows × 128 tokens, 3 stages (205 KiB of shared
+/// memory): the fastest of the four tiles measured on the H200 (.dev/sparse24_wgmma/NOTES.md,
+/// 2026-11-30: 1.24× / 1.31× torch dense at 8192³ / 4096×11008×4096 bf16; 128 × 128 × 4 stages
+/// 0.91× / 1.04×).
 pub fn wgmma_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
     Sparse24WgmmaConfig {
         block_r: 128,
-        stages: 4,
+        block_n: 256,
+        stages: 3,
         activation,
         dtype,
         arch,
@@ -529,15 +534,16 @@ mod tests {
         let c = wgmma_config(Activation::Silu, DType::BF16, Arch::Sm90a);
         assert_eq!(
             c.name_expression(),
-            "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 4, 4>"
+            "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 3, 4, 256>"
         );
-        // sparse24_wgmma_smem_bytes(128, 4) in wgmma_sp.cuh
+        // sparse24_wgmma_smem_bytes(128, 3, 256) in wgmma_sp.cuh
         assert_eq!(
             c.smem_bytes(),
-            4 * (16384 + 256 * 128 + 2048) + 16 * 4 + 1024
+            3 * (128 * 256 + 256 * 128 + 16 * 256) + 16 * 3 + 1024
         );
         let big = Sparse24WgmmaConfig {
             block_r: 256,
+            block_n: 128,
             stages: 2,
             ..c
         };

@@ -612,8 +612,8 @@ pub fn validate_matmul(
     })
 }
 
-/// The backends of sparse24_matmul. "auto" runs mma_sp (wgmma_sp only when asked for, until
-/// GPU measurements exist).
+/// The backends of sparse24_matmul. "auto" runs wgmma_sp from WGMMA_MIN_ROWS rows where it can
+/// run, else mma_sp (`auto_backend`; pick_backend's answer for "auto" is the fallback, mma_sp).
 pub const BACKENDS: [&str; 3] = ["auto", "mma_sp", "wgmma_sp"];
 
 fn pick_backend(backend: &str) -> Result<&'static str> {
@@ -628,21 +628,48 @@ fn pick_backend(backend: &str) -> Result<&'static str> {
     }
 }
 
-/// Whether the wgmma_sp kernel may run: only with FERROATTN_SPARSE24_WGMMA=1. It is experimental:
-/// its first GPU check (H200, 2026-11-30, .dev/sparse24_wgmma) gave wrong results (the metadata
-/// mapping of wgmma .sp differs from mma.sp's), so it stays off until a check passes.
+/// (row tiles, weight-row tiles) of a launch with block_r x block_n output tiles (a last weight-row
+/// tile may reach past m_pad); ArgumentError on `x` when there are more than 2^31 - 1 tiles (32-bit tile indices and
+/// grid.x).
+fn tile_grid(p: &MatmulProblem, block_r: u32, block_n: u32) -> Result<(u64, u64)> {
+    let row_tiles = (p.rows as u64).div_ceil(block_r as u64);
+    let n_tiles = (p.layout.m_pad as u64).div_ceil(block_n as u64);
+    if row_tiles * n_tiles > i32::MAX as u64 {
+        return Err(Error::argument(
+            "x",
+            "fewer rows (more than 2^31 - 1 output tiles)",
+            p.rows,
+        ));
+    }
+    Ok((row_tiles, n_tiles))
+}
+
+/// Whether the wgmma_sp kernel may run: on unless FERROATTN_SPARSE24_WGMMA is "0" (a switch for a
+/// GPU run that finds it wrong; its harness is .dev/sparse24_wgmma, passed 23/23 on the H200 on
+/// 2026-11-30 after the metadata-register fix).
 fn wgmma_enabled() -> bool {
-    std::env::var("FERROATTN_SPARSE24_WGMMA").is_ok_and(|v| v.trim() == "1")
+    std::env::var("FERROATTN_SPARSE24_WGMMA").map_or(true, |v| v.trim() != "0")
+}
+
+/// Rows (tokens) from which backend "auto" runs wgmma_sp where it can run (sm_90a, TMA-aligned x,
+/// not disabled); mma_sp below (its small tiles suit decode-sized calls). The wgmma tile holds 128
+/// tokens, so smaller calls leave most of it idle.
+pub const WGMMA_MIN_ROWS: i64 = 1024;
+
+/// The kernel "auto" runs for problem `p` on `arch` with input `x`.
+fn auto_backend(p: &MatmulProblem, x: &TensorView, arch: Arch) -> &'static str {
+    if p.rows >= WGMMA_MIN_ROWS && wgmma_unsupported(x, arch).is_none() {
+        "wgmma_sp"
+    } else {
+        "mma_sp"
+    }
 }
 
 /// Why wgmma_sp cannot run this call (None: it can): an sm_90a device, and x readable by TMA
 /// (16-byte aligned data pointer and row stride; stride 1 along k is validated already).
 fn wgmma_unsupported(x: &TensorView, arch: Arch) -> Option<String> {
     if !wgmma_enabled() {
-        return Some(
-            "the experimental wgmma_sp kernel without FERROATTN_SPARSE24_WGMMA=1 (it has not passed its GPU check)"
-                .into(),
-        );
+        return Some("FERROATTN_SPARSE24_WGMMA=0".into());
     }
     if arch != Arch::Sm90a {
         return Some(format!("a {arch:?} device (wgmma_sp needs sm_90)"));
@@ -704,37 +731,30 @@ fn launch_wgmma(
         swizzle: Swizzle::B128,
     }
     .encode("x")?;
-    // values (m_pad, k_pad / 2): box (64, 128, 1) = one stage's 128 logical k of 128 w rows.
+    // values (m_pad, k_pad / 2): box (64, block_n, 1) = one stage's 128 logical k of block_n w
+    // rows (a last tile's rows past m_pad are zero fill).
     let tma_values = Tiled {
         dtype: p.dtype,
         ptr: values.ptr,
         dims: vec![k_pad / 2, m_pad, 1],
         strides_bytes: vec![k_pad, round16(k_pad * m_pad)],
-        box_dims: vec![64, Sparse24WgmmaConfig::BLOCK_N, 1],
+        box_dims: vec![64, config.block_n, 1],
         swizzle: Swizzle::B128,
     }
     .encode("values")?;
-    // meta as 4-byte words (m_pad / 16, k_pad / 2), box (64, 8, 1) = 2 units of 8 16-row groups,
-    // no swizzle. Encoded as float32: TMA copies the bits (src/tma.rs has no integer types).
+    // meta as 4-byte words (m_pad / 16, k_pad / 2), box (64, block_n / 16, 1) = 2 units of the
+    // tile's 16-row groups, no swizzle. Encoded as float32: TMA copies the bits (src/tma.rs has no integer types).
     let tma_meta = Tiled {
         dtype: DType::F32,
         ptr: meta.ptr,
         dims: vec![k_pad / 2, m_pad / 16, 1],
         strides_bytes: vec![2 * k_pad, round16(2 * k_pad * (m_pad / 16))],
-        box_dims: vec![64, 8, 1],
+        box_dims: vec![64, config.block_n / 16, 1],
         swizzle: Swizzle::None,
     }
     .encode("meta")?;
-    let row_tiles = rows.div_ceil(config.block_r as u64);
-    let n_tiles = m_pad / Sparse24WgmmaConfig::BLOCK_N as u64;
+    let (row_tiles, n_tiles) = tile_grid(p, config.block_r, config.block_n)?;
     let tiles = row_tiles * n_tiles;
-    if tiles > i32::MAX as u64 {
-        return Err(Error::argument(
-            "x",
-            "fewer rows (more than 2^31 - 1 tiles)",
-            p.rows,
-        ));
-    }
     prm.row_tiles = row_tiles as i32;
     prm.n_tiles = n_tiles as i32;
     let sms = crate::device::sm_count(p.device)? as u64;
@@ -806,7 +826,7 @@ pub fn matmul(
         k,
         activation,
     )?;
-    let ran = pick_backend(backend)?;
+    let mut ran = pick_backend(backend)?;
     let mut pairs = vec![
         ("out", out, "x", x),
         ("out", out, "values", values),
@@ -818,6 +838,9 @@ pub fn matmul(
     check_no_overlap(&pairs, false)?;
     if p.rows == 0 {
         return Ok(ran);
+    }
+    if backend == "auto" {
+        ran = auto_backend(&p, x, crate::device::arch(p.device)?);
     }
     for (arg, t) in [("x", x), ("values", values), ("meta", meta), ("out", out)] {
         check_not_null(arg, t)?;
@@ -863,16 +886,8 @@ pub fn matmul(
         tile_override()?,
     );
     let t = &config.tile;
-    let row_tiles = (p.rows as u64).div_ceil(t.block_r as u64);
-    let n_tiles = (p.layout.m_pad as u64) / t.block_n as u64;
+    let (row_tiles, n_tiles) = tile_grid(&p, t.block_r, t.block_n)?;
     let blocks = row_tiles * n_tiles;
-    if blocks > i32::MAX as u64 {
-        return Err(Error::argument(
-            "x",
-            "fewer rows (the grid exceeds 2^31 - 1 blocks)",
-            p.rows,
-        ));
-    }
     let shape = LaunchShape {
         grid: (blocks as u32, 1, 1),
         block: (config.threads(), 1, 1),

@@ -359,7 +359,7 @@ fn wgmma_params_layout() {
 }
 
 #[test]
-fn wgmma_backend_is_accepted_and_auto_stays_mma_sp() {
+fn wgmma_backend_is_accepted_and_auto_falls_back_to_mma_sp() {
     assert_eq!(pick_backend("wgmma_sp").unwrap(), "wgmma_sp");
     assert_eq!(pick_backend("auto").unwrap(), "mma_sp");
     assert_eq!(pick_backend("mma_sp").unwrap(), "mma_sp");
