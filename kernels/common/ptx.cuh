@@ -74,29 +74,22 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
+// Defines `__device__ TYPE NAME()` returning special register `%REG` (a string literal, e.g.
+// "ctaid.x") through volatile asm (PTX ISA "Special registers"; TYPE is a 32-bit int type).
+#define FERROATTN_SREG_READER(NAME, TYPE, REG)                          \
+    __device__ __forceinline__ TYPE NAME() {                            \
+        TYPE v;                                                          \
+        asm volatile("mov.u32 %0, %%" REG ";\n" : "=r"(v));            \
+        return v;                                                        \
+    }
+
 // Launch indices read through volatile asm: the compiler must re-read them where they are
 // used instead of keeping values derived from them live (the attention kernel's lean K/V
 // loads re-read %tid.x this way; the %ctaid readers are kept for the same purpose).
-__device__ __forceinline__ int ctaid_x_volatile() {
-    int v;
-    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(v));
-    return v;
-}
-__device__ __forceinline__ int ctaid_y_volatile() {
-    int v;
-    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(v));
-    return v;
-}
-__device__ __forceinline__ int ctaid_z_volatile() {
-    int v;
-    asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(v));
-    return v;
-}
-__device__ __forceinline__ int tid_x_volatile() {
-    int v;
-    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
-    return v;
-}
+FERROATTN_SREG_READER(ctaid_x_volatile, int, "ctaid.x")
+FERROATTN_SREG_READER(ctaid_y_volatile, int, "ctaid.y")
+FERROATTN_SREG_READER(ctaid_z_volatile, int, "ctaid.z")
+FERROATTN_SREG_READER(tid_x_volatile, int, "tid.x")
 
 // 64-bit load from a .shared window address, volatile: re-executed where it is written, so
 // ptxas cannot hoist it and keep the value live in registers instead.

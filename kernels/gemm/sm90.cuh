@@ -110,16 +110,23 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 // producer in one 8192 x 4096 x 4096 launch, ~10 ns per retry).
 constexpr unsigned kWaitHintNs = 1000000u;
 
+// The body of an mbarrier wait: try_wait.parity (with the suspend-time hint) on `bar` until the
+// phase of parity `parity` has completed. SEM: "" (default .acquire.cta) or ".acquire.cluster".
+// A macro, not a helper function: mbar_wait's code stays token for token what gemm_sm90's
+// validated SASS was compiled from.
+#define FERROATTN_MBAR_WAIT_LOOP(SEM, bar, parity)                                                 \
+    unsigned done;                                                                                \
+    do {                                                                                          \
+        asm volatile(                                                                             \
+            "{\n.reg .pred p;\n"                                                                  \
+            "mbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2, %3;\n"                  \
+            "selp.u32 %0, 1, 0, p;\n}\n"                                                          \
+            : "=r"(done) : "r"(bar), "r"(parity), "n"(kWaitHintNs) : "memory");                   \
+    } while (!done)
+
 // Wait until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity), "n"(kWaitHintNs) : "memory");
-    } while (!done);
+    FERROATTN_MBAR_WAIT_LOOP("", bar, parity);
 }
 
 // ---- TMA --------------------------------------------------------------------------------
@@ -350,10 +357,17 @@ struct TileCoord {
     int z, tm, tn;
 };
 
+// A grid of tiles_m x tiles_n tiles per batch entry, raster groups of group_m m-tiles.
+struct TileGrid {
+    int tiles_m, tiles_n, group_m;
+};
+
 // Linear tile index -> (batch entry, m-tile, n-tile): batch-major; inside a batch entry,
 // groups of group_m m-tiles sweep all n-tiles (m fastest), so concurrently running CTAs
 // share their B columns and a few A rows in L2.
-__device__ __forceinline__ TileCoord tile_coord(const GemmSm90Params& p, long long t) {
+// `p`: anything with int members tiles_m, tiles_n, group_m (GemmSm90Params; TileGrid).
+template <typename Grid>
+__device__ __forceinline__ TileCoord tile_coord(const Grid& p, long long t) {
     const long long per_batch = static_cast<long long>(p.tiles_m) * p.tiles_n;
     const long long zl = t / per_batch;
     const int r = static_cast<int>(t - zl * per_batch);
@@ -573,6 +587,118 @@ __device__ __forceinline__ void epilogue(const GemmSm90Params& p, const float (&
     }
 }
 
+// ---- pipeline pieces shared by gemm_sm90 and gemm_sm90_pingpong (kernels/gemm/sm90_pingpong.cuh) --
+// Byte sizes and wgmma descriptor constants of one stage: an A tile of BM rows and a B tile of BN
+// rows, BK = 64 elements (128 bytes) each, 128B swizzle (layouts: this file's header).
+template <int BM, int BN, bool AKMajor, bool BKMajor>
+struct StageTiles {
+    // Enumerators, not static constexpr members: NVRTC emits the latter as .global variables.
+    enum : int { BK = 64 };
+    enum : unsigned {
+        kABytes = BM * BK * 2,
+        kBBytes = BN * BK * 2,
+        kStageBytes = kABytes + kBBytes,
+        kChunkBytes = 64 * BK * 2,  // one 64-element-wide MN chunk of BK rows
+        kEpiBytes = 2 * 2 * 8192,   // two 8 KiB store buffers per consumer warpgroup
+        // Leading byte offsets of the descriptors and bytes per k16 step (K-major: 32 B along
+        // the row; MN-major: 16 k-rows = 2048 B).
+        kLboA = AKMajor ? 16u : kChunkBytes,
+        kLboB = BKMajor ? 16u : kChunkBytes,
+        kStepA = AKMajor ? 32u : 2048u,
+        kStepB = BKMajor ? 32u : 2048u,
+    };
+    // Stages operand tiles + the epilogue buffers + 2 x Stages mbarriers + 1 KiB alignment slack
+    // (src/tuning/gemm_sm90.rs smem_bytes) fit in the 227 KiB a block may use.
+    template <int Stages>
+    __host__ __device__ static constexpr bool fits() {
+        return Stages >= 2 && Stages * kStageBytes + kEpiBytes + 2 * Stages * 8 + 1024 <= 227 * 1024;
+    }
+};
+
+// Dynamic shared memory of the pipeline: Stages operand stages from `base` (1024-aligned), the
+// epilogue store buffers at `epi`, then full[0..Stages) and empty[0..Stages) mbarriers at `bars`.
+template <int Stages, unsigned StageBytes, unsigned EpiBytes>
+struct PipelineSmem {
+    unsigned base, epi, bars;
+    __device__ __forceinline__ explicit PipelineSmem(const void* smem_raw)
+        : base((smem_addr(smem_raw) + 1023u) & ~1023u),
+          epi(base + Stages * StageBytes),
+          bars(epi + EpiBytes) {}
+    __device__ __forceinline__ unsigned full(int s) const { return bars + 8u * s; }
+    __device__ __forceinline__ unsigned empty(int s) const { return bars + 8u * (Stages + s); }
+    __device__ __forceinline__ unsigned stage_a(int s) const { return base + s * StageBytes; }
+};
+
+// Thread 0: full[s] count 1 (producer expect_tx), empty[s] count `empty_count`; the caller then
+// synchronises the block (or cluster) before any thread uses them.
+template <int Stages, unsigned StageBytes, unsigned EpiBytes>
+__device__ __forceinline__ void init_pipeline_barriers(const PipelineSmem<Stages, StageBytes, EpiBytes>& sm,
+                                                       unsigned empty_count) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+            mbar_init(sm.full(s), 1);
+            mbar_init(sm.empty(s), empty_count);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+}
+
+// Role register budgets (setmaxnreg; the whole warpgroup executes it).
+__device__ __forceinline__ void producer_setmaxnreg() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+}
+__device__ __forceinline__ void consumer_setmaxnreg() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+}
+
+// TMA load of one operand tile of `Rows` rows x BK = 64 k into shared address `dst`, completing
+// on mbarrier `bar`: K-major, one box (k0, mn0, z); MN-major, Rows / 64 boxes (mn0 + 64 j, k0, z),
+// one 64-wide MN chunk (8 KiB) each.
+template <bool KMajor, int Rows>
+__device__ __forceinline__ void tma_load_operand(unsigned dst, const TmaMap* map, unsigned bar,
+                                                 int k0, int mn0, int z) {
+    if constexpr (KMajor) {
+        tma_load_3d(dst, map, bar, k0, mn0, z);
+    } else {
+#pragma unroll
+        for (int j = 0; j < Rows / 64; ++j) tma_load_3d(dst + j * (64 * 64 * 2), map, bar, mn0 + 64 * j, k0, z);
+    }
+}
+
+// Ring position: next stage, flipping the phase on wrap-around.
+template <int Stages>
+__device__ __forceinline__ void advance_stage(int& stage, unsigned& phase) {
+    if (++stage == Stages) {
+        stage = 0;
+        phase ^= 1u;
+    }
+}
+
+// Moves the descriptors of stage `stage` to the next stage (back to stage 0 after the last).
+template <int Stages, unsigned StageBytes>
+__device__ __forceinline__ void advance_descs(int stage, unsigned long long& da, unsigned long long& db) {
+    const int adv = stage == Stages - 1 ? -static_cast<int>((Stages - 1) * StageBytes)
+                                        : static_cast<int>(StageBytes);
+    da = desc_at(da, adv);
+    db = desc_at(db, adv);
+}
+
+// One BK = 64 k-step of MI m64 blocks: d[i] (+)= A block i (8 KiB apart from da) x B (db); the
+// first k16 step of k-tile 0 overwrites d.
+template <typename T, int BN, bool AKMajor, bool BKMajor, int MI>
+__device__ __forceinline__ void wgmma_k_tile(float (&d)[MI][BN / 2], unsigned long long da,
+                                             unsigned long long db, int kt) {
+    using S = StageTiles<64, BN, AKMajor, BKMajor>;
+#pragma unroll
+    for (int kk = 0; kk < S::BK / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+            wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(
+                d[i], desc_at(da, i * 8192u + kk * S::kStepA), desc_at(db, kk * S::kStepB), (kt | kk) != 0);
+    }
+}
+
 }  // namespace sm90
 
 // One launch computes every (batch entry, 128 x BN tile) of the problem; grid = (min(tiles,
@@ -584,20 +710,19 @@ template <typename T, typename TOut, bool AKMajor, bool BKMajor, int BN, int Sta
 __global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ GemmSm90Params p) {
     using namespace sm90;
     constexpr int BM = 128;
-    constexpr int BK = 64;
-    constexpr unsigned kABytes = BM * BK * 2;
-    constexpr unsigned kBBytes = BN * BK * 2;
-    constexpr unsigned kStageBytes = kABytes + kBBytes;
-    constexpr unsigned kChunkBytes = 64 * BK * 2;  // one 64-element-wide MN chunk of BK rows
-    constexpr unsigned kEpiBytes = 2 * 2 * 8192;   // two 8 KiB store buffers per consumer warpgroup
-    static_assert(Stages >= 2 && Stages * kStageBytes + kEpiBytes + 2 * Stages * 8 + 1024 <= 227 * 1024,
-                  "stages do not fit in shared memory");
+    using S = StageTiles<BM, BN, AKMajor, BKMajor>;
+    // Deliberately not shared with gemm_sm90_pingpong: the local copies of S's sizes and the
+    // inline TMA loads / stage advance of the producer. Using S:: enumerators in the producer's
+    // expressions, tma_load_operand or advance_stage here compiles to different (equivalent)
+    // SASS (NVRTC 13.0, session 6 dedupe), and this kernel's SASS is the GPU-validated one.
+    constexpr int BK = S::BK;
+    constexpr unsigned kABytes = S::kABytes;
+    constexpr unsigned kStageBytes = S::kStageBytes;
+    constexpr unsigned kChunkBytes = S::kChunkBytes;
+    constexpr unsigned kEpiBytes = S::kEpiBytes;
+    static_assert(S::template fits<Stages>(), "stages do not fit in shared memory");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const unsigned epi = base + Stages * kStageBytes;
-    const unsigned bars = epi + kEpiBytes;
-    auto full = [&](int s) { return bars + 8u * s; };
-    auto empty = [&](int s) { return bars + 8u * (Stages + s); };
+    const PipelineSmem<Stages, kStageBytes, kEpiBytes> sm(smem_raw);
 
     // Broadcast from lane 0: the compiler then knows wg is warp-uniform, so the role branches
     // below are convergent and the consumers' descriptor / stage arithmetic can live in uniform
@@ -605,19 +730,12 @@ __global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ Gemm
     const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
     const int tid = threadIdx.x % 128;
     const int k_tiles = (p.k + BK - 1) / BK;
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < Stages; ++s) {
-            mbar_init(full(s), 1);
-            mbar_init(empty(s), 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    init_pipeline_barriers(sm, 8);
     __syncthreads();
 
     if (wg == 0) {
         // Producer warpgroup: one thread issues every copy.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        producer_setmaxnreg();
         if (tid == 0) {
             tma_prefetch_map(&p.tma_a);
             tma_prefetch_map(&p.tma_b);
@@ -630,10 +748,10 @@ __global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ Gemm
                 const int za = tc.z * p.a_batch_step;
                 const int zb = tc.z * p.b_batch_step;
                 for (int kt = 0; kt < k_tiles; ++kt) {
-                    mbar_wait(empty(stage), phase ^ 1u);
-                    const unsigned fb = full(stage);
+                    mbar_wait(sm.empty(stage), phase ^ 1u);
+                    const unsigned fb = sm.full(stage);
                     mbar_expect_tx(fb, kStageBytes);
-                    const unsigned sa = base + stage * kStageBytes;
+                    const unsigned sa = sm.stage_a(stage);
                     const unsigned sb = sa + kABytes;
                     const int k0 = kt * BK;
                     if constexpr (AKMajor) {
@@ -659,47 +777,37 @@ __global__ void __launch_bounds__(384, 1) gemm_sm90(const __grid_constant__ Gemm
         }
     } else {
         // Consumer warpgroups: 64 rows x BN each.
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        consumer_setmaxnreg();
         const int cw = wg - 1;
         const int lane = tid % 32;
-        constexpr unsigned kLbo = AKMajor ? 16u : kChunkBytes;
-        constexpr unsigned kLboB = BKMajor ? 16u : kChunkBytes;
-        constexpr unsigned kStepA = AKMajor ? 32u : 2048u;  // bytes per k16 step
-        constexpr unsigned kStepB = BKMajor ? 32u : 2048u;
         // The current stage's descriptors, built once and advanced with the stage (desc_at; its
         // comment has the proof that the adds are exact).
-        unsigned long long da = wgmma_desc(base + cw * (64 * BK * 2), kLbo, 1024u);
-        unsigned long long db = wgmma_desc(base + kABytes, kLboB, 1024u);
-        float d[BN / 2];
+        unsigned long long da = wgmma_desc(sm.base + cw * (64 * BK * 2), S::kLboA, 1024u);
+        unsigned long long db = wgmma_desc(sm.base + kABytes, S::kLboB, 1024u);
+        float d[1][BN / 2];
         int stage = 0;
         unsigned phase = 0;
         for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
             const TileCoord tc = tile_coord(p, t);
             int prev = 0;
             for (int kt = 0; kt < k_tiles; ++kt) {
-                mbar_wait(full(stage), phase);
+                mbar_wait(sm.full(stage), phase);
                 wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk)
-                    wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(d, desc_at(da, kk * kStepA),
-                                                                      desc_at(db, kk * kStepB), (kt | kk) != 0);
+                wgmma_k_tile<T, BN, AKMajor, BKMajor, 1>(d, da, db, kt);
                 wgmma_commit();
                 wgmma_wait<1>();
-                if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
+                if (kt > 0 && lane == 0) mbar_arrive(sm.empty(prev));
                 prev = stage;
-                const int adv = stage == Stages - 1 ? -static_cast<int>((Stages - 1) * kStageBytes)
-                                                    : static_cast<int>(kStageBytes);
-                da = desc_at(da, adv);
-                db = desc_at(db, adv);
+                advance_descs<Stages, kStageBytes>(stage, da, db);
                 if (++stage == Stages) {
                     stage = 0;
                     phase ^= 1u;
                 }
             }
             wgmma_wait<0>();
-            fence_accumulators(d);
-            if (lane == 0) mbar_arrive(empty(prev));
-            epilogue<Act, T, TOut, BN, FastEpi>(p, d, tc.z, tc.tm * BM + cw * 64, tc.tn * BN, epi + cw * 16384u,
+            fence_accumulators(d[0]);
+            if (lane == 0) mbar_arrive(sm.empty(prev));
+            epilogue<Act, T, TOut, BN, FastEpi>(p, d[0], tc.z, tc.tm * BM + cw * 64, tc.tn * BN, sm.epi + cw * 16384u,
                                        1 + cw);
         }
         if (tid == 0) bulk_wait_all();  // the last stores have read shared memory and completed

@@ -34,6 +34,7 @@
 // 2 x Stages mbarriers, 1 KiB alignment slack (src/tuning/gemm_sm90.rs smem_bytes).
 // PTX (sm_90a): as gemm_sm90 plus bar.arrive (PTX ISA "bar, barrier": bar.arrive a, b).
 #pragma once
+#include "common/ptx.cuh"  // FERROATTN_SREG_READER
 #include "gemm/sm90.cuh"
 
 namespace ferroattn {
@@ -47,21 +48,9 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
 
 // ---- 2-CTA clusters (PTX ISA "Thread block clusters", "mapa", "barrier.cluster",
 // "cp.async.bulk.tensor" .multicast::cluster, "mbarrier.arrive" .shared::cluster) -------------
-__device__ __forceinline__ unsigned cluster_ctarank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ unsigned cluster_id_x() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ unsigned cluster_count_x() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-    return r;
-}
+FERROATTN_SREG_READER(cluster_ctarank, unsigned, "cluster_ctarank")
+FERROATTN_SREG_READER(cluster_id_x, unsigned, "clusterid.x")
+FERROATTN_SREG_READER(cluster_count_x, unsigned, "nclusterid.x")
 // Every thread of every CTA of the cluster: arrive (release) then wait (acquire).
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
@@ -75,14 +64,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank)
 }
 // mbar_wait with cluster-scope acquire (the arrivals it waits for may come from the peer CTA).
 __device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity), "n"(kWaitHintNs) : "memory");
-    } while (!done);
+    FERROATTN_MBAR_WAIT_LOOP(".acquire.cluster", bar, parity);
 }
 // TMA load of one box into shared address `dst` of every CTA in `mask` (same CTA-relative
 // offset), completing on the mbarrier at the same offset `bar` in each of them.
@@ -96,19 +78,6 @@ __device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const TmaMap
         : "memory");
 }
 
-// Linear work index -> (batch entry, m-tile, n-tile) over a grid of tiles_m x tiles_n tiles per
-// batch entry (the same grouped raster as tile_coord; Cluster = 2 uses it over pairs of m-tiles).
-__device__ __forceinline__ TileCoord tile_coord_of(long long t, int tiles_m, int tiles_n, int group_m) {
-    const long long per_batch = static_cast<long long>(tiles_m) * tiles_n;
-    const long long zl = t / per_batch;
-    const int r = static_cast<int>(t - zl * per_batch);
-    const int group_size = group_m * tiles_n;
-    const int g = r / group_size;
-    const int first_m = g * group_m;
-    const int gm = min(tiles_m - first_m, group_m);
-    const int rr = r - g * group_size;
-    return {static_cast<int>(zl), first_m + rr % gm, rr / gm};
-}
 }  // namespace sm90
 
 namespace sm90 {
@@ -128,21 +97,12 @@ __device__ __forceinline__ void pingpong_body(const GemmSm90Params& p) {
                   "at most 128 fp32 accumulators per thread");
     static_assert(Cluster == 1 || (Cluster == 2 && BM == 128 && BN == 128), "clusters: 128 x 128 only");
     constexpr int MI = BM / 64;  // m64 wgmma blocks per tile
-    constexpr int BK = 64;
-    constexpr unsigned kABytes = BM * BK * 2;
-    constexpr unsigned kBBytes = BN * BK * 2;
-    constexpr unsigned kStageBytes = kABytes + kBBytes;
-    constexpr unsigned kChunkBytes = 64 * BK * 2;  // one 64-element-wide MN chunk of BK rows
-    constexpr unsigned kEpiBytes = 2 * 2 * 8192;   // two 8 KiB store buffers per consumer warpgroup
+    using S = StageTiles<BM, BN, AKMajor, BKMajor>;
+    constexpr int BK = S::BK;
     constexpr int kTurn = 3;  // named barriers 3, 4 (1, 2: the epilogues' per-warpgroup barriers)
-    static_assert(Stages >= 2 && Stages * kStageBytes + kEpiBytes + 2 * Stages * 8 + 1024 <= 227 * 1024,
-                  "stages do not fit in shared memory");
+    static_assert(S::template fits<Stages>(), "stages do not fit in shared memory");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const unsigned epi = base + Stages * kStageBytes;
-    const unsigned bars = epi + kEpiBytes;
-    auto full = [&](int s) { return bars + 8u * s; };
-    auto empty = [&](int s) { return bars + 8u * (Stages + s); };
+    const PipelineSmem<Stages, S::kStageBytes, S::kEpiBytes> sm(smem_raw);
 
     const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);  // uniform (gemm_sm90)
     const int tid = threadIdx.x % 128;
@@ -151,125 +111,94 @@ __device__ __forceinline__ void pingpong_body(const GemmSm90Params& p) {
     const int units_m = Cluster == 1 ? p.tiles_m : (p.tiles_m + 1) / 2;
     const int group_m = Cluster == 1 ? p.group_m : max(1, p.group_m / 2);
     const long long units = static_cast<long long>(p.batch) * units_m * p.tiles_n;
+    // Work unit u -> its tile coordinates (Cluster 1: gemm_sm90's tile_coord over the params).
+    auto unit_coord = [&](long long u) {
+        if constexpr (Cluster == 1) return tile_coord(p, u);
+        else return tile_coord(TileGrid{units_m, p.tiles_n, group_m}, u);
+    };
     const unsigned rank = Cluster == 1 ? 0u : cluster_ctarank();
     const long long first = Cluster == 1 ? blockIdx.x : cluster_id_x();
     const long long stride = Cluster == 1 ? gridDim.x : cluster_count_x();
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < Stages; ++s) {
-            mbar_init(full(s), 1);
-            mbar_init(empty(s), 4 * Cluster);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    init_pipeline_barriers(sm, 4 * Cluster);
     if constexpr (Cluster == 1) __syncthreads();
     else cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        producer_setmaxnreg();
         if (tid == 0) {
             tma_prefetch_map(&p.tma_a);
             tma_prefetch_map(&p.tma_b);
             int stage = 0;
             unsigned phase = 0;
             for (long long u = first; u < units; u += stride) {
-                const TileCoord tc = tile_coord_of(u, units_m, p.tiles_n, group_m);
+                const TileCoord tc = unit_coord(u);
                 const int tm = Cluster == 1 ? tc.tm : min(2 * tc.tm + static_cast<int>(rank), p.tiles_m - 1);
                 const int m0 = tm * BM;
                 const int n0 = tc.tn * BN;
                 const int za = tc.z * p.a_batch_step;
                 const int zb = tc.z * p.b_batch_step;
                 for (int kt = 0; kt < k_tiles; ++kt) {
-                    if constexpr (Cluster == 1) mbar_wait(empty(stage), phase ^ 1u);
-                    else mbar_wait_cluster(empty(stage), phase ^ 1u);
-                    const unsigned fb = full(stage);
-                    mbar_expect_tx(fb, kStageBytes);
-                    const unsigned sa = base + stage * kStageBytes;
-                    const unsigned sb = sa + kABytes;
+                    if constexpr (Cluster == 1) mbar_wait(sm.empty(stage), phase ^ 1u);
+                    else mbar_wait_cluster(sm.empty(stage), phase ^ 1u);
+                    const unsigned fb = sm.full(stage);
+                    mbar_expect_tx(fb, S::kStageBytes);
+                    const unsigned sa = sm.stage_a(stage);
+                    const unsigned sb = sa + S::kABytes;
                     const int k0 = kt * BK;
-                    if constexpr (AKMajor) {
-                        tma_load_3d(sa, &p.tma_a, fb, k0, m0, za);
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < BM / 64; ++j)
-                            tma_load_3d(sa + j * kChunkBytes, &p.tma_a, fb, m0 + 64 * j, k0, za);
-                    }
+                    tma_load_operand<AKMajor, BM>(sa, &p.tma_a, fb, k0, m0, za);
                     if constexpr (Cluster == 2) {
                         // 64 rows (K-major: box (64, 64)) or one 64-wide chunk (N-major) of B each.
-                        const unsigned dst = sb + rank * kChunkBytes;
+                        const unsigned dst = sb + rank * S::kChunkBytes;
                         const int nh = n0 + 64 * static_cast<int>(rank);
                         if constexpr (BKMajor) tma_load_3d_multicast(dst, &p.tma_b, fb, k0, nh, zb, 0x3);
                         else tma_load_3d_multicast(dst, &p.tma_b, fb, nh, k0, zb, 0x3);
-                    } else if constexpr (BKMajor) {
-                        tma_load_3d(sb, &p.tma_b, fb, k0, n0, zb);
                     } else {
-#pragma unroll
-                        for (int j = 0; j < BN / 64; ++j)
-                            tma_load_3d(sb + j * kChunkBytes, &p.tma_b, fb, n0 + 64 * j, k0, zb);
+                        tma_load_operand<BKMajor, BN>(sb, &p.tma_b, fb, k0, n0, zb);
                     }
-                    if (++stage == Stages) {
-                        stage = 0;
-                        phase ^= 1u;
-                    }
+                    advance_stage<Stages>(stage, phase);
                 }
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        consumer_setmaxnreg();
         const int cw = wg - 1;
         const int lane = tid % 32;
-        constexpr unsigned kLbo = AKMajor ? 16u : kChunkBytes;
-        constexpr unsigned kLboB = BKMajor ? 16u : kChunkBytes;
-        constexpr unsigned kStepA = AKMajor ? 32u : 2048u;  // bytes per k16 step
-        constexpr unsigned kStepB = BKMajor ? 32u : 2048u;
         // Release stage `s` (lane 0 of each warp): to this CTA, and with clusters to the peer.
         auto release = [&](int s) {
             if constexpr (Cluster == 1) {
-                mbar_arrive(empty(s));
+                mbar_arrive(sm.empty(s));
             } else {
-                mbar_arrive_cluster(empty(s), 0u);
-                mbar_arrive_cluster(empty(s), 1u);
+                mbar_arrive_cluster(sm.empty(s), 0u);
+                mbar_arrive_cluster(sm.empty(s), 1u);
             }
         };
         // Stage-0 descriptors (desc_at advances them to a stage and k16 step).
-        const unsigned long long da0 = wgmma_desc(base, kLbo, 1024u);
-        const unsigned long long db0 = wgmma_desc(base + kABytes, kLboB, 1024u);
+        const unsigned long long da0 = wgmma_desc(sm.base, S::kLboA, 1024u);
+        const unsigned long long db0 = wgmma_desc(sm.base + S::kABytes, S::kLboB, 1024u);
         float d[MI][BN / 2];
         // Ring position of this warpgroup's next k-step: warpgroup 1 starts after unit s = 0.
         long long pos = static_cast<long long>(cw) * k_tiles;
         long long s = cw;
         for (long long u = first + cw * stride; u < units; u += 2 * stride, s += 2) {
-            const TileCoord tc = tile_coord_of(u, units_m, p.tiles_n, group_m);
+            const TileCoord tc = unit_coord(u);
             const int tm = Cluster == 1 ? tc.tm : 2 * tc.tm + static_cast<int>(rank);
             int stage = static_cast<int>(pos % Stages);
             unsigned phase = static_cast<unsigned>((pos / Stages) & 1);
             // This stage's descriptors, advanced with the stage below.
-            unsigned long long da = desc_at(da0, stage * kStageBytes);
-            unsigned long long db = desc_at(db0, stage * kStageBytes);
+            unsigned long long da = desc_at(da0, stage * S::kStageBytes);
+            unsigned long long db = desc_at(db0, stage * S::kStageBytes);
             if (s > 0) named_barrier(kTurn + cw, 256);  // the other warpgroup has issued unit s - 1
             int prev = 0;
             for (int kt = 0; kt < k_tiles; ++kt) {
-                mbar_wait(full(stage), phase);
+                mbar_wait(sm.full(stage), phase);
                 wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) {
-#pragma unroll
-                    for (int i = 0; i < MI; ++i)
-                        wgmma_k16<T, BN, AKMajor ? 0 : 1, BKMajor ? 0 : 1>(
-                            d[i], desc_at(da, i * 8192u + kk * kStepA), desc_at(db, kk * kStepB), (kt | kk) != 0);
-                }
+                wgmma_k_tile<T, BN, AKMajor, BKMajor, MI>(d, da, db, kt);
                 wgmma_commit();
                 wgmma_wait<1>();
                 if (kt > 0 && lane == 0) release(prev);
                 prev = stage;
-                const int adv = stage == Stages - 1 ? -static_cast<int>((Stages - 1) * kStageBytes)
-                                                    : static_cast<int>(kStageBytes);
-                da = desc_at(da, adv);
-                db = desc_at(db, adv);
-                if (++stage == Stages) {
-                    stage = 0;
-                    phase ^= 1u;
-                }
+                advance_descs<Stages, S::kStageBytes>(stage, da, db);
+                advance_stage<Stages>(stage, phase);
             }
             // Every wgmma of this unit is issued: the other warpgroup may start its mainloop.
             if (u + stride < units) named_barrier_arrive(kTurn + (1 - cw), 256);
@@ -281,7 +210,7 @@ __device__ __forceinline__ void pingpong_body(const GemmSm90Params& p) {
 #pragma unroll
             for (int i = 0; i < MI; ++i)
                 epilogue<Act, T, TOut, BN, FastEpi>(p, d[i], tc.z, tm * BM + i * 64, tc.tn * BN,
-                                                    epi + cw * 16384u, 1 + cw);
+                                                    sm.epi + cw * 16384u, 1 + cw);
         }
         if (tid == 0) bulk_wait_all();  // the last stores have read shared memory and completed
     }
