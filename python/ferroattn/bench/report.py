@@ -66,8 +66,10 @@ def tflops(flops: float, ms: float | None) -> float | None:
 
 
 def git_commit(repo: str | os.PathLike | None = None) -> str:
-    """``git rev-parse HEAD`` (with ``-dirty`` when the tree has changes) if available, else
-    $FERROATTN_COMMIT, else "unknown"."""
+    """$FERROATTN_COMMIT when set (scripts/gpu_check.sh sets it from dist/COMMIT: the commit the
+    wheel was built from, which is what ran), else ``git rev-parse HEAD`` (with ``-dirty`` when the
+    tree has changes) of the working directory, else "unknown". Outside gpu_check on the device,
+    set FERROATTN_COMMIT: the device's copy of the tree can carry a stale git state."""
     env = os.environ.get("FERROATTN_COMMIT")
     if env:
         return env
