@@ -57,14 +57,16 @@
 // Accumulators (PTX ISA "Matrix fragments for wgmma .m64nNk16", the k32 sparse shapes use the
 // same D layout): thread t of the warpgroup, warp w = t / 32, lane l: d[4j + 2h + e] is
 // feature 16w + l/4 + 8h, token 8j + 2(l%4) + e of an m64 block's 64 x BN tile.
-// Epilogue: + bias (fp32), activation (common/activation.cuh), rounded to T, stored straight
-// from registers: one warp store covers 4 tokens x 8 consecutive features (16 B each).
+// Epilogue: + bias (fp32), activation (common/activation.cuh), rounded to T; Epi = 0 stores
+// straight from registers (one warp store covers 4 tokens x 8 consecutive features, 16 B each);
+// Epi = 1 (production since session 6: 1.05-1.10x on k = 4096 shapes) stages 64 x 64 chunks in
+// shared memory (stmatrix .trans) and stores 16 B per lane, 512 contiguous bytes per warp store.
 // Constraints (host side, src/ops/sparse24/mod.rs wgmma_unsupported): T = __half / __nv_bfloat16;
 // x's data pointer and row stride 16-byte aligned (TMA), rows >= 1; values / meta as compress
 // wrote them (m_pad % 128 == 0, k_pad % 64 == 0: the TMA maps' strides are then 16-byte
 // multiples); rows, k_pad < 2^31.
-// Dynamic shared memory: Stages x (128 BM + 256 BN + 16 BM) + 16 Stages + 1024 bytes
-// (sparse24_wgmma_smem_bytes below).
+// Dynamic shared memory: Stages x (128 BM + 256 BN + 16 BM) + 16 Stages + 1024 bytes, + 128 + 16384
+// with Epi = 1 (sparse24_wgmma_smem_bytes below).
 // PTX features (sm_90a): wgmma.mma_async.sp (m64nNk32 .f32.bf16.bf16 / .f32.f16.f16),
 // wgmma.fence / commit_group / wait_group, setmaxnreg, cp.async.bulk.tensor.3d with
 // mbarrier::complete_tx::bytes, mbarrier try_wait.parity / arrive(.expect_tx),
@@ -102,8 +104,11 @@ static_assert(sizeof(Sparse24MatmulParams) == 88 && sizeof(Sparse24WgmmaParams) 
                   alignof(Sparse24WgmmaParams) == 128,
               "Sparse24WgmmaParams layout (host mirrors)");
 
-__host__ __device__ constexpr unsigned sparse24_wgmma_smem_bytes(int bn, int stages, int bm = 128) {
-    return static_cast<unsigned>(stages) * (128u * bm + 256u * bn + 16u * bm) + 16u * stages + 1024u;
+// epi = 1 (staged epilogue) adds 128 bytes of alignment + two 8 KiB staging buffers (one per
+// consumer warpgroup: 64 tokens x 64 features of T).
+__host__ __device__ constexpr unsigned sparse24_wgmma_smem_bytes(int bn, int stages, int bm = 128, int epi = 0) {
+    return static_cast<unsigned>(stages) * (128u * bm + 256u * bn + 16u * bm) + 16u * stages + 1024u +
+           (epi ? 128u + 2u * 8192u : 0u);
 }
 
 namespace sp90 {
@@ -221,6 +226,22 @@ __device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
     return v;
 }
 
+__device__ __forceinline__ uint4 ld_shared_v4(unsigned addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+
+// stmatrix .x4 .trans: lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i; register i
+// of lane l holds fragment row l / 4, columns 2 (l % 4), 2 (l % 4) + 1 of matrix i, and memory row
+// c receives fragment COLUMN c (PTX ISA "stmatrix", .trans). With the accumulator fragment of an
+// m64 block (rows = features, columns = tokens), memory rows are tokens of 8 consecutive features.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+
 }  // namespace sp90
 
 // grid = (min(row_tiles * n_tiles, SMs)), block = 384, dynamic shared memory =
@@ -230,7 +251,13 @@ __device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
 // BM = 256 the host passes n_tiles = ceil(m_pad / 256) and maps whose values / meta boxes are 256
 // / 16 rows; a last tile's second half (rows >= m_pad) is TMA zero fill: its m64 blocks run on
 // metadata (0, 1) per group (never the zero pattern) and their outputs are never stored.
-template <typename T, int BN, int Stages, int Act, int BM = 128>
+//
+// Epi (epilogue form): 0 = stores straight from the accumulator registers (2-byte stores, 4 x 16 B
+// per warp instruction); 1 = staged: per consumer warpgroup, chunks of 64 features (one m64 block) x
+// 64 tokens go through an 8 KiB shared buffer (stmatrix .trans, 16-byte chunks XOR-swizzled by
+// token % 8: conflict-free writes and reads) and leave as 16-byte coalesced stores (8 lanes = one
+// token's 128 contiguous bytes); per element where out is not 16-byte aligned / a feature tail.
+template <typename T, int BN, int Stages, int Act, int BM = 128, int Epi = 0>
 __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_constant__ Sparse24WgmmaParams P) {
     using namespace sm90;
     constexpr int kMT = BM / 128;                             // m64 blocks per consumer warpgroup
@@ -244,13 +271,16 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
     static_assert(BM == 128 || BM == 256, "BM");
     static_assert(BN % 64 == 0 && BN <= 256, "BN");
     static_assert(kStageBytes % 1024 == 0, "1024-byte aligned stages (128B swizzle atoms)");
-    static_assert(Stages >= 2 && sparse24_wgmma_smem_bytes(BN, Stages, BM) <= 227 * 1024,
+    static_assert(Stages >= 2 && sparse24_wgmma_smem_bytes(BN, Stages, BM, Epi) <= 227 * 1024,
                   "stages do not fit in shared memory");
+    static_assert(Epi == 0 || Epi == 1, "Epi is 0 or 1");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned bars = base + Stages * kStageBytes;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (Stages + s); };
+    // Epi = 1: the two staging buffers (8 KiB each), 128-byte aligned after the barriers
+    const unsigned epi_buf = (bars + 16u * Stages + 127u) & ~127u;
 
     const Sparse24MatmulParams& p = P.p;
     const int wg = threadIdx.x / 128;
@@ -396,6 +426,75 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
             const int g = lane >> 2, tq = lane & 3;
             T* out = static_cast<T*>(p.out);
             const long long r0 = static_cast<long long>(row_tile) * BN;
+            if constexpr (Epi == 1) {
+                // 16-byte stores need out and its row stride 16-byte aligned (uniform)
+                const bool vec = (reinterpret_cast<unsigned long long>(p.out) & 15ull) == 0 &&
+                                 (p.out_row_stride & 7) == 0;
+                const unsigned buf = epi_buf + cw * 8192u;
+                const int q = lane >> 3, rr = lane & 7;
+#pragma unroll
+                for (int i = 0; i < kMT; ++i) {
+                    const int fb = n_tile * BM + (cw * kMT + i) * 64;  // first feature of m64 block i
+                    const int f0 = fb + warp * 16 + g;
+                    const int f1 = f0 + 8;
+                    float b0 = 0.0f, b1 = 0.0f;
+                    if (p.bias_kind == 2) {
+                        const float* bf = static_cast<const float*>(p.bias);
+                        if (f0 < p.n) b0 = __ldg(bf + f0);
+                        if (f1 < p.n) b1 = __ldg(bf + f1);
+                    } else if (p.bias_kind == 1) {
+                        const T* bt = static_cast<const T*>(p.bias);
+                        if (f0 < p.n) b0 = static_cast<float>(bt[f0]);
+                        if (f1 < p.n) b1 = static_cast<float>(bt[f1]);
+                    }
+#pragma unroll
+                    for (int c = 0; c < BN / 64; ++c) {
+                        // chunk: tokens 64 c .. 64 c + 63 (accumulator columns j = 8 c .. 8 c + 7).
+                        // stmatrix x4 = fragments (j, h 0), (j, h 1), (j + 1, h 0), (j + 1, h 1);
+                        // lane 8 q' + rr addresses buffer row (token) 8 (j' + q' / 2) + rr, 16-byte
+                        // chunk 2 warp + q' % 2 (features 16 warp + 8 (q' % 2) ..), swizzled.
+#pragma unroll
+                        for (int jp = 0; jp < 4; ++jp) {
+                            const int j = 8 * c + 2 * jp;
+                            // bias + activation in place (one value at a time: fewer live temporaries
+                            // than packing from eight activations at once, which spilled gelu_erf)
+#pragma unroll
+                            for (int x = 0; x < 8; ++x)
+                                d[i][4 * j + x] = activate<Act>(d[i][4 * j + x] + ((x & 2) ? b1 : b0));
+                            const unsigned w0 = pack_pair<T>(d[i][4 * j], d[i][4 * j + 1]);
+                            const unsigned w1 = pack_pair<T>(d[i][4 * j + 2], d[i][4 * j + 3]);
+                            const unsigned w2 = pack_pair<T>(d[i][4 * j + 4], d[i][4 * j + 5]);
+                            const unsigned w3 = pack_pair<T>(d[i][4 * j + 6], d[i][4 * j + 7]);
+                            const int tok = 16 * jp + 8 * (q >> 1) + rr;
+                            const int ch = (2 * warp + (q & 1)) ^ (tok & 7);
+                            sp90::stmatrix_x4_trans(buf + tok * 128 + ch * 16, w0, w1, w2, w3);
+                        }
+                        named_barrier(1 + cw, 128);  // chunk complete in buf
+#pragma unroll
+                        for (int pass = 0; pass < 4; ++pass) {
+                            const int idx = pass * 128 + tid;
+                            const int tok = idx >> 3, qq = idx & 7;
+                            const uint4 v = sp90::ld_shared_v4(buf + tok * 128 + ((qq ^ (tok & 7)) * 16));
+                            const long long r = r0 + 64 * c + tok;
+                            const int f = fb + 8 * qq;
+                            if (r < p.rows) {
+                                T* dst = out + r * p.out_row_stride + f;
+                                if (vec && f + 8 <= p.n) {
+                                    *reinterpret_cast<uint4*>(dst) = v;
+                                } else {
+                                    const unsigned wv[4] = {v.x, v.y, v.z, v.w};
+                                    unsigned short* d16 = reinterpret_cast<unsigned short*>(dst);
+#pragma unroll
+                                    for (int e = 0; e < 8; ++e)
+                                        if (f + e < p.n)
+                                            d16[e] = static_cast<unsigned short>(wv[e >> 1] >> (16 * (e & 1)));
+                                }
+                            }
+                        }
+                        named_barrier(1 + cw, 128);  // buf read by every thread: free for the next chunk
+                    }
+                }
+            } else {
 #pragma unroll
             for (int i = 0; i < kMT; ++i) {
                 // features f0 (h = 0), f0 + 8 (h = 1) of m64 block i
@@ -424,6 +523,7 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                     }
                 }
             }
+            }  // Epi == 0
         }
         // kSets = 2: keep the XOR of every metadata set (taken after its group retired) alive, so
         // ptxas cannot end a set's live range at its wgmmas and reuse the register while they

@@ -6,7 +6,7 @@
 //! (kernels/sparse24/mma_sp.cuh): out = act(x @ w.T + bias) with w (n, k) 2:4-compressed.
 //! BlockN w rows (output features) × BlockR x rows per block, k tiles of 64 (one metadata
 //! unit). `Sparse24WgmmaConfig` instantiates
-//! `ferroattn::sparse24_matmul_wgmma<T, BN, Stages, Act>` (kernels/sparse24/wgmma_sp.cuh, sm_90a:
+//! `ferroattn::sparse24_matmul_wgmma<T, BN, Stages, Act, BM, Epi>` (kernels/sparse24/wgmma_sp.cuh, sm_90a:
 //! wgmma.mma_async.sp, same compressed layout). `Sparse24CompressConfig` instantiates the
 //! compress / decompress kernels of kernels/sparse24/compress.cuh.
 
@@ -311,6 +311,9 @@ pub struct Sparse24WgmmaConfig {
     pub activation: Activation,
     pub dtype: DType,
     pub arch: Arch,
+    /// Epilogue form, the kernel's `Epi`: 0 = stores straight from the accumulator registers,
+    /// 1 = staged through shared memory (stmatrix .trans, 16-byte coalesced stores; +16.1 KiB).
+    pub epilogue: u32,
 }
 
 impl Sparse24WgmmaConfig {
@@ -318,22 +321,37 @@ impl Sparse24WgmmaConfig {
     pub const THREADS: u32 = 384;
 
     pub fn name_expression(&self) -> String {
+        // Epi = 0 is the template default: its name expression stays the 5-argument one
+        let epi = if self.epilogue == 0 {
+            String::new()
+        } else {
+            format!(", {}", self.epilogue)
+        };
         format!(
-            "{}<{}, {}, {}, {}, {}>",
+            "{}<{}, {}, {}, {}, {}{}>",
             Self::KERNEL,
             self.dtype.cuda_type(),
             self.block_r,
             self.stages,
             self.activation.code(),
-            self.block_n
+            self.block_n,
+            epi
         )
     }
 
     /// Dynamic shared memory (bytes): `stages` × (values block_n × 128 B + x 2 × block_r × 128 B +
     /// metadata block_n × 16 B) + 2 × `stages` mbarriers + 1 KiB alignment slack
     /// (`sparse24_wgmma_smem_bytes` in wgmma_sp.cuh, which static_asserts <= 227 KiB).
+    /// The staged epilogue (`epilogue` 1) adds 128 B of alignment + two 8 KiB buffers.
     pub fn smem_bytes(&self) -> u32 {
-        self.stages * (128 * self.block_n + 256 * self.block_r + 16 * self.block_n) + 16 * self.stages + 1024
+        self.stages * (128 * self.block_n + 256 * self.block_r + 16 * self.block_n)
+            + 16 * self.stages
+            + 1024
+            + if self.epilogue != 0 {
+                128 + 2 * 8192
+            } else {
+                0
+            }
     }
 }
 
@@ -342,6 +360,17 @@ impl Sparse24WgmmaConfig {
 /// 2026-11-30: 1.24× / 1.31× torch dense at 8192³ / 4096×11008×4096 bf16; 128 × 128 × 4 stages
 /// 0.91× / 1.04×).
 pub fn wgmma_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
+    wgmma_config_epilogue(activation, dtype, arch, WGMMA_EPILOGUE_DEFAULT)
+}
+
+/// `wgmma_config` with an explicit epilogue form (0 direct, 1 staged; see
+/// `Sparse24WgmmaConfig::epilogue`).
+pub fn wgmma_config_epilogue(
+    activation: Activation,
+    dtype: DType,
+    arch: Arch,
+    epilogue: u32,
+) -> Sparse24WgmmaConfig {
     Sparse24WgmmaConfig {
         block_r: 128,
         block_n: 256,
@@ -349,6 +378,24 @@ pub fn wgmma_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse2
         activation,
         dtype,
         arch,
+        epilogue,
+    }
+}
+
+/// The epilogue form production uses when $FERROATTN_WGMMA_SP_EPILOGUE is unset: 1 (staged). H200
+/// same-process A/B, 2026-11-30 05:38: staged / direct 1.05-1.10x on every k = 4096 LLM shape
+/// (bf16 8192x11008x4096: 966 vs 884 dense-equivalent TFLOP/s), 1.03x at 8192^3, 0.99-1.01x at
+/// k = 11008; outputs bitwise equal (.dev/sparse24_wgmma/NOTES_section.md).
+pub const WGMMA_EPILOGUE_DEFAULT: u32 = 1;
+
+/// Parse $FERROATTN_WGMMA_SP_EPILOGUE: unset / empty -> the default, "direct" or "0" -> 0,
+/// "smem" / "staged" or "1" -> 1; anything else None (the caller raises an ArgumentError).
+pub fn parse_wgmma_epilogue(value: Option<&str>) -> Option<u32> {
+    match value.map(str::trim) {
+        None | Some("") => Some(WGMMA_EPILOGUE_DEFAULT),
+        Some("direct") | Some("0") => Some(0),
+        Some("smem") | Some("staged") | Some("1") => Some(1),
+        Some(_) => None,
     }
 }
 
@@ -361,7 +408,9 @@ pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for activation in Activation::ALL {
-            out.push(wgmma_config(activation, dtype, arch));
+            for epilogue in [0, 1] {
+                out.push(wgmma_config_epilogue(activation, dtype, arch, epilogue));
+            }
         }
     }
     out
@@ -524,18 +573,40 @@ mod tests {
             let prod = wgmma_production_configs(arch);
             assert_eq!(
                 prod.len(),
-                if arch == Arch::Sm90a { 10 } else { 0 },
+                if arch == Arch::Sm90a { 20 } else { 0 },
                 "{arch:?}"
             );
             for c in prod {
                 assert_fits_smem(&c);
             }
         }
-        let c = wgmma_config(Activation::Silu, DType::BF16, Arch::Sm90a);
+        let c = wgmma_config_epilogue(Activation::Silu, DType::BF16, Arch::Sm90a, 0);
         assert_eq!(
             c.name_expression(),
             "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 3, 4, 256>"
         );
+        let s = Sparse24WgmmaConfig { epilogue: 1, ..c };
+        assert_eq!(
+            s.name_expression(),
+            "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 3, 4, 256, 1>"
+        );
+        // sparse24_wgmma_smem_bytes(128, 3, 256, 1)
+        assert_eq!(s.smem_bytes(), c.smem_bytes() + 128 + 16384);
+        assert!(s.smem_bytes() <= 227 * 1024);
+        assert_eq!(
+            wgmma_config(Activation::Silu, DType::BF16, Arch::Sm90a).epilogue,
+            WGMMA_EPILOGUE_DEFAULT
+        );
+        assert_eq!(parse_wgmma_epilogue(None), Some(WGMMA_EPILOGUE_DEFAULT));
+        assert_eq!(
+            parse_wgmma_epilogue(Some(" ")),
+            Some(WGMMA_EPILOGUE_DEFAULT)
+        );
+        assert_eq!(parse_wgmma_epilogue(Some("direct")), Some(0));
+        assert_eq!(parse_wgmma_epilogue(Some("0")), Some(0));
+        assert_eq!(parse_wgmma_epilogue(Some("smem")), Some(1));
+        assert_eq!(parse_wgmma_epilogue(Some("1")), Some(1));
+        assert_eq!(parse_wgmma_epilogue(Some("fast")), None);
         // sparse24_wgmma_smem_bytes(128, 3, 256) in wgmma_sp.cuh
         assert_eq!(
             c.smem_bytes(),

@@ -32,6 +32,7 @@ measured at every point, 1 otherwise, 2 for bad arguments, 3 without torch/CUDA.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -47,7 +48,10 @@ LLM_M = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 LLM_NK = ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096))
 QUICK = dict(dtypes=("bf16",), square=(4096, 8192), m=(16, 256, 4096), nk=((4096, 4096), (11008, 4096)))
 SHAPE_SETS = ("all", "square", "llm")
-KERNELS = ("mma_sp", "wgmma_sp")          # explicit kernel backends, timed besides "sparse" (the best)
+KERNELS = ("mma_sp", "wgmma_sp", "wgmma_sp_direct")  # explicit kernels, timed besides "sparse" (the best)
+#: kernel columns that are a backend run under extra environment variables (set only while that
+#: column is timed): the same-process A/B of wgmma_sp's epilogue forms (clocks drift between runs)
+KERNEL_VARIANTS = {"wgmma_sp_direct": ("wgmma_sp", {"FERROATTN_WGMMA_SP_EPILOGUE": "direct"})}
 PEERS = ("dense", "semi_structured")
 #: the large shapes of the issue's 1.3x-dense target: 8192^3 and LLM shapes with m >= 4096
 LARGE_M = 4096
@@ -173,10 +177,21 @@ def measure_point(p: dict, xs: list, ws: list, peer_err: str | None, peer_cls: s
         p["ours_error"] = _err(e)
     if not _is_fatal(p["ours_error"]):
         for kb in kernels:
+            backend, env = KERNEL_VARIANTS.get(kb, (kb, {}))
+            saved = {name: os.environ.get(name) for name in env}
             try:
-                p["kernels"][kb], _ = timed(lambda x, w, kb=kb: sparse24.matmul(x, w["ours"], backend=kb))
+                os.environ.update(env)
+                p["kernels"][kb], err = timed(lambda x, w, b=backend: sparse24.matmul(x, w["ours"], backend=b))
+                if kb in KERNEL_VARIANTS:
+                    p.setdefault("kernel_rel_err", {})[kb] = err
             except Exception as e:
                 p["kernels"][kb], p["kernel_errors"][kb] = None, _err(e)
+            finally:
+                for name, old in saved.items():
+                    if old is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = old
         try:
             p["auto_choice"] = sparse24.choose_backend(p["m"], p["n"], p["k"], x0.dtype, x0.device)
             # dense again right before auto: the ratio auto / dense compares back-to-back timings

@@ -19,9 +19,9 @@ use crate::ops::work;
 use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
-    compress_production_configs, matmul_config, matmul_production_configs, wgmma_config,
-    wgmma_production_configs, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
-    Sparse24WgmmaConfig, Tile,
+    compress_production_configs, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
+    wgmma_config_epilogue, wgmma_production_configs, CompressKind, Sparse24CompressConfig,
+    Sparse24MatmulConfig, Sparse24WgmmaConfig, Tile,
 };
 use host::Layout;
 use std::ffi::c_void;
@@ -711,7 +711,7 @@ fn launch_wgmma(
             format!("\"wgmma_sp\" with {why}"),
         ));
     }
-    let config = wgmma_config(p.activation, p.dtype, arch);
+    let config = wgmma_config_epilogue(p.activation, p.dtype, arch, wgmma_epilogue()?);
     let (rows, k) = (p.rows as u64, p.k as u64);
     let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
     let round16 = |v: u64| v.div_ceil(16).max(1) * 16;
@@ -774,6 +774,20 @@ fn launch_wgmma(
     // SAFETY: `params` mirrors Sparse24WgmmaParams; the maps describe the validated tensors,
     // which the caller keeps alive in stream order.
     unsafe { launch(kernel, p.device, &shape, stream, &mut params, info) }
+}
+
+/// The wgmma_sp epilogue form: $FERROATTN_WGMMA_SP_EPILOGUE ("direct" / "0": stores from the
+/// accumulator registers; "smem" / "staged" / "1": staged through shared memory; unset: the
+/// production default `WGMMA_EPILOGUE_DEFAULT`). Read per call (same-process A/B in benchmarks).
+fn wgmma_epilogue() -> Result<u32> {
+    let v = std::env::var("FERROATTN_WGMMA_SP_EPILOGUE").ok();
+    parse_wgmma_epilogue(v.as_deref()).ok_or_else(|| {
+        Error::argument(
+            "FERROATTN_WGMMA_SP_EPILOGUE",
+            "\"direct\", \"smem\", \"0\", \"1\" or unset",
+            format!("{:?}", v.unwrap_or_default()),
+        )
+    })
 }
 
 /// A tile forced by $FERROATTN_SPARSE24_TILE ("block_n,block_r,warps_n,warps_r,stages"; for
