@@ -54,7 +54,15 @@ MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop
 #: shapes, no record_function probe (the wrapper and its bookkeeping alone); hooks_marks_only: the
 #: bare hooks plus the native timestamps.
 DIAGNOSTIC_MODES = ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_noop_native", "hooks_nvtx",
-                    "hooks_old")
+                    "hooks_old", "hooks_pyw", "hooks_marks_only_pyw", "profile_pyw", "profile_lazy")
+#: A/B of the session-6 changes in one run: *_pyw: the Python per-call wrapper (``native_wrap=False``;
+#: its marks are ``_native.profiler_mark``, capture check at every mark: the per-call path before
+#: session 6) instead of the native one (``_native.ProfilerForward``: one native call per hooked
+#: call, marks straight from Rust, the legacy-stream capture check once per root call);
+#: profile_lazy: profile() resolving finished calls at every 4th step (``harvest_forwards = 4``)
+#: instead of at every step (the default). In the 2026-11-30 05:44 run (profiler_overhead_*_T0544)
+#: the default then was every 4th step: its "profile_eager" is today's profile, its "profile" is
+#: today's profile_lazy, its "profile_old" is today's profile_pyw.
 #: hooks_noop_native: the bare hooks whose two "marks" per call are a raw-stream lookup plus a
 #: trivial native call (``_native.profiler_enabled()``, no driver call): with hooks_bare and
 #: hooks_marks_only it splits a mark's in-situ cost into the Python->Rust call and the rest (the
@@ -120,8 +128,10 @@ class Modes:
             finally:
                 self.native.profiler_enable(False)
                 self.native.profiler_drain()
-        elif mode in ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_noop_native"):
+        elif mode in ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_noop_native", "hooks_marks_only_pyw"):
             kw = {} if mode == "hooks_no_marks" else {"nvtx": False, "record_shapes": False, "record_function": False}
+            if mode != "hooks_marks_only":   # these replace att._mark: the Python wrapper calls it
+                kw["native_wrap"] = False
             with attach(self.model, **kw) as att:
                 if mode == "hooks_noop_native":
                     raw, noop, dev = self.torch._C._cuda_getCurrentRawStream, self.native.profiler_enabled, att.device
@@ -130,7 +140,7 @@ class Modes:
                         raw(dev)
                         return 0 if noop() is False else 0
                     att._mark = fake_mark
-                elif mode != "hooks_marks_only":
+                elif mode not in ("hooks_marks_only", "hooks_marks_only_pyw"):
                     att._mark = lambda: 0    # no timestamp: nothing to resolve afterwards
                 yield (lambda: att.discard())
         elif mode == "hooks_old":
@@ -139,6 +149,9 @@ class Modes:
         elif mode == "hooks":
             with attach(self.model) as att:
                 yield (lambda: GAPS.append(_sibling_gaps(att.resolve())))
+        elif mode == "hooks_pyw":
+            with attach(self.model, native_wrap=False) as att:
+                yield att.resolve
         elif mode in ("hooks_no_nvtx", "hooks_torch", "hooks_nvtx"):
             kw = {"nvtx": False} if mode == "hooks_no_nvtx" else {"mode": "torch"} if mode == "hooks_torch" \
                 else {"nvtx": True}
@@ -153,8 +166,11 @@ class Modes:
             finally:
                 for h in handles:
                     h.remove()
-        elif mode == "profile":
-            with profile(self.model) as prof:
+        elif mode in ("profile", "profile_pyw", "profile_lazy"):
+            kw = {"native_wrap": False} if mode == "profile_pyw" else {}
+            with profile(self.model, **kw) as prof:
+                if mode == "profile_lazy":
+                    prof.harvest_forwards = 4
                 yield prof.step
         else:
             raise ValueError(mode)
@@ -294,6 +310,30 @@ def per_call_us(n: int = 10000) -> dict:
         with torch.cuda.stream(side):   # a non-legacy stream: the capture check runs
             out["native_mark_side_stream_us"] = loop(
                 lambda: marks.append(_native.profiler_mark(raw(dev), dev)), release)
+        # one hooked call of a module with no GPU work (torch.nn.Identity as the root), per wrapper:
+        # Module.__call__ + the per-call path + its two marks; "plain": Module.__call__ alone
+        from ferroattn.profiler import attach
+        ident, xs = torch.nn.Identity(), torch.zeros(1, device="cuda")
+        k = max(1, n // 5)
+
+        def call_loop():
+            runs = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    ident(xs)
+                runs.append((time.perf_counter() - t0) / k * 1e6)
+                torch.cuda.synchronize()
+                if att is not None:
+                    att.discard()
+            return statistics.median(runs)
+        att = None
+        out["identity_plain_us"] = call_loop()
+        for label, kw in (("native", {}), ("pyw", {"native_wrap": False})):
+            with attach(ident, **kw) as att:
+                out[f"identity_hooked_{label}_us"] = call_loop()
+                out[f"identity_hooked_{label}_is_native"] = att._native_forward is not None
+            att = None
     return out
 
 

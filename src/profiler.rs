@@ -408,7 +408,10 @@ pub(crate) fn recorded_launch(
     go: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
     let s = stream as sys::CUstream;
-    if capturing(s) {
+    // inside a hooked root call whose legacy-stream check found no capture (see mark_scoped), a
+    // launch on the legacy stream needs no check of its own
+    let legacy_clear = (stream == 0 || stream == 1) && LEGACY_CLEAR.with(|c| c.get());
+    if !legacy_clear && capturing(s) {
         lock(&BOOK).skipped_capture += 1;
         return go();
     }
@@ -539,6 +542,73 @@ pub fn mark(device: i32, stream: u64) -> Result<u64> {
     if capturing(s) {
         return Ok(0);
     }
+    record_mark(device, s)
+}
+
+/// Where a mark sits in a hooked root call (the outermost profiled module call of a forward):
+/// what [`mark_scoped`] may skip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The start of a root call: the full capture check; on the legacy stream its outcome is
+    /// remembered for the marks of this root call.
+    Open,
+    /// A mark inside the root call.
+    Inner,
+    /// The end of the root call (uses the remembered outcome, then forgets it).
+    Close,
+}
+
+thread_local! {
+    /// Set by a [`Scope::Open`] mark on the legacy stream that found no capture (or an inner one
+    /// that checked); cleared by any [`Scope::Close`], by an Open off the legacy stream and by a
+    /// check that found a capture.
+    static LEGACY_CLEAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`mark`] for the module hooks' per-call path (the native forward wrapper): the capture check on
+/// the legacy stream (0 or CU_STREAM_LEGACY) runs once per root call (at [`Scope::Open`], and at any later mark when
+/// that check did not run or failed) instead of at every mark; every mark on any other stream is
+/// checked as [`mark`] does.
+///
+/// Why that is safe: the legacy stream itself can never capture; its check only reports
+/// CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a *blocking* stream of the context captures. A
+/// capture that starts inside the root call does so on a stream that the capturing code makes
+/// current (torch.cuda.graph does), so the next mark is on that stream and is checked; and a
+/// capture of a blocking stream begun by another thread during the forward is already broken by
+/// the forward's own launches on the legacy stream (each is the same implicit dependency). torch's
+/// own streams are non-blocking (its stream pool), so its captures never involve the legacy stream.
+pub fn mark_scoped(device: i32, stream: u64, scope: Scope) -> Result<u64> {
+    bind_cached(device)?;
+    let s = stream as sys::CUstream;
+    if stream == 0 || stream == 1 {
+        // the legacy stream: 0, or CU_STREAM_LEGACY (0x1)
+        let clear = match scope {
+            Scope::Open => false,
+            Scope::Inner | Scope::Close => LEGACY_CLEAR.with(|c| c.get()),
+        };
+        if !clear {
+            let cap = capturing(s);
+            LEGACY_CLEAR.with(|c| c.set(!cap && scope != Scope::Close));
+            if cap {
+                return Ok(0);
+            }
+        } else if scope == Scope::Close {
+            LEGACY_CLEAR.with(|c| c.set(false));
+        }
+    } else {
+        if scope != Scope::Inner {
+            // a root call that opens or closes off the legacy stream: nothing remembered for the next
+            LEGACY_CLEAR.with(|c| c.set(false));
+        }
+        if capturing(s) {
+            return Ok(0);
+        }
+    }
+    record_mark(device, s)
+}
+
+/// Record a pooled event of `device` on `s` and keep it as a mark (the checks done).
+fn record_mark(device: i32, s: sys::CUstream) -> Result<u64> {
     let mut book = lock(&BOOK);
     if !book.admit_mark() {
         return Ok(0);

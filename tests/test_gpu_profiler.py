@@ -23,7 +23,10 @@ hooks' host cost shows: measured and reported in (b), not asserted):
     a positive time against a torch event, query/resolve/release keep their contract, a capturing
     stream gets no mark; torch-hook mode (``mode="torch"``) gives the same records as the default;
 (k) launch_overhead of the whole model forward (``model_forward``, 1 x 128 tokens) captures and
-    replays: finite, graph_ms <= eager_ms.
+    replays: finite, graph_ms <= eager_ms;
+(l) the native per-call path (``_native.ProfilerForward``, the default wrapper on a GPU) gives the
+    Python wrapper's records (names, depths; root time within 5 %), and a hooked module called
+    while a CUDA graph captures records nothing and leaves the capture valid (replays).
 
 Numbers are printed (run pytest with -s to see them) and, when $FERROATTN_RESULTS_DIR is set,
 written to $FERROATTN_RESULTS_DIR/profiler_gpu.json. Marker ``gpu``: skipped without CUDA.
@@ -310,3 +313,38 @@ def test_k_launch_overhead_of_the_whole_model(llama):
                                         "overhead_pct": lo.overhead_pct})
     assert all(math.isfinite(v) for v in (lo.eager_ms, lo.graph_ms, lo.overhead_pct))
     assert 0 < lo.graph_ms <= lo.eager_ms, str(lo)
+
+
+def test_l_native_wrapper_records_and_capture(llama):
+    from ferroattn.profiler import attach
+    model, fwd = llama
+    recs = {}
+    for nw in (True, False):
+        with profile(model, native_wrap=nw) as prof:
+            assert (prof._att._native_forward is not None) is nw
+            fwd()
+        recs[nw] = prof.records.modules
+    assert [(r.name, r.depth) for r in recs[True]] == [(r.name, r.depth) for r in recs[False]]
+    roots = {nw: sum(r.gpu_ms for r in rs if r.depth == 0) for nw, rs in recs.items()}
+    assert abs(roots[True] - roots[False]) <= 0.05 * roots[False], roots
+    # capture: the hooked call inside torch.cuda.graph gets no record; the graph replays
+    lin = torch.nn.Linear(64, 64, device="cuda")
+    x = torch.randn(8, 64, device="cuda")
+    with attach(lin) as att:
+        assert att._native_forward is not None
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            lin(x)                                 # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        assert len(att.resolve()) == 1
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = lin(x)
+        assert att.resolve() == [], "no record for a call made while capturing"
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.allclose(y, lin(x))
+        assert len(att.resolve()) == 1, "recording resumes after the capture"
+    _report("l_native_wrapper", {"root_ms": {str(k): v for k, v in roots.items()}})

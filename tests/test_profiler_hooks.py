@@ -18,8 +18,29 @@ def _hook_count(model):
                for m in model.modules())
 
 
+def _native_forward_built() -> bool:
+    try:
+        from ferroattn import _native
+    except Exception:
+        return False
+    return hasattr(_native, "ProfilerForward")
+
+
+#: whether the extension has the native per-call path (_native.ProfilerForward): "nwrap" variants
+NWRAP = _native_forward_built()
+#: hook modes: "wrap" (the Python wrapper), "torch" (torch hooks), "nwrap" (wrap mode, native wrapper)
+MODES = ["wrap", "torch"] + (["nwrap"] if NWRAP else [])
+#: wrap-mode wrappers: the Python one, the native one
+WRAPS = ["wrap"] + (["nwrap"] if NWRAP else [])
+
+
+def _mk(mode):
+    """attach keyword arguments of a hook mode of MODES."""
+    return {"mode": "torch"} if mode == "torch" else {"mode": "wrap", "native_wrap": mode == "nwrap"}
+
+
 #: (mode, timestamps): torch events (fake) or native marks (fake _native)
-VARIANTS = [("wrap", "events"), ("torch", "events"), ("wrap", "native"), ("torch", "native")]
+VARIANTS = [(m, stamps) for stamps in ("events", "native") for m in MODES]
 
 
 def _setup(n, variant):
@@ -27,7 +48,7 @@ def _setup(n, variant):
     synchronize or native resolve calls)."""
     mode, stamps = variant
     clock, model, factory = make(n)
-    kw = {"event_factory": factory, "mode": mode}
+    kw = {"event_factory": factory, **_mk(mode)}
     native = None
     if stamps == "native":
         native = FakeNative(clock)
@@ -101,7 +122,7 @@ def test_hooks_removed_after_exit_and_on_exception(variant):
     with pytest.raises(RuntimeError, match="boom"):
         with attach(model, **kw):
             assert _hook_count(model) == (2 if variant[0] == "torch" else 1) * 8
-            if variant[0] == "wrap":
+            if variant[0] != "torch":
                 assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
             raise RuntimeError("boom")
     assert _hook_count(model) == 0
@@ -126,11 +147,11 @@ def test_module_raising_inside_forward_closes_its_ranges(variant):
     assert _hook_count(model) == 0
 
 
-@pytest.mark.parametrize("mode", ["wrap", "torch"])
+@pytest.mark.parametrize("mode", MODES)
 def test_record_function_ranges_show_in_torch_profiler(mode):
     clock, model, factory = make(1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
-        with attach(model, event_factory=factory, mode=mode):
+        with attach(model, event_factory=factory, **_mk(mode)):
             model(torch.zeros(1))
     names = {e.key for e in tp.key_averages()}
     assert {"Decoder", "layers.0", "layers.0.self_attn", "layers.0.mlp"} <= names
@@ -187,7 +208,7 @@ def test_llama_top_level_components_are_hooked():
     assert [n for n, _ in find_targets(model, top_level=False)][1] == "model.layers.0"
 
 
-@pytest.mark.parametrize("mode", ["wrap", "torch"])
+@pytest.mark.parametrize("mode", MODES)
 def test_llama_depth1_records_cover_the_whole_forward(mode):
     """Every leaf module advances a fake clock by 1 ms: the root's time is the number of leaves
     called; the depth-1 records (top-level components + layers) must account for all of it.
@@ -213,7 +234,7 @@ def test_llama_depth1_records_cover_the_whole_forward(mode):
             m.forward = ticking
             originals[m] = ticking
     try:
-        with attach(model, event_factory=lambda: FakeEvent(clock), mode=mode) as att:
+        with attach(model, event_factory=lambda: FakeEvent(clock), **_mk(mode)) as att:
             with torch.inference_mode():
                 model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
             recs = att.resolve()
@@ -296,11 +317,12 @@ def test_prewarm_fills_the_pool_with_recorded_events():
 
 # ---- wrap mode: forward wrappers --------------------------------------------------------------
 
-def test_wrap_keeps_the_signature_and_restores_the_class_forward():
+@pytest.mark.parametrize("nw", WRAPS)
+def test_wrap_keeps_the_signature_and_restores_the_class_forward(nw):
     clock, model, factory = make(1)
     layer = model.layers[0]
     before = inspect.signature(layer.forward)
-    with attach(model, event_factory=factory, mode="wrap"):
+    with attach(model, event_factory=factory, **_mk(nw)):
         assert "forward" in layer.__dict__
         assert inspect.signature(layer.forward) == before
         assert layer.forward.__wrapped__ == Layer.forward.__get__(layer)
@@ -308,7 +330,8 @@ def test_wrap_keeps_the_signature_and_restores_the_class_forward():
     assert "forward" not in layer.__dict__ and layer.forward.__func__ is Layer.forward
 
 
-def test_wrap_chains_and_restores_an_existing_instance_forward():
+@pytest.mark.parametrize("nw", WRAPS)
+def test_wrap_chains_and_restores_an_existing_instance_forward(nw):
     """An instance-level forward already there (accelerate's hooks do this) is called by our
     wrapper and put back afterwards, also when the forward raised."""
     clock, model, factory = make(1)
@@ -320,7 +343,7 @@ def test_wrap_chains_and_restores_an_existing_instance_forward():
         return _orig(x)
     mlp.forward = theirs
     with pytest.raises(RuntimeError, match="boom"):
-        with attach(model, event_factory=factory, mode="wrap") as att:
+        with attach(model, event_factory=factory, **_mk(nw)) as att:
             model(torch.zeros(1))
             recs = att.resolve()
             raise RuntimeError("boom")
@@ -328,10 +351,11 @@ def test_wrap_chains_and_restores_an_existing_instance_forward():
     assert {r.name: r.gpu_ms for r in recs}["layers.0.mlp"] == pytest.approx(3.0)
 
 
-def test_wrap_leaves_a_wrapper_installed_over_ours_and_turns_pass_through():
+@pytest.mark.parametrize("nw", WRAPS)
+def test_wrap_leaves_a_wrapper_installed_over_ours_and_turns_pass_through(nw):
     clock, model, factory = make(1)
     attn = model.layers[0].self_attn
-    att = attach(model, event_factory=factory, mode="wrap")
+    att = attach(model, event_factory=factory, **_mk(nw))
     ours = attn.__dict__["forward"]
 
     def later(x, _inner=ours):
@@ -345,10 +369,11 @@ def test_wrap_leaves_a_wrapper_installed_over_ours_and_turns_pass_through():
 
 
 @pytest.mark.parametrize("order", ["inner_first", "outer_first"])
-def test_wrap_nested_attachments_leave_the_model_clean_in_any_order(order):
+@pytest.mark.parametrize("nw", WRAPS)
+def test_wrap_nested_attachments_leave_the_model_clean_in_any_order(order, nw):
     clock, model, factory = make(2)
-    a = attach(model, event_factory=factory, mode="wrap")
-    b = attach(model, event_factory=factory, mode="wrap")
+    a = attach(model, event_factory=factory, **_mk(nw))
+    b = attach(model, event_factory=factory, **_mk(nw))
     model(torch.zeros(1))
     ra, rb = a.resolve(), b.resolve()
     assert [r.name for r in ra] == [r.name for r in rb] and len(ra) == len(a.targets)
@@ -358,11 +383,12 @@ def test_wrap_nested_attachments_leave_the_model_clean_in_any_order(order):
     assert _hook_count(model) == 0
 
 
-def test_wrap_bypasses_torch_hook_dispatch():
+@pytest.mark.parametrize("nw", WRAPS)
+def test_wrap_bypasses_torch_hook_dispatch(nw):
     """With wrap mode the hooked modules carry no torch hooks, so Module.__call__ keeps its fast
     path (no _call_impl hook handling)."""
     clock, model, factory = make(2)
-    with attach(model, event_factory=factory, mode="wrap") as att:
+    with attach(model, event_factory=factory, **_mk(nw)) as att:
         assert all(not m._forward_hooks and not m._forward_pre_hooks for _, m in att.targets)
         assert all(m.__dict__.get("forward") is not None for _, m in att.targets)
 
@@ -432,30 +458,31 @@ def test_nvtx_tool_detection_follows_the_injection_variable(monkeypatch):
     assert nvtx_tool_attached() is True
 
 
-@pytest.mark.parametrize("mode", ["wrap", "torch"])
+@pytest.mark.parametrize("mode", MODES)
 def test_nvtx_ranges_pushed_and_popped_per_call_when_on(mode, monkeypatch):
     pushed, popped = [], []
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(name))
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: popped.append(1))
     clock, model, factory = make(2)
-    with attach(model, event_factory=factory, nvtx=True, mode=mode) as att:
+    with attach(model, event_factory=factory, nvtx=True, **_mk(mode)) as att:
         model(torch.zeros(1))
         att.resolve()
     assert pushed == [n for n, _ in att.targets] and len(popped) == len(pushed)
     pushed.clear()
-    with attach(model, event_factory=factory, mode=mode) as att:   # nvtx=None: no CUDA here -> off
+    with attach(model, event_factory=factory, **_mk(mode)) as att:   # nvtx=None: no CUDA here -> off
         model(torch.zeros(1))
         att.resolve()
     assert pushed == [] and att.nvtx is (torch.cuda.is_available() and bool(__import__("os").environ.get(
         "NVTX_INJECTION64_PATH")))
 
 
-def test_wrap_path_records_in_order_and_survives_take_between_forwards():
+@pytest.mark.parametrize("nw", WRAPS)
+def test_wrap_path_records_in_order_and_survives_take_between_forwards(nw):
     """The inlined wrapper appends to the attachment's call log in place: take()/harvest() between
     forwards must not detach the log from the wrappers."""
     clock, model, factory = make(2)
     native = FakeNative(clock)
-    with attach(model, event_factory=factory, native=native) as att:
+    with attach(model, event_factory=factory, native=native, **_mk(nw)) as att:
         for _ in range(3):
             model(torch.zeros(1, 3))
             recs = att.resolve()                 # take() inside
@@ -465,11 +492,12 @@ def test_wrap_path_records_in_order_and_survives_take_between_forwards():
         assert att.calls == [] and native.marks == {}
 
 
-def test_wrap_closes_calls_a_raising_child_left_open():
+@pytest.mark.parametrize("nw", WRAPS)
+def test_wrap_closes_calls_a_raising_child_left_open(nw):
     """A call whose entry is no longer the top of the open-call stack (something above it left
     open) closes everything above it too (the slow path of the inlined wrapper)."""
     clock, model, factory = make(1)
-    with attach(model, event_factory=factory) as att:
+    with attach(model, event_factory=factory, **_mk(nw)) as att:
         inner = model.layers[0].self_attn.__dict__["forward"]
         dangling = [["x", "X", 9, 0, att._mark(), None, None, None, None]]
 
@@ -484,3 +512,78 @@ def test_wrap_closes_calls_a_raising_child_left_open():
         assert att._open == [] and dangling[0][5] is not None, "closed by the layer's exit"
         recs = att.resolve()
     assert len(recs) == len(att.targets)
+
+
+# ---- the native per-call path (_native.ProfilerForward) -----------------------------------------
+
+@pytest.mark.skipif(not NWRAP, reason="the extension lacks ProfilerForward")
+def test_native_wrapper_gives_the_python_wrappers_records_and_is_collectable():
+    import gc
+    import weakref
+    recs = {}
+    for nw in ("wrap", "nwrap"):
+        clock, model, factory = make(2)
+        native = FakeNative(clock)
+        with attach(model, event_factory=factory, native=native, **_mk(nw)) as att:
+            assert (att._native_forward is not None) is (nw == "nwrap")
+            assert type(model.layers[0].__dict__["forward"]).__name__ == ("ProfilerForward" if nw == "nwrap"
+                                                                          else "function")
+            att.step = 3
+            model(torch.zeros(2, 3))
+            recs[nw] = [(r.name, r.kind, r.depth, r.step, r.gpu_ms, r.start_us, r.input_shapes) for r in att.resolve()]
+            assert native.mark_streams and native.marks == {}
+    assert recs["wrap"] == recs["nwrap"] and len(recs["wrap"]) == 8
+    # a model left attached (never removed) is still garbage once unreferenced: the wrapper takes part
+    # in cyclic GC (module -> wrapper -> module)
+    clock, model, factory = make(1)
+    attach(model, event_factory=factory, native_wrap=True)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize("nw", WRAPS)
+def test_a_model_copied_while_attached_shares_the_wrapper(nw):
+    """copy.deepcopy of an attached model works with either wrapper (a Python function is atomic
+    to deepcopy; the native wrapper copies as itself)."""
+    import copy
+    clock, model, factory = make(1)
+    with attach(model, event_factory=factory, **_mk(nw)):
+        twin = copy.deepcopy(model)
+        assert twin.layers[0].__dict__["forward"] is model.layers[0].__dict__["forward"]
+        assert copy.copy(model.layers[0].__dict__["forward"]) is model.layers[0].__dict__["forward"]
+
+
+@pytest.mark.skipif(not NWRAP, reason="the extension lacks ProfilerForward")
+def test_native_wrapper_passes_arguments_results_and_errors_through():
+    class M(torch.nn.Module):
+        def forward(self, x, *rest, scale=1.0, **kw):
+            if kw.get("fail"):
+                raise KeyError("fail")
+            return x * scale, rest, kw
+
+    clock, _, factory = make(1)
+    m = M()
+    with attach(m, event_factory=factory, native_wrap=True) as att:
+        y, rest, kw = m(torch.ones(2), 5, None, scale=2.0, extra="e")
+        assert torch.equal(y, torch.full((2,), 2.0)) and rest == (5, None) and kw == {"extra": "e"}
+        with pytest.raises(KeyError, match="fail"):
+            m(torch.ones(1), fail=True)
+        assert att._open == []
+        recs = att.resolve()
+        assert [r.input_shapes for r in recs] == [((2,), None, None), ((1,),)]
+        att.enabled = False
+        m(torch.ones(1))
+        assert att.calls == []
+    assert "forward" not in m.__dict__
+
+
+def test_native_wrap_true_without_the_class_is_an_argument_error(monkeypatch):
+    from ferroattn.profiler import hooks
+    monkeypatch.setattr(hooks, "_native_forward_class", lambda: None)
+    clock, model, factory = make(1)
+    with pytest.raises(ArgumentError, match="native_wrap"):
+        attach(model, event_factory=factory, native_wrap=True)
+    with attach(model, event_factory=factory) as att:      # auto: the Python wrapper
+        assert att._native_forward is None

@@ -99,8 +99,14 @@ def test_usable_inside_torch_profiler():
     assert len(prof.records.modules) == 5
 
 
-def test_long_window_harvests_finished_calls_between_steps_and_reuses_events():
+@pytest.mark.parametrize("every", [1, 4])
+def test_long_window_harvests_finished_calls_between_steps_and_reuses_events(every):
+    """harvest_forwards = every: a step resolves the finished calls once `every` forwards' worth
+    are unresolved (1, the default: at every step; 4: at every 4th), and later forwards reuse
+    their events."""
     from _profiler_fakes import FakeEvent
+    assert profile.harvest_forwards == 1
+    n = 8
 
     def run(with_query):
         clock, model, _ = make(3)
@@ -116,7 +122,8 @@ def test_long_window_harvests_finished_calls_between_steps_and_reuses_events():
             return e
 
         with profile(model, event_factory=factory) as prof:
-            for _ in range(4):
+            prof.harvest_forwards = every
+            for _ in range(n):
                 model(torch.zeros(1))
                 prof.step()
         return prof.records.modules, len(made)
@@ -125,9 +132,9 @@ def test_long_window_harvests_finished_calls_between_steps_and_reuses_events():
     plain, made_plain = run(False)
     key = lambda r: (r.name, r.step, r.depth, round(r.start_us, 6), round(r.gpu_ms, 6))  # noqa: E731
     assert [key(r) for r in harvested] == [key(r) for r in plain]        # same records, same (call) order
-    per_forward = len(plain) // 4
-    assert made_plain == 4 * 2 * per_forward + 1                         # two events per call + the window's reference
-    assert made_q <= 2 * per_forward + 1                                 # later forwards reuse harvested events
+    per_forward = len(plain) // n
+    assert made_plain == n * 2 * per_forward + 1                         # two events per call + the window's reference
+    assert made_q == every * 2 * per_forward + 1                         # later forwards reuse harvested events
 
 
 # ---- native marks (fake _native) ----------------------------------------------------------------

@@ -11,7 +11,7 @@ and dl_device_type is 1 (CPU) or 2 (CUDA).
 Errors are raised as the classes of ferroattn.errors.
 """
 from pathlib import Path
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 DLPackLike = Any
 TensorMeta = Tuple[Tuple[int, ...], Tuple[int, ...], str, Tuple[int, int]]
@@ -191,6 +191,25 @@ def profiler_marks_resolve(marks: Sequence[int], reference_event: Optional[int] 
 def profiler_marks_release(marks: Sequence[int]) -> int:
     """Forget marks without timing them (their events go back to the pool); ids that are not
     unresolved marks are ignored. Returns how many were released."""
+class ProfilerForward:
+    """The module hooks' per-call path as one native callable (python/ferroattn/profiler/hooks.py,
+    wrap mode; attach() builds it, and its contract is the Python wrapper there, mirrored step for
+    step): stored as a hooked module's instance ``forward``. ``__call__(*args, **kwargs)``: when
+    ``att._live`` and not ``kill[0]``, appends the call entry ``[name, kind, depth, att.step, start
+    mark, end mark, shapes, module, record_function range]`` to ``calls`` and ``stack`` (shapes of
+    the tensor positional arguments when ``shapes``; a ``record_function`` range via
+    ``open_rf(name)`` while ``probe()``; ``push(name)``), calls ``inner(*args, **kwargs)`` and closes
+    the entry (end mark, ``pop()``, the range's ``__exit__``; ``close(entry)`` when the entry is not
+    the top of ``stack``), also when ``inner`` raises; else just calls ``inner``. Marks: ``mark()``
+    when given, else native marks of ``device`` on ``raw_stream(device)`` recorded from Rust (as
+    profiler_mark, except that the capture check of the legacy stream runs once per root call:
+    the call at depth 0). Has an instance ``__dict__``; takes part in cyclic GC."""
+    def __init__(self, inner: Callable, att: Any, name: str, kind: str, module: Any, stack: list, calls: list,
+                 kill: list, close: Callable, raw_stream: Optional[Callable[[int], int]], device: int,
+                 mark: Optional[Callable[[], Any]], probe: Optional[Callable[[], bool]], open_rf: Callable,
+                 push: Optional[Callable[[str], Any]], pop: Optional[Callable[[], Any]], tensor: type,
+                 shapes: bool) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 # ---- dense GEMM (issue 4) -----------------------------------------------------------
 # out[i] = act(alpha * a[i] @ b[i] + beta * c[i] + bias)   for i in range(batch)

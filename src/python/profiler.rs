@@ -7,7 +7,8 @@ use crate::error::Result;
 use crate::profiler;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict};
+use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
+use pyo3::{intern, PyTraverseError, PyVisit};
 
 /// Turn the recording of our kernel launches on or off, process-wide. `enabled` must be a
 /// bool (TypeError naming it otherwise).
@@ -150,6 +151,254 @@ fn profiler_marks_release(marks: &Bound<'_, PyAny>) -> PyResult<usize> {
     Ok(profiler::marks_release(&mark_ids(marks)?))
 }
 
+/// The module hooks' per-call path in one native call (python/ferroattn/profiler/hooks.py, wrap
+/// mode; the contract is the Python wrapper there, which this mirrors step for step): stored as
+/// the hooked module's instance `forward`; a call opens a call entry (start mark, shapes, depth,
+/// step, record_function / NVTX ranges when given), calls `inner`, and closes the entry (end
+/// mark, ranges) also when `inner` raises. The entry is the 9-item list the Python side reads:
+/// [name, kind, depth, step, start mark, end mark, shapes, module, record_function context].
+///
+/// Marks: with `mark` None, native marks straight from Rust (`crate::profiler::mark_scoped` on
+/// `raw_stream(device)`, fetched per mark); otherwise `mark()` (a Python callable returning a
+/// token). Has an instance `__dict__` (functools.update_wrapper and the restore bookkeeping set
+/// attributes on it) and takes part in cyclic GC (it references its module).
+#[pyclass(name = "ProfilerForward", module = "ferroattn._native", dict, frozen)]
+struct ProfilerForward {
+    inner: Py<PyAny>,
+    att: Py<PyAny>,
+    name: Py<PyAny>,
+    kind: Py<PyAny>,
+    module: Py<PyAny>,
+    stack: Py<PyList>,
+    calls: Py<PyList>,
+    kill: Py<PyList>,
+    close: Py<PyAny>,
+    raw_stream: Py<PyAny>,
+    device: i32,
+    mark: Option<Py<PyAny>>,
+    probe: Option<Py<PyAny>>,
+    open_rf: Py<PyAny>,
+    push: Option<Py<PyAny>>,
+    pop: Option<Py<PyAny>>,
+    tensor: Py<PyAny>,
+    shapes: bool,
+}
+
+impl ProfilerForward {
+    fn take_mark<'py>(
+        &self,
+        py: Python<'py>,
+        scope: profiler::Scope,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(m) = &self.mark {
+            return m.bind(py).call0();
+        }
+        let stream: u64 = self.raw_stream.bind(py).call1((self.device,))?.extract()?;
+        let id = profiler::mark_scoped(self.device, stream, scope)?;
+        Ok(id.into_pyobject(py)?.into_any())
+    }
+
+    fn shapes_of<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if !self.shapes || args.is_empty() {
+            return Ok(py.None().into_bound(py));
+        }
+        let tensor = self.tensor.bind(py);
+        let shape = |a: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+            if a.is_instance(tensor)? {
+                a.getattr(intern!(py, "shape"))
+            } else {
+                Ok(py.None().into_bound(py))
+            }
+        };
+        if args.len() == 1 {
+            let a = args.get_item(0)?;
+            if a.is_instance(tensor)? {
+                return a.getattr(intern!(py, "shape"));
+            }
+            return Ok(PyList::new(py, [py.None()])?.into_any());
+        }
+        let out = PyList::empty(py);
+        for a in args.iter() {
+            out.append(shape(a)?)?;
+        }
+        Ok(out.into_any())
+    }
+
+    /// The Python wrapper's `finally` block.
+    fn finish<'py>(&self, py: Python<'py>, call: &Bound<'py, PyList>) -> PyResult<()> {
+        let stack = self.stack.bind(py);
+        let n = stack.len();
+        if n > 0 && stack.get_item(n - 1)?.is(call) {
+            stack.del_item(n - 1)?;
+            if call.get_item(5)?.is_none() {
+                let scope = if n == 1 {
+                    profiler::Scope::Close
+                } else {
+                    profiler::Scope::Inner
+                };
+                call.set_item(5, self.take_mark(py, scope)?)?;
+            }
+            if let Some(pop) = &self.pop {
+                pop.bind(py).call0()?;
+            }
+            let rf = call.get_item(8)?;
+            if !rf.is_none() {
+                call.set_item(8, py.None())?;
+                rf.call_method1(intern!(py, "__exit__"), (py.None(), py.None(), py.None()))?;
+            }
+            Ok(())
+        } else {
+            self.close.bind(py).call1((call,)).map(|_| ())
+        }
+    }
+}
+
+#[pymethods]
+impl ProfilerForward {
+    #[new]
+    #[pyo3(signature = (inner, att, name, kind, module, stack, calls, kill, close, raw_stream, device,
+                        mark, probe, open_rf, push, pop, tensor, shapes))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        inner: Py<PyAny>,
+        att: Py<PyAny>,
+        name: Py<PyAny>,
+        kind: Py<PyAny>,
+        module: Py<PyAny>,
+        stack: Py<PyList>,
+        calls: Py<PyList>,
+        kill: Py<PyList>,
+        close: Py<PyAny>,
+        raw_stream: Py<PyAny>,
+        device: i32,
+        mark: Option<Py<PyAny>>,
+        probe: Option<Py<PyAny>>,
+        open_rf: Py<PyAny>,
+        push: Option<Py<PyAny>>,
+        pop: Option<Py<PyAny>>,
+        tensor: Py<PyAny>,
+        shapes: bool,
+    ) -> Self {
+        ProfilerForward {
+            inner,
+            att,
+            name,
+            kind,
+            module,
+            stack,
+            calls,
+            kill,
+            close,
+            raw_stream,
+            device,
+            mark,
+            probe,
+            open_rf,
+            push,
+            pop,
+            tensor,
+            shapes,
+        }
+    }
+
+    #[pyo3(signature = (*args, **kwargs))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let inner = self.inner.bind(py);
+        let att = self.att.bind(py);
+        if !att.getattr(intern!(py, "_live"))?.is_truthy()?
+            || self.kill.bind(py).get_item(0)?.is_truthy()?
+        {
+            return inner.call(args, kwargs);
+        }
+        let shapes = self.shapes_of(py, args)?;
+        let stack = self.stack.bind(py);
+        let depth = stack.len();
+        let step = att.getattr(intern!(py, "step"))?;
+        let scope = if depth == 0 {
+            profiler::Scope::Open
+        } else {
+            profiler::Scope::Inner
+        };
+        let start = self.take_mark(py, scope)?;
+        let none = py.None().into_bound(py);
+        let call = PyList::new(
+            py,
+            [
+                self.name.bind(py).clone(),
+                self.kind.bind(py).clone(),
+                depth.into_pyobject(py)?.into_any(),
+                step,
+                start,
+                none.clone(),
+                shapes,
+                self.module.bind(py).clone(),
+                none,
+            ],
+        )?;
+        self.calls.bind(py).append(&call)?;
+        if let Some(probe) = &self.probe {
+            if probe.bind(py).call0()?.is_truthy()? {
+                call.set_item(8, self.open_rf.bind(py).call1((self.name.bind(py),))?)?;
+            }
+        }
+        if let Some(push) = &self.push {
+            push.bind(py).call1((self.name.bind(py),))?;
+        }
+        stack.append(&call)?;
+        let result = inner.call(args, kwargs);
+        let closed = self.finish(py, &call);
+        match (result, closed) {
+            (_, Err(e)) => Err(e),
+            (r, Ok(())) => r,
+        }
+    }
+
+    /// Itself, as for a Python function (copy / deepcopy treat functions as atomic): a model
+    /// copied while profiled shares the wrapper, as it would share the Python wrapper.
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for o in [
+            &self.inner,
+            &self.att,
+            &self.name,
+            &self.kind,
+            &self.module,
+            &self.close,
+            &self.raw_stream,
+            &self.open_rf,
+            &self.tensor,
+        ] {
+            visit.call(o)?;
+        }
+        for o in [&self.stack, &self.calls, &self.kill] {
+            visit.call(o)?;
+        }
+        for o in [&self.mark, &self.probe, &self.push, &self.pop]
+            .into_iter()
+            .flatten()
+        {
+            visit.call(o)?;
+        }
+        Ok(())
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profiler_enable, m)?)?;
     m.add_function(wrap_pyfunction!(profiler_enabled, m)?)?;
@@ -159,5 +408,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profiler_marks_query, m)?)?;
     m.add_function(wrap_pyfunction!(profiler_marks_resolve, m)?)?;
     m.add_function(wrap_pyfunction!(profiler_marks_release, m)?)?;
+    m.add_class::<ProfilerForward>()?;
     Ok(())
 }

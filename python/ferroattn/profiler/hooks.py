@@ -42,13 +42,17 @@ hook dispatch with no-op pre/post hooks costs ~28 µs per module call on a host-
 records its timestamps as native marks: ``_native.profiler_mark(stream, device)`` records a pooled
 CUDA event (the launch recorder's pool) on the raw current stream
 (``torch._C._cuda_getCurrentRawStream``, fetched per mark: a module may switch streams), no
-Python event object and no stream object. The wrapper is one Python frame (the per-call work is
-inlined in it). Measured at 1 x 256 (53 hooked calls, 106 marks per forward; 2026-11-30 03:17,
-``profiler_overhead_*_20261130T0317_1x256.json``): the wrapper and its bookkeeping ~1.8 µs per call
-(+0.8 %), a mark ~5 µs in situ (1.3-2 µs in a tight loop; the cuEventRecord driver call between the
-forward's own launches), so the marks alone are ~+4.8 % of an 11.7 ms host-bound forward; NVTX
-ranges cost ~3.5 µs per call in situ even with no tool (hence only under a tool). GPU-bound
-forwards (4 x 1024, 4 x 2048) pay ~1 %.
+Python event object and no stream object. With the extension's own marks the per-call path runs
+as one native call (``_native.ProfilerForward``, the wrapper object itself: it mirrors the Python
+wrapper below step for step and records the marks from Rust, with the legacy stream's capture
+check once per root call; ``attach(native_wrap=False)`` keeps the Python wrapper). Measured at
+1 x 256 (53 hooked calls, 106 marks per forward, 10.9 ms forward; 2026-11-30 05:44,
+``profiler_overhead_*_20261130T0544.json``): profile() +8.4 % with the native path vs +9.1 % with the
+Python one; the marks alone (native path, no shapes / ranges) +6.8 %, i.e. ~5 µs per cuEventRecord
+in situ (1.4-1.6 µs in a tight loop, +3.3 µs right after a kernel launch); with the launch
+recorder's 32 events per forward (+1.3 %) the event records are most of profile()'s cost; the
+Python wrapper without marks +2.1 % (4.2 µs per call in situ). GPU-bound
+forwards (4 x 1024, 4 x 2048) pay ~1-1.5 %.
 
 Per call: a start mark, then a ``torch.autograd.profiler.record_function`` range while a torch
 profiler is collecting (it shows in that torch.profiler trace; with none running the range would
@@ -233,7 +237,7 @@ class NativeClock:
         if raw_stream is None:
             import torch  # noqa: PLC0415
             raw_stream = torch._C._cuda_getCurrentRawStream
-        self.native, self.device = native, int(device)
+        self.native, self.device, self.raw_stream = native, int(device), raw_stream
         mark_fn, dev = native.profiler_mark, self.device
         self.mark = lambda: mark_fn(raw_stream(dev), dev)   # the per-call path: one frame, one native call
 
@@ -300,6 +304,8 @@ class Attachment:
         self._enabled = True
         self._live = False           # enabled and attached: what the per-call path checks
         self._mark = self.clock.mark
+        self._native_forward = None   # _native.ProfilerForward when the per-call path runs natively
+        self._native_module = None    # the extension module it comes from
         self._rf_probe = _profiler_probe() if self.record_function else None
         import torch  # noqa: PLC0415
         self._tensor = torch.Tensor
@@ -484,12 +490,35 @@ class _Restore:
             d.pop("forward", None)
 
 
+def _open_record_function(name: str) -> Any:
+    """A ``record_function(name)`` range, entered (the native wrapper's range opener)."""
+    rf = _record_function()(name)
+    rf.__enter__()
+    return rf
+
+
 def _wrap_forward(att: Attachment, name: str, module: Any) -> _Restore:
     d = module.__dict__
     had = "forward" in d
     inner = d["forward"] if had else module.forward
     kind = type(module).__name__
     dead = [False]   # set by _Restore.remove (also mirrored on the function for chain walking)
+    if att._native_forward is not None:
+        # the same per-call path in one native call (_native.ProfilerForward mirrors the Python
+        # wrapper below step for step); native marks straight from Rust when the clock is the
+        # extension's own, else att._mark (a Python clock)
+        clock = att.clock
+        direct = isinstance(clock, NativeClock) and clock.native is att._native_module
+        forward = att._native_forward(
+            inner, att, name, kind, module, att._open, att.calls, dead, att._exit,
+            clock.raw_stream if direct else None, att.device if direct else 0,
+            None if direct else att._mark, att._rf_probe, _open_record_function, att._push, att._pop,
+            att._tensor, att.record_shapes)
+        functools.update_wrapper(forward, inner)
+        forward._ferroattn_inner, forward._ferroattn_had, forward._ferroattn_dead = inner, had, False
+        forward._ferroattn_kill = dead
+        d["forward"] = forward
+        return _Restore(module, forward)
     # The per-call path, inlined (one Python frame besides the marks; what Attachment._enter /
     # _exit / _close do, in that order). Bound once here: the open-call stack and the call log
     # (lists the attachment only ever mutates in place), the range functions, the shapes switch.
@@ -537,6 +566,17 @@ def _wrap_forward(att: Attachment, name: str, module: Any) -> _Restore:
     forward._ferroattn_kill = dead
     d["forward"] = forward
     return _Restore(module, forward)
+
+
+def _native_forward_class() -> Optional[tuple]:
+    """(``ferroattn._native``, its ``ProfilerForward``), or None when the extension or the class is
+    missing."""
+    try:
+        from .. import _native as ext  # noqa: PLC0415
+    except Exception:
+        return None
+    cls = getattr(ext, "ProfilerForward", None)
+    return None if cls is None else (ext, cls)
 
 
 def _record_function():
@@ -605,7 +645,7 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
            nvtx: Optional[bool] = None, record_shapes: bool = True, include_root: bool = True,
            layer_lists: Sequence[str] = LAYER_LISTS, attention_names: Sequence[str] = ATTENTION_NAMES,
            mlp_names: Sequence[str] = MLP_NAMES, top_level: bool = True, mode: str = "wrap",
-           native: Any = None) -> Attachment:
+           native: Any = None, native_wrap: Optional[bool] = None) -> Attachment:
     """Hook ``model`` (rule: module docstring) and return the :class:`Attachment`.
 
     event_factory: see the module docstring (None: native marks when available, else CUDA
@@ -617,7 +657,10 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     shapes; include_root, layer_lists, attention_names, mlp_names, top_level:
     :func:`find_targets`; mode: "wrap" (forward wrappers, default) or "torch" (torch forward
     hooks); native: an object with the ``_native`` mark functions to take timestamps from
-    (None: ``ferroattn._native`` when ``event_factory`` is None and CUDA is available).
+    (None: ``ferroattn._native`` when ``event_factory`` is None and CUDA is available);
+    native_wrap (wrap mode): run the per-call path as one native call
+    (``_native.ProfilerForward``; None: when the timestamps are the extension's own native marks;
+    True: also with another clock, whose ``mark`` it then calls; False: the Python wrapper).
     Raises ArgumentError when ``model`` is not a module, no module matches the rule, ``mode`` is
     not one of "wrap"/"torch", ``native`` lacks the mark functions or ``event_factory`` does not
     return an event (one is made and recorded here to check)."""
@@ -647,6 +690,12 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     att = Attachment(targets, factory, clock, record_function=record_function,
                      nvtx=(cuda and nvtx_tool_attached()) if nvtx is None else bool(nvtx),
                      record_shapes=record_shapes, device=device, mode=mode)
+    ext_fwd = _native_forward_class()
+    if mode == "wrap" and ext_fwd is not None and native_wrap is not False:
+        if native_wrap or (isinstance(clock, NativeClock) and clock.native is ext_fwd[0]):
+            att._native_module, att._native_forward = ext_fwd
+    elif native_wrap and mode == "wrap":
+        raise ArgumentError("native_wrap: True needs ferroattn._native.ProfilerForward (the extension lacks it)")
     if native is not None:
         checked_event(factory).record()   # checks the factory's events (ArgumentError)
         att.prewarm()
