@@ -45,6 +45,9 @@
 //   WithDK / WithDV   compute and write dK / dV (at least one). WithDQ: add dS K to dq_accum.
 //            dS (and the V tile product dP) is computed only with WithDK or WithDQ.
 //   T        __half or __nv_bfloat16; lse, softmax_d and dq_accum are fp32.
+// Kernel head dim 256 with WithDK and WithDV (attn_bwd_dkdv_sm80_wide) is forwarded to the
+// single-pass wide kernel attention/bwd_dkdv_wide_sm80.cuh (64 x 64 tiles on 8 warps, its own
+// shared-memory formula); everything below describes the other specialisations.
 // Design ("warps own keys"): each warp computes S^T = K_w Q^T directly (A = its K rows by
 // ldmatrix, B = Q rows by ldmatrix), so P^T sits in the mma accumulator layout and repacks
 // straight into the A operand of dV += P^T dO (B = dO by ldmatrix.trans); likewise dP^T = V_w dO^T
@@ -219,10 +222,19 @@ __device__ __forceinline__ void zero_frags(float (&acc)[A][B][4]) {
 }
 
 }  // namespace attn_bwd_detail
+}  // namespace ferroattn
+
+#include "attention/bwd_dkdv_wide_sm80.cuh"
+
+namespace ferroattn {
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
           bool WithDK, bool WithDV, bool WithDQ, typename T>
 __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) {
+    if constexpr (attn_bwd_dkdv_sm80_wide<HeadDim, WithDK, WithDV>()) {
+        // HeadDim 256 with dK and dV: the single-pass wide kernel (bwd_dkdv_wide_sm80.cuh).
+        attn_bwd_detail::dkdv_wide<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal, WithDQ, T>(params);
+    } else {
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
     static_assert(BlockM % 32 == 0 && BlockM >= 32, "BlockM must be a multiple of 32");
@@ -825,6 +837,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     if constexpr (WithDK)
         attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(dk_ptr(), params.dk_row_stride, sK,
                                                                rows_k, head_dim, tid);
+    }  // narrow kernel
 }
 
 }  // namespace ferroattn

@@ -333,10 +333,15 @@ mod tests {
                 assert_eq!(plan_flops(&s, 64, causal, true), 3.5 * fwd);
                 let s = padded(3, sq, sk, 4, 2, 256);
                 let fwd = s.fwd(causal).flops;
-                // d > 128 split: (S, dV) + (S, dP, dK, dQ) = 6 products
-                assert_eq!(plan_flops(&s, 256, causal, false), 3.0 * fwd);
+                // d256 on sm_90a: the single-pass wide kernel, as d <= 128
+                assert_eq!(plan_flops(&s, 256, causal, false), 2.5 * fwd);
+                assert_eq!(plan_flops(&s, 256, causal, true), 3.5 * fwd);
+                // d > 128 split (d160..224): (S, dV) + (S, dP, dK, dQ) = 6 products
+                let s = padded(3, sq, sk, 4, 2, 192);
+                let fwd = s.fwd(causal).flops;
+                assert_eq!(plan_flops(&s, 192, causal, false), 3.0 * fwd);
                 // deterministic split: (S, dV) + (S, dP, dK) + (S, dP, dQ) = 8 products
-                assert_eq!(plan_flops(&s, 256, causal, true), 4.0 * fwd);
+                assert_eq!(plan_flops(&s, 192, causal, true), 4.0 * fwd);
             }
         }
     }

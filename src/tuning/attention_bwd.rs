@@ -6,7 +6,8 @@
 //! query head of its GQA group), and either the dQ conversion (default: dQ accumulated with
 //! fp32 atomics by the dK/dV kernel) or the dQ kernel (deterministic: one block per query tile
 //! loops over the key tiles and writes dQ itself; no atomics anywhere).
-//! Kernels: kernels/attention/bwd_prep.cuh, bwd_dkdv_sm80.cuh, bwd_dq_sm80.cuh.
+//! Kernels: kernels/attention/bwd_prep.cuh, bwd_dkdv_sm80.cuh (which forwards kernel head dim
+//! 256 with dK and dV to the single-pass bwd_dkdv_wide_sm80.cuh), bwd_dq_sm80.cuh.
 
 use crate::dtype::DType;
 use crate::jit::Arch;
@@ -98,18 +99,37 @@ impl AttnBwdConfig {
             && matches!(self.head_dim, 64 | 128)
     }
 
+    /// The single-pass wide dK/dV kernel (kernels/attention/bwd_dkdv_wide_sm80.cuh, reached
+    /// through attn_bwd_dkdv_sm80 when HeadDim > 128 with dK and dV): tile 64 × 64, 8 warps.
+    pub fn is_wide(&self) -> bool {
+        matches!(self.kind, BwdKind::DkDv { dk: true, dv: true, .. }) && self.head_dim > 128
+    }
+
+    /// The wide kernel stages its dq_accum reductions through 8 × 16 × 32 fp32 of shared memory
+    /// (`attn_bwd_dkdv_wide_dq_stage()`): sm_90a, with dQ.
+    pub fn wide_dq_staged(&self) -> bool {
+        self.is_wide() && matches!(self.kind, BwdKind::DkDv { dq: true, .. }) && self.arch == Arch::Sm90a
+    }
+
     /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert):
     /// - DkDv: K and V tiles (block_n × d each), `stages` × (Q and dO tiles, block_m × d each),
     ///   the dSᵀ tiles (block_n × block_m; two with dq and d ≤ 128: the dQ product of query
     ///   tile i runs after the barrier that opens tile i+1, from the other buffer) and `stages` × (LSE, D)
     ///   rows (2 × block_m fp32); 16-bit elements; plus a block_m × d fp32 dQ staging tile where
     ///   `dq_staged()`.
+    /// - DkDv, wide (`is_wide()`): K and V tiles, `stages` × (Q and dO tiles), the P and dS
+    ///   tiles (block_m × block_n each), 16-bit; `stages` × (LSE, D) rows; plus 16 KiB of fp32
+    ///   dQ staging where `wide_dq_staged()`.
     /// - Dq: Q and dO tiles (block_m × d each) and `stages` × (K and V tiles, block_n × d each).
     /// - Preprocess / ConvertDq: none.
     pub fn smem_bytes(&self) -> u32 {
         let (d, bm, bn, st) = (self.head_dim, self.block_m, self.block_n, self.stages);
         match self.kind {
             BwdKind::Preprocess | BwdKind::ConvertDq => 0,
+            BwdKind::DkDv { .. } if self.is_wide() => {
+                let stage = if self.wide_dq_staged() { 8 * 16 * 32 * 4 } else { 0 };
+                (2 * bn * d + 2 * st * bm * d + 2 * bm * bn) * 2 + st * bm * 8 + stage
+            }
             BwdKind::DkDv { dq, .. } => {
                 let ds_tiles = if dq && d <= 128 { 2 } else { 1 };
                 let stage = if self.dq_staged() { bm * d * 4 } else { 0 };
@@ -147,16 +167,31 @@ pub fn dkdv_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
         0..=64 => (64, 128, 4, 2),
         65..=96 => (64, 128, 8, 2),
         97..=128 => (64, 128, 8, 2),
-        // d256: 8 warps of 16 keys (v5: +43 % over 32×64×4w, which ran one 4-warp block per SM).
+        // d256 where the wide kernel does not fit (99 KiB GPUs, split): 8 warps of 16 keys (v5:
+        // +43 % over 32×64×4w); elsewhere d256 runs WIDE_TILE (dkdv_wide).
         225..=256 => (32, 128, 8, 2),
         _ => (32, 64, 4, 2),
     }
 }
 
+/// Tile of the single-pass wide dK/dV kernel (kernel head dim 256): (block_m, block_n,
+/// num_warps, stages); fit() takes sm_80's 163 KiB to one stage.
+pub const WIDE_TILE: (u32, u32, u32, u32) = (64, 64, 8, 2);
+
+/// Shared memory of the wide kernel with one stage and no dQ staging (147 968 B at d256).
+const WIDE_MIN_SMEM: u32 = (2 * 64 * 256 + 2 * 64 * 256 + 2 * 64 * 64) * 2 + 64 * 8;
+
+/// Kernel head dim 256 runs the single-pass wide kernel (P and dS through shared memory, 5
+/// products; +20-29 % over the split on H200, bench/NOTES.md "Backward v8") where one block of
+/// it fits in the arch's shared memory (sm_80/87, sm_90a, sm_100+), else the split.
+pub fn dkdv_wide(head_dim: u32, arch: Arch) -> bool {
+    head_dim == 256 && arch.max_smem_per_block() >= WIDE_MIN_SMEM
+}
+
 /// dK and dV in separate kernels (each recomputes P) when both accumulators would not fit in
-/// registers together.
-pub fn dkdv_split(head_dim: u32) -> bool {
-    head_dim > 128
+/// registers together and the wide kernel does not apply.
+pub fn dkdv_split(head_dim: u32, arch: Arch) -> bool {
+    head_dim > 128 && !dkdv_wide(head_dim, arch)
 }
 
 /// dQ-kernel tile (deterministic path): (block_m, block_n, num_warps, stages). Each warp owns
@@ -184,9 +219,9 @@ fn fit(mut c: AttnBwdConfig) -> AttnBwdConfig {
     while c.smem_bytes() > max {
         if c.stages > 1 {
             c.stages -= 1;
-        } else if matches!(c.kind, BwdKind::DkDv { .. }) && c.block_m > 32 {
+        } else if matches!(c.kind, BwdKind::DkDv { .. }) && !c.is_wide() && c.block_m > 32 {
             c.block_m /= 2;
-        } else if matches!(c.kind, BwdKind::DkDv { .. }) && c.num_warps > 1 {
+        } else if matches!(c.kind, BwdKind::DkDv { .. }) && !c.is_wide() && c.num_warps > 1 {
             c.block_n /= 2;
             c.num_warps /= 2;
         } else {
@@ -216,7 +251,9 @@ pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, 
     let dkdv = |dk, dv, dq| tiled(BwdKind::DkDv { dk, dv, dq }, dkdv_tile(hd, causal));
     let dq_atomic = !deterministic;
     let mut plan = vec![elementwise(BwdKind::Preprocess)];
-    if dkdv_split(hd) {
+    if dkdv_wide(hd, arch) {
+        plan.push(tiled(BwdKind::DkDv { dk: true, dv: true, dq: dq_atomic }, WIDE_TILE));
+    } else if dkdv_split(hd, arch) {
         plan.push(dkdv(false, true, false));
         plan.push(dkdv(true, false, dq_atomic));
     } else {
@@ -254,7 +291,10 @@ mod tests {
         for arch in Arch::ALL {
             for c in bwd_production_configs(arch) {
                 crate::tuning::attention::tests::assert_fits_smem(&c);
-                if let BwdKind::DkDv { .. } = c.kind {
+                if c.is_wide() {
+                    // the wide kernel's static_asserts: 64 x 64 on 8 warps, kernel head dim 256
+                    assert_eq!((c.block_m, c.block_n, c.num_warps, c.head_dim), (64, 64, 8, 256), "{c:?}");
+                } else if let BwdKind::DkDv { .. } = c.kind {
                     assert_eq!(c.block_n % (16 * c.num_warps), 0, "{}", c.name_expression());
                 }
                 if let BwdKind::Dq = c.kind {
@@ -295,7 +335,8 @@ mod tests {
         assert_eq!(p[1].kind, BwdKind::DkDv { dk: true, dv: true, dq: true });
         assert_eq!(p[2].kind, BwdKind::ConvertDq);
         assert!(p.iter().any(|c| c.uses_dq_accum()));
-        let p = bwd_plan(256, false, true, DType::F16, Arch::Sm90a);
+        // d256 on 99 KiB GPUs: split (the wide kernel needs 147 968 B)
+        let p = bwd_plan(256, false, true, DType::F16, Arch::Sm86);
         let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
         assert_eq!(
             kinds,
@@ -313,5 +354,42 @@ mod tests {
                 p[1].block_m, p[1].block_n, p[1].num_warps, p[1].stages)
         );
         assert_eq!(p[0].name_expression(), "ferroattn::attn_bwd_preprocess<256, 64, __half>");
+    }
+
+    #[test]
+    fn d256_runs_the_wide_kernel_where_it_fits() {
+        for arch in Arch::ALL {
+            for det in [false, true] {
+                let p = bwd_plan(256, true, det, DType::BF16, arch);
+                let wide = arch.max_smem_per_block() >= 163 * 1024;
+                assert_eq!(dkdv_wide(256, arch), wide, "{arch:?}");
+                if !wide {
+                    assert!(p.iter().all(|c| !c.is_wide()));
+                    continue;
+                }
+                assert_eq!(p.len(), 3, "{p:?}");
+                let c = p[1];
+                assert_eq!(c.kind, BwdKind::DkDv { dk: true, dv: true, dq: !det });
+                assert!(c.is_wide() && !c.dq_staged());
+                let st = if arch == Arch::Sm80 || arch == Arch::Sm87 { 1 } else { 2 };
+                assert_eq!((c.block_m, c.block_n, c.num_warps, c.stages), (64, 64, 8, st), "{arch:?}");
+                let staged = !det && arch == Arch::Sm90a;
+                assert_eq!(c.wide_dq_staged(), staged);
+                // K, V + stages x (Q, dO) + P, dS (16-bit), LSE/D rows, 16 KiB fp32 dQ staging
+                let want = (2 * 64 * 256 + st * 2 * 64 * 256 + 2 * 64 * 64) * 2 + st * 64 * 8
+                    + if staged { 16384 } else { 0 };
+                assert_eq!(c.smem_bytes(), want, "{arch:?}");
+                assert!(c.smem_bytes() <= arch.max_smem_per_block());
+                assert_eq!(
+                    c.name_expression(),
+                    format!("ferroattn::attn_bwd_dkdv_sm80<256, 64, 64, 8, {st}, true, true, true, {}, __nv_bfloat16>", !det)
+                );
+            }
+        }
+        assert_eq!(bwd_plan(256, false, false, DType::F16, Arch::Sm90a)[1].smem_bytes(), 230_400);
+        assert_eq!(bwd_plan(256, false, false, DType::F16, Arch::Sm80)[1].smem_bytes(), 147_968);
+        // d160..224 keep the split everywhere
+        assert!(bwd_plan(224, false, false, DType::F16, Arch::Sm90a).iter().all(|c| !c.is_wide()));
+        assert!(dkdv_split(224, Arch::Sm90a) && !dkdv_split(256, Arch::Sm90a) && dkdv_split(256, Arch::Sm89));
     }
 }

@@ -435,20 +435,14 @@ fn plan_launch_shapes() {
         .iter()
         .map(|(c, _)| c.kind)
         .collect();
+    // d256 on sm_90a: the single-pass wide dK/dV kernel
     assert_eq!(
         kinds,
-        vec![
-            BwdKind::DkDv {
-                dk: false,
-                dv: true,
-                dq: false
-            },
-            BwdKind::DkDv {
-                dk: true,
-                dv: false,
-                dq: true
-            }
-        ]
+        vec![BwdKind::DkDv {
+            dk: true,
+            dv: true,
+            dq: true
+        }]
     );
     // seqlen_k == 0: dQ side only (dq = 0 from the convert or dq kernel)
     let p = Call::padded(2, 9, 0, 4, 2, 64).run().unwrap();

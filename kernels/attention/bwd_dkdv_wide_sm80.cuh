@@ -1,0 +1,567 @@
+// ferroattn — attention backward, single-pass dK/dV(/dQ) for wide head dims (HeadDim 256),
+// sm80 family (mma.sync + ldmatrix + cp.async).
+//
+// What: the same gradients as attn_bwd_dkdv_sm80 (attention/bwd_dkdv_sm80.cuh; FlashAttention-2
+// paper §3.2, Alg. 2) for one key tile of BlockN = 64 keys of one kv head, dK AND dV in one pass
+// (five products per query tile: S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, and with
+// WithDQ dQ_tile = dS K added to dq_accum with red.global.add). attn_bwd_dkdv_sm80 forwards here
+// when attn_bwd_dkdv_sm80_wide<HeadDim, WithDK, WithDV>() holds (HeadDim 256, dK and dV), so
+// the kernel name, template parameters, masks, GQA loop, layouts and launch grid are the ones
+// documented in bwd_dkdv_sm80.cuh; only the warp partition and the shared-memory map differ.
+//
+// Why: the "warps own keys" partition of bwd_dkdv_sm80.cuh keeps 16 keys x HeadDim of dK AND dV
+// per warp in registers (2 x 128 fp32 per thread at d256): it cannot, so d > 128 ran split (two
+// kernels, S recomputed: 6 products instead of 5). Here each product has its own warp layout
+// and P / dS travel through shared memory:
+//   S, dP (64 q x 64 k, contracted over HeadDim): warp w owns queries 16*(w%4).. and keys
+//     32*(w/4).. (A = Q / dO rows by ldmatrix, B = K / V rows by ldmatrix); P and dS are written
+//     (as T) into two BlockM x BlockN shared tiles (row = query, XOR-swizzled 16-byte chunks).
+//   dV, dK (64 k x HeadDim, contracted over the 64 queries): warp w owns keys 32*(w%2).. and
+//     columns (HeadDim/4)*(w/2)..: 2 x (HeadDim/4)/8 n8 tiles = 64 fp32 per accumulator per
+//     thread at d256 (128 for both). A = P^T / dS^T by ldmatrix.trans of the stored tiles,
+//     B = dO / Q by ldmatrix.trans.
+//   dQ (64 q x HeadDim, contracted over the 64 keys): warp w owns queries 32*(w%2).. and
+//     columns (HeadDim/4)*(w/2).., in kDqPasses passes of 32 (sm_90) or 16 (others) columns
+//     (A = dS by ldmatrix, B = K by ldmatrix.trans); each pass adds its partial to dq_accum:
+//     sm_90 staged through 2 KiB of shared memory per warp, then row-contiguous
+//     red.global.add.v4.f32 (attn_bwd_dkdv_wide_dq_stage); sm_100+: red.v4 after a lane-pair
+//     exchange; sm_80-89: scalar red.global.add.f32.
+// Two barriers per query tile: one opens the tile (its Q/dO visible, every warp done with the
+// previous tile's P/dS), one after the P/dS stores. Per warp and query tile: 320 mma.m16n8k16
+// (64 per product), 176 ldmatrix.x4 (S 48, dP 48, dV 24, dK 24, dQ 32 with two passes), 16
+// 32-bit P/dS stores per thread. The P/dS stores (8 rows x 4 lanes at chunks c ^ (row & 7)) and
+// every ldmatrix phase are bank-conflict free.
+//
+// Shared memory (bytes, attn_bwd_dkdv_wide_smem_bytes):
+//   K, V (BlockN x HeadDim each), Stages x (Q, dO) (BlockM x HeadDim each), P and dS
+//   (BlockM x BlockN each), all 16-bit; Stages x (LSE, D) rows (BlockM fp32 each); sm_90 with
+//   WithDQ: + NumWarps x 2 KiB dQ staging:
+//   (2*BlockN*HeadDim + 2*Stages*BlockM*HeadDim + 2*BlockM*BlockN) * 2 + Stages*BlockM*8 [+ 16384].
+//   d256, 64 x 64: Stages 2 = 214 016 B (+16 384 staged = 230 400, sm_90a), Stages 1 =
+//   147 968 B (sm_80: 163 KiB). AttnBwdConfig::smem_bytes (src/tuning/attention_bwd.rs) mirrors it.
+// Registers (bench/NOTES.md "Backward v8"): 247-255 per thread, 0 spills for every production
+// configuration on sm_80 (Stages 1) and sm_90a (Stages 2); one 8-warp block per SM.
+// Measured (H200, kernel alone, b*s = 16k, h 8): 210-236 TFLOP/s, 0.87-1.21x SDPA-flash
+// (FlashAttention-2) backward; the split it replaces: 122-194, 0.69-0.88x.
+// Constraints: BlockM == BlockN == 64, NumWarps == 8, HeadDim % 256 == 0 (columns per warp a
+// whole number of 8-chunk swizzle groups), WithDK && WithDV, Stages >= 1.
+// Not standalone: included by attention/bwd_dkdv_sm80.cuh after its attn_bwd_detail helpers
+// (bwd_seq, slice_off, store_tile, cp_async_4_zfill, red_add_*, zero_frags).
+// Experiment macros (default off; timing only, bench/NOTES.md v8): FERROATTN_BWD_WIDE_DQ_DIRECT
+// (no staging), FERROATTN_BWD_WIDE_DQ_PASSES=N, FERROATTN_BWD_WIDE_DQ_FIRST (dQ before dV/dK),
+// FERROATTN_BWD_WIDE_UNROLL=N, FERROATTN_BWD_WIDE_STAGE_VOLATILE.
+// PTX features: as bwd_dkdv_sm80.cuh, plus st.shared.v2.f32 / ld.shared.v4.f32 (staging).
+#pragma once
+#include "common/dtype.cuh"
+#include "common/ptx.cuh"
+#include "common/swizzle.cuh"
+#include "attention/bwd_params.cuh"
+#include "attention/fwd_sm80.cuh"
+
+namespace ferroattn {
+
+// The single-pass wide kernel serves this specialisation of attn_bwd_dkdv_sm80.
+template <int HeadDim, bool WithDK, bool WithDV>
+__host__ __device__ constexpr bool attn_bwd_dkdv_sm80_wide() {
+    return HeadDim > 128 && WithDK && WithDV;
+}
+
+// dQ reductions of the wide kernel staged through shared memory (sm_90, WithDQ): each warp
+// writes 16 query rows x its pass's 32 dQ columns (fp32) to its own slice and reads them back
+// row-contiguous, so that one red.global.add.v4.f32 covers 4 whole rows x 32 columns (4 cache
+// lines) instead of 16 rows x 8 columns (16 lines). Adds NumWarps * 16 * 32 * 4 = 16 KiB
+// (+13 % at d256 on H200, bench/NOTES.md "Backward v8"). Must match
+// AttnBwdConfig::smem_bytes (src/tuning/attention_bwd.rs: sm_90a, dq, wide).
+template <int HeadDim, bool WithDQ>
+__host__ __device__ constexpr bool attn_bwd_dkdv_wide_dq_stage() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(FERROATTN_BWD_WIDE_DQ_DIRECT)
+    return WithDQ && HeadDim == 256;
+#else
+    return false;   // FERROATTN_BWD_WIDE_DQ_DIRECT: experiments only (direct reductions)
+#endif
+}
+
+template <int HeadDim, int BlockM, int BlockN, int Stages, bool WithDQ>
+__host__ __device__ constexpr int attn_bwd_dkdv_wide_smem_bytes() {
+    return (2 * BlockN * HeadDim + 2 * Stages * BlockM * HeadDim + 2 * BlockM * BlockN) * 2
+         + Stages * BlockM * 8 + (attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ>() ? 8 * 16 * 32 * 4 : 0);
+}
+
+namespace attn_bwd_detail {
+
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
+          bool WithDQ, typename T>
+__device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
+    static_assert(BlockM == 64 && BlockN == 64 && NumWarps == 8,
+                  "wide dK/dV kernel: 64 x 64 tiles on 8 warps");
+    static_assert(HeadDim % 256 == 0, "wide dK/dV kernel: HeadDim a multiple of 256");
+    static_assert(Stages >= 1, "Stages must be >= 1");
+    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
+    static_assert(attn_bwd_dkdv_wide_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ>() <= 227 * 1024,
+                  "tile does not fit in 227 KiB of shared memory");
+
+    constexpr int kThreads = NumWarps * 32;
+    constexpr int KD = HeadDim / 16;          // k16 steps over the head dim (S, dP)
+    constexpr int kCols = HeadDim / 4;        // columns per warp (dK, dV, dQ)
+    constexpr int NC = kCols / 8;             // n8 tiles per warp (dK, dV, dQ)
+    // dQ column passes per warp (fewer live dQ accumulators next to dK/dV): 2 (32 columns) with
+    // the staged sm_90 reductions, else 4 (16 columns: the one-stage sm_80 tile spills with 2).
+#ifdef FERROATTN_BWD_WIDE_DQ_PASSES
+    constexpr int kDqPasses = FERROATTN_BWD_WIDE_DQ_PASSES;   // experiments only
+#else
+    constexpr int kDqPasses = attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ>() ? 2 : 4;
+#endif
+    constexpr int kDqCols = kCols / kDqPasses;
+    // Unroll of the dV/dK query-step loop and of the dQ key-step loop (1: registers).
+#ifdef FERROATTN_BWD_WIDE_UNROLL
+    constexpr int kDkdvUnroll = FERROATTN_BWD_WIDE_UNROLL;   // experiments only
+    constexpr int kDqUnroll = FERROATTN_BWD_WIDE_UNROLL;
+#else
+    constexpr int kDkdvUnroll = 1;
+    constexpr int kDqUnroll = 1;
+#endif
+    static_assert(kDqCols % 16 == 0, "dQ pass: a multiple of 16 columns");
+    constexpr unsigned kRowBytes = HeadDim * 2;
+    constexpr unsigned kPRowBytes = BlockN * 2;   // P / dS rows (queries), 8 chunks
+    constexpr unsigned kTileKV = BlockN * kRowBytes;
+    constexpr unsigned kTileQ = BlockM * kRowBytes;
+    constexpr unsigned kTileP = BlockM * kPRowBytes;
+    constexpr unsigned kOffV = kTileKV;
+    constexpr unsigned kOffQ = 2 * kTileKV;
+    constexpr unsigned kOffDO = kOffQ + Stages * kTileQ;
+    constexpr unsigned kOffP = kOffDO + Stages * kTileQ;
+    constexpr unsigned kOffDS = kOffP + kTileP;
+    constexpr unsigned kOffLse = kOffDS + kTileP;
+    constexpr unsigned kOffD = kOffLse + Stages * BlockM * 4;
+    constexpr bool kStage = attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ>();
+    constexpr unsigned kOffStage = kOffD + Stages * BlockM * 4;
+    static_assert(!kStage || kDqCols == 32 || kDqCols == 64, "staged dQ reductions: 32 or 64 columns per pass");
+    static_assert(kOffStage + (kStage ? NumWarps * 2048 : 0) ==
+                  static_cast<unsigned>(attn_bwd_dkdv_wide_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ>()),
+                  "shared-memory map and formula disagree");
+    using Tr = DTypeTraits<T>;
+    const AttnFwdParams& fp = params.fwd;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sK = reinterpret_cast<T*>(smem_raw);
+    T* sV = reinterpret_cast<T*>(smem_raw + kOffV);
+    const unsigned smem0 = smem_u32(smem_raw);
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+
+    const int head_k = blockIdx.y;
+    const int batch = blockIdx.z;
+    const BwdSeq sq = bwd_seq(fp, batch);
+    const int seqlen_q = sq.seqlen_q;
+    const int seqlen_k = sq.seqlen_k;
+    const int n0 = blockIdx.x * BlockN;
+    if (n0 >= seqlen_k) return;
+    const int rows_k = min(BlockN, seqlen_k - n0);
+    const int head_dim = fp.head_dim;
+    const int group = fp.num_heads / fp.num_heads_k;
+    const int diag = seqlen_k - seqlen_q;
+    const int m_tiles = (seqlen_q + BlockM - 1) / BlockM;
+    const int m_first = IsCausal
+        ? static_cast<int>(min(static_cast<long long>(m_tiles),
+                               max(0LL, static_cast<long long>(n0) - diag) / BlockM))
+        : 0;
+    const int per_head = m_tiles - m_first;
+    const int n_iter = per_head * group;
+
+    auto dk_ptr = [&]() {
+        return static_cast<T*>(params.dk)
+            + slice_off<false>(sq, batch, head_k, params.dk_batch_stride, params.dk_row_stride,
+                               params.dk_head_stride)
+            + static_cast<long long>(n0) * params.dk_row_stride;
+    };
+    auto dv_ptr = [&]() {
+        return static_cast<T*>(params.dv)
+            + slice_off<false>(sq, batch, head_k, params.dv_batch_stride, params.dv_row_stride,
+                               params.dv_head_stride)
+            + static_cast<long long>(n0) * params.dv_row_stride;
+    };
+    if (n_iter <= 0) {
+        // No query sees these keys: dK = dV = 0.
+        store_tile<BlockN, HeadDim, kThreads>(dk_ptr(), params.dk_row_stride,
+                                              static_cast<const T*>(nullptr), rows_k, head_dim, tid);
+        store_tile<BlockN, HeadDim, kThreads>(dv_ptr(), params.dv_row_stride,
+                                              static_cast<const T*>(nullptr), rows_k, head_dim, tid);
+        return;
+    }
+
+    // ---- K and V tiles (once per block), then the first query tiles ----
+    {
+        const T* gK = static_cast<const T*>(fp.k)
+            + slice_off<false>(sq, batch, head_k, fp.k_batch_stride, fp.k_row_stride, fp.k_head_stride);
+        const T* gV = static_cast<const T*>(fp.v)
+            + slice_off<false>(sq, batch, head_k, fp.v_batch_stride, fp.v_row_stride, fp.v_head_stride);
+        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sK, gK, n0, rows_k, fp.k_row_stride,
+                                                                head_dim, tid);
+        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sV, gV, n0, rows_k, fp.v_row_stride,
+                                                                head_dim, tid);
+    }
+    // Iteration it: query head head_k*group + it / per_head, query tile m_first + it % per_head.
+    auto load_iter = [&](int it) {
+        const int slot = Stages == 1 ? 0 : it % Stages;
+        const int hq = head_k * group + it / per_head;
+        const int m_start = (m_first + it % per_head) * BlockM;
+        const int rows_q = seqlen_q - m_start;
+        const T* gQ = static_cast<const T*>(fp.q)
+            + slice_off<true>(sq, batch, hq, fp.q_batch_stride, fp.q_row_stride, fp.q_head_stride);
+        const T* gdO = static_cast<const T*>(params.dout)
+            + slice_off<true>(sq, batch, hq, params.do_batch_stride, params.do_row_stride,
+                              params.do_head_stride);
+        T* dstQ = reinterpret_cast<T*>(smem_raw + kOffQ + slot * kTileQ);
+        T* dstdO = reinterpret_cast<T*>(smem_raw + kOffDO + slot * kTileQ);
+        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstQ, gQ, m_start, rows_q,
+                                                                fp.q_row_stride, head_dim, tid);
+        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstdO, gdO, m_start, rows_q,
+                                                                params.do_row_stride, head_dim, tid);
+        const long long l_off =
+            slice_off<true>(sq, batch, hq, fp.lse_batch_stride, 1, fp.lse_head_stride) + m_start;
+        constexpr int kRowsLD = 2 * BlockM;   // LSE rows, then D rows
+        static_assert(kRowsLD <= kThreads, "one LSE/D row per thread");
+        if (tid < kRowsLD) {
+            const bool is_d = tid >= BlockM;
+            const int r = is_d ? tid - BlockM : tid;
+            const float* src = (is_d ? params.softmax_d : fp.lse) + l_off + r;
+            const unsigned dst = smem0 + (is_d ? kOffD : kOffLse) + (slot * BlockM + r) * 4;
+            cp_async_4_zfill(dst, src, r < rows_q);
+        }
+    };
+    if constexpr (Stages >= 2) {
+        load_iter(0);
+        cp_async_commit();   // group 0: K, V and query tile 0
+#pragma unroll
+        for (int s = 1; s < Stages - 1; ++s) {
+            if (s < n_iter) load_iter(s);
+            cp_async_commit();
+        }
+    } else {
+        cp_async_commit();   // group 0: K, V
+    }
+
+    float acc_dk[2][NC][4];
+    float acc_dv[2][NC][4];
+    zero_frags(acc_dk);
+    zero_frags(acc_dv);
+
+    const float scale_log2 = fp.softmax_scale_log2;
+    constexpr float kLog2e = 1.4426950408889634f;
+    // Warp roles. S / dP: queries sw_q .. +16, keys sw_k .. +32. dK / dV: keys kw_k .. +32,
+    // columns cw .. +kCols. dQ: queries qw_q .. +32, columns cw .. +kCols.
+    const int sw_q = (warp % 4) * 16;
+    const int sw_k = (warp / 4) * 32;
+    const int kw_k = (warp % 2) * 32;
+    const int qw_q = (warp % 2) * 32;
+    const int cw = (warp / 2) * kCols;
+    const unsigned cw_bytes = cw * 2;   // a whole number of 8-chunk swizzle groups
+
+    // ldmatrix lane patterns (LdsmCols): "a": row lane%16, chunk 2*i + lane/16 (A operand of
+    // 16 rows, or .trans the B operand of 16 k-rows x 16 columns: b0, b1 of columns 0-7, then of
+    // 8-15). "b": row (lane%8) + 8*(lane/16), chunk 2*i + (lane/8)%2 (B operand of 16 n-rows:
+    // b0, b1 of rows 0-7, then of rows 8-15; or .trans the A operand A = X^T of a stored X:
+    // a0..a3 of 16 columns x 16 rows of X).
+    const LdsmCols<HeadDim / 8> a_cols(smem0 + (lane % 16) * kRowBytes, lane, lane / 16);
+    const LdsmCols<HeadDim / 8> b_cols(smem0 + ((lane % 8) + 8 * (lane / 16)) * kRowBytes, lane,
+                                       (lane / 8) % 2);
+    // dS A operand (dQ): row qw_q + lane%16 (+16*mt), chunk 2*ks + lane/16 at chunk
+    // (2*ks) ^ ds_x (ks is a run-time loop index: no per-step register table).
+    const unsigned ds_a0 = smem0 + kOffDS + (qw_q + lane % 16) * kPRowBytes;
+    const int ds_x = (lane / 16) ^ (lane & 7);
+    // P^T / dS^T A operand (dK / dV): stored rows (queries) lane%8 + 8*(lane/16), key chunks of
+    // this warp's keys kw_k + 16*mt: chunk kw_k/8 + 2*mt + (lane/8)%2.
+    unsigned pt_addr[2];
+    {
+        const int r = (lane % 8) + 8 * (lane / 16);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+            pt_addr[mt] = smem0 + kOffP + r * kPRowBytes
+                        + (swizzle_chunk<BlockN / 8>(r, kw_k / 8 + 2 * mt + (lane / 8) % 2) << 4);
+    }
+
+    for (int it = 0; it < n_iter; ++it) {
+        const int slot = Stages == 1 ? 0 : it % Stages;
+        if constexpr (Stages == 1) {
+            if (it > 0) __syncthreads();   // every warp is done with the previous tile
+            load_iter(it);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        } else {
+            cp_async_wait<Stages - 2>();
+            __syncthreads();   // tile it visible; every warp is done with tile it-1 (Q, dO, P, dS)
+            if (it + Stages - 1 < n_iter) load_iter(it + Stages - 1);
+            cp_async_commit();
+        }
+        const int m_start = (m_first + it % per_head) * BlockM;
+        const int rows_q = min(BlockM, seqlen_q - m_start);
+        const unsigned offQ = kOffQ + slot * kTileQ;
+        const unsigned offDO = kOffDO + slot * kTileQ;
+        const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
+                               (IsCausal && m_start + diag < n0 + BlockN - 1);
+        const int causal_off = n0 - m_start - diag;   // query q sees key k iff q >= k + causal_off
+
+        const float* lse_s = reinterpret_cast<const float*>(smem_raw + kOffLse) + slot * BlockM;
+        const float* d_s = reinterpret_cast<const float*>(smem_raw + kOffD) + slot * BlockM;
+
+        // ---- S = Q K^T and dP = dO V^T (16 queries x 32 keys per warp), then P and dS ----
+        {
+            float acc_s[4][4];
+            float acc_p[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc_s[nt][e] = 0.f;
+                    acc_p[nt][e] = 0.f;
+                }
+            const unsigned q_off = offQ + sw_q * kRowBytes;
+            const unsigned o_off = offDO + sw_q * kRowBytes;
+            const unsigned k_off = sw_k * kRowBytes;
+            // k-steps in groups of 4 (one 8-chunk swizzle group); the group loop stays rolled.
+#pragma unroll 1
+            for (int grp = 0; grp < KD / 4; ++grp) {
+                const unsigned gb = static_cast<unsigned>(grp) << 7;
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    unsigned aq[4], ao[4];
+                    ldmatrix_x4(aq, a_cols.at(kk, q_off) + gb);
+                    ldmatrix_x4(ao, a_cols.at(kk, o_off) + gb);
+#pragma unroll
+                    for (int nn = 0; nn < 2; ++nn) {
+                        unsigned b[4];
+                        ldmatrix_x4(b, b_cols.at(kk, k_off + nn * 16 * kRowBytes) + gb);
+                        mma_m16n8k16<T>(acc_s[2 * nn], aq, b[0], b[1]);
+                        mma_m16n8k16<T>(acc_s[2 * nn + 1], aq, b[2], b[3]);
+                        ldmatrix_x4(b, b_cols.at(kk, kOffV + k_off + nn * 16 * kRowBytes) + gb);
+                        mma_m16n8k16<T>(acc_p[2 * nn], ao, b[0], b[1]);
+                        mma_m16n8k16<T>(acc_p[2 * nn + 1], ao, b[2], b[3]);
+                    }
+                }
+            }
+            // Thread (g, t) holds rows sw_q + g (e = 0, 1) and sw_q + g + 8 (e = 2, 3), keys
+            // sw_k + 8*nt + 2t + (e & 1).
+            float lse2[2], dd[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                lse2[h] = lse_s[sw_q + g + 8 * h] * kLog2e;
+                dd[h] = d_s[sw_q + g + 8 * h];
+            }
+            T* sP = reinterpret_cast<T*>(smem_raw + kOffP);
+            T* sdS = reinterpret_cast<T*>(smem_raw + kOffDS);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e >> 1;
+                    float p = exp2_fast(fmaf(acc_s[nt][e], scale_log2, -lse2[h]));
+                    if (need_mask) {
+                        const int r = sw_q + g + 8 * h;
+                        const int c = sw_k + nt * 8 + 2 * t + (e & 1);
+                        const bool ok = r < rows_q && c < rows_k && (!IsCausal || r >= c + causal_off);
+                        p = ok ? p : 0.f;
+                    }
+                    acc_s[nt][e] = p;
+                    acc_p[nt][e] = p * (acc_p[nt][e] - dd[h]);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int off = swizzle_offset<BlockN>(sw_q + g + 8 * h, sw_k + nt * 8 + 2 * t);
+                    *reinterpret_cast<unsigned*>(sP + off) = Tr::pack2(acc_s[nt][2 * h], acc_s[nt][2 * h + 1]);
+                    *reinterpret_cast<unsigned*>(sdS + off) = Tr::pack2(acc_p[nt][2 * h], acc_p[nt][2 * h + 1]);
+                }
+            }
+        }
+        __syncthreads();   // P and dS complete
+
+#ifdef FERROATTN_BWD_WIDE_DQ_FIRST
+        constexpr bool kDqFirst = true;   // experiments only
+#else
+        constexpr bool kDqFirst = false;
+#endif
+        auto dkdv_products = [&]() {
+        // ---- dV += P^T dO, dK += dS^T Q (32 keys x kCols columns per warp) ----
+#pragma unroll (kDkdvUnroll)
+        for (int kk = 0; kk < BlockM / 16; ++kk) {
+            unsigned pa[2][4], da[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                ldmatrix_x4_trans(pa[mt], pt_addr[mt] + kk * 16 * kPRowBytes);
+                ldmatrix_x4_trans(da[mt], pt_addr[mt] + (kOffDS - kOffP) + kk * 16 * kPRowBytes);
+            }
+#pragma unroll
+            for (int dn = 0; dn < NC / 2; ++dn) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, a_cols.at(dn, offDO + kk * 16 * kRowBytes) + cw_bytes);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma_m16n8k16<T>(acc_dv[mt][2 * dn], pa[mt], b[0], b[1]);
+                    mma_m16n8k16<T>(acc_dv[mt][2 * dn + 1], pa[mt], b[2], b[3]);
+                }
+                ldmatrix_x4_trans(b, a_cols.at(dn, offQ + kk * 16 * kRowBytes) + cw_bytes);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma_m16n8k16<T>(acc_dk[mt][2 * dn], da[mt], b[0], b[1]);
+                    mma_m16n8k16<T>(acc_dk[mt][2 * dn + 1], da[mt], b[2], b[3]);
+                }
+            }
+        }
+
+        };
+        if constexpr (!kDqFirst) dkdv_products();
+        // ---- dQ_tile = dS K (32 queries x kCols columns per warp), added to dq_accum ----
+        if constexpr (WithDQ) {
+            const int hq = head_k * group + it / per_head;
+            float* gdQ = params.dq_accum
+                + slice_off<true>(sq, batch, hq, params.dqa_batch_stride, params.dqa_row_stride,
+                                  params.dqa_head_stride)
+                + static_cast<long long>(m_start) * params.dqa_row_stride;
+            // kDqPasses passes over the warp's columns (fewer live accumulators next to dK/dV);
+            // unrolled: the pass's column chunks are XOR-swizzled inside the warp's 8-chunk
+            // group, so its ldmatrix addresses come from LdsmCols steps, not a byte offset.
+#pragma unroll
+            for (int pass = 0; pass < kDqPasses; ++pass) {
+                float acc_q[2][kDqCols / 8][4];
+                zero_frags(acc_q);
+#pragma unroll (kDqUnroll)
+                for (int ks = 0; ks < BlockN / 16; ++ks) {
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt)
+                        ldmatrix_x4(a[mt], ds_a0 + mt * 16 * kPRowBytes + (((2 * ks) ^ ds_x) << 4));
+#pragma unroll
+                    for (int dn = 0; dn < kDqCols / 16; ++dn) {
+                        unsigned b[4];
+                        ldmatrix_x4_trans(b, a_cols.at(pass * (kDqCols / 16) + dn, ks * 16 * kRowBytes) + cw_bytes);
+#pragma unroll
+                        for (int mt = 0; mt < 2; ++mt) {
+                            mma_m16n8k16<T>(acc_q[mt][2 * dn], a[mt], b[0], b[1]);
+                            mma_m16n8k16<T>(acc_q[mt][2 * dn + 1], a[mt], b[2], b[3]);
+                        }
+                    }
+                }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                if constexpr (kStage) {
+                    // Per m16 tile, in chunks of kSR rows (2 KiB per warp): the warp's rows x
+                    // kDqCols columns into its slice (row r, 16-byte chunk c at c ^ (r & 7)), then
+                    // read back row-contiguous: lane l takes chunk l % kCh of rows
+                    // i * (32 / kCh) + l / kCh, one red.v4 per 4 cache lines (4 rows x 32 columns
+                    // or 2 rows x 64 columns).
+                    constexpr int kCh = kDqCols / 4;      // 16-byte chunks per staged row
+                    constexpr int kSR = 512 / kDqCols;    // rows per staged chunk
+                    constexpr int kHPer = kSR / 8;        // accumulator row halves per chunk
+#ifdef FERROATTN_BWD_WIDE_STAGE_VOLATILE
+                    // experiments only: lane / warp from a volatile %tid read (nothing held
+                    // through the main loop for the staging addresses)
+                    const int vt = tid_x_volatile();
+                    const int lane = vt % 32, g = lane / 4, t = lane % 4, warp = vt / 32;
+                    const int qw_q = (warp % 2) * 32, cw = (warp / 2) * kCols;
+                    const unsigned smem0 = smem_u32(smem_raw);
+#endif
+                    const unsigned sb = smem0 + kOffStage + warp * 2048;
+                    const int col0 = cw + pass * kDqCols;
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+                        for (int hc = 0; hc < 2 / kHPer; ++hc) {
+#pragma unroll
+                            for (int nt = 0; nt < kDqCols / 8; ++nt)
+#pragma unroll
+                                for (int hh = 0; hh < kHPer; ++hh) {
+                                    const int h = hc * kHPer + hh;
+                                    const int r = g + 8 * hh;
+                                    const unsigned a = sb + r * (kCh * 16) + ((((2 * nt + (t >> 1)) ^ (r & 7))) << 4)
+                                                     + 8 * (t & 1);
+                                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
+                                                 :: "r"(a), "f"(acc_q[mt][nt][2 * h]), "f"(acc_q[mt][nt][2 * h + 1])
+                                                 : "memory");
+                                }
+                            __syncwarp();
+                            const int c = lane % kCh;
+                            const int col = col0 + 4 * c;
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                const int r = i * (32 / kCh) + lane / kCh;
+                                float4 v;
+                                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                                             : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                                             : "r"(sb + r * (kCh * 16) + ((c ^ (r & 7)) << 4)) : "memory");
+                                const int row = qw_q + mt * 16 + hc * 8 + r;
+                                if (row < rows_q && col < head_dim)
+                                    red_add_v4_f32(gdQ + static_cast<long long>(row) * params.dqa_row_stride + col,
+                                                   v.x, v.y, v.z, v.w);
+                            }
+                            __syncwarp();
+                        }
+                    }
+                } else
+#endif
+                {
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kDqCols / 8; ++nt) {
+                        const int col = cw + pass * kDqCols + nt * 8;   // n8 tile: all or no columns < head_dim
+                        const bool col_ok = col < head_dim;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                        // Lane pair (t, t^1) exchanges halves: even t adds row g, columns
+                        // 4*(t/2) .. +3; odd t adds row g+8, the same columns.
+                        const bool odd = (t & 1) != 0;
+                        const float s0 = odd ? acc_q[mt][nt][0] : acc_q[mt][nt][2];
+                        const float s1 = odd ? acc_q[mt][nt][1] : acc_q[mt][nt][3];
+                        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+                        const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                        const int row = qw_q + mt * 16 + g + (odd ? 8 : 0);
+                        if (col_ok && row < rows_q) {
+                            float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride + col + 4 * (t >> 1);
+                            if (odd) red_add_v4_f32(p, r0, r1, acc_q[mt][nt][2], acc_q[mt][nt][3]);
+                            else     red_add_v4_f32(p, acc_q[mt][nt][0], acc_q[mt][nt][1], r0, r1);
+                        }
+#else
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int row = qw_q + mt * 16 + g + 8 * h;
+                            if (col_ok && row < rows_q) {
+                                float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride + col + 2 * t;
+                                red_add_f32(p, acc_q[mt][nt][2 * h]);
+                                red_add_f32(p + 1, acc_q[mt][nt][2 * h + 1]);
+                            }
+                        }
+#endif
+                    }
+                }
+            }
+        }
+        if constexpr (kDqFirst) dkdv_products();
+    }
+    cp_async_wait<0>();   // only empty groups can remain
+    __syncthreads();      // every warp is done with K, V
+
+    // ---- epilogue: dV, dK = scale * acc through the K/V tiles, 16-byte stores ----
+    const float scale = fp.softmax_scale;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = kw_k + mt * 16 + g + 8 * h;
+#pragma unroll
+            for (int nt = 0; nt < NC; ++nt) {
+                const int off = swizzle_offset<HeadDim>(r, cw + nt * 8 + 2 * t);
+                *reinterpret_cast<unsigned*>(sV + off) =
+                    Tr::pack2(acc_dv[mt][nt][2 * h], acc_dv[mt][nt][2 * h + 1]);
+                *reinterpret_cast<unsigned*>(sK + off) =
+                    Tr::pack2(acc_dk[mt][nt][2 * h] * scale, acc_dk[mt][nt][2 * h + 1] * scale);
+            }
+        }
+    __syncthreads();
+    store_tile<BlockN, HeadDim, kThreads>(dv_ptr(), params.dv_row_stride, sV, rows_k, head_dim, tid);
+    store_tile<BlockN, HeadDim, kThreads>(dk_ptr(), params.dk_row_stride, sK, rows_k, head_dim, tid);
+}
+
+}  // namespace attn_bwd_detail
+}  // namespace ferroattn
