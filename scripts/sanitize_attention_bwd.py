@@ -7,7 +7,7 @@ memcheck and racecheck stages, with the kernel filter ``kns=attn_`` that matches
 and attn_bwd_* kernels). Sizes are tiny: the sanitizer slows kernels down by orders of magnitude.
 
 Cases: tails (lengths and head dims that are not tile multiples), causal with s_q < s_k and
-s_q > s_k (rows that see no key), GQA with head dim 256 (the split dK/dV plan), varlen with an
+s_q > s_k (rows that see no key), GQA and causal s_q < s_k with head dim 256 (the single-pass wide dK/dV kernel), the deterministic d256 plan (wide kernel without dQ, then the dQ kernel), varlen with an
 empty sequence, a sequence without keys and one without queries, the deterministic plan (run
 twice: bitwise equal), and direct ``_native.attn_bwd`` calls with bogus cu_seqlens (values out
 of order and out of range: the kernels must stay inside the tensors; both plans).
@@ -42,6 +42,8 @@ PADDED_CASES = [
     ("bwd-causal-sq>sk-d40-fp16", 1, 70, 19, 2, 2, 40, True, "float16", False),
     ("bwd-gqa-d256-bf16", 1, 65, 65, 4, 1, 256, False, "bfloat16", False),
     ("bwd-deterministic-gqa-causal-d96-fp16", 1, 150, 150, 4, 2, 96, True, "float16", True),
+    ("bwd-causal-sq<sk-d256-fp16", 1, 70, 131, 2, 2, 256, True, "float16", False),
+    ("bwd-deterministic-causal-d256-bf16", 1, 97, 97, 2, 1, 256, True, "bfloat16", True),
 ]
 # (name, q lengths, k lengths, h, h_k, d, causal, dtype, deterministic)
 VARLEN_CASES = [
