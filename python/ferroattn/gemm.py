@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .errors import ArgumentError, DTypeError
 from .ops import gemm as _ops
+from .ops._eager import plain_eager as _plain_eager
 from .ops._to_native import reject_forward_ad as _reject_forward_ad
 
 __all__ = ["matmul"]
@@ -92,17 +93,14 @@ def matmul(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: O
     _ops.check_args(alpha, beta, act, backend, out_dtype)  # before the op's schema sees them
     if out is not None:
         return _matmul_out(a, b, out, bias, c, alpha, beta, act, out_dtype, backend)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (a, b, bias, c))
-    if (not needs_grad and a.device.type == "cuda" and type(a) is Tensor
-            and not torch.compiler.is_compiling()
-            and torch._C._len_torch_dispatch_stack() == 0
-            and not torch.autograd.profiler._is_profiler_enabled
-            and not torch._C._are_functorch_transforms_active()):
+    if _plain_eager((a, b, bias, c)):
         # A plain eager call: the op's implementation directly (the same code) without tens of
-        # µs of dispatcher and autograd-wrapper overhead per call (decode-sized GEMMs are short).
+        # µs of dispatcher and autograd-wrapper overhead per call (decode-sized GEMMs are short);
+        # ferroattn.ops._eager lists the conditions.
         result, _ = _ops.run_gemm(a, b, bias, c, alpha, beta, act, out_dtype, backend)
         return result
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (a, b, bias, c))
     result, _ = _ops.gemm(a, b, bias, c, alpha, beta, act, out_dtype, backend, needs_grad and act != "none")
     return result
 

@@ -98,13 +98,6 @@ def _device_arch(device: torch.device) -> Optional[str]:
     return arch
 
 
-def _version(t: Tensor) -> Optional[int]:
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors have no version counter
-        return None
-
-
 class Sparse24Tensor:
     """A 2:4 sparse matrix of logical shape ``shape = (m, k)`` in compressed form.
 
@@ -178,7 +171,8 @@ class Sparse24Tensor:
             self._dense = self._dense_key = None
             with torch.no_grad():
                 return decompress(self)
-        key = tuple((id(t), t.data_ptr(), _version(t)) for t in (self.values, self.meta))
+        v, m = self.values, self.meta      # not inference tensors: both have a version counter
+        key = (id(v), v.data_ptr(), v._version, id(m), m.data_ptr(), m._version)
         if self._dense is None or self._dense_key != key:
             with torch.no_grad():
                 self._dense = decompress(self)
@@ -384,6 +378,7 @@ SPARSE_MIN_SPEEDUP = 1.1
 
 
 _DECISIONS: dict[tuple, str] = {}     # memo of _decide (a plain dict: torch.compile traces it)
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _decide(arch: str, dtype: str, n: int, k: int, rows: int) -> str:
@@ -427,7 +422,8 @@ def choose_backend(rows: int, n: int, k: int, dtype: torch.dtype, device: torch.
     arch = arch or _device_arch(device)
     if arch is None:
         return "sparse"
-    return _decide(arch, str(dtype).removeprefix("torch."), int(n), int(k), int(rows))
+    name = _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+    return _decide(arch, name, int(n), int(k), int(rows))
 
 
 def set_dispatch_table(table: Mapping) -> None:
@@ -459,13 +455,23 @@ def load_dispatch_table(path: str | os.PathLike) -> None:
 # ---------------------------------------------------------------------------------------------
 # matmul
 # ---------------------------------------------------------------------------------------------
+def _same(o: Tensor) -> Tensor:
+    return o
+
+
 def _rows_view(x: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
     """(x2, unflatten): x2 a (rows, k) tensor with stride(-1) == 1 holding x's rows, and a function
     mapping the (rows, n) result back to x's leading shape. x2 is a view when x's last dim is
     unit-stride and its leading dims, ordered by stride, collapse to one row stride (contiguous,
-    transposed batch/sequence dims, row slices with a step); otherwise a copy."""
-    lead = tuple(x.shape[:-1])
+    transposed batch/sequence dims, row slices with a step); otherwise a copy. A 2-D x with
+    unit-stride rows is returned itself (and unflatten is the identity): no view to make."""
+    if x.dim() == 2 and x.stride(-1) == 1:     # the common cases first, with the fewest torch calls
+        return x, _same
     k = x.shape[-1]
+    if x.is_contiguous():
+        lead = tuple(x.shape[:-1])
+        return x.view(-1, k), lambda o: o.view(*lead, o.shape[-1])
+    lead = tuple(x.shape[:-1])
     if x.stride(-1) != 1:
         x2 = x.reshape(-1, k).contiguous()
         return x2, lambda o: o.reshape(*lead, o.shape[-1])
@@ -558,11 +564,15 @@ def matmul(x: Tensor, w_sparse: Sparse24Tensor, bias: Optional[Tensor] = None, a
     if backend == "auto":
         backend = choose_backend(rows, n, k, x.dtype, x.device, w_sparse.arch)
     if backend == "dense":
-        b = None if bias is None else bias.to(x.dtype)
-        return _dense_activation(F.linear(x, w_sparse.dense(), b), act)
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        y = F.linear(x, w_sparse.dense(), bias)
+        return y if act == "none" else _dense_activation(y, act)
     x2, unflatten = _rows_view(x)
-    out = torch.ops.ferroattn.sparse24_linear(x2, w_sparse.values, w_sparse.meta, bias, n, k, act,
-                                              "auto" if backend == "sparse" else backend)
+    # _ops.linear: the op, or in a plain eager call its implementation directly (same code, less
+    # host time; ferroattn.ops._eager)
+    out = _ops.linear(x2, w_sparse.values, w_sparse.meta, bias, n, k, act,
+                      "auto" if backend == "sparse" else backend)
     return unflatten(out)
 
 

@@ -115,22 +115,27 @@ def launch(native_fn: Callable[..., None], device: torch.device, tensors: Sequen
     Args:
         native_fn: a ``ferroattn._native`` launcher whose last parameter is the raw stream.
         device: the device of the call (q's); for CUDA the call runs with that device current
-            (switched only when it is not) and ``stream`` is ``torch.cuda.current_stream(device)
-            .cuda_stream`` (0 = legacy default stream); for any other device ``stream`` is 0 and
-            the Rust validation rejects the tensors.
-        tensors: the tensor arguments in the launcher's order (None allowed); detached here.
+            (switched only when it is not) and ``stream`` is the raw handle of
+            ``torch.cuda.current_stream(device)`` (0 = legacy default stream); for any other
+            device ``stream`` is 0 and the Rust validation rejects the tensors.
+        tensors: the tensor arguments in the launcher's order (None allowed); those that
+            require grad are detached here.
         scalars: the arguments between the tensors and ``stream``.
         on_buffer_error: called when torch refuses a DLPack export (a tensor on another CUDA
             device than ``device``): it should raise the Rust validation's precise error (e.g.
             DeviceError naming the argument); if it returns, the BufferError propagates.
     """
-    args = [t.detach() if t is not None else None for t in tensors]
+    # DLPack refuses tensors that require grad; detaching the others would only cost host time
+    args = [t.detach() if t is not None and t.requires_grad else t for t in tensors]
     try:
         if device.type == "cuda":
             # torch exports CUDA tensors of the current device only: switch only when needed
-            other = device.index is not None and device.index != torch.cuda.current_device()
-            with torch.cuda.device(device) if other else contextlib.nullcontext():
-                native_fn(*args, *scalars, torch.cuda.current_stream(device).cuda_stream)
+            current = torch.cuda.current_device()
+            index = current if device.index is None else device.index
+            with torch.cuda.device(index) if index != current else contextlib.nullcontext():
+                # the raw handle of torch.cuda.current_stream(index) without building a Stream
+                # object (the capture stream while a CUDA graph is being captured)
+                native_fn(*args, *scalars, torch._C._cuda_getCurrentRawStream(index))
         else:
             native_fn(*args, *scalars, 0)
     except BufferError:

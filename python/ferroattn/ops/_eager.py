@@ -1,0 +1,75 @@
+"""When a ``ferroattn`` function may call a custom op's implementation directly (the *eager fast
+path*) instead of going through ``torch.ops.ferroattn.*``.
+
+A call through a ``torch.library.custom_op`` costs tens of µs of host time before the
+implementation runs (the dispatcher, the Python autograd wrapper, ``torch._disable_dynamo``,
+alias checks): measured on a 2-core CPU host, 28 µs of the 37 µs of one
+``torch.ops.ferroattn.sparse24_linear`` call with the kernel launch stubbed out; on the H200 host
+``ferroattn.sparse24.matmul`` cost ~55 µs per call against 14 µs for ``F.linear``
+(.dev/sparse24_wgmma/NOTES_section_host.md). For decode-sized problems the kernels take ~10-25 µs,
+so the op's dispatch dominated.
+
+The op is only *needed* when something may watch or transform the call; :func:`plain_eager` says
+when nothing can, so the implementation (the same code the op runs) is called directly:
+
+- no autograd: grad mode off, or no tensor argument requires grad (else the op's autograd
+  registration must record the backward);
+- the first tensor is on CUDA, and every tensor argument is a plain ``torch.Tensor`` or
+  ``nn.Parameter`` (a subclass -- FakeTensor, DTensor, a ``__torch_dispatch__`` wrapper -- must
+  see the op);
+- not traced: not under ``torch.compile`` (``torch.compiler.is_compiling()``) and not under
+  ``torch.jit.trace``;
+- no torch function mode (``TorchFunctionMode``, including ``with torch.device(...)`` and
+  ``torch.set_default_device``) and no torch dispatch mode (FlopCounterMode, FakeTensorMode,
+  ``DebugMode``, ...);
+- the autograd profiler is off (it names the op in its trace);
+- no functorch transform (vmap, grad, jvp) is active.
+
+Forward-mode AD is not a condition: the implementations reject dual tensors themselves
+(:func:`ferroattn.ops._to_native.reject_forward_ad`), on either route.
+
+``$FERROATTN_EAGER_FASTPATH=0`` (read once, at import) turns the fast path off: every call goes
+through the custom op, as before the fast path existed. :data:`ENABLED` is the switch itself
+(tests and same-process A/B benchmarks set it; reading an environment variable per call would
+cost ~2 µs).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["ENABLED", "plain_eager"]
+
+#: The fast path's switch: False sends every call through the custom op. Initialised from
+#: ``$FERROATTN_EAGER_FASTPATH`` ("0" / "false" / "off" / "no": off; unset or anything else: on).
+ENABLED: bool = os.environ.get("FERROATTN_EAGER_FASTPATH", "1").strip().lower() not in ("0", "false", "off", "no")
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+#: device types of the first tensor that may take the fast path (the ops launch CUDA kernels;
+#: CPU tests add "cpu" to exercise the selection with the launcher emulated)
+_DEVICE_TYPES = ("cuda",)
+_C = torch._C
+
+
+def plain_eager(tensors: Sequence[Optional[Tensor]]) -> bool:
+    """True when calling a custom op's implementation directly on ``tensors`` (the op's tensor
+    arguments, None allowed; the first one is not None) does exactly what the op call does (the
+    conditions of the module docstring), False when the call must go through the op.
+    Costs ~1 µs (a few reads of torch's C state)."""
+    if not ENABLED or torch.compiler.is_compiling():   # first: torch.compile traces only this
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN or (grad and t.requires_grad):
+            return False
+    return (tensors[0].device.type in _DEVICE_TYPES
+            and _C._len_torch_function_stack() == 0
+            and _C._len_torch_dispatch_stack() == 0
+            and not torch.autograd.profiler._is_profiler_enabled
+            and not _C._are_functorch_transforms_active()
+            and _C._get_tracing_state() is None)
