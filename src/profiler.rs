@@ -579,6 +579,15 @@ thread_local! {
 /// own streams are non-blocking (its stream pool), so its captures never involve the legacy stream.
 pub fn mark_scoped(device: i32, stream: u64, scope: Scope) -> Result<u64> {
     bind_cached(device)?;
+    if !scoped_may_record(stream, scope) {
+        return Ok(0);
+    }
+    record_mark(device, stream as sys::CUstream)
+}
+
+/// The capture check of [`mark_scoped`] (shared with [`stamp_scoped`]): whether a mark at
+/// `scope` may be recorded on `stream` now (false: the stream is capturing, or its check failed).
+fn scoped_may_record(stream: u64, scope: Scope) -> bool {
     let s = stream as sys::CUstream;
     if stream == 0 || stream == 1 {
         // the legacy stream: 0, or CU_STREAM_LEGACY (0x1)
@@ -590,21 +599,19 @@ pub fn mark_scoped(device: i32, stream: u64, scope: Scope) -> Result<u64> {
             let cap = capturing(s);
             LEGACY_CLEAR.with(|c| c.set(!cap && scope != Scope::Close));
             if cap {
-                return Ok(0);
+                return false;
             }
         } else if scope == Scope::Close {
             LEGACY_CLEAR.with(|c| c.set(false));
         }
+        true
     } else {
         if scope != Scope::Inner {
             // a root call that opens or closes off the legacy stream: nothing remembered for the next
             LEGACY_CLEAR.with(|c| c.set(false));
         }
-        if capturing(s) {
-            return Ok(0);
-        }
+        !capturing(s)
     }
-    record_mark(device, s)
 }
 
 /// Record a pooled event of `device` on `s` and keep it as a mark (the checks done).
@@ -702,6 +709,388 @@ pub fn marks_resolve(ids: &[u64], reference_event: Option<u64>) -> Result<Vec<Op
 /// released. Needs no driver.
 pub fn marks_release(ids: &[u64]) -> usize {
     lock(&BOOK).release_marks(ids)
+}
+
+// ---- stamps (experimental; off the default path) ---------------------------------------------
+//
+// A stamp is a mark taken by a kernel instead of an event: `profiler_stamp`
+// (kernels/profiler/stamp.cuh, one thread, compiled by the JIT engine like every other kernel,
+// JIT-only: not in the precompile sets) writes %globaltimer (GPU nanoseconds) into one slot of a
+// per-device buffer, launched on the caller's stream. Host cost per stamp: the capture check (as
+// for a mark), the stamp book's lock and one cuLaunchKernel (no cuEventRecord). The question it
+// answers (scripts/profiler_overhead.py, modes *_stamp*): is a kernel launch cheaper in situ than
+// an event record? Stamps are resolved by one device synchronisation + one copy of the slots.
+//
+// Slots: STAMP_SLOTS per device (u64 each), handed out in order; once every stamp of a device is
+// resolved or released the next stamp starts at slot 0 again. More than STAMP_SLOTS unresolved
+// stamps on a device: not recorded (id 0, counted as dropped). A released (not resolved) stamp's
+// kernel may still be queued: releasing while such a stamp runs on another stream than the next
+// stamps of the same slot is a race (the hooks release only after a resolve or discard between
+// forwards; the experiment resolves every forward).
+
+/// Slots per device (8 bytes each: 512 KiB).
+pub const STAMP_SLOTS: u32 = 1 << 16;
+
+/// Which kernel of kernels/profiler/stamp.cuh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StampKernel {
+    /// `profiler_stamp(u64* slot)`.
+    Stamp,
+    /// `profiler_globaltimer_probe(u64* out, int iters)`.
+    Probe,
+}
+
+/// The stamp kernels' KernelSpec (JIT-only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StampSpec {
+    pub kernel: StampKernel,
+    pub arch: crate::jit::Arch,
+}
+
+impl crate::jit::KernelSpec for StampSpec {
+    fn kernel(&self) -> &'static str {
+        match self.kernel {
+            StampKernel::Stamp => "ferroattn::profiler_stamp",
+            StampKernel::Probe => "ferroattn::profiler_globaltimer_probe",
+        }
+    }
+    fn header(&self) -> &'static str {
+        "profiler/stamp.cuh"
+    }
+    fn name_expression(&self) -> String {
+        self.kernel().to_string()
+    }
+    fn arch(&self) -> crate::jit::Arch {
+        self.arch
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        0
+    }
+}
+
+static STAMP_KERNELS: crate::jit::KernelMap<StampSpec> = crate::jit::KernelMap::new();
+
+/// Slot bookkeeping of one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SlotState {
+    /// Next slot to hand out.
+    next: u32,
+    /// Stamps of this device handed out and not finished (resolved or released).
+    live: u32,
+}
+
+/// The stamps' state without the driver: unresolved stamps (id -> (device, slot)), slot
+/// counters per device, drops.
+#[derive(Debug)]
+struct StampBook {
+    slots: u32,
+    devices: BTreeMap<i32, SlotState>,
+    stamps: BTreeMap<u64, (i32, u32)>,
+    next_id: u64,
+    dropped: u64,
+}
+
+impl StampBook {
+    const fn new(slots: u32) -> Self {
+        StampBook {
+            slots,
+            devices: BTreeMap::new(),
+            stamps: BTreeMap::new(),
+            next_id: 1,
+            dropped: 0,
+        }
+    }
+
+    /// A new stamp of `device`: (id > 0, slot), or None (every slot unresolved; a drop).
+    fn alloc(&mut self, device: i32) -> Option<(u64, u32)> {
+        let st = self.devices.entry(device).or_default();
+        if st.live == 0 {
+            st.next = 0;
+        }
+        if st.next >= self.slots {
+            self.dropped += 1;
+            return None;
+        }
+        let slot = st.next;
+        st.next += 1;
+        st.live += 1;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.stamps.insert(id, (device, slot));
+        Some((id, slot))
+    }
+
+    /// Undo the [`alloc`](Self::alloc) of `id` (its launch failed).
+    fn unalloc(&mut self, id: u64) {
+        if let Some((device, _)) = self.stamps.remove(&id) {
+            self.finish([device]);
+        }
+    }
+
+    /// Remove the stamps `ids` (in that order) and return their (device, slot); their slots stay
+    /// reserved until [`finish`](Self::finish). All or nothing: an id that is not an unresolved
+    /// stamp (never made, resolved, released, or listed twice) leaves the book as it was and is
+    /// returned as the error.
+    fn take(&mut self, ids: &[u64]) -> std::result::Result<Vec<(i32, u32)>, u64> {
+        let mut out = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            match self.stamps.remove(&id) {
+                Some(m) => out.push(m),
+                None => {
+                    for (&back, m) in ids[..i].iter().zip(out) {
+                        self.stamps.insert(back, m);
+                    }
+                    return Err(id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The slots of taken stamps (one device entry per stamp) are free again.
+    fn finish(&mut self, devices: impl IntoIterator<Item = i32>) {
+        for d in devices {
+            if let Some(st) = self.devices.get_mut(&d) {
+                st.live = st.live.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Forget the unresolved stamps among `ids` (others ignored); how many.
+    fn release(&mut self, ids: &[u64]) -> usize {
+        let mut n = 0;
+        for id in ids {
+            if let Some((device, _)) = self.stamps.remove(id) {
+                self.finish([device]);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// The counters of `profiler_stamp_stats()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StampStats {
+    /// Stamps recorded and not yet resolved or released.
+    pub live: usize,
+    /// Stamps not recorded because every slot of their device was unresolved.
+    pub dropped: u64,
+    /// Slots per device.
+    pub slots: u32,
+}
+
+/// A device's slot buffer (CUdeviceptr) and stamp kernel (CUfunction as usize).
+#[derive(Clone, Copy, Debug)]
+struct StampDevice {
+    buf: u64,
+    function: usize,
+}
+
+struct Stamps {
+    book: StampBook,
+    devices: BTreeMap<i32, StampDevice>,
+}
+
+static STAMPS: Mutex<Stamps> = Mutex::new(Stamps {
+    book: StampBook::new(STAMP_SLOTS),
+    devices: BTreeMap::new(),
+});
+
+/// Stamp counters. Needs no driver.
+pub fn stamp_stats() -> StampStats {
+    let s = lock(&STAMPS);
+    StampStats {
+        live: s.book.stamps.len(),
+        dropped: s.book.dropped,
+        slots: s.book.slots,
+    }
+}
+
+/// The stamp kernel and slot buffer of `device` (its primary context current): made on the
+/// first call (JIT compile or disk cache, cuMemAlloc of STAMP_SLOTS × 8 bytes, zeroed).
+fn stamp_device(device: i32) -> Result<StampDevice> {
+    if let Some(d) = lock(&STAMPS).devices.get(&device) {
+        return Ok(*d);
+    }
+    let spec = StampSpec {
+        kernel: StampKernel::Stamp,
+        arch: crate::device::arch(device)?,
+    };
+    let kernel = STAMP_KERNELS.get(&spec, device)?;
+    crate::device::bind(device)?;
+    let bytes = STAMP_SLOTS as usize * 8;
+    // SAFETY: a plain device allocation in the current (primary) context, zeroed before use.
+    let buf = unsafe { cu::malloc_sync(bytes) }.call("cuMemAlloc")?;
+    unsafe { cu::memset_d8_sync(buf, 0, bytes) }.call("cuMemsetD8")?;
+    let mut s = lock(&STAMPS);
+    // another thread may have won: keep the first (the loser's 512 KiB stay allocated)
+    let d = *s.devices.entry(device).or_insert(StampDevice {
+        buf,
+        function: kernel.function() as usize,
+    });
+    Ok(d)
+}
+
+/// Launch the stamp kernel for a new stamp of `device` on `s` (the checks done).
+fn record_stamp(device: i32, s: sys::CUstream) -> Result<u64> {
+    let mut st = lock(&STAMPS);
+    let dev = match st.devices.get(&device) {
+        Some(d) => *d,
+        None => {
+            drop(st);
+            let d = stamp_device(device)?;
+            st = lock(&STAMPS);
+            d
+        }
+    };
+    let Some((id, slot)) = st.book.alloc(device) else {
+        return Ok(0);
+    };
+    let mut ptr: u64 = dev.buf + 8 * slot as u64;
+    let mut args = [&mut ptr as *mut u64 as *mut std::ffi::c_void];
+    // SAFETY: the loaded stamp kernel (one u64* parameter), a slot inside this device's buffer
+    // (never freed), on the caller's stream; launched 1 x 1.
+    let launched = unsafe {
+        cu::launch_kernel(
+            dev.function as sys::CUfunction,
+            (1, 1, 1),
+            (1, 1, 1),
+            0,
+            s,
+            &mut args,
+        )
+    }
+    .call("cuLaunchKernel(profiler_stamp)");
+    if let Err(e) = launched {
+        st.book.unalloc(id);
+        return Err(e);
+    }
+    Ok(id)
+}
+
+/// [`mark`] with a stamp: the full capture check on `stream` (a raw CUstream of `device`; 0 =
+/// its legacy stream), then the stamp kernel launched there. Returns the stamp's id (> 0), or 0
+/// when nothing was recorded (capturing stream, every slot unresolved). The first stamp of a
+/// device compiles (or loads) the kernel and allocates the slots.
+pub fn stamp(device: i32, stream: u64) -> Result<u64> {
+    bind_cached(device)?;
+    let s = stream as sys::CUstream;
+    if capturing(s) {
+        return Ok(0);
+    }
+    record_stamp(device, s)
+}
+
+/// [`mark_scoped`] with a stamp (the same capture checks, [`Scope`] for [`Scope`]).
+pub fn stamp_scoped(device: i32, stream: u64, scope: Scope) -> Result<u64> {
+    bind_cached(device)?;
+    if !scoped_may_record(stream, scope) {
+        return Ok(0);
+    }
+    record_stamp(device, stream as sys::CUstream)
+}
+
+fn unknown_stamp(id: u64) -> crate::error::Error {
+    crate::error::Error::argument(
+        "stamps",
+        "ids returned by profiler_stamp that are not resolved or released yet (each once)",
+        id,
+    )
+}
+
+/// The %globaltimer value (ns) of each stamp of `ids`, in that order. Waits for every stream of
+/// each involved device's primary context (cuCtxSynchronize), then copies the slot range once
+/// per device; the stamps are forgotten (also when that fails: then the first CudaError).
+/// ArgumentError naming `stamps`, nothing forgotten, for an id that is not an unresolved stamp.
+/// No ids: no driver call.
+pub fn stamps_resolve(ids: &[u64]) -> Result<Vec<u64>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (taken, devices) = {
+        let mut s = lock(&STAMPS);
+        let taken = s.book.take(ids).map_err(unknown_stamp)?;
+        let devices = s.devices.clone();
+        (taken, devices)
+    };
+    let read = (|| -> Result<Vec<u64>> {
+        let mut out = vec![0u64; taken.len()];
+        let mut per_device: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+        for (i, (d, _)) in taken.iter().enumerate() {
+            per_device.entry(*d).or_default().push(i);
+        }
+        for (d, idx) in per_device {
+            let dev = devices
+                .get(&d)
+                .copied()
+                .ok_or_else(|| unknown_stamp(ids[idx[0]]))?;
+            crate::device::bind(d)?;
+            cu::ctx::synchronize().call("cuCtxSynchronize")?;
+            let lo = idx.iter().map(|&i| taken[i].1).min().unwrap_or(0);
+            let hi = idx.iter().map(|&i| taken[i].1).max().unwrap_or(0);
+            let mut host = vec![0u64; (hi - lo + 1) as usize];
+            // SAFETY: slots lo..=hi lie inside the device's buffer (slot < STAMP_SLOTS).
+            unsafe { cu::memcpy_dtoh_sync(&mut host, dev.buf + 8 * lo as u64) }
+                .call("cuMemcpyDtoH")?;
+            for i in idx {
+                out[i] = host[(taken[i].1 - lo) as usize];
+            }
+        }
+        Ok(out)
+    })();
+    lock(&STAMPS).book.finish(taken.iter().map(|(d, _)| *d));
+    read
+}
+
+/// Forget the unresolved stamps among `ids` (others ignored); how many. Needs no driver.
+pub fn stamps_release(ids: &[u64]) -> usize {
+    lock(&STAMPS).book.release(ids)
+}
+
+/// %globaltimer as the GPU updates it: one thread of `profiler_globaltimer_probe` reads it
+/// `iters` times on `device`'s legacy stream (waits for it). Returns [smallest non-zero step,
+/// reads that changed, last - first, largest step] (ns, count, ns, ns).
+pub fn globaltimer_probe(device: i32, iters: i32) -> Result<[u64; 4]> {
+    if iters < 1 {
+        return Err(crate::error::Error::argument("iters", "an int >= 1", iters));
+    }
+    let spec = StampSpec {
+        kernel: StampKernel::Probe,
+        arch: crate::device::arch(device)?,
+    };
+    let kernel = STAMP_KERNELS.get(&spec, device)?;
+    crate::device::bind(device)?;
+    // SAFETY: 32 bytes in the current context, freed below.
+    let buf = unsafe { cu::malloc_sync(32) }.call("cuMemAlloc")?;
+    let run = (|| -> Result<[u64; 4]> {
+        let mut ptr = buf;
+        let mut n = iters;
+        let mut args = [
+            &mut ptr as *mut u64 as *mut std::ffi::c_void,
+            &mut n as *mut i32 as *mut std::ffi::c_void,
+        ];
+        // SAFETY: the probe kernel (u64*, int), a 32-byte buffer, one thread.
+        unsafe {
+            cu::launch_kernel(
+                kernel.function(),
+                (1, 1, 1),
+                (1, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut args,
+            )
+        }
+        .call("cuLaunchKernel(profiler_globaltimer_probe)")?;
+        cu::ctx::synchronize().call("cuCtxSynchronize")?;
+        let mut out = [0u64; 4];
+        // SAFETY: the 32-byte buffer written by the probe.
+        unsafe { cu::memcpy_dtoh_sync(&mut out, buf) }.call("cuMemcpyDtoH")?;
+        Ok(out)
+    })();
+    // SAFETY: allocated above; the probe has finished (synchronised) or never ran.
+    let _ = unsafe { cu::free_sync(buf) };
+    run
 }
 
 #[cfg(test)]
@@ -858,6 +1247,113 @@ mod tests {
         all.sort();
         assert_eq!(all, vec![0, 1, 2]);
         assert_eq!(book.add_mark(0, c), 4, "ids are never reused");
+    }
+
+    #[test]
+    fn stamp_slots_restart_when_all_are_finished_and_take_is_all_or_nothing() {
+        let mut b = StampBook::new(3);
+        let a: Vec<(u64, u32)> = (0..3).map(|_| b.alloc(0).unwrap()).collect();
+        assert_eq!(
+            a,
+            vec![(1, 0), (2, 1), (3, 2)],
+            "ids from 1, slots in order"
+        );
+        assert_eq!(b.alloc(0), None, "every slot unresolved: a drop");
+        assert_eq!(b.dropped, 1);
+        assert_eq!(b.alloc(1), Some((4, 0)), "slots are per device");
+        // all or nothing
+        assert_eq!(b.take(&[1, 9]), Err(9));
+        assert_eq!(b.take(&[2, 2]), Err(2));
+        assert_eq!(b.stamps.len(), 4);
+        let t = b.take(&[3, 1]).unwrap();
+        assert_eq!(t, vec![(0, 2), (0, 0)], "in the order asked");
+        // taken but not finished: the slots stay reserved, no restart
+        assert_eq!(b.release(&[2]), 1);
+        assert_eq!(
+            b.alloc(0),
+            None,
+            "slot 3 does not exist; 0..2 still reserved"
+        );
+        b.finish(t.iter().map(|(d, _)| *d));
+        assert_eq!(b.devices[&0].live, 0);
+        assert_eq!(
+            b.alloc(0),
+            Some((5, 0)),
+            "all finished: back to slot 0; ids never reused"
+        );
+        // a failed launch gives its slot back
+        let (id, slot) = b.alloc(0).unwrap();
+        assert_eq!(slot, 1);
+        b.unalloc(id);
+        assert_eq!(b.devices[&0].live, 1);
+        assert_eq!(
+            b.release(&[5, 5, id, 42, 4]),
+            2,
+            "unknown / repeated / undone ids ignored"
+        );
+        assert!(b.stamps.is_empty());
+        assert_eq!(b.alloc(0).unwrap().1, 0);
+    }
+
+    #[test]
+    fn stamp_spec_names_the_header_and_kernels() {
+        use crate::jit::KernelSpec;
+        let s = StampSpec {
+            kernel: StampKernel::Stamp,
+            arch: crate::jit::Arch::Sm90a,
+        };
+        assert_eq!(s.name_expression(), "ferroattn::profiler_stamp");
+        assert_eq!(s.dynamic_smem_bytes(), 0);
+        let text =
+            crate::jit::sources::get(s.header()).expect("kernels/profiler/stamp.cuh embedded");
+        for k in [StampKernel::Stamp, StampKernel::Probe] {
+            let name = StampSpec { kernel: k, ..s }.kernel();
+            let short = name.rsplit("::").next().unwrap();
+            assert!(
+                text.contains(&format!("__global__ void {short}(")),
+                "{short}"
+            );
+        }
+        assert!(text.contains("%%globaltimer"));
+    }
+
+    #[test]
+    fn stamp_kernels_compile_without_spills() {
+        // JIT-only kernels (not in the precompile sets): compiled here so a broken header fails a test
+        if crate::jit::nvrtc::tests::toolchain().is_none() {
+            return;
+        }
+        let specs: Vec<StampSpec> = [crate::jit::Arch::Sm80, crate::jit::Arch::Sm90a]
+            .into_iter()
+            .flat_map(|arch| {
+                [StampKernel::Stamp, StampKernel::Probe].map(|kernel| StampSpec { kernel, arch })
+            })
+            .collect();
+        let reports = crate::jit::precompile::precompile(&specs).unwrap();
+        assert_eq!(reports.len(), 4);
+        for r in &reports {
+            assert!(r.cubin_bytes > 0, "{}", r.config);
+        }
+        crate::jit::precompile::check_spills(&reports).unwrap();
+    }
+
+    #[test]
+    fn stamp_functions_without_a_driver() {
+        assert_eq!(stamps_release(&[u64::MAX - 1]), 0);
+        assert_eq!(stamps_resolve(&[]).unwrap(), Vec::<u64>::new());
+        assert!(matches!(
+            stamps_resolve(&[u64::MAX - 1]),
+            Err(Error::Argument { .. })
+        ));
+        assert!(matches!(
+            globaltimer_probe(0, 0),
+            Err(Error::Argument { .. })
+        ));
+        assert_eq!(stamp_stats().slots, STAMP_SLOTS);
+        if !crate::device::cuda_available() {
+            assert!(stamp(0, 0).is_err(), "no device: an error, not a stamp");
+            assert!(stamp_scoped(0, 0, Scope::Open).is_err());
+        }
     }
 
     #[test]

@@ -75,7 +75,10 @@ object with ``record()``, ``elapsed_time(other) -> ms`` and optionally ``synchro
 ``query()``; the fallback is ``torch.cuda.Event(enable_timing=True)`` (recorded on the current
 stream). Tests pass a fake; :class:`WallClockEvent` times a model running on the CPU (host wall
 clock). ``Attachment.event_factory`` is always an event factory (the profile window's reference
-event is made with it, and native marks are resolved against that event).
+event is made with it, and native marks are resolved against that event). Experimental, off the
+default path: ``attach(clock="stamp")`` (:class:`StampClock`) takes each mark as a one-thread
+kernel writing %globaltimer into a device slot instead of an event (scripts/profiler_overhead.py
+``--stamp-experiment`` measures whether that costs the host less).
 """
 from __future__ import annotations
 
@@ -272,9 +275,84 @@ class NativeClock:
         return out
 
 
+STAMP_FUNCS = ("profiler_stamp", "profiler_stamps_resolve", "profiler_stamps_release")
+
+
+def native_stamps_available(native: Any) -> bool:
+    """Whether ``native`` has the stamp functions of ``_native`` (profiler section, experimental)."""
+    return native is not None and all(callable(getattr(native, f, None)) for f in STAMP_FUNCS)
+
+
+class StampClock:
+    """Experimental timestamps (``attach(clock="stamp")``): stamps, i.e. a one-thread kernel per
+    mark writing the GPU's %globaltimer (ns) into a device slot (``native.profiler_stamp(raw
+    stream, device)``; tokens are int ids, 0 = not recorded), instead of a timing event per mark.
+    Same stream order and capture rule as the native marks; the native per-call path takes them
+    straight from Rust (``ProfilerForward(..., stamp=True)``).
+
+    Differences to :class:`NativeClock`: the times are on the device's %globaltimer, which no
+    CUDA event shares, so a ``reference`` event cannot be placed on it: offsets are from the first
+    start of the pairs resolved together (a profile window's kernel records, timed from its
+    reference event, are then not aligned with the module records: the cost is what this clock is
+    for, scripts/profiler_overhead.py); resolving waits for the whole device
+    (``profiler_stamps_resolve``: cuCtxSynchronize + one copy), and :meth:`done` says True without
+    looking (a harvest then waits for the forward it resolves)."""
+
+    def __init__(self, native: Any, device: int = 0, raw_stream: Optional[Callable[[int], int]] = None):
+        if not native_stamps_available(native):
+            raise ArgumentError(f"native: expected an object with {', '.join(STAMP_FUNCS)}, "
+                                f"got {type(native).__name__}")
+        if raw_stream is None:
+            import torch  # noqa: PLC0415
+            raw_stream = torch._C._cuda_getCurrentRawStream
+        self.native, self.device, self.raw_stream = native, int(device), raw_stream
+        stamp_fn, dev = native.profiler_stamp, self.device
+        self.mark = lambda: stamp_fn(raw_stream(dev), dev)
+
+    def prewarm(self, n: int) -> None:
+        """One stamp, resolved (waits): compiles or loads the kernel and allocates the slots, so
+        the first forward does not pay it (slots need no pool)."""
+        if n > 0:
+            ids = [t for t in (self.mark(),) if t]
+            if ids:
+                self.native.profiler_stamps_resolve(ids)
+
+    def done(self, tokens: Sequence) -> list:
+        return [True] * len(tokens)
+
+    def release(self, tokens: Sequence) -> None:
+        ids = [t for t in tokens if t]
+        if ids:
+            self.native.profiler_stamps_release(ids)
+
+    def resolve(self, pairs: Sequence, reference: Any = None) -> list:
+        """(offset ms from the first recorded start of ``pairs``, duration ms) per (start, end)
+        pair (``reference`` is ignored: see the class docstring); a pair with an unrecorded stamp
+        (0) gives None."""
+        return stamp_pairs_ms(pairs, self.native.profiler_stamps_resolve)
+
+
+def stamp_pairs_ms(pairs: Sequence, read: Callable[[list], list]) -> list:
+    """(offset ms, duration ms) per (start id, end id) pair from the stamps' nanoseconds
+    (``read(ids) -> ns`` per id, called once with every recorded id); offsets from the earliest
+    recorded start; None for a pair with an id 0. Durations may be negative only if the clock
+    ran backwards (callers clamp)."""
+    ids = [t for p in pairs for t in p if t]
+    if not ids:
+        return [None] * len(pairs)
+    ns = dict(zip(ids, read(ids)))
+    starts = [ns[s] for s, e in pairs if s and e]
+    if not starts:
+        return [None] * len(pairs)
+    ref = min(starts)
+    return [None if not (s and e) else ((ns[s] - ref) / 1e6, (ns[e] - ns[s]) / 1e6) for s, e in pairs]
+
+
 # ---- the attachment --------------------------------------------------------------------------
 
 MODES = ("wrap", "torch")
+#: Timestamp sources of :func:`attach` (``clock=``): "event" (default), "stamp" (experimental).
+CLOCKS = ("event", "stamp")
 
 
 class Attachment:
@@ -508,12 +586,13 @@ def _wrap_forward(att: Attachment, name: str, module: Any) -> _Restore:
         # wrapper below step for step); native marks straight from Rust when the clock is the
         # extension's own, else att._mark (a Python clock)
         clock = att.clock
-        direct = isinstance(clock, NativeClock) and clock.native is att._native_module
+        direct = isinstance(clock, (NativeClock, StampClock)) and clock.native is att._native_module
+        stamp = {"stamp": True} if direct and isinstance(clock, StampClock) else {}   # experimental
         forward = att._native_forward(
             inner, att, name, kind, module, att._open, att.calls, dead, att._exit,
             clock.raw_stream if direct else None, att.device if direct else 0,
             None if direct else att._mark, att._rf_probe, _open_record_function, att._push, att._pop,
-            att._tensor, att.record_shapes)
+            att._tensor, att.record_shapes, **stamp)
         functools.update_wrapper(forward, inner)
         forward._ferroattn_inner, forward._ferroattn_had, forward._ferroattn_dead = inner, had, False
         forward._ferroattn_kill = dead
@@ -645,7 +724,7 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
            nvtx: Optional[bool] = None, record_shapes: bool = True, include_root: bool = True,
            layer_lists: Sequence[str] = LAYER_LISTS, attention_names: Sequence[str] = ATTENTION_NAMES,
            mlp_names: Sequence[str] = MLP_NAMES, top_level: bool = True, mode: str = "wrap",
-           native: Any = None, native_wrap: Optional[bool] = None) -> Attachment:
+           native: Any = None, native_wrap: Optional[bool] = None, clock: str = "event") -> Attachment:
     """Hook ``model`` (rule: module docstring) and return the :class:`Attachment`.
 
     event_factory: see the module docstring (None: native marks when available, else CUDA
@@ -660,13 +739,20 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     (None: ``ferroattn._native`` when ``event_factory`` is None and CUDA is available);
     native_wrap (wrap mode): run the per-call path as one native call
     (``_native.ProfilerForward``; None: when the timestamps are the extension's own native marks;
-    True: also with another clock, whose ``mark`` it then calls; False: the Python wrapper).
+    True: also with another clock, whose ``mark`` it then calls; False: the Python wrapper);
+    clock: "event" (default: the timestamps above) or "stamp" (experimental, :class:`StampClock`:
+    one %globaltimer kernel per mark instead of an event; needs CUDA and the extension's stamp
+    functions, or ``native=`` an object with them; ``event_factory`` then only makes reference
+    events, which stamps ignore).
     Raises ArgumentError when ``model`` is not a module, no module matches the rule, ``mode`` is
-    not one of "wrap"/"torch", ``native`` lacks the mark functions or ``event_factory`` does not
-    return an event (one is made and recorded here to check)."""
+    not one of "wrap"/"torch", ``clock`` is not "event"/"stamp" (or "stamp" cannot be had),
+    ``native`` lacks the mark functions or ``event_factory`` does not return an event (one is
+    made and recorded here to check)."""
     import torch  # noqa: PLC0415
     if mode not in MODES:
         raise ArgumentError(f"mode: expected one of {', '.join(repr(m) for m in MODES)}, got {mode!r}")
+    if clock not in CLOCKS:
+        raise ArgumentError(f"clock: expected one of {', '.join(repr(c) for c in CLOCKS)}, got {clock!r}")
     targets = find_targets(model, include_root, layer_lists, attention_names, mlp_names, top_level)
     if not targets:
         raise ArgumentError(f"model: no module to profile in {type(model).__name__} (include_root=False and no "
@@ -677,22 +763,30 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
             from .. import _native as ext  # noqa: PLC0415
         except Exception:   # no extension: CUDA events
             ext = None
-        if native_marks_available(ext) and hasattr(torch._C, "_cuda_getCurrentRawStream"):
+        available = native_stamps_available if clock == "stamp" else native_marks_available
+        if available(ext) and hasattr(torch._C, "_cuda_getCurrentRawStream"):
             native = ext
+    if clock == "stamp" and not native_stamps_available(native):
+        raise ArgumentError("clock: 'stamp' needs CUDA and ferroattn._native's profiler_stamp* functions "
+                            "(or native= an object with them)")
     factory = default_event_factory() if event_factory is None else event_factory
     if not callable(factory):
         raise ArgumentError(f"event_factory: expected a callable returning an event, got {factory!r}")
     device = torch.cuda.current_device() if cuda else 0
-    if native is not None:
-        clock = NativeClock(native, device, None if cuda else (lambda _d: 0))
+    raw = None if cuda else (lambda _d: 0)
+    if clock == "stamp":
+        clock_obj = StampClock(native, device, raw)
+    elif native is not None:
+        clock_obj = NativeClock(native, device, raw)
     else:
-        clock = EventClock(factory)
+        clock_obj = EventClock(factory)
+    clock = clock_obj
     att = Attachment(targets, factory, clock, record_function=record_function,
                      nvtx=(cuda and nvtx_tool_attached()) if nvtx is None else bool(nvtx),
                      record_shapes=record_shapes, device=device, mode=mode)
     ext_fwd = _native_forward_class()
     if mode == "wrap" and ext_fwd is not None and native_wrap is not False:
-        if native_wrap or (isinstance(clock, NativeClock) and clock.native is ext_fwd[0]):
+        if native_wrap or (isinstance(clock, (NativeClock, StampClock)) and clock.native is ext_fwd[0]):
             att._native_module, att._native_forward = ext_fwd
     elif native_wrap and mode == "wrap":
         raise ArgumentError("native_wrap: True needs ferroattn._native.ProfilerForward (the extension lacks it)")
