@@ -31,6 +31,25 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+/// Remove the entries `ids` (in that order) from `book` and return their values. All or
+/// nothing: the first id that is not in `book` (never added, already taken, or listed twice)
+/// leaves `book` as it was and is returned as the error. Shared by the event and stamp books.
+fn take_all<V>(book: &mut BTreeMap<u64, V>, ids: &[u64]) -> std::result::Result<Vec<V>, u64> {
+    let mut out = Vec::with_capacity(ids.len());
+    for (i, &id) in ids.iter().enumerate() {
+        match book.remove(&id) {
+            Some(v) => out.push(v),
+            None => {
+                for (&back, v) in ids[..i].iter().zip(out) {
+                    book.insert(back, v);
+                }
+                return Err(id);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Most records kept undrained; launches beyond are counted as dropped.
 pub const MAX_RECORDS: usize = 1_000_000;
 
@@ -208,19 +227,7 @@ impl<E> Book<E> {
     /// an id that is not an unresolved mark (never made, already resolved or released, or
     /// listed twice) leaves the book as it was and is returned as the error.
     fn take_marks(&mut self, ids: &[u64]) -> std::result::Result<Vec<(i32, E)>, u64> {
-        let mut out = Vec::with_capacity(ids.len());
-        for (i, &id) in ids.iter().enumerate() {
-            match self.marks.remove(&id) {
-                Some(m) => out.push(m),
-                None => {
-                    for (&back, m) in ids[..i].iter().zip(out) {
-                        self.marks.insert(back, m);
-                    }
-                    return Err(id);
-                }
-            }
-        }
-        Ok(out)
+        take_all(&mut self.marks, ids)
     }
 
     /// Forget the marks among `ids` that are unresolved (others are ignored) and pool their
@@ -832,19 +839,7 @@ impl StampBook {
     /// stamp (never made, resolved, released, or listed twice) leaves the book as it was and is
     /// returned as the error.
     fn take(&mut self, ids: &[u64]) -> std::result::Result<Vec<(i32, u32)>, u64> {
-        let mut out = Vec::with_capacity(ids.len());
-        for (i, &id) in ids.iter().enumerate() {
-            match self.stamps.remove(&id) {
-                Some(m) => out.push(m),
-                None => {
-                    for (&back, m) in ids[..i].iter().zip(out) {
-                        self.stamps.insert(back, m);
-                    }
-                    return Err(id);
-                }
-            }
-        }
-        Ok(out)
+        take_all(&mut self.stamps, ids)
     }
 
     /// The slots of taken stamps (one device entry per stamp) are free again.
