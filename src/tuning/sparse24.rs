@@ -6,7 +6,7 @@
 //! (kernels/sparse24/mma_sp.cuh): out = act(x @ w.T + bias) with w (n, k) 2:4-compressed.
 //! BlockN w rows (output features) × BlockR x rows per block, k tiles of 64 (one metadata
 //! unit). `Sparse24WgmmaConfig` instantiates
-//! `ferroattn::sparse24_matmul_wgmma<T, BN, Stages, Act, BM, Epi>` (kernels/sparse24/wgmma_sp.cuh, sm_90a:
+//! `ferroattn::sparse24_matmul_wgmma<T, BN, Stages, Act, BM, Epi, Sets>` (kernels/sparse24/wgmma_sp.cuh, sm_90a:
 //! wgmma.mma_async.sp, same compressed layout). `Sparse24CompressConfig` instantiates the
 //! compress / decompress kernels of kernels/sparse24/compress.cuh.
 
@@ -314,6 +314,11 @@ pub struct Sparse24WgmmaConfig {
     /// Epilogue form, the kernel's `Epi`: 0 = stores straight from the accumulator registers,
     /// 1 = staged through shared memory (stmatrix .trans, 16-byte coalesced stores; +16.1 KiB).
     pub epilogue: u32,
+    /// Mainloop form, the kernel's `Sets` (metadata register sets): 1 = wgmma.wait_group 0 after
+    /// every stage (production); 2 = two alternating metadata register sets and wait_group 1 (one
+    /// stage of wgmmas stays in flight across the stage boundary; opt-in until measured,
+    /// $FERROATTN_WGMMA_SP_MAINLOOP=pipe). Same shared memory.
+    pub meta_sets: u32,
 }
 
 impl Sparse24WgmmaConfig {
@@ -321,8 +326,11 @@ impl Sparse24WgmmaConfig {
     pub const THREADS: u32 = 384;
 
     pub fn name_expression(&self) -> String {
-        // Epi = 0 is the template default: its name expression stays the 5-argument one
-        let epi = if self.epilogue == 0 {
+        // Epi = 0 and Sets = 1 are the template defaults: those name expressions stay the 5- / 6-
+        // argument ones (Sets = 2 spells Epi out)
+        let epi = if self.meta_sets != 1 {
+            format!(", {}, {}", self.epilogue, self.meta_sets)
+        } else if self.epilogue == 0 {
             String::new()
         } else {
             format!(", {}", self.epilogue)
@@ -364,12 +372,24 @@ pub fn wgmma_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse2
 }
 
 /// `wgmma_config` with an explicit epilogue form (0 direct, 1 staged; see
-/// `Sparse24WgmmaConfig::epilogue`).
+/// `Sparse24WgmmaConfig::epilogue`) and the production mainloop (`WGMMA_META_SETS_DEFAULT`).
 pub fn wgmma_config_epilogue(
     activation: Activation,
     dtype: DType,
     arch: Arch,
     epilogue: u32,
+) -> Sparse24WgmmaConfig {
+    wgmma_config_variant(activation, dtype, arch, epilogue, WGMMA_META_SETS_DEFAULT)
+}
+
+/// `wgmma_config` with an explicit epilogue form and mainloop form (`meta_sets` 1: wait_group 0
+/// per stage, 2: pipelined; see `Sparse24WgmmaConfig::meta_sets`).
+pub fn wgmma_config_variant(
+    activation: Activation,
+    dtype: DType,
+    arch: Arch,
+    epilogue: u32,
+    meta_sets: u32,
 ) -> Sparse24WgmmaConfig {
     Sparse24WgmmaConfig {
         block_r: 128,
@@ -379,6 +399,24 @@ pub fn wgmma_config_epilogue(
         dtype,
         arch,
         epilogue,
+        meta_sets,
+    }
+}
+
+/// The mainloop form production uses when $FERROATTN_WGMMA_SP_MAINLOOP is unset: 1 (wait_group 0
+/// per stage). The pipelined form (2) is spill-free at the production tile since session 7 (0
+/// spills, 0 metadata hazards in SASS, .dev/sparse24_wgmma/NOTES_section_s3.md) but not yet
+/// measured against it: it stays opt-in.
+pub const WGMMA_META_SETS_DEFAULT: u32 = 1;
+
+/// Parse $FERROATTN_WGMMA_SP_MAINLOOP: unset / empty -> the default, "wait0" or "1" -> 1, "pipe"
+/// or "2" -> 2; anything else None (the caller raises an ArgumentError).
+pub fn parse_wgmma_mainloop(value: Option<&str>) -> Option<u32> {
+    match value.map(str::trim) {
+        None | Some("") => Some(WGMMA_META_SETS_DEFAULT),
+        Some("wait0") | Some("1") => Some(1),
+        Some("pipe") | Some("2") => Some(2),
+        Some(_) => None,
     }
 }
 
@@ -397,6 +435,22 @@ pub fn parse_wgmma_epilogue(value: Option<&str>) -> Option<u32> {
         Some("smem") | Some("staged") | Some("1") => Some(1),
         Some(_) => None,
     }
+}
+
+/// The opt-in pipelined-mainloop configurations (`meta_sets` 2, staged epilogue; every dtype and
+/// activation) for `arch`: not precompiled (NVRTC builds one on its first call), but held to the
+/// same no-spill rule by the sparse24 tests.
+pub fn wgmma_pipelined_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
+    if arch != Arch::Sm90a {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for activation in Activation::ALL {
+            out.push(wgmma_config_variant(activation, dtype, arch, 1, 2));
+        }
+    }
+    out
 }
 
 /// Every configuration `wgmma_config` returns for `arch` (none below or above Hopper: wgmma is
@@ -607,6 +661,44 @@ mod tests {
         assert_eq!(parse_wgmma_epilogue(Some("smem")), Some(1));
         assert_eq!(parse_wgmma_epilogue(Some("1")), Some(1));
         assert_eq!(parse_wgmma_epilogue(Some("fast")), None);
+        // the pipelined mainloop: Sets = 2 spells Epi out; same shared memory; opt-in
+        let pipe = Sparse24WgmmaConfig { meta_sets: 2, ..s };
+        assert_eq!(
+            pipe.name_expression(),
+            "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 3, 4, 256, 1, 2>"
+        );
+        assert_eq!(
+            Sparse24WgmmaConfig {
+                epilogue: 0,
+                ..pipe
+            }
+            .name_expression(),
+            "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 3, 4, 256, 0, 2>"
+        );
+        assert_eq!(pipe.smem_bytes(), s.smem_bytes());
+        assert_eq!(c.meta_sets, 1);
+        assert_eq!(WGMMA_META_SETS_DEFAULT, 1);
+        assert_eq!(
+            wgmma_config(Activation::Silu, DType::BF16, Arch::Sm90a).meta_sets,
+            WGMMA_META_SETS_DEFAULT
+        );
+        assert!(wgmma_production_configs(Arch::Sm90a)
+            .iter()
+            .all(|c| c.meta_sets == 1));
+        let piped = wgmma_pipelined_configs(Arch::Sm90a);
+        assert_eq!(piped.len(), 10);
+        assert!(piped.iter().all(|c| c.meta_sets == 2 && c.epilogue == 1));
+        assert!(wgmma_pipelined_configs(Arch::Sm80).is_empty());
+        assert_eq!(parse_wgmma_mainloop(None), Some(WGMMA_META_SETS_DEFAULT));
+        assert_eq!(
+            parse_wgmma_mainloop(Some("")),
+            Some(WGMMA_META_SETS_DEFAULT)
+        );
+        assert_eq!(parse_wgmma_mainloop(Some("wait0")), Some(1));
+        assert_eq!(parse_wgmma_mainloop(Some("1")), Some(1));
+        assert_eq!(parse_wgmma_mainloop(Some(" pipe ")), Some(2));
+        assert_eq!(parse_wgmma_mainloop(Some("2")), Some(2));
+        assert_eq!(parse_wgmma_mainloop(Some("3")), None);
         // sparse24_wgmma_smem_bytes(128, 3, 256) in wgmma_sp.cuh
         assert_eq!(
             c.smem_bytes(),

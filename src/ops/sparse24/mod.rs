@@ -20,8 +20,8 @@ use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
     compress_production_configs, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
-    wgmma_config_epilogue, wgmma_production_configs, CompressKind, Sparse24CompressConfig,
-    Sparse24MatmulConfig, Sparse24WgmmaConfig, Tile,
+    parse_wgmma_mainloop, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs,
+    CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig, Sparse24WgmmaConfig, Tile,
 };
 use host::Layout;
 use std::ffi::c_void;
@@ -109,6 +109,12 @@ pub fn production_specs(arch: Arch) -> (Vec<Sparse24MatmulConfig>, Vec<Sparse24C
 /// Not yet part of `production_specs` (its callers in src/ops/mod.rs take a pair).
 pub fn wgmma_production_specs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     wgmma_production_configs(arch)
+}
+
+/// The opt-in pipelined-mainloop wgmma_sp specs ($FERROATTN_WGMMA_SP_MAINLOOP=pipe; not
+/// precompiled, checked for spills by the sparse24 tests).
+pub fn wgmma_pipelined_specs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
+    wgmma_pipelined_configs(arch)
 }
 
 /// Largest m, k, rows, n the kernels index with 32-bit counts.
@@ -711,7 +717,13 @@ fn launch_wgmma(
             format!("\"wgmma_sp\" with {why}"),
         ));
     }
-    let config = wgmma_config_epilogue(p.activation, p.dtype, arch, wgmma_epilogue()?);
+    let config = wgmma_config_variant(
+        p.activation,
+        p.dtype,
+        arch,
+        wgmma_epilogue()?,
+        wgmma_mainloop()?,
+    );
     let (rows, k) = (p.rows as u64, p.k as u64);
     let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
     let round16 = |v: u64| v.div_ceil(16).max(1) * 16;
@@ -785,6 +797,20 @@ fn wgmma_epilogue() -> Result<u32> {
         Error::argument(
             "FERROATTN_WGMMA_SP_EPILOGUE",
             "\"direct\", \"smem\", \"0\", \"1\" or unset",
+            format!("{:?}", v.unwrap_or_default()),
+        )
+    })
+}
+
+/// The wgmma_sp mainloop form: $FERROATTN_WGMMA_SP_MAINLOOP ("wait0" / "1": wgmma.wait_group 0
+/// after every stage; "pipe" / "2": two metadata register sets, one stage of wgmmas in flight;
+/// unset: the production default `WGMMA_META_SETS_DEFAULT`). Read per call (same-process A/B).
+fn wgmma_mainloop() -> Result<u32> {
+    let v = std::env::var("FERROATTN_WGMMA_SP_MAINLOOP").ok();
+    parse_wgmma_mainloop(v.as_deref()).ok_or_else(|| {
+        Error::argument(
+            "FERROATTN_WGMMA_SP_MAINLOOP",
+            "\"wait0\", \"pipe\", \"1\", \"2\" or unset",
             format!("{:?}", v.unwrap_or_default()),
         )
     })

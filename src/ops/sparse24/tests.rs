@@ -337,6 +337,9 @@ fn all_production_configs_compile_without_spills() {
         let (mm, cc) = production_specs(arch);
         let mut reports = crate::jit::precompile::precompile(&mm).unwrap();
         reports.extend(crate::jit::precompile::precompile(&cc).unwrap());
+        // wgmma_sp (sm_90a): the 20 production specs and the 10 opt-in pipelined-mainloop ones
+        reports.extend(crate::jit::precompile::precompile(&wgmma_production_specs(arch)).unwrap());
+        reports.extend(crate::jit::precompile::precompile(&wgmma_pipelined_specs(arch)).unwrap());
         let max = reports.iter().map(|r| r.resources.registers).max().unwrap();
         eprintln!("{arch}: {} kernels, at most {max} registers", reports.len());
         crate::jit::precompile::check_spills(&reports).unwrap();
@@ -386,6 +389,19 @@ fn wgmma_kernels_compile_without_spills() {
         .collect();
     assert_eq!(picks.len(), 4);
     assert!(picks.iter().any(|c| c.epilogue == 0) && picks.iter().any(|c| c.epilogue == 1));
+    // the opt-in pipelined mainloop (Sets = 2), same two dtype / activation picks: it spilled at
+    // this tile while a __trap() sat on the consumer path (ptxas then allocates at 168 registers)
+    assert!(wgmma_pipelined_specs(Arch::Sm80).is_empty());
+    let piped: Vec<_> = wgmma_pipelined_specs(Arch::Sm90a)
+        .into_iter()
+        .filter(|c| {
+            (c.dtype == DType::BF16 && c.activation == Activation::None)
+                || (c.dtype == DType::F16 && c.activation == Activation::GeluErf)
+        })
+        .collect();
+    assert_eq!(piped.len(), 2);
+    assert!(piped.iter().all(|c| c.meta_sets == 2));
+    let picks: Vec<_> = picks.into_iter().chain(piped).collect();
     let reports = crate::jit::precompile::precompile(&picks).unwrap();
     for r in &reports {
         eprintln!(
