@@ -80,6 +80,7 @@
 #include "common/swizzle.cuh"
 #include "attention/bwd_params.cuh"
 #include "attention/fwd_sm80.cuh"
+#include "attention/bwd_dkdv_block.cuh"
 
 namespace ferroattn {
 
@@ -121,57 +122,6 @@ __host__ __device__ constexpr int attn_bwd_dkdv_sm80_smem_bytes() {
 
 namespace attn_bwd_detail {
 
-// Where batch `batch` lives: its sequence lengths and, for varlen, its first query and key
-// rows. cu_seqlens values are clamped exactly as attn_detail::seq_coords does for the forward
-// (a sequence is [x0, x1) within [0, total), at most max_seqlen_q query rows), so no value can
-// move an access outside the tensors.
-struct BwdSeq {
-    int seqlen_q, seqlen_k;
-    int q_row0, k_row0;   // varlen only
-    bool varlen;
-};
-
-__device__ __forceinline__ BwdSeq bwd_seq(const AttnFwdParams& p, int batch) {
-    BwdSeq s;
-    s.varlen = p.cu_seqlens_q != nullptr;
-    if (s.varlen) {
-        const int q0 = min(max(p.cu_seqlens_q[batch], 0), p.total_q);
-        const int q1 = min(max(p.cu_seqlens_q[batch + 1], q0), p.total_q);
-        const int k0 = min(max(p.cu_seqlens_k[batch], 0), p.total_k);
-        const int k1 = min(max(p.cu_seqlens_k[batch + 1], k0), p.total_k);
-        s.seqlen_q = min(q1 - q0, p.seqlen_q);
-        s.seqlen_k = k1 - k0;
-        s.q_row0 = q0;
-        s.k_row0 = k0;
-    } else {
-        s.seqlen_q = p.seqlen_q;
-        s.seqlen_k = p.seqlen_k;
-        s.q_row0 = s.k_row0 = 0;
-    }
-    return s;
-}
-
-// Element offset of row 0 of the (batch, head) slice of a tensor with the given strides: the
-// batch stride in the padded layout, the sequence's first row in varlen. QSide: the tensor
-// runs along the queries (q, dout, dq_accum, lse, softmax_d), else along the keys.
-template <bool QSide>
-__device__ __forceinline__ long long slice_off(const BwdSeq& s, int batch, int head,
-                                               long long batch_stride, long long row_stride,
-                                               long long head_stride) {
-    const long long first = s.varlen
-        ? static_cast<long long>(QSide ? s.q_row0 : s.k_row0) * row_stride
-        : static_cast<long long>(batch) * batch_stride;
-    return first + static_cast<long long>(head) * head_stride;
-}
-
-// 4-byte global->shared async copy (L1-allocating .ca: the only form below 16 bytes); when
-// !pred, writes 4 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async_4_zfill(unsigned smem_addr, const void* src, bool pred) {
-    const int src_size = pred ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(smem_addr), "l"(src), "r"(src_size) : "memory");
-}
-
 // dq_accum[p] += v (fire-and-forget reduction in L2).
 __device__ __forceinline__ void red_add_f32(float* p, float v) {
     asm volatile("red.global.add.f32 [%0], %1;\n"
@@ -185,30 +135,6 @@ __device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float
                  :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 #endif
-
-// Writes rows [0, rows_valid) x columns [0, head_dim) of a Rows x HeadDim tile to global memory
-// (row 0 at g, row stride `row_stride` elements) in 16-byte stores: from the swizzled shared
-// tile s, or zeros when s is nullptr.
-template <int Rows, int HeadDim, int Threads, typename T>
-__device__ __forceinline__ void store_tile(T* g, long long row_stride, const T* s, int rows_valid,
-                                           int head_dim, int tid) {
-    constexpr int kChunks = HeadDim / 8;
-    constexpr int kTotal = Rows * kChunks;
-#pragma unroll
-    for (int i = 0; i < (kTotal + Threads - 1) / Threads; ++i) {
-        const int idx = tid + i * Threads;
-        if (kTotal % Threads == 0 || idx < kTotal) {
-            const int r = idx / kChunks;
-            const int c = idx % kChunks;
-            if (r < rows_valid && c * 8 < head_dim) {
-                const uint4 val = s != nullptr
-                    ? *reinterpret_cast<const uint4*>(s + r * HeadDim + swizzle_chunk<kChunks>(r, c) * 8)
-                    : make_uint4(0u, 0u, 0u, 0u);
-                *reinterpret_cast<uint4*>(g + static_cast<long long>(r) * row_stride + c * 8) = val;
-            }
-        }
-    }
-}
 
 // Zero an mma accumulator: A × B fragments of 4 fp32 values per thread.
 template <int A, int B>
@@ -308,109 +234,27 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     const int g = lane / 4;
     const int t = lane % 4;
 
-    const int head_k = blockIdx.y;
-    const int batch = blockIdx.z;
-    const attn_bwd_detail::BwdSeq sq = attn_bwd_detail::bwd_seq(fp, batch);
-    const int seqlen_q = sq.seqlen_q;
-    const int seqlen_k = sq.seqlen_k;
-    const int n0 = blockIdx.x * BlockN;
-    if (n0 >= seqlen_k) return;
-    const int rows_k = min(BlockN, seqlen_k - n0);
-    const int head_dim = fp.head_dim;
-    const int group = fp.num_heads / fp.num_heads_k;
-    const int diag = seqlen_k - seqlen_q;   // query i sees keys j <= i + diag (causal)
-    // Query tiles that see this key tile: [m_first, m_tiles) of every head of the group.
-    const int m_tiles = (seqlen_q + BlockM - 1) / BlockM;
-    const int m_first = IsCausal
-        ? static_cast<int>(min(static_cast<long long>(m_tiles),
-                               max(0LL, static_cast<long long>(n0) - diag) / BlockM))
-        : 0;
-    const int per_head = m_tiles - m_first;
-    const int n_iter = per_head * group;
-
-    // dK / dV rows [n0, n0 + rows_k) of this kv head (computed where they are written, so that no
-    // 64-bit pointer stays live through the main loop).
-    auto dk_ptr = [&]() {
-        return static_cast<T*>(params.dk)
-            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, params.dk_batch_stride,
-                                                params.dk_row_stride, params.dk_head_stride)
-            + static_cast<long long>(n0) * params.dk_row_stride;
-    };
-    auto dv_ptr = [&]() {
-        return static_cast<T*>(params.dv)
-            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, params.dv_batch_stride,
-                                                params.dv_row_stride, params.dv_head_stride)
-            + static_cast<long long>(n0) * params.dv_row_stride;
-    };
+    attn_bwd_detail::DkdvBlock blk;
+    if (!attn_bwd_detail::dkdv_block<BlockM, BlockN, IsCausal>(fp, blk)) return;   // past seqlen_k
+    // The block's fields as the kernel's locals, which its lambdas capture one by one (as
+    // before bwd_dkdv_block.cuh: using blk.* in the body changes the SASS).
+    const attn_bwd_detail::BwdSeq& sq = blk.sq;
+    const int head_k = blk.head_k, batch = blk.batch, seqlen_q = blk.seqlen_q, n0 = blk.n0;
+    const int rows_k = blk.rows_k, head_dim = blk.head_dim, group = blk.group, diag = blk.diag;
+    const int m_first = blk.m_first, per_head = blk.per_head, n_iter = blk.n_iter;
     if (n_iter <= 0) {
-        // No query sees these keys: dK = dV = 0.
-        if constexpr (WithDK)
-            attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(
-                dk_ptr(), params.dk_row_stride, static_cast<const T*>(nullptr), rows_k, head_dim, tid);
-        if constexpr (WithDV)
-            attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(
-                dv_ptr(), params.dv_row_stride, static_cast<const T*>(nullptr), rows_k, head_dim, tid);
+        attn_bwd_detail::store_dkdv_zero<BlockN, HeadDim, kThreads, WithDK, WithDV, T>(params, blk, tid);
         return;
     }
 
     // ---- K and V tiles (once per block), then the first query tiles ----
-    {
-        const T* gK = static_cast<const T*>(fp.k)
-            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, fp.k_batch_stride,
-                                                fp.k_row_stride, fp.k_head_stride);
-        const T* gV = static_cast<const T*>(fp.v)
-            + attn_bwd_detail::slice_off<false>(sq, batch, head_k, fp.v_batch_stride,
-                                                fp.v_row_stride, fp.v_head_stride);
-        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sK, gK, n0, rows_k,
-                                                                fp.k_row_stride, head_dim, tid);
-        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sV, gV, n0, rows_k,
-                                                                fp.v_row_stride, head_dim, tid);
-    }
-    // Iteration it: query head head_k*group + it / per_head, query tile m_first + it % per_head.
+    attn_bwd_detail::load_kv_tiles<BlockN, HeadDim, kThreads>(fp, blk, sK, sV, tid);
+    constexpr attn_bwd_detail::DkdvSmemMap kMap{kOffQ, kOffDO, kOffLse, kOffD};
     auto load_iter = [&](int it) {
-        const int slot = Stages == 1 ? 0 : it % Stages;
-        const int hq = head_k * group + it / per_head;
-        const int m_start = (m_first + it % per_head) * BlockM;
-        const int rows_q = seqlen_q - m_start;
-        const T* gQ = static_cast<const T*>(fp.q)
-            + attn_bwd_detail::slice_off<true>(sq, batch, hq, fp.q_batch_stride, fp.q_row_stride,
-                                               fp.q_head_stride);
-        const T* gdO = static_cast<const T*>(params.dout)
-            + attn_bwd_detail::slice_off<true>(sq, batch, hq, params.do_batch_stride,
-                                               params.do_row_stride, params.do_head_stride);
-        T* dstQ = reinterpret_cast<T*>(smem_raw + kOffQ + slot * kTileQ);
-        T* dstdO = reinterpret_cast<T*>(smem_raw + kOffDO + slot * kTileQ);
-        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstQ, gQ, m_start, rows_q,
-                                                                fp.q_row_stride, head_dim, tid);
-        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstdO, gdO, m_start, rows_q,
-                                                                params.do_row_stride, head_dim, tid);
-        const long long l_off =
-            attn_bwd_detail::slice_off<true>(sq, batch, hq, fp.lse_batch_stride, 1,
-                                             fp.lse_head_stride) + m_start;
-        constexpr int kRowsLD = kDS ? 2 * BlockM : BlockM;   // LSE rows, then D rows
-#pragma unroll
-        for (int i0 = 0; i0 < kRowsLD; i0 += kThreads) {
-            const int i = i0 + tid;
-            if (kRowsLD % kThreads == 0 || i < kRowsLD) {
-                const bool is_d = i >= BlockM;
-                const int r = is_d ? i - BlockM : i;
-                const float* src = (is_d ? params.softmax_d : fp.lse) + l_off + r;
-                const unsigned dst = smem0 + (is_d ? kOffD : kOffLse) + (slot * BlockM + r) * 4;
-                attn_bwd_detail::cp_async_4_zfill(dst, src, r < rows_q);
-            }
-        }
+        attn_bwd_detail::load_query_tile<BlockM, HeadDim, kThreads, Stages, kDS, T>(params, blk, it, kMap,
+                                                                                  smem_raw, smem0, tid);
     };
-    if constexpr (Stages >= 2) {
-        load_iter(0);
-        cp_async_commit();   // group 0: K, V and query tile 0
-#pragma unroll
-        for (int s = 1; s < Stages - 1; ++s) {
-            if (s < n_iter) load_iter(s);
-            cp_async_commit();
-        }
-    } else {
-        cp_async_commit();   // group 0: K, V
-    }
+    attn_bwd_detail::query_pipe_prologue<Stages>(load_iter, n_iter);
 
     float acc_dk[MT][DT][4];
     float acc_dv[MT][DT][4];
@@ -831,12 +675,8 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             }
         }
     __syncthreads();
-    if constexpr (WithDV)
-        attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(dv_ptr(), params.dv_row_stride, sV,
-                                                               rows_k, head_dim, tid);
-    if constexpr (WithDK)
-        attn_bwd_detail::store_tile<BlockN, HeadDim, kThreads>(dk_ptr(), params.dk_row_stride, sK,
-                                                               rows_k, head_dim, tid);
+    if constexpr (WithDV) attn_bwd_detail::store_dv<BlockN, HeadDim, kThreads>(params, blk, sV, tid);
+    if constexpr (WithDK) attn_bwd_detail::store_dk<BlockN, HeadDim, kThreads>(params, blk, sK, tid);
     }  // narrow kernel
 }
 

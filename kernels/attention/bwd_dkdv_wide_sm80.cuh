@@ -45,8 +45,9 @@
 // (FlashAttention-2) backward; the split it replaces: 122-194, 0.69-0.88x.
 // Constraints: BlockM == BlockN == 64, NumWarps == 8, HeadDim % 256 == 0 (columns per warp a
 // whole number of 8-chunk swizzle groups), WithDK && WithDV, Stages >= 1.
-// Not standalone: included by attention/bwd_dkdv_sm80.cuh after its attn_bwd_detail helpers
-// (bwd_seq, slice_off, store_tile, cp_async_4_zfill, red_add_*, zero_frags).
+// The block set-up, dK/dV stores, K/V and query-tile loads and pipeline prologue are the ones
+// of bwd_dkdv_sm80.cuh (attention/bwd_dkdv_block.cuh). Not standalone: included by
+// attention/bwd_dkdv_sm80.cuh after its attn_bwd_detail helpers (red_add_*, zero_frags).
 // Experiment macros (default off; timing only, bench/NOTES.md v8): FERROATTN_BWD_WIDE_DQ_DIRECT
 // (no staging), FERROATTN_BWD_WIDE_DQ_PASSES=N, FERROATTN_BWD_WIDE_DQ_FIRST (dQ before dV/dK),
 // FERROATTN_BWD_WIDE_UNROLL=N, FERROATTN_BWD_WIDE_STAGE_VOLATILE.
@@ -57,6 +58,7 @@
 #include "common/swizzle.cuh"
 #include "attention/bwd_params.cuh"
 #include "attention/fwd_sm80.cuh"
+#include "attention/bwd_dkdv_block.cuh"
 
 namespace ferroattn {
 
@@ -153,97 +155,26 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
     const int g = lane / 4;
     const int t = lane % 4;
 
-    const int head_k = blockIdx.y;
-    const int batch = blockIdx.z;
-    const BwdSeq sq = bwd_seq(fp, batch);
-    const int seqlen_q = sq.seqlen_q;
-    const int seqlen_k = sq.seqlen_k;
-    const int n0 = blockIdx.x * BlockN;
-    if (n0 >= seqlen_k) return;
-    const int rows_k = min(BlockN, seqlen_k - n0);
-    const int head_dim = fp.head_dim;
-    const int group = fp.num_heads / fp.num_heads_k;
-    const int diag = seqlen_k - seqlen_q;
-    const int m_tiles = (seqlen_q + BlockM - 1) / BlockM;
-    const int m_first = IsCausal
-        ? static_cast<int>(min(static_cast<long long>(m_tiles),
-                               max(0LL, static_cast<long long>(n0) - diag) / BlockM))
-        : 0;
-    const int per_head = m_tiles - m_first;
-    const int n_iter = per_head * group;
-
-    auto dk_ptr = [&]() {
-        return static_cast<T*>(params.dk)
-            + slice_off<false>(sq, batch, head_k, params.dk_batch_stride, params.dk_row_stride,
-                               params.dk_head_stride)
-            + static_cast<long long>(n0) * params.dk_row_stride;
-    };
-    auto dv_ptr = [&]() {
-        return static_cast<T*>(params.dv)
-            + slice_off<false>(sq, batch, head_k, params.dv_batch_stride, params.dv_row_stride,
-                               params.dv_head_stride)
-            + static_cast<long long>(n0) * params.dv_row_stride;
-    };
+    DkdvBlock blk;
+    if (!dkdv_block<BlockM, BlockN, IsCausal>(fp, blk)) return;   // past seqlen_k
+    // The block's fields as the kernel's locals, which its lambdas capture one by one (as
+    // before bwd_dkdv_block.cuh: using blk.* in the body changes the SASS).
+    const BwdSeq& sq = blk.sq;
+    const int head_k = blk.head_k, batch = blk.batch, seqlen_q = blk.seqlen_q, n0 = blk.n0;
+    const int rows_k = blk.rows_k, head_dim = blk.head_dim, group = blk.group, diag = blk.diag;
+    const int m_first = blk.m_first, per_head = blk.per_head, n_iter = blk.n_iter;
     if (n_iter <= 0) {
-        // No query sees these keys: dK = dV = 0.
-        store_tile<BlockN, HeadDim, kThreads>(dk_ptr(), params.dk_row_stride,
-                                              static_cast<const T*>(nullptr), rows_k, head_dim, tid);
-        store_tile<BlockN, HeadDim, kThreads>(dv_ptr(), params.dv_row_stride,
-                                              static_cast<const T*>(nullptr), rows_k, head_dim, tid);
+        store_dkdv_zero<BlockN, HeadDim, kThreads, true, true, T>(params, blk, tid);
         return;
     }
 
     // ---- K and V tiles (once per block), then the first query tiles ----
-    {
-        const T* gK = static_cast<const T*>(fp.k)
-            + slice_off<false>(sq, batch, head_k, fp.k_batch_stride, fp.k_row_stride, fp.k_head_stride);
-        const T* gV = static_cast<const T*>(fp.v)
-            + slice_off<false>(sq, batch, head_k, fp.v_batch_stride, fp.v_row_stride, fp.v_head_stride);
-        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sK, gK, n0, rows_k, fp.k_row_stride,
-                                                                head_dim, tid);
-        attn_detail::load_tile_async<BlockN, HeadDim, kThreads>(sV, gV, n0, rows_k, fp.v_row_stride,
-                                                                head_dim, tid);
-    }
-    // Iteration it: query head head_k*group + it / per_head, query tile m_first + it % per_head.
+    load_kv_tiles<BlockN, HeadDim, kThreads>(fp, blk, sK, sV, tid);
+    constexpr DkdvSmemMap kMap{kOffQ, kOffDO, kOffLse, kOffD};
     auto load_iter = [&](int it) {
-        const int slot = Stages == 1 ? 0 : it % Stages;
-        const int hq = head_k * group + it / per_head;
-        const int m_start = (m_first + it % per_head) * BlockM;
-        const int rows_q = seqlen_q - m_start;
-        const T* gQ = static_cast<const T*>(fp.q)
-            + slice_off<true>(sq, batch, hq, fp.q_batch_stride, fp.q_row_stride, fp.q_head_stride);
-        const T* gdO = static_cast<const T*>(params.dout)
-            + slice_off<true>(sq, batch, hq, params.do_batch_stride, params.do_row_stride,
-                              params.do_head_stride);
-        T* dstQ = reinterpret_cast<T*>(smem_raw + kOffQ + slot * kTileQ);
-        T* dstdO = reinterpret_cast<T*>(smem_raw + kOffDO + slot * kTileQ);
-        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstQ, gQ, m_start, rows_q,
-                                                                fp.q_row_stride, head_dim, tid);
-        attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(dstdO, gdO, m_start, rows_q,
-                                                                params.do_row_stride, head_dim, tid);
-        const long long l_off =
-            slice_off<true>(sq, batch, hq, fp.lse_batch_stride, 1, fp.lse_head_stride) + m_start;
-        constexpr int kRowsLD = 2 * BlockM;   // LSE rows, then D rows
-        static_assert(kRowsLD <= kThreads, "one LSE/D row per thread");
-        if (tid < kRowsLD) {
-            const bool is_d = tid >= BlockM;
-            const int r = is_d ? tid - BlockM : tid;
-            const float* src = (is_d ? params.softmax_d : fp.lse) + l_off + r;
-            const unsigned dst = smem0 + (is_d ? kOffD : kOffLse) + (slot * BlockM + r) * 4;
-            cp_async_4_zfill(dst, src, r < rows_q);
-        }
+        load_query_tile<BlockM, HeadDim, kThreads, Stages, true, T>(params, blk, it, kMap, smem_raw, smem0, tid);
     };
-    if constexpr (Stages >= 2) {
-        load_iter(0);
-        cp_async_commit();   // group 0: K, V and query tile 0
-#pragma unroll
-        for (int s = 1; s < Stages - 1; ++s) {
-            if (s < n_iter) load_iter(s);
-            cp_async_commit();
-        }
-    } else {
-        cp_async_commit();   // group 0: K, V
-    }
+    query_pipe_prologue<Stages>(load_iter, n_iter);
 
     float acc_dk[2][NC][4];
     float acc_dv[2][NC][4];
@@ -559,8 +490,8 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
             }
         }
     __syncthreads();
-    store_tile<BlockN, HeadDim, kThreads>(dv_ptr(), params.dv_row_stride, sV, rows_k, head_dim, tid);
-    store_tile<BlockN, HeadDim, kThreads>(dk_ptr(), params.dk_row_stride, sK, rows_k, head_dim, tid);
+    store_dv<BlockN, HeadDim, kThreads>(params, blk, sV, tid);
+    store_dk<BlockN, HeadDim, kThreads>(params, blk, sK, tid);
 }
 
 }  // namespace attn_bwd_detail
