@@ -636,12 +636,18 @@ fn record_mark(device: i32, s: sys::CUstream) -> Result<u64> {
     Ok(book.add_mark(device, e))
 }
 
-fn unknown_mark(id: u64) -> crate::error::Error {
+/// ArgumentError naming `arg` ("marks" / "stamps") for an id that `maker` ("profiler_mark" /
+/// "profiler_stamp") did not return or that is resolved or released already.
+fn unknown_id(arg: &str, maker: &str, id: u64) -> crate::error::Error {
     crate::error::Error::argument(
-        "marks",
-        "ids returned by profiler_mark that are not resolved or released yet (each once)",
+        arg,
+        format!("ids returned by {maker} that are not resolved or released yet (each once)"),
         id,
     )
+}
+
+fn unknown_mark(id: u64) -> crate::error::Error {
+    unknown_id("marks", "profiler_mark", id)
 }
 
 /// Whether the GPU has passed each mark (cuEventQuery; never waits). ArgumentError naming
@@ -987,11 +993,7 @@ pub fn stamp_scoped(device: i32, stream: u64, scope: Scope) -> Result<u64> {
 }
 
 fn unknown_stamp(id: u64) -> crate::error::Error {
-    crate::error::Error::argument(
-        "stamps",
-        "ids returned by profiler_stamp that are not resolved or released yet (each once)",
-        id,
-    )
+    unknown_id("stamps", "profiler_stamp", id)
 }
 
 /// The %globaltimer value (ns) of each stamp of `ids`, in that order. Waits for every stream of
