@@ -245,6 +245,31 @@ __device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, un
                  :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
 
+// Epilogue bias of the two accumulator rows a consumer thread holds in an m64 block: features f0
+// (fragment h = 0) and f0 + 8 (h = 1); 0 past n or without bias (bias_kind 0 none, 1 T, 2 fp32).
+// Shared by both epilogue forms.
+template <typename T>
+__device__ __forceinline__ void bias_pair(const Sparse24MatmulParams& p, int f0, float& b0, float& b1) {
+    const int f1 = f0 + 8;
+    b0 = 0.0f;
+    b1 = 0.0f;
+    if (p.bias_kind == 2) {
+        const float* bf = static_cast<const float*>(p.bias);
+        if (f0 < p.n) b0 = __ldg(bf + f0);
+        if (f1 < p.n) b1 = __ldg(bf + f1);
+    } else if (p.bias_kind == 1) {
+        const T* bt = static_cast<const T*>(p.bias);
+        if (f0 < p.n) b0 = static_cast<float>(bt[f0]);
+        if (f1 < p.n) b1 = static_cast<float>(bt[f1]);
+    }
+}
+
+// One output value of either epilogue form: act(accumulator + bias), in fp32.
+template <int Act>
+__device__ __forceinline__ float epilogue_value(float acc, float bias) {
+    return activate<Act>(acc + bias);
+}
+
 }  // namespace sp90
 
 // grid = (min(row_tiles * n_tiles, SMs)), block = 384, dynamic shared memory =
@@ -449,18 +474,8 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
 #pragma unroll
                 for (int i = 0; i < kMT; ++i) {
                     const int fb = n_tile * BM + (cw * kMT + i) * 64;  // first feature of m64 block i
-                    const int f0 = fb + warp * 16 + g;
-                    const int f1 = f0 + 8;
-                    float b0 = 0.0f, b1 = 0.0f;
-                    if (p.bias_kind == 2) {
-                        const float* bf = static_cast<const float*>(p.bias);
-                        if (f0 < p.n) b0 = __ldg(bf + f0);
-                        if (f1 < p.n) b1 = __ldg(bf + f1);
-                    } else if (p.bias_kind == 1) {
-                        const T* bt = static_cast<const T*>(p.bias);
-                        if (f0 < p.n) b0 = static_cast<float>(bt[f0]);
-                        if (f1 < p.n) b1 = static_cast<float>(bt[f1]);
-                    }
+                    float b0, b1;  // features fb + 16 warp + g (h = 0) and + 8 (h = 1)
+                    sp90::bias_pair<T>(p, fb + warp * 16 + g, b0, b1);
 #pragma unroll
                     for (int c = 0; c < BN / 64; ++c) {
                         // chunk: tokens 64 c .. 64 c + 63 (accumulator columns j = 8 c .. 8 c + 7).
@@ -474,7 +489,7 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                             // than packing from eight activations at once, which spilled gelu_erf)
 #pragma unroll
                             for (int x = 0; x < 8; ++x)
-                                d[i][4 * j + x] = activate<Act>(d[i][4 * j + x] + ((x & 2) ? b1 : b0));
+                                d[i][4 * j + x] = sp90::epilogue_value<Act>(d[i][4 * j + x], (x & 2) ? b1 : b0);
                             const unsigned w0 = pack_pair<T>(d[i][4 * j], d[i][4 * j + 1]);
                             const unsigned w1 = pack_pair<T>(d[i][4 * j + 2], d[i][4 * j + 3]);
                             const unsigned w2 = pack_pair<T>(d[i][4 * j + 4], d[i][4 * j + 5]);
@@ -514,16 +529,8 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                 // features f0 (h = 0), f0 + 8 (h = 1) of m64 block i
                 const int f0 = n_tile * BM + (cw * kMT + i) * 64 + warp * 16 + g;
                 const int f1 = f0 + 8;
-                float b0 = 0.0f, b1 = 0.0f;
-                if (p.bias_kind == 2) {
-                    const float* bf = static_cast<const float*>(p.bias);
-                    if (f0 < p.n) b0 = __ldg(bf + f0);
-                    if (f1 < p.n) b1 = __ldg(bf + f1);
-                } else if (p.bias_kind == 1) {
-                    const T* bt = static_cast<const T*>(p.bias);
-                    if (f0 < p.n) b0 = static_cast<float>(bt[f0]);
-                    if (f1 < p.n) b1 = static_cast<float>(bt[f1]);
-                }
+                float b0, b1;
+                sp90::bias_pair<T>(p, f0, b0, b1);
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -531,8 +538,8 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                         const long long r = r0 + 8 * j + 2 * tq + e;
                         if (r < p.rows) {
                             T* orow = out + r * p.out_row_stride;
-                            if (f0 < p.n) orow[f0] = static_cast<T>(activate<Act>(d[i][4 * j + e] + b0));
-                            if (f1 < p.n) orow[f1] = static_cast<T>(activate<Act>(d[i][4 * j + 2 + e] + b1));
+                            if (f0 < p.n) orow[f0] = static_cast<T>(sp90::epilogue_value<Act>(d[i][4 * j + e], b0));
+                            if (f1 < p.n) orow[f1] = static_cast<T>(sp90::epilogue_value<Act>(d[i][4 * j + 2 + e], b1));
                         }
                     }
                 }

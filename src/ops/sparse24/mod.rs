@@ -792,28 +792,35 @@ fn launch_wgmma(
 /// accumulator registers; "smem" / "staged" / "1": staged through shared memory; unset: the
 /// production default `WGMMA_EPILOGUE_DEFAULT`). Read per call (same-process A/B in benchmarks).
 fn wgmma_epilogue() -> Result<u32> {
-    let v = std::env::var("FERROATTN_WGMMA_SP_EPILOGUE").ok();
-    parse_wgmma_epilogue(v.as_deref()).ok_or_else(|| {
-        Error::argument(
-            "FERROATTN_WGMMA_SP_EPILOGUE",
-            "\"direct\", \"smem\", \"0\", \"1\" or unset",
-            format!("{:?}", v.unwrap_or_default()),
-        )
-    })
+    wgmma_form_env(
+        "FERROATTN_WGMMA_SP_EPILOGUE",
+        "\"direct\", \"smem\", \"0\", \"1\" or unset",
+        parse_wgmma_epilogue,
+    )
 }
 
 /// The wgmma_sp mainloop form: $FERROATTN_WGMMA_SP_MAINLOOP ("wait0" / "1": wgmma.wait_group 0
 /// after every stage; "pipe" / "2": two metadata register sets, one stage of wgmmas in flight;
 /// unset: the production default `WGMMA_META_SETS_DEFAULT`). Read per call (same-process A/B).
 fn wgmma_mainloop() -> Result<u32> {
-    let v = std::env::var("FERROATTN_WGMMA_SP_MAINLOOP").ok();
-    parse_wgmma_mainloop(v.as_deref()).ok_or_else(|| {
-        Error::argument(
-            "FERROATTN_WGMMA_SP_MAINLOOP",
-            "\"wait0\", \"pipe\", \"1\", \"2\" or unset",
-            format!("{:?}", v.unwrap_or_default()),
-        )
-    })
+    wgmma_form_env(
+        "FERROATTN_WGMMA_SP_MAINLOOP",
+        "\"wait0\", \"pipe\", \"1\", \"2\" or unset",
+        parse_wgmma_mainloop,
+    )
+}
+
+/// A wgmma_sp kernel form chosen by the environment variable `var`, read per call: `parse` maps
+/// its value (None when unset) to the form, or to None for a value it does not know, which
+/// raises ArgumentError naming `var`, the `expected` values and the value given.
+fn wgmma_form_env(
+    var: &str,
+    expected: &str,
+    parse: fn(Option<&str>) -> Option<u32>,
+) -> Result<u32> {
+    let v = std::env::var(var).ok();
+    parse(v.as_deref())
+        .ok_or_else(|| Error::argument(var, expected, format!("{:?}", v.unwrap_or_default())))
 }
 
 /// A tile forced by $FERROATTN_SPARSE24_TILE ("block_n,block_r,warps_n,warps_r,stages"; for
