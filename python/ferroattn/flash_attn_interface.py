@@ -24,7 +24,8 @@ atomics; a bit slower); the forward is always deterministic. As in flash_attn, t
 returned ``softmax_lse`` is ignored (it is treated as a constant). Reverse mode only: forward-mode
 AD (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad`` dual inputs) raises
 NotImplementedError naming the input; a second derivative (``create_graph=True`` then a grad of
-the gradients) and ``torch.func.grad`` / ``vjp`` raise torch's RuntimeError (no formula).
+the gradients) raises torch's RuntimeError (no formula); ``torch.func.grad`` / ``vjp`` / ``jacrev``
+raise FerroattnError (a RuntimeError) naming ferroattn and the input.
 
 Not implemented yet, and never silently ignored (``NotImplementedError`` naming the argument):
 ``dropout_p > 0``, a window other than the full or causal one, ``softcap != 0``,
@@ -35,17 +36,23 @@ Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (
 Checked here, before any normalisation (so messages show the values the user passed):
 - ``q``/``k``/``v`` are tensors (DTypeError) of the layout's rank with equal head dims <= 256
   (ArgumentError; before the head dim is padded);
-- ``softmax_scale`` is None or a real number finite in fp32; ``causal`` and ``deterministic``
-  bools (also numpy bool, the ints 0/1, None = False); ``dropout_p`` a real number in [0, 1); ``window_size`` a
-  pair of ints; varlen ``max_seqlen_q/k`` ints (``operator.index``): ArgumentError otherwise.
-The custom op's Rust validation checks everything else (dtypes, devices, strides, shapes).
+- packed ``qkv`` / ``kv``: a tensor of the layout's rank whose packed dim is exactly 3 / 2
+  (ArgumentError naming ``qkv`` / ``kv`` with its shape);
+- ``softmax_scale`` is None or a real number (not a bool) finite in fp32 (a symbolic float under
+  torch.compile is not read); ``causal`` and ``deterministic`` bools (also numpy bool, the ints
+  0/1, None = False); ``dropout_p`` and ``softcap`` real numbers (not bools), ``dropout_p`` in
+  [0, 1); ``return_attn_probs`` anything with a truth value (as flash_attn); ``window_size`` a
+  pair of ints; varlen ``max_seqlen_q/k`` ints >= 0 (``operator.index``; not bools or tensors).
+  A one-element tensor whose value cannot be read (meta) is an ArgumentError, not torch's error.
+The custom op's Rust validation checks everything else (dtypes, devices, strides, shapes); when
+the head dim is padded or a last dim copied, it runs first on the caller's tensors (metadata
+only), so a bad input fails before any copy and the message shows the caller's shapes.
 
 Sources: T. Dao, "FlashAttention-2", 2023, §3.1 (forward algorithm, LSE output), §3.2 (backward);
 flash_attn 2.8 public API (reference/api-contracts.md §1).
 """
 from __future__ import annotations
 
-import math
 import operator
 from typing import Optional, Sequence, Tuple, Union
 
@@ -54,7 +61,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import ArgumentError, DTypeError
+from .errors import ArgumentError, DTypeError, FerroattnError
+from .ops.attention import check_fwd_meta as _check_fwd_meta
+from .ops.attention import check_softmax_scale as _check_scale_value
 from .ops.attention import run_attn_fwd as _attn_fwd_op
 
 __all__ = [
@@ -83,8 +92,6 @@ def _maybe_contiguous(x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # argument checks (run before anything touches the arguments)
 # ---------------------------------------------------------------------------------------------
-#: The smallest magnitude that rounds to inf in fp32 (fp32 max + half an ulp).
-_F32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
 
 
 def _check_tensors(q, k, v, varlen: bool) -> int:
@@ -110,26 +117,34 @@ def _check_tensors(q, k, v, varlen: bool) -> int:
 
 
 def _as_float(value, name: str) -> float:
-    """A real number (int, float, numpy scalar, one-element tensor) as a Python float. Strings,
-    sequences and tensors of other sizes raise ArgumentError naming ``name``; so does a value too
-    large for a float (OverflowError)."""
-    if isinstance(value, (str, bytes)) or (isinstance(value, Tensor) and value.numel() != 1):
+    """A real number (int, float, numpy scalar, one-element tensor whose value can be read) as a
+    Python float. Bools, strings, sequences, tensors of other sizes and tensors whose value cannot
+    be read (meta tensors, fake tensors without a value) raise ArgumentError naming ``name``; so
+    does a value too large for a float (OverflowError)."""
+    if (isinstance(value, (bool, np.bool_, str, bytes))
+            or (isinstance(value, Tensor) and (value.numel() != 1 or value.dtype == torch.bool))):
         raise ArgumentError(f"{name}: expected a real number, got {value!r}")
     try:
         return float(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # RuntimeError: .item() on meta
         raise ArgumentError(f"{name}: expected a real number, got {value!r}") from None
 
 
 def _check_softmax_scale(softmax_scale, head_dim: int) -> float:
     """``None`` -> ``head_dim ** -0.5`` (unpadded head dim); else a real number that is finite in
-    fp32 (the kernels compute in fp32: 1e300 would be inf there). Raises ArgumentError."""
+    fp32 (the kernels compute in fp32: 1e300 would be inf there). Raises ArgumentError.
+
+    A symbolic scale (``torch.SymFloat``: torch.compile makes a float attribute symbolic from its
+    second distinct value on) is passed through unread, as the op's check does
+    (:func:`ferroattn.ops.attention.check_softmax_scale`, the one finiteness rule): reading it
+    (``float``, ``math.isfinite``) would be a graph break under ``fullgraph=True``."""
     if softmax_scale is None:
         # head dim 0 is rejected by the op's validation; any scale gets it there
         return head_dim ** (-0.5) if head_dim > 0 else 1.0
+    if isinstance(softmax_scale, torch.SymFloat):
+        return softmax_scale
     scale = _as_float(softmax_scale, "softmax_scale")
-    if not math.isfinite(scale) or abs(scale) >= _F32_OVERFLOW:
-        raise ArgumentError(f"softmax_scale: expected a real number finite in float32, got {softmax_scale!r}")
+    _check_scale_value(scale, shown=softmax_scale)
     return scale
 
 
@@ -143,11 +158,32 @@ def _check_flag(flag, name: str) -> bool:
         return bool(flag)
     try:
         value = operator.index(flag)
-    except TypeError:
+    except (TypeError, RuntimeError):  # RuntimeError: the value of a meta tensor cannot be read
         value = None
     if value not in (0, 1):
         raise ArgumentError(f"{name}: expected a bool, got {flag!r}")
     return bool(value)
+
+
+def _check_return_flag(flag, name: str) -> bool:
+    """``return_attn_probs`` as flash_attn reads it: its truth value (``if return_attn_probs``).
+    A value with no truth value (a tensor of several elements, a meta tensor) raises
+    ArgumentError naming ``name`` instead of torch's RuntimeError."""
+    try:
+        return bool(flag)
+    except (TypeError, ValueError, RuntimeError):
+        raise ArgumentError(f"{name}: expected a bool, got {flag!r}") from None
+
+
+def _check_softcap(softcap) -> None:
+    """``softcap`` must be a real number (None counts as 0; ArgumentError otherwise, e.g. a
+    string, a bool or a tensor whose value cannot be read); a non-zero value raises
+    NotImplementedError (softcapping is not implemented)."""
+    if softcap is None:
+        return
+    value = _as_float(softcap, "softcap")
+    if value != 0.0:
+        raise _not_implemented(f"softcap={softcap} (logit softcapping)")
 
 
 def _check_causal(causal) -> bool:
@@ -160,7 +196,7 @@ def _check_dropout(dropout_p) -> None:
     0 < p < 1 raises NotImplementedError (dropout is not implemented)."""
     if dropout_p is None:
         return
-    p = _as_float(dropout_p, "dropout_p")
+    p = _as_float(dropout_p, "dropout_p")  # a bool is rejected as not a real number
     if not 0.0 <= p < 1.0:  # also false for nan
         raise ArgumentError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
     if p > 0.0:
@@ -169,13 +205,16 @@ def _check_dropout(dropout_p) -> None:
 
 def _check_max_seqlen(value, name: str) -> int:
     """A varlen ``max_seqlen_q/k`` as a Python int (``operator.index``: ints and numpy ints, not
-    floats or strings) in int64 range; the op's validation checks the int32 range. Raises
-    ArgumentError naming ``name``."""
+    bools, tensors, floats or strings; flash_attn's contract is a Python int) in [0, 2**63); the
+    op's validation checks the int32 range. Negative values are rejected here for both arguments,
+    also for an empty batch. Raises ArgumentError naming ``name``."""
+    if isinstance(value, (bool, np.bool_, Tensor)):
+        raise ArgumentError(f"{name}: expected an int, got {value!r}")
     try:
         n = operator.index(value)
     except TypeError:
         raise ArgumentError(f"{name}: expected an int, got {value!r}") from None
-    if not -(2**63) <= n < 2**63:
+    if not 0 <= n < 2**63:
         raise ArgumentError(f"{name}: expected an int in [0, {2**31 - 1}], got {n}")
     return n
 
@@ -188,6 +227,38 @@ def _check_window(window_size) -> Tuple[int, int]:
     except (TypeError, ValueError):
         raise ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}") from None
     return left, right
+
+
+def _unpack(packed, name: str, n: int, dim: int, layout: str) -> Tuple[Tensor, ...]:
+    """The ``n`` views ``packed.select(dim, i)`` of a packed ``qkv`` (n = 3) / ``kv`` (n = 2) of
+    layout ``layout``: it must be a tensor (DTypeError) of rank ``dim + 3`` whose dim ``dim`` has
+    size exactly ``n`` (ArgumentError naming ``name`` with its own shape)."""
+    if not isinstance(packed, Tensor):
+        raise DTypeError(f"{name}: expected a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() != dim + 3 or packed.shape[dim] != n:
+        raise ArgumentError(f"{name}: expected shape {layout} (rank {dim + 3}, dim {dim} of size {n}), "
+                            f"got shape {tuple(packed.shape)}")
+    return tuple(packed.select(dim, i) for i in range(n))
+
+
+def _reject_functorch_reverse(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """torch.func.grad / vjp / jacrev cannot differentiate the op (torch 2.11's custom-op autograd
+    wrapper has no ``setup_context`` for functorch): raise FerroattnError (a RuntimeError) naming
+    ferroattn and the way out, instead of torch's generic message. Only when a functorch grad
+    transform is active and tracks one of q, k, v; vmap and forward-mode AD are left alone (the
+    latter is rejected by the op with its own NotImplementedError)."""
+    if torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active():
+        return
+    ft = torch._C._functorch
+    if not any(i.key() == ft.TransformType.Grad for i in ft.get_interpreter_stack()):
+        return
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if ft.is_gradtrackingtensor(x):
+            raise FerroattnError(
+                f"{name}: ferroattn's flash_attn functions do not support torch.func.grad / vjp / jacrev "
+                f"(torch's custom-op autograd.Function has no setup_context for functorch transforms); "
+                f"use reverse mode through autograd (.backward() / torch.autograd.grad), got a tensor "
+                f"tracked by a torch.func grad transform")
 
 
 def _normalise_causal_window(causal: bool, window_size: Tuple[int, int], seqlen_q: int,
@@ -215,8 +286,7 @@ def _normalise_causal_window(causal: bool, window_size: Tuple[int, int], seqlen_
 
 def _check_supported(softcap: float, alibi_slopes: Optional[Tensor],
                      block_table: Optional[Tensor] = None) -> None:
-    if softcap is not None and softcap != 0.0:
-        raise _not_implemented(f"softcap={softcap} (logit softcapping)")
+    _check_softcap(softcap)
     if alibi_slopes is not None:
         raise _not_implemented("alibi_slopes (ALiBi bias)")
     if block_table is not None:
@@ -234,11 +304,13 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     output) is an autograd-visible torch op, so gradients reach the caller's tensors."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     head_dim = _check_tensors(q, k, v, varlen)
+    _reject_functorch_reverse(q, k, v)
     _check_dropout(dropout_p)
     _check_supported(softcap, alibi_slopes, block_table)
     softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
     causal = _check_causal(causal)
     deterministic = _check_flag(deterministic, "deterministic")
+    return_attn_probs = _check_return_flag(return_attn_probs, "return_attn_probs")
     window_size = _check_window(window_size)
     if varlen:
         max_seqlen_q = _check_max_seqlen(max_seqlen_q, "max_seqlen_q")
@@ -247,6 +319,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     causal = _normalise_causal_window(causal, window_size, max_seqlen_q, max_seqlen_k)
     pad = (8 - head_dim % 8) % 8
+    if ((pad or any(x.stride(-1) != 1 for x in (q, k, v))) and q.device.type != "cpu"
+            and not torch.compiler.is_compiling()):
+        # A copy is coming: run the op's validation first, on the caller's tensors (no copy of a
+        # bad input; messages show the caller's shapes). Without a copy the op validates the
+        # caller's tensors itself; under torch.compile the op's fake impl validates at trace
+        # time; a CPU q is left to the op (which rejects it: DeviceError; CPU emulations of the
+        # native module in tests/ run there).
+        _check_fwd_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, head_dim + pad)
     if pad:  # the padded copies are contiguous
         q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
     else:
@@ -307,7 +387,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """:func:`flash_attn_func` with packed ``qkv`` (b, s, 3, h, d) (no GQA). q, k, v are the views
     ``qkv[:, :, 0]``, ``qkv[:, :, 1]``, ``qkv[:, :, 2]`` (no copy). Returns as flash_attn_func;
     the gradient reaches ``qkv`` through the views ((b, s, 3, h, d), qkv's dtype)."""
-    return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0,
+    q, k, v = _unpack(qkv, "qkv", 3, 2, "(batch, seqlen, 3, heads, head_dim)")
+    return _attention(q, k, v, None, None, 0, 0,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs)
 
@@ -317,7 +398,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` with packed ``kv`` (b, s_k, 2, h_k, d); q (b, s_q, h, d).
     Returns as flash_attn_func; gradients reach q and ``kv`` (through its views)."""
-    return _attention(q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p,
+    k, v = _unpack(kv, "kv", 2, 2, "(batch, seqlen_k, 2, heads_k, head_dim)")
+    return _attention(q, k, v, None, None, 0, 0, dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs)
 
@@ -363,7 +445,8 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     """:func:`flash_attn_varlen_func` with packed ``qkv`` (total, 3, h, d) and one ``cu_seqlens``
     (b + 1,) int32 / ``max_seqlen`` for q and k. Returns as flash_attn_varlen_func; the gradient
     reaches ``qkv`` through the views ``qkv[:, 0]``, ``qkv[:, 1]``, ``qkv[:, 2]``."""
-    return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+    q, k, v = _unpack(qkv, "qkv", 3, 1, "(total, 3, heads, head_dim)")
+    return _attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs)
 
@@ -374,7 +457,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_varlen_func` with packed ``kv`` (total_k, 2, h_k, d); q (total_q, h, d).
     Returns as flash_attn_varlen_func; gradients reach q and ``kv`` (through its views)."""
-    return _attention(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    k, v = _unpack(kv, "kv", 2, 1, "(total_k, 2, heads_k, head_dim)")
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs)
 

@@ -44,7 +44,7 @@ from ._to_native import tile_aligned as _tile_aligned
 
 __all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "check_varlen_values", "tensor_meta",
            "attn_fwd_flops", "causal_pairs", "lse_shape", "rank_error", "positive_scale", "check_softmax_scale",
-           "scale_is_zero"]
+           "scale_is_zero", "check_fwd_meta"]
 
 #: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
 #: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
@@ -172,15 +172,59 @@ _F32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
 _F32_UNDERFLOW = 2.0**-150
 
 
-def check_softmax_scale(softmax_scale) -> None:
+def check_softmax_scale(softmax_scale, shown=None) -> None:
     """``softmax_scale`` must be finite in fp32 (the kernels take an fp32 scale: nan, ±inf and
     1e300 are rejected here with the caller's value, before the mapping of :func:`positive_scale`
-    could change its sign). A symbolic scale (torch.SymFloat under dynamic shapes) is not read.
+    could change its sign). A symbolic scale (torch.SymFloat under dynamic shapes or a
+    torch.compile'd float attribute) is not read. The one finiteness rule of both the op and the
+    flash_attn functions (which pass the caller's original value as ``shown``, for the message).
     Raises :class:`~ferroattn.errors.ArgumentError`."""
     if not isinstance(softmax_scale, (int, float)):
         return
     if not abs(softmax_scale) < _F32_OVERFLOW:  # also true for nan
-        raise ArgumentError(f"softmax_scale: expected a real number finite in float32, got {softmax_scale!r}")
+        shown = softmax_scale if shown is None else shown
+        raise ArgumentError(f"softmax_scale: expected a real number finite in float32, got {shown!r}")
+
+
+def _normalised_meta(t: Tensor, head_dim: int):
+    """``tensor_meta`` of ``t`` as the flash_attn functions hand it to the op: unchanged when its
+    last dim is ``head_dim`` and contiguous; else the contiguous copy with the last dim
+    zero-padded to ``head_dim`` (``F.pad`` / ``.contiguous()``), described without making it."""
+    meta = tensor_meta(t)
+    shape, strides, dtype, device = meta
+    if shape[-1] == head_dim and (strides[-1] == 1 or t.dim() == 0):
+        return meta
+    shape = shape[:-1] + (head_dim,)
+    contiguous, n = [], 1
+    for size in reversed(shape):
+        contiguous.append(n)
+        n *= max(size, 1)
+    return (shape, tuple(reversed(contiguous)), dtype, device)
+
+
+def check_fwd_meta(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                   max_seqlen_q: int, max_seqlen_k: int, head_dim: int) -> None:
+    """The Rust validation of the forward (``_native.attn_fwd_check``, the op's own rules) on the
+    caller's q, k, v *before* the flash_attn functions pad the head dim to ``head_dim`` or copy a
+    non-contiguous last dim: run on the metadata of the tensors the op will receive
+    (:func:`_normalised_meta`), so a bad call fails before any copy (no large allocation first),
+    and with the caller's shapes in the message (a normalised shape printed by the validation is
+    mapped back to the caller's). Raises the ferroattn.errors classes of the Rust validation."""
+    tensors = (q, k, v)
+    metas = [_normalised_meta(t, head_dim) for t in tensors]
+    try:
+        _native.attn_fwd_check(metas[0], metas[1], metas[2], tensor_meta(cu_seqlens_q), tensor_meta(cu_seqlens_k),
+                               _as_int(max_seqlen_q), _as_int(max_seqlen_k))
+    except Exception as e:
+        message = str(e)
+        renamed = message
+        for t, meta in zip(tensors, metas):
+            user = tuple(_as_int(s) for s in t.shape)
+            if meta[0] != user:
+                renamed = renamed.replace(str(meta[0]), str(user))
+        if renamed == message:
+            raise
+        raise type(e)(renamed) from None
 
 
 def scale_is_zero(softmax_scale: float) -> bool:

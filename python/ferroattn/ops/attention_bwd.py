@@ -96,7 +96,10 @@ def _attn_bwd_impl(
             s <= 0 is mirrored: s < 0 runs with (−q, −s) and negates dq, s == 0 (in fp32) runs with
             (0, 1) and returns dq = 0, which are the exact gradients).
         deterministic: True -> kernels without atomics, bitwise identical results across runs;
-            False -> dQ accumulated with fp32 atomics (faster; last bits may vary).
+            False -> dQ accumulated with fp32 atomics (faster; last bits may vary). ``causal`` and
+            ``deterministic`` are ``bool`` in the op's schema: the dispatcher converts an int
+            (e.g. 2 -> True) before this code runs, so such a value cannot be rejected here (the
+            flash_attn functions reject it before calling the op).
 
     Returns:
         dq: q's shape and dtype (``empty_like(q)``: q's stride order when q is dense, else
@@ -108,8 +111,13 @@ def _attn_bwd_impl(
     Raises: the ferroattn.errors classes from the Rust validation (DTypeError, DeviceError,
     ArgumentError naming the argument), ArgumentError from the cu_seqlens value check,
     CUDA/NVRTC errors;
-    ArgumentError for a softmax_scale not finite in fp32; NotImplementedError when forward-mode AD
-    tracks an input (no jvp formula).
+    ArgumentError for a softmax_scale not finite in fp32; NotImplementedError when forward-mode AD tracks an input (no jvp formula).
+
+    Forward-mode AD limitation (as for ``attn_fwd``): the check sees the tensors the caller holds;
+    ``torch.ops.ferroattn.attn_bwd`` called *directly* inside ``torch.func.jvp`` receives tensors
+    already unwrapped by functorch, whose tangents are invisible here, so a jvp through the raw
+    op is not detected (its tangent is dropped). The autograd path (``attn_fwd``'s backward)
+    checks ``dout`` before calling the op.
     """
     reject_forward_ad("ferroattn::attn_bwd", (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)))
     lse_shape_ = lse_shape(q, cu_seqlens_q)
