@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -265,3 +266,18 @@ def test_torch_func_reverse_transforms_name_ferroattn(transform):
     name = "q" if transform == "grad" else "k"
     assert msg.startswith(f"{name}: ferroattn's flash_attn functions do not support torch.func.grad"), msg
     assert "setup_context" in msg and ".backward()" in msg
+
+
+# ---- second breaker pass (session 6) --------------------------------------------------------
+@pytest.mark.parametrize("kwargs, name", [
+    ({"softmax_scale": np.complex64(0.1 + 5j)}, "softmax_scale"),
+    ({"softmax_scale": np.complex128(0.1)}, "softmax_scale"),
+    ({"softcap": float("nan")}, "softcap"),
+    ({"window_size": (torch.tensor(-1, device="meta"), -1)}, "window_size"),
+])
+def test_second_pass_scalar_arguments(kwargs, name):
+    q, k, v = (T(2, 16, 4, 64) for _ in range(3))
+    with pytest.raises(errors.ArgumentError, match=name):
+        flash_attn_func(q, k, v, **kwargs)
+    out = flash_attn_func(q, k, v)            # the next valid call still works
+    assert out.shape == (2, 16, 4, 64)

@@ -118,11 +118,13 @@ def _check_tensors(q, k, v, varlen: bool) -> int:
 
 def _as_float(value, name: str) -> float:
     """A real number (int, float, numpy scalar, one-element tensor whose value can be read) as a
-    Python float. Bools, strings, sequences, tensors of other sizes and tensors whose value cannot
-    be read (meta tensors, fake tensors without a value) raise ArgumentError naming ``name``; so
-    does a value too large for a float (OverflowError)."""
-    if (isinstance(value, (bool, np.bool_, str, bytes))
-            or (isinstance(value, Tensor) and (value.numel() != 1 or value.dtype == torch.bool))):
+    Python float. Bools, complex numbers (numpy's would drop the imaginary part with only a
+    warning), strings, sequences, tensors of other sizes and tensors whose value cannot be read
+    (meta tensors, fake tensors without a value) raise ArgumentError naming ``name``; so does a
+    value too large for a float (OverflowError)."""
+    if (isinstance(value, (bool, np.bool_, str, bytes, complex, np.complexfloating))
+            or (isinstance(value, Tensor)
+                and (value.numel() != 1 or value.dtype == torch.bool or value.is_complex()))):
         raise ArgumentError(f"{name}: expected a real number, got {value!r}")
     try:
         return float(value)
@@ -182,6 +184,8 @@ def _check_softcap(softcap) -> None:
     if softcap is None:
         return
     value = _as_float(softcap, "softcap")
+    if value != value:  # nan: not a cap value at all, so an argument error, not "not implemented"
+        raise ArgumentError(f"softcap: expected a real number (0 = no softcapping), got {softcap!r}")
     if value != 0.0:
         raise _not_implemented(f"softcap={softcap} (logit softcapping)")
 
@@ -224,7 +228,7 @@ def _check_window(window_size) -> Tuple[int, int]:
     inf). Raises ArgumentError."""
     try:
         left, right = (operator.index(w) for w in window_size)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: the value of a meta tensor
         raise ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}") from None
     return left, right
 
