@@ -175,3 +175,101 @@ def test_measure_point_emulated(monkeypatch):
             assert r["ratio"] == pytest.approx(1.0) and r["rel_err"] < 1e-2 and not r["suspect"]
             assert r["pct_ceiling"] == pytest.approx(100.0 * r["tflops"])
         assert p["ran"] == "wmma"
+
+
+# ---- paired timing (timing.paired_ms) on a fake GPU whose clock drifts ---------------------------
+def test_measure_point_paired_ratio_cancels_drift(monkeypatch):
+    import torch
+
+    import ferroattn.ops.gemm as ops_gemm
+    from test_gemm_emulated import ContractNative
+
+    monkeypatch.setattr(ops_gemm, "_native", ContractNative(backends=("wmma",)))
+    calls: list[str] = []
+    true_ms = {bench.PEER: 1.0, "wmma": 1.0 / 0.93, "auto": 1.0 / 0.97}
+    orig_torch, orig_ours = bench._torch_fn, bench._ours_fn
+
+    def tag(name, f):
+        def g(*args):
+            calls.append(name)
+            return f(*args)
+        return g
+
+    monkeypatch.setattr(bench, "_torch_fn", lambda p: tag(bench.PEER, orig_torch(p)))
+    monkeypatch.setattr(bench, "_ours_fn", lambda p, b: tag(b, orig_ours(p, b)))
+    clock = {"t": 0.0}
+    windows: list[tuple[str, float, float]] = []
+
+    def drifting_bench(fn, rep_ms, warmup_ms):    # the clock slows 0.3 % per simulated ms
+        fn()
+        name = calls[-1]
+        windows.append((name, rep_ms, warmup_ms))
+        dur = rep_ms + warmup_ms + 5 * true_ms[name]
+        clock["t"] += dur
+        return true_ms[name] * (1.0 + 3e-3 * (clock["t"] - dur / 2))
+
+    monkeypatch.setattr(bench.timing, "bench_gpu", drifting_bench)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    m, n, k = 8, 16, 32
+    w = torch.randn(n, k).to(torch.bfloat16)
+    sets = [(torch.randn(m, k).to(torch.bfloat16), w.T, torch.randn(n).to(torch.bfloat16)) for _ in range(2)]
+    p = {"dtype": "bf16", "suite": "square", "kind": "matmul", "activation": None, "m": m, "n": n, "k": k,
+         "flops": 2.0 * m * n * k}
+    bench.measure_point(p, sets, ["wmma", "sm90", "auto"], ["wmma"], 1.0, 100.0, 25.0, rounds=5)
+    # order: per round peer, wmma, auto, then reversed; 100 / 25 ms per function split over 10 windows
+    assert [x[0] for x in windows] == [bench.PEER, "wmma", "auto", "auto", "wmma", bench.PEER] * 5
+    assert {(r, wu) for _, r, wu in windows} == {(10.0, 2.5)}
+    assert p["backends"]["sm90"] is None and "not supported" in p["backend_errors"]["sm90"]
+    assert list(p["backends"]) == ["wmma", "sm90", "auto"]
+    for name, goal in (("wmma", 0.93), ("auto", 0.97)):
+        r = p["backends"][name]
+        assert r["ratio"] == pytest.approx(goal, rel=1e-12)
+        assert r["ratio_rounds"] == pytest.approx([goal] * 5, rel=1e-12)
+        assert r["ratio_ci"] == pytest.approx([goal, goal]) and r["ratio_ci_level"] == pytest.approx(0.9375)
+        assert len(r["ms_rounds"]) == 5 and all(len(wi) == 2 for wi in r["ms_windows"])
+        assert r["ms"] == pytest.approx(sorted(r["ms_rounds"])[2]) and not r["suspect"]
+        assert r["tflops"] == pytest.approx(2.0 * m * n * k / (r["ms"] * 1e-3) / 1e12)
+    assert max(p["peer"]["ms_rounds"]) / min(p["peer"]["ms_rounds"]) > 1.5    # the clock did drift
+    # what the old sequential method would have reported here: peer then wmma, one 125 ms window each
+    clock["t"] = 0.0
+    calls.append(bench.PEER)
+    peer_seq = drifting_bench(lambda: None, 100.0, 25.0)
+    calls.append("wmma")
+    wmma_seq = drifting_bench(lambda: None, 100.0, 25.0)
+    assert abs(peer_seq / wmma_seq - 0.93) > 0.2
+
+
+def test_measure_point_rejects_bad_rounds():
+    from ferroattn.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="rounds: expected a positive integer, got 0"):
+        bench.measure_point({}, [], [], [], None, 10.0, 1.0, rounds=0)
+    with pytest.raises(ArgumentError, match="rounds: expected a positive integer"):
+        bench.run_bench(rounds=-3)
+
+
+def test_rounds_option(capsys):
+    assert _parser().parse_args([]).rounds == 5
+    assert _parser().parse_args(["--rounds", "3"]).rounds == 3
+    for bad in ("0", "-2", "x", "1.5", ""):
+        with pytest.raises(SystemExit) as e:
+            _parser().parse_args(["--rounds", bad])
+        assert e.value.code == 2
+        assert f"--rounds: expected a positive integer, got {bad!r}" in capsys.readouterr().err
+
+
+def test_summary_states_the_paired_method_and_counts_below_goal():
+    pts = [_pt("square", 8192, 8192, "matmul", {"sm90": 0.97, "auto": 0.97}),
+           _pt("llm", 4096, 11008, "matmul", {"sm90": 0.93, "auto": 0.93}),
+           _pt("llm", 8192, 4096, "matmul", {"sm90": 0.94, "auto": 0.94})]
+    cis = [[0.95, 0.99], [0.90, 0.96], [0.92, 0.945]]
+    for p, ci in zip(pts, cis):
+        for b in ("sm90", "auto"):
+            p["backends"][b].update(ratio_rounds=[0.9] * 5, ratio_ci=ci)
+    s = bench.summarize(pts, ["sm90", "auto"])
+    assert s["rounds"] == [5]
+    v = s["targets"]["matmul_sm90"]
+    assert v["n_below"] == 2 and v["n_ci_below"] == 1 and v["met"] is False
+    text = bench.format_summary(s)
+    assert "median of 5 paired rounds" in text
+    assert "2 target shapes below, 1 of them with the whole interval below" in text
+    assert bench.summarize([_pt("square", 4096, 4096, "matmul", {"sm90": 1.0})], ["sm90"])["rounds"] == []

@@ -112,3 +112,89 @@ def test_summary_and_formatting():
     assert "ours: CudaError: boom" in text and len(text.splitlines()) == 2 + 8
     assert "target >= 1.3" in bench.format_summary(s)
     assert "ours / semi-structured peer, large: min" in bench.format_summary(s)
+
+
+# ---- paired timing on a fake GPU whose clock drifts (no kernels: sparse24.matmul faked) --------
+def test_measure_point_paired_speedups_cancel_drift(monkeypatch):
+    import os
+
+    import torch.nn.functional as F
+
+    monkeypatch.delenv("FERROATTN_WGMMA_SP_EPILOGUE", raising=False)
+    true_ms = {"dense": 1.0, "sparse": 1 / 1.4, "mma_sp": 1 / 1.2, "wgmma_sp": 1 / 1.45,
+               "wgmma_sp_direct": 1 / 1.43, "auto": 1 / 1.35, "peer": 1 / 1.3}
+    calls: list[str] = []
+    real_linear = F.linear
+    ws = [{"dense": torch.randn(16, 32), "peer": torch.randn(16, 32)} for _ in range(2)]
+    for w in ws:
+        w["ours"], w["peer"] = w["dense"], w["dense"].clone()
+    role = {id(w[key]): key for w in ws for key in ("dense", "peer")}
+
+    def fake_linear(x, w, bias=None):
+        calls.append(role.get(id(w), "other"))
+        return real_linear(x, w, bias)
+
+    def fake_matmul(x, w, bias=None, activation=None, backend="auto"):
+        direct = os.environ.get("FERROATTN_WGMMA_SP_EPILOGUE") == "direct"
+        calls.append("wgmma_sp_direct" if (backend == "wgmma_sp" and direct) else backend)
+        return real_linear(x, w)
+
+    monkeypatch.setattr(F, "linear", fake_linear)
+    monkeypatch.setattr(sparse24, "matmul", fake_matmul)
+    monkeypatch.setattr(sparse24, "choose_backend", lambda *a: "sparse")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    clock = {"t": 0.0}
+    windows: list[str] = []
+
+    def drifting_bench(fn, rep_ms, warmup_ms):      # the clock slows 0.2 % per simulated ms
+        fn()
+        windows.append(calls[-1])
+        dur = rep_ms + warmup_ms + 5 * true_ms[calls[-1]]
+        clock["t"] += dur
+        return true_ms[calls[-1]] * (1.0 + 2e-3 * (clock["t"] - dur / 2))
+
+    monkeypatch.setattr(bench.timing, "bench_gpu", drifting_bench)
+    xs = [torch.randn(8, 32) for _ in range(2)]
+    p = {"dtype": "bf16", "kind": "square", "m": 8, "n": 16, "k": 32, "flops": 2.0 * 8 * 16 * 32}
+    bench.measure_point(p, xs, ws, None, "FakeSemi", 100.0, 25.0, rounds=5)
+    order = ["dense", "sparse", "mma_sp", "wgmma_sp", "wgmma_sp_direct", "auto", "peer"]
+    assert windows == (order + order[::-1]) * 5                   # the env variant ran inside its context
+    assert "FERROATTN_WGMMA_SP_EPILOGUE" not in os.environ        # and was restored
+    assert p["speedup_vs_dense"] == pytest.approx(1.4, rel=1e-12)
+    assert p["speedup_vs_peer"] == pytest.approx(1.4 / 1.3, rel=1e-12)
+    assert p["auto_vs_dense"] == pytest.approx(1.35, rel=1e-12)
+    assert p["peer_vs_dense"] == pytest.approx(1.3, rel=1e-12)
+    assert p["paired"]["wgmma_sp_direct_vs_dense"]["ratio"] == pytest.approx(1.43, rel=1e-12)
+    assert p["paired"]["mma_sp_vs_dense"]["ratio_rounds"] == pytest.approx([1.2] * 5, rel=1e-12)
+    assert p["dense_again"] is None and p["rel_err"] == 0.0 and p["peer_rel_err"] < 1e-6
+    assert list(p["kernels"]) == list(bench.KERNELS) and p["kernel_rel_err"]["wgmma_sp_direct"] == 0.0
+    for key in ("dense", "ours", "auto", "peer"):
+        assert len(p[key]["ms_rounds"]) == 5 and p[key]["ms"] == pytest.approx(sorted(p[key]["ms_rounds"])[2])
+    assert max(p["dense"]["ms_rounds"]) / min(p["dense"]["ms_rounds"]) > 1.5    # the clock did drift
+    s = bench.summarize([p])
+    assert s["rounds"] == [5] and s["below"]["vs_peer_min"]["n_below"] == 0
+    assert "median of 5 paired rounds" in bench.format_summary(s)
+
+
+def test_rounds_option_and_bad_values(capsys):
+    assert _parse([]).rounds == 5 and _parse(["--rounds", "9"]).rounds == 9
+    code, kwargs = bench.check_args(_parse(["--rounds", "0"]))
+    assert code == 2 and "--rounds: expected a positive integer, got 0" in capsys.readouterr().err
+    for bad in ("x", "2.5"):
+        with pytest.raises(SystemExit) as e:
+            _parse(["--rounds", bad])
+        assert e.value.code == 2 and f"--rounds: expected a positive integer, got {bad!r}" in capsys.readouterr().err
+    code, kwargs = bench.check_args(_parse(["--rounds", "3"]))
+    assert kwargs["rounds"] == 3
+
+
+def test_summary_counts_points_below_goal():
+    pts = _fake_points()
+    for p in pts:
+        p["paired"] = {"speedup_vs_peer": {"ratio_rounds": [1.0] * 3, "ratio_ci": [0.9, 1.05]}}
+    pts[1]["speedup_vs_peer"], pts[2]["speedup_vs_peer"] = 0.95, 0.9
+    pts[2]["paired"]["speedup_vs_peer"]["ratio_ci"] = [0.85, 0.97]
+    s = bench.summarize(pts)
+    assert s["rounds"] == [3] and s["below"]["vs_peer_min"] == {"goal": 1.0, "n_below": 2, "n_ci_below": 1}
+    text = bench.format_summary(s)
+    assert "median of 3 paired rounds" in text and "2 points below 1.0, 1 of them with the whole interval" in text

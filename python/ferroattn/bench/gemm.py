@@ -15,16 +15,25 @@ tensors. Two kinds of point per shape:
 
 Backends X: "wmma", "sm90" and "auto" where the GPU supports them (``_native.gemm_backends``); an
 explicit backend that cannot run a problem is recorded as null with the reason. For "auto" the
-backend that ran is recorded. Timing: :func:`timing.bench_gpu` (median of CUDA-event timed calls
-after warm-up, L2 cleared before each call) on rotating copies of the inputs (>= 3x L2
-together), TFLOP/s from 2·m·n·k, ratio ours/peer, % of the measured matmul ceiling of the dtype
-(:func:`ceilings.matmul_tflops`, cuBLAS 8192³), and ``rel_err`` = max|ours − peer| / max|peer|
-against the peer's output (a guard against fast-but-wrong; > 2e-2 is flagged ``suspect``). Also
-the host cost of one decode-sized call (m = 16, 4096 x 4096, bf16). Raw JSON
-(``gemm_<device>_<date>.json``: device, driver, torch, commit, date) to ``--out`` (default
-``bench/results``), rewritten after each shape so a killed run keeps what it measured; the table,
-then the summary against the issue's targets. Exit 0 when "auto" was measured at every point, 1
-when it failed somewhere, 2 for bad arguments, 3 without a CUDA GPU.
+backend that ran is recorded. Timing: the peer and every backend of a point are timed together by
+:func:`timing.paired_ms` in ``--rounds`` (default 5) interleaved rounds, each function once in a
+forward and once in a reverse pass per round (peer, wmma, sm90, auto, auto, sm90, wmma, peer),
+every window a :func:`timing.bench_gpu` median (CUDA events, L2 cleared before each call) on
+rotating copies of the inputs (>= 3x L2 together); ``--rep-ms`` (default 100) per function and
+point is split evenly over its 2·rounds windows. Per function ``ms`` = median over rounds of its
+round time and TFLOP/s from 2·m·n·k at that ``ms``; per backend ``ratio`` = median over rounds of
+(peer round time / ours round time) (:func:`timing.paired_ratio`: clock drift on the power-capped
+H200 moves both sides of a round alike), with ``ratio_rounds``, ``ratio_min`` / ``ratio_max`` and
+``ratio_ci`` (distribution-free interval of the median; coverage ``ratio_ci_level``, 0.9375 for 5
+rounds), plus ``ms_rounds`` / ``ms_windows`` of every function. Also % of the measured matmul
+ceiling of the dtype (:func:`ceilings.matmul_tflops`, cuBLAS 8192³), and
+``rel_err`` = max|ours − peer| / max|peer| against the peer's output (a guard against
+fast-but-wrong; > 2e-2 is flagged ``suspect``). Also the host cost of one decode-sized call
+(m = 16, 4096 x 4096, bf16). Raw JSON (``gemm_<device>_<date>.json``: device, driver, torch,
+commit, date) to ``--out`` (default ``bench/results``), rewritten after each shape so a killed
+run keeps what it measured; the table, then the summary against the issue's targets. Exit 0 when
+"auto" was measured at every point, 1 when it failed somewhere, 2 for bad arguments, 3 without a
+CUDA GPU.
 
 CLI: ``python -m ferroattn bench gemm`` (:func:`add_arguments` / :func:`run`). Importing this
 module does not import torch.
@@ -143,9 +152,19 @@ def _ours_fn(p: dict, backend: str) -> Callable[[Any, Any, Any], Any]:
     return lambda a, b, bias: matmul(a, b, bias=bias, activation=act, backend=backend)
 
 
-def _time(fn: Callable, sets: list, rep_ms: float, warmup_ms: float) -> float:
+#: the peer's name among the functions of :func:`timing.paired_ms` (not a backend name)
+PEER = "torch"
+
+
+def _rotated(fn: Callable, sets: list) -> Callable[[], Any]:
     rot = timing.Rotating(sets)
-    return timing.bench_gpu(lambda: fn(*rot.next()), rep_ms, warmup_ms)
+    return lambda: fn(*rot.next())
+
+
+def _timed(paired: "timing.Paired", name: str, flops: float) -> dict:
+    ms = statistics.median(paired.ms[name])
+    return {"ms": ms, "tflops": report.tflops(flops, ms), "ms_rounds": paired.ms[name],
+            "ms_windows": [list(w) for w in paired.windows[name]]}
 
 
 def _err(e: BaseException) -> str:
@@ -163,16 +182,24 @@ def _ran_backend(p: dict, a, b, bias) -> str | None:
 
 
 def measure_point(p: dict, sets: list, backends: Sequence[str], supported: Sequence[str],
-                  ceiling_tflops: float | None, rep_ms: float, warmup_ms: float) -> dict:
-    """Fill ``p`` with the peer's and every backend's measurements (see the module docstring)."""
+                  ceiling_tflops: float | None, rep_ms: float, warmup_ms: float,
+                  rounds: int = timing.DEFAULT_ROUNDS) -> dict:
+    """Fill ``p`` with the peer's and every backend's measurements (see the module docstring):
+    each function is called once on ``sets[0]`` (output checked against the peer's), then all
+    that ran are timed together by :func:`timing.paired_ms` in ``rounds`` rounds, ``rep_ms`` /
+    ``warmup_ms`` (per function, ms) split over the 2·rounds windows. A backend whose first call
+    raised a fatal CUDA error (:data:`FATAL_MARKERS`) stops the point before any timing.
+    ArgumentError for ``rounds`` not a positive int."""
     import torch
+    timing.check_rounds(rounds, "rounds")
     p.update(peer=None, peer_error=None, backends={}, backend_errors={}, ran=None, skipped=None)
     ref = None
+    fns: dict[str, Callable[[], Any]] = {}
+    rels: dict[str, float | None] = {}
     try:
         peer = _torch_fn(p)
         ref = peer(*sets[0]).float()
-        ms = _time(peer, sets, rep_ms, warmup_ms)
-        p["peer"] = {"ms": ms, "tflops": report.tflops(p["flops"], ms)}
+        fns[PEER] = _rotated(peer, sets)
     except Exception as e:
         p["peer_error"] = _err(e)
     for name in backends:
@@ -191,17 +218,38 @@ def measure_point(p: dict, sets: list, backends: Sequence[str], supported: Seque
             del out
             if name == "auto":
                 p["ran"] = _ran_backend(p, *sets[0])
-            ms = _time(fn, sets, rep_ms, warmup_ms)
-            tf = report.tflops(p["flops"], ms)
-            peer_tf = (p["peer"] or {}).get("tflops")
-            p["backends"][name] = {
-                "ms": ms, "tflops": tf, "ratio": (tf / peer_tf) if (tf and peer_tf) else None,
-                "pct_ceiling": (100.0 * tf / ceiling_tflops) if (tf and ceiling_tflops) else None,
-                "rel_err": rel, "suspect": bool(rel is not None and rel > SUSPECT_REL_ERR)}
+            fns[name], rels[name] = _rotated(fn, sets), rel
         except Exception as e:
             p["backends"][name] = None
             p["backend_errors"][name] = _err(e)
+            if _is_fatal(p["backend_errors"][name]):
+                break
     del ref
+    if any(_is_fatal(v) for v in p["backend_errors"].values()):
+        if PEER in fns:
+            p["peer_error"] = "not timed: a fatal CUDA error in ours"
+        return p
+    if not fns:
+        return p
+    paired = timing.paired_ms(fns, rounds, rep_ms / (2 * rounds), warmup_ms / (2 * rounds))
+    for name, e in paired.errors.items():
+        if name == PEER:
+            p["peer_error"] = _err(e)
+        else:
+            p["backends"][name], p["backend_errors"][name] = None, _err(e)
+    if PEER in paired.ms:
+        p["peer"] = _timed(paired, PEER, p["flops"])
+    for name, rel in rels.items():
+        if name not in paired.ms:
+            continue
+        r = _timed(paired, name, p["flops"])
+        tf = r["tflops"]
+        r.update({"ratio": None, "pct_ceiling": (100.0 * tf / ceiling_tflops) if (tf and ceiling_tflops) else None,
+                  "rel_err": rel, "suspect": bool(rel is not None and rel > SUSPECT_REL_ERR)})
+        if PEER in paired.ms:
+            r.update(timing.paired_ratio(paired.ms[PEER], paired.ms[name]))
+        p["backends"][name] = r
+    p["backends"] = {name: p["backends"][name] for name in backends if name in p["backends"]}
     return p
 
 
@@ -248,7 +296,10 @@ def summarize(points: Sequence[dict], backends: Sequence[str] = BACKENDS) -> dic
     """Per kind ("matmul", "epilogue") and backend: median / min ratio ours/peer over the target
     shapes (:func:`is_target_shape`) and over the whole grid, where the minimum is, best % of the
     ceiling; the target verdicts (matmul: :data:`TARGETS` per backend on the minimum over the
-    target shapes; epilogue: :data:`EPILOGUE_TARGET` for "auto"); counts."""
+    target shapes; epilogue: :data:`EPILOGUE_TARGET` for "auto"), each with the number of target
+    shapes whose paired ratio is below the goal (``n_below``) and of those whose whole interval
+    ``ratio_ci`` is below it (``n_ci_below``: below beyond the round-to-round spread); counts;
+    ``rounds``: the sorted distinct numbers of paired rounds behind the ratios (empty when none)."""
     out: dict[str, Any] = {"kinds": {}, "targets": {}}
     for kind in ("matmul", "epilogue"):
         per = {}
@@ -267,9 +318,12 @@ def summarize(points: Sequence[dict], backends: Sequence[str] = BACKENDS) -> dic
     for name, goal in TARGETS.items():
         if name in backends:
             t = out["kinds"]["matmul"][name]
-            out["targets"][f"matmul_{name}"] = _verdict(goal, t)
+            out["targets"][f"matmul_{name}"] = _verdict(goal, t, points, "matmul", name)
     if "auto" in backends:
-        out["targets"]["epilogue_auto"] = _verdict(EPILOGUE_TARGET, out["kinds"]["epilogue"]["auto"])
+        out["targets"]["epilogue_auto"] = _verdict(EPILOGUE_TARGET, out["kinds"]["epilogue"]["auto"], points,
+                                                   "epilogue", "auto")
+    out["rounds"] = sorted({len(v["ratio_rounds"]) for p in points for v in (p.get("backends") or {}).values()
+                            if v and v.get("ratio_rounds")})
     out["n_points"] = len(points)
     out["n_auto_measured"] = sum(1 for p in points if (p.get("backends") or {}).get("auto"))
     out["n_auto_failed"] = sum(1 for p in points if (p.get("backend_errors") or {}).get("auto"))
@@ -278,10 +332,20 @@ def summarize(points: Sequence[dict], backends: Sequence[str] = BACKENDS) -> dic
     return out
 
 
-def _verdict(goal: float, t: dict) -> dict:
+def _ci_high(p: dict, backend: str) -> float | None:
+    """The upper end of the backend's ``ratio_ci`` at ``p`` (None without one)."""
+    ci = ((p.get("backends") or {}).get(backend) or {}).get("ratio_ci")
+    return ci[1] if ci else None
+
+
+def _verdict(goal: float, t: dict, points: Sequence[dict], kind: str, backend: str) -> dict:
     mn, med = t["target_min"], t["target_median"]
+    sel = _ratios(points, kind, backend, True)
+    highs = [_ci_high(p, backend) for _, p in sel]
     return {"goal": goal, "min": mn, "median": med, "min_at": t["target_min_at"],
-            "met": None if mn is None else bool(mn >= goal), "median_met": None if med is None else bool(med >= goal)}
+            "met": None if mn is None else bool(mn >= goal), "median_met": None if med is None else bool(med >= goal),
+            "n_below": sum(1 for r, _ in sel if r < goal),
+            "n_ci_below": sum(1 for h in highs if h is not None and h < goal)}
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -325,6 +389,10 @@ def format_summary(summary: dict, ceilings: dict | None = None, host: dict | Non
         lines.append("ceilings: " + ", ".join(
             f"{k.removeprefix('matmul_')} matmul {v['tflops']:.0f} TFLOP/s" if v else f"{k} n/a"
             for k, v in ceilings.items() if k.startswith("matmul_") and not k.endswith("_error")))
+    rounds = summary.get("rounds")
+    if rounds:
+        lines.append(f"ratios: per point the median of {'/'.join(map(str, rounds))} paired rounds (peer and "
+                     f"backends interleaved, forward and reverse pass per round); ms: median over rounds")
     titles = {"matmul": "matmul vs torch.matmul (cuBLAS)", "epilogue": "matmul+bias+activation vs act(torch.addmm)"}
     for kind, per in summary["kinds"].items():
         lines.append(f"{titles[kind]}:")
@@ -337,8 +405,10 @@ def format_summary(summary: dict, ceilings: dict | None = None, host: dict | Non
                            f"{_f(t['best_pct_ceiling'], '.1f')}% of ceiling")
     for key, v in summary["targets"].items():
         verdict = {True: "MET", False: "NOT MET", None: "not measured"}[v["met"]]
+        below = (f"; {v['n_below']} target shapes below, {v['n_ci_below']} of them with the whole interval "
+                 f"below" if v.get("n_below") else "")
         lines.append(f"target {key} >= {v['goal']}x on every target shape: {verdict} (min {_f(v['min'], '.3f')}, "
-                     f"median {_f(v['median'], '.3f')})")
+                     f"median {_f(v['median'], '.3f')}{below})")
     lines.append(f"points: {summary['n_points']}, auto measured {summary['n_auto_measured']}, auto failed "
                  f"{summary['n_auto_failed']}, skipped {summary['n_skipped']}, suspect rel_err {summary['n_suspect']}")
     if host:
@@ -362,8 +432,11 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
               ms: Sequence[int] | None = None, activations: Sequence[str] | None = None,
               backends: Sequence[str] = BACKENDS, layout: str = "linear", rep_ms: float | None = None,
               time_budget_s: float | None = None, with_host_cost: bool = True,
-              printer: Callable[[str], None] = print) -> tuple[dict, int]:
-    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU."""
+              printer: Callable[[str], None] = print, rounds: int = timing.DEFAULT_ROUNDS) -> tuple[dict, int]:
+    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``rep_ms``: timing
+    budget per function and point (ms; default 100, quick 30), split over ``rounds`` paired rounds
+    (:func:`measure_point`). ArgumentError for ``rounds`` not a positive int."""
+    timing.check_rounds(rounds, "rounds")
     import torch
     from ferroattn import _native
     from . import ceilings
@@ -381,7 +454,7 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
         printer(f"gemm_backends failed: {_err(e)}")
     printer(f"device {meta.get('device')} | driver {meta.get('driver')} | torch {meta.get('torch')} | commit "
             f"{meta.get('commit')} | {len(points)} points | backends {','.join(backends)} (GPU supports "
-            f"{','.join(supported) or 'none'}) | layout {layout} | timing: {timing.method_name()}")
+            f"{','.join(supported) or 'none'}) | layout {layout} | timing: {timing.method_name(rounds)}")
     ceil: dict[str, Any] = {}
     for dt in sorted({p["dtype"] for p in points}):
         key = f"matmul_{dt}"
@@ -399,7 +472,11 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
     def result(partial: bool) -> dict:
         return {"meta": meta,
                 "config": {"quick": quick, "layout": layout, "backends": list(backends), "supported": supported,
-                           "rep_ms": rep, "warmup_ms": warm, "timing": timing.method_name(),
+                           "rep_ms": rep, "warmup_ms": warm, "rounds": rounds,
+                           "window_rep_ms": rep / (2 * rounds), "window_warmup_ms": warm / (2 * rounds),
+                           "order": "per round: " + " ".join(timing.round_order(
+                               [PEER, *(b for b in backends if b == "auto" or b in supported)])),
+                           "timing": timing.method_name(rounds),
                            "peer": "torch.matmul (cuBLAS); epilogue: act(torch.addmm(bias, a, b))",
                            "flops": "2*m*n*k", "time_budget_s": time_budget_s, "elapsed_s": time.monotonic() - t0},
                 "partial": partial, "ceilings": ceil, "host_cost": host, "points": points,
@@ -425,14 +502,15 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
             continue
         ceiling = (ceil.get(f"matmul_{dt}") or {}).get("tflops")
         for p in pts:
-            measure_point(p, sets, backends, supported, ceiling, rep, warm)
+            measure_point(p, sets, backends, supported, ceiling, rep, warm, rounds)
             errs = [v for v in p["backend_errors"].values() if _is_fatal(v)]
             if errs:
                 fatal = f"skipped after a fatal CUDA error in ours: {errs[0][:200]}"
             done += 1
-            auto = (p["backends"].get("auto") or {}).get("ratio")
+            auto = p["backends"].get("auto") or {}
             print(f"gemm bench {done}/{len(points)}: {point_label(p)}"
-                  + (f" auto x{auto:.2f}" if auto else ""), file=sys.stderr, flush=True)
+                  + (f" auto x{auto['ratio']:.2f} [{auto['ratio_min']:.2f}, {auto['ratio_max']:.2f}]"
+                     if auto.get("ratio") else ""), file=sys.stderr, flush=True)
         del sets
         torch.cuda.empty_cache()
         report.write_json(result(partial=True), out_dir, kind="gemm")
@@ -484,6 +562,18 @@ def _positive_float(opt: str):
     return conv
 
 
+def _positive_int(opt: str):
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = 0
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{opt}: expected a positive integer, got {text!r}")
+        return v
+    return conv
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m ferroattn bench gemm``."""
     parser.add_argument("--quick", action="store_true", help="a reduced grid (square 4096/8192, m 16/4096, bf16)")
@@ -505,7 +595,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", choices=LAYOUTS, default="linear",
                         help="b operand: linear = w.T of a row-major (n, k) weight (default), nn = row-major (k, n)")
     parser.add_argument("--rep-ms", type=_positive_float("--rep-ms"), default=None,
-                        help="timing budget per measurement in ms (default 100, --quick 30)")
+                        help="timing budget per function and point in ms, split over the rounds "
+                             "(default 100, --quick 30)")
+    parser.add_argument("--rounds", type=_positive_int("--rounds"), default=timing.DEFAULT_ROUNDS,
+                        help="paired rounds per point: the peer and every backend timed interleaved, a forward "
+                             f"and a reverse pass per round; ratio = median over rounds (default "
+                             f"{timing.DEFAULT_ROUNDS})")
     parser.add_argument("--time-budget-s", type=_positive_float("--time-budget-s"), default=None,
                         help="stop measuring new shapes after this many seconds (the rest recorded as skipped)")
     parser.add_argument("--no-host-cost", action="store_true", help="skip the host cost of a decode-sized call")
@@ -528,5 +623,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
     _, code = run_bench(args.quick, args.out, args.dtypes, args.suites, args.sizes, args.ms, args.activations,
-                        args.backends, args.layout, args.rep_ms, args.time_budget_s, not args.no_host_cost)
+                        args.backends, args.layout, args.rep_ms, args.time_budget_s, not args.no_host_cost,
+                        rounds=args.rounds)
     return code

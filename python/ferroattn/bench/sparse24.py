@@ -9,12 +9,20 @@ Grid (issue 4): bf16 and fp16; square m = n = k in 1024 .. 16384; LLM shapes m (
 
 For every point: our 2:4 kernel (``backend="sparse"``, the device's best kernel) and each explicit
 kernel backend (``mma_sp``, ``wgmma_sp``; a refusal is recorded with its reason), our dispatcher
-(``backend="auto"``, :data:`ferroattn.sparse24.DISPATCH_TABLE`; its ratio to dense uses a second
-dense timing taken right before it, because the power-capped H200's clocks drift over a point),
-dense and the semi-structured peer, each timed with :func:`timing.bench_gpu` (median; CUDA events, L2 cleared before each call)
-on rotating copies of x and of the weights; TFLOP/s counted dense (2·m·n·k); speedups of ours
-over dense and over the peer; the relative Frobenius error of ours and of the peer against dense
-(a guard against fast-but-wrong). Shapes the peer refuses are recorded with torch's message.
+(``backend="auto"``, :data:`ferroattn.sparse24.DISPATCH_TABLE`), dense and the semi-structured
+peer. Each is called once (output checked against dense), then all that ran are timed together by
+:func:`timing.paired_ms` in ``--rounds`` (default 5) interleaved rounds: per round every function
+gets one window in a forward pass (dense, sparse, mma_sp, wgmma_sp, wgmma_sp_direct, auto, peer)
+and one in the reverse pass, each window a :func:`timing.bench_gpu` median (CUDA events, L2
+cleared before each call) on rotating copies of x and of the weights; ``--rep-ms`` (default 100)
+per function and point is split over its 2·rounds windows. This cancels the clock drift of the
+power-capped H200 over a point (a linear drift exactly). ``ms`` = median over rounds of a
+function's round time (mean of its two windows; ``ms_rounds`` / ``ms_windows`` kept), TFLOP/s
+counted dense (2·m·n·k) at that ``ms``; every speedup (ours over dense and over the peer, auto over
+dense, peer over dense) is the paired ratio of :func:`timing.paired_ratio` (median over rounds
+of the per-round ratio), with its per-round values and interval under ``paired``; the relative
+Frobenius error of ours and of the peer against dense (a guard against fast-but-wrong). Shapes
+the peer refuses are recorded with torch's message.
 
 Reading the peer columns: ``F.linear`` on torch's cuSPARSELt tensor costs ~0.5-1.4 ms of host time
 per call on the H200 run of 2026-11-30 (more than the ~0.1 ms L2-clearing kernel that otherwise
@@ -32,11 +40,12 @@ measured at every point, 1 otherwise, 2 for bad arguments, 3 without torch/CUDA.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from . import report, timing
 from .attention import FATAL_MARKERS
@@ -138,80 +147,114 @@ class _Rot:
         return self.xs[i % len(self.xs)], self.ws[i % len(self.ws)]
 
 
-def _time(fn: Callable[[Any, dict], Any], xs: list, ws: list, rep_ms: float, warmup_ms: float) -> dict:
-    rot = _Rot(xs, ws)
-    ms = timing.bench_gpu(lambda: fn(*rot.next()), rep_ms, warmup_ms)
-    return {"ms": ms}
+@contextlib.contextmanager
+def _env(env: dict[str, str]) -> Iterator[None]:
+    """Set the environment variables ``env`` inside the block; restore the previous values after."""
+    saved = {name: os.environ.get(name) for name in env}
+    try:
+        os.environ.update(env)
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+#: the paired ratios of a point: key -> (numerator function, denominator function); the key is
+#: also the point's top-level key holding the ratio's median (``speedup_vs_dense`` = dense / ours)
+RATIOS = {"speedup_vs_dense": ("dense", "ours"), "speedup_vs_peer": ("peer", "ours"),
+          "auto_vs_dense": ("dense", "auto"), "peer_vs_dense": ("dense", "peer")}
 
 
 def measure_point(p: dict, xs: list, ws: list, peer_err: str | None, peer_cls: str | None, rep_ms: float,
-                  warmup_ms: float, kernels: Sequence[str] = KERNELS) -> dict:
-    """Fill ``p`` with timings ({"ms", "tflops"} or None), errors, speedups and errors vs dense."""
+                  warmup_ms: float, kernels: Sequence[str] = KERNELS, rounds: int = timing.DEFAULT_ROUNDS) -> dict:
+    """Fill ``p`` with timings (``{"ms", "tflops", "ms_rounds", "ms_windows"}`` or None), errors,
+    speedups (paired ratios, see the module docstring; ``paired[key]`` holds
+    :func:`timing.paired_ratio`'s dict for every key of :data:`RATIOS` and ``"<kernel>_vs_dense"``)
+    and errors vs dense. ``rep_ms`` / ``warmup_ms``: ms per function, split over the 2·``rounds``
+    windows. ``dense_again`` is kept as None (the pairing replaced the second dense timing).
+    ArgumentError for ``rounds`` not a positive int."""
     import torch
     import torch.nn.functional as F
     from ferroattn import sparse24
 
+    timing.check_rounds(rounds, "rounds")
     p.update(ours=None, ours_error=None, kernels={}, kernel_errors={}, auto=None, auto_choice=None, dense=None,
              dense_again=None, peer=None, peer_error=peer_err, peer_class=peer_cls, speedup_vs_dense=None,
              speedup_vs_peer=None,
-             auto_vs_dense=None, peer_vs_dense=None, rel_err=None, peer_rel_err=None, skipped=None)
+             auto_vs_dense=None, peer_vs_dense=None, rel_err=None, peer_rel_err=None, skipped=None, paired={})
     x0, w0 = xs[0], ws[0]
     ref = F.linear(x0, w0["dense"])
+    fns: dict[str, Callable[[], Any]] = {}
+    contexts: dict[str, Callable[[], Any]] = {}
 
-    def timed(fn, check=True):
-        y = fn(x0, w0)
-        torch.cuda.synchronize()
+    def first_call(name, fn, check=True, env=None):
+        """One call on (x0, w0) (inside ``env``); returns the error vs dense; queues ``fn`` for timing."""
+        with _env(env or {}):
+            y = fn(x0, w0)
+            torch.cuda.synchronize()
         err = rel_err(y, ref) if check else None
         del y
-        r = _time(fn, xs, ws, rep_ms, warmup_ms)
-        r["tflops"] = report.tflops(p["flops"], r["ms"])
-        return r, err
+        rot = _Rot(xs, ws)
+        fns[name] = lambda: fn(*rot.next())
+        if env:
+            contexts[name] = lambda: _env(env)
+        return err
 
     try:
-        p["dense"], _ = timed(lambda x, w: F.linear(x, w["dense"]), check=False)
+        first_call("dense", lambda x, w: F.linear(x, w["dense"]), check=False)
     except Exception as e:
         p["dense_error"] = _err(e)
     try:
-        p["ours"], p["rel_err"] = timed(lambda x, w: sparse24.matmul(x, w["ours"], backend="sparse"))
+        p["rel_err"] = first_call("ours", lambda x, w: sparse24.matmul(x, w["ours"], backend="sparse"))
     except Exception as e:
         p["ours_error"] = _err(e)
     if not _is_fatal(p["ours_error"]):
         for kb in kernels:
             backend, env = KERNEL_VARIANTS.get(kb, (kb, {}))
-            saved = {name: os.environ.get(name) for name in env}
             try:
-                os.environ.update(env)
-                p["kernels"][kb], err = timed(lambda x, w, b=backend: sparse24.matmul(x, w["ours"], backend=b))
+                err = first_call(f"kernel:{kb}", lambda x, w, b=backend: sparse24.matmul(x, w["ours"], backend=b),
+                                 env=env)
                 if kb in KERNEL_VARIANTS:
                     p.setdefault("kernel_rel_err", {})[kb] = err
             except Exception as e:
                 p["kernels"][kb], p["kernel_errors"][kb] = None, _err(e)
-            finally:
-                for name, old in saved.items():
-                    if old is None:
-                        os.environ.pop(name, None)
-                    else:
-                        os.environ[name] = old
         try:
             p["auto_choice"] = sparse24.choose_backend(p["m"], p["n"], p["k"], x0.dtype, x0.device)
-            # dense again right before auto: the ratio auto / dense compares back-to-back timings
-            # (the H200 is power-capped, so clocks drift over a point's measurements)
-            p["dense_again"], _ = timed(lambda x, w: F.linear(x, w["dense"]), check=False)
-            p["auto"], _ = timed(lambda x, w: sparse24.matmul(x, w["ours"]))
+            first_call("auto", lambda x, w: sparse24.matmul(x, w["ours"]), check=False)
         except Exception as e:
             p["auto_error"] = _err(e)
-    if w0.get("peer") is not None:
-        try:
-            p["peer"], p["peer_rel_err"] = timed(lambda x, w: F.linear(x, w["peer"]))
-        except Exception as e:
-            p["peer"], p["peer_error"] = None, _err(e)
-
-    def ratio(a, b):
-        return (b["ms"] / a["ms"]) if (a and b and a["ms"] > 0) else None
-    p["speedup_vs_dense"] = ratio(p["ours"], p["dense"])
-    p["speedup_vs_peer"] = ratio(p["ours"], p["peer"])
-    p["auto_vs_dense"] = ratio(p["auto"], p.get("dense_again") or p["dense"])
-    p["peer_vs_dense"] = ratio(p["peer"], p["dense"])
+        if w0.get("peer") is not None:
+            try:
+                p["peer_rel_err"] = first_call("peer", lambda x, w: F.linear(x, w["peer"]))
+            except Exception as e:
+                p["peer"], p["peer_error"] = None, _err(e)
+    if _is_fatal(p["ours_error"]) or not fns:
+        return p
+    paired = timing.paired_ms(fns, rounds, rep_ms / (2 * rounds), warmup_ms / (2 * rounds), contexts)
+    err_key = {"dense": "dense_error", "ours": "ours_error", "auto": "auto_error", "peer": "peer_error"}
+    for name, e in paired.errors.items():
+        if name.startswith("kernel:"):
+            p["kernel_errors"][name.removeprefix("kernel:")] = _err(e)
+        else:
+            p[err_key[name]] = _err(e)
+    for name in paired.ms:
+        ms = statistics.median(paired.ms[name])
+        r = {"ms": ms, "tflops": report.tflops(p["flops"], ms), "ms_rounds": paired.ms[name],
+             "ms_windows": [list(w) for w in paired.windows[name]]}
+        if name.startswith("kernel:"):
+            p["kernels"][name.removeprefix("kernel:")] = r
+        else:
+            p[name] = r
+    p["kernels"] = {kb: p["kernels"].get(kb) for kb in kernels}
+    pairs = dict(RATIOS, **{f"{kb}_vs_dense": ("dense", f"kernel:{kb}") for kb in kernels})
+    for key, (num, den) in pairs.items():
+        if num in paired.ms and den in paired.ms:
+            p["paired"][key] = timing.paired_ratio(paired.ms[num], paired.ms[den])
+            if key in RATIOS:
+                p[key] = p["paired"][key]["ratio"]
     return p
 
 
@@ -250,7 +293,10 @@ def dispatch_literal(table: dict) -> str:
 
 def summarize(points: Sequence[dict]) -> dict:
     """The issue-4 targets: ours >= 1.3x dense on 8192^3 and the LLM shapes with m >= 4096; >= 1.0x
-    the semi-structured peer everywhere it runs; the dispatcher never below 0.95x dense."""
+    the semi-structured peer everywhere it runs; the dispatcher never below 0.95x dense.
+    ``below[target]``: how many points have a ratio below the goal (``n_below``) and how many of
+    them have the whole ``paired`` interval (``ratio_ci``) below it (``n_ci_below``); ``rounds``:
+    the sorted distinct numbers of paired rounds behind the ratios (empty when none)."""
     def vals(key, pred=lambda p: True):
         return [p[key] for p in points if p.get(key) is not None and pred(p)]
 
@@ -259,7 +305,16 @@ def summarize(points: Sequence[dict]) -> dict:
 
     def stats(xs):
         return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)} if xs else None
+
+    def below(key, goal, pred=lambda p: True):
+        sel = [p for p in points if p.get(key) is not None and pred(p) and p[key] < goal]
+        ci = [((p.get("paired") or {}).get(key) or {}).get("ratio_ci") for p in sel]
+        return {"goal": goal, "n_below": len(sel), "n_ci_below": sum(1 for c in ci if c and c[1] < goal)}
     return {
+        "rounds": sorted({len(r["ratio_rounds"]) for p in points for r in (p.get("paired") or {}).values()}),
+        "below": {"vs_dense_large": below("speedup_vs_dense", 1.3, large),
+                  "vs_peer_min": below("speedup_vs_peer", 1.0),
+                  "auto_vs_dense_min": below("auto_vs_dense", 0.95)},
         "n_points": len(points),
         "n_measured": sum(1 for p in points if p.get("ours")),
         "n_ours_failed": sum(1 for p in points if p.get("ours_error")),
@@ -301,15 +356,24 @@ def format_table(points: Sequence[dict]) -> str:
 def format_summary(s: dict) -> str:
     def st(x):
         return "n/a" if not x else f"min {x['min']:.3f} median {x['median']:.3f} max {x['max']:.3f} (n={x['n']})"
+
+    def bl(key):
+        b = (s.get("below") or {}).get(key)
+        return (f"; {b['n_below']} points below {b['goal']}, {b['n_ci_below']} of them with the whole interval "
+                f"below" if b and b["n_below"] else "")
     lines = [f"points {s['n_points']}, measured {s['n_measured']}, ours failed {s['n_ours_failed']}, "
-             f"skipped {s['n_skipped']}",
-             f"ours / dense, 8192^3 + LLM m>={LARGE_M} (target >= 1.3): {st(s['speedup_vs_dense_large'])}",
-             f"ours / dense, all: {st(s['speedup_vs_dense_all'])}",
-             f"ours / semi-structured peer, all (target >= 1.0): {st(s['speedup_vs_peer_all'])}",
-             f"ours / semi-structured peer, large: {st(s.get('speedup_vs_peer_large'))}",
-             f"auto / dense, all (target >= 0.95): {st(s['auto_vs_dense_all'])}",
-             f"peer / dense, large: {st(s['peer_vs_dense_large'])}",
-             f"max rel err vs dense: {_f(s['max_rel_err'], '.2e')}"]
+             f"skipped {s['n_skipped']}"]
+    if s.get("rounds"):
+        lines.append(f"speedups: per point the median of {'/'.join(map(str, s['rounds']))} paired rounds (dense, "
+                     f"ours, kernels, auto and peer interleaved, forward and reverse pass per round)")
+    lines += [f"ours / dense, 8192^3 + LLM m>={LARGE_M} (target >= 1.3): {st(s['speedup_vs_dense_large'])}"
+              + bl("vs_dense_large"),
+              f"ours / dense, all: {st(s['speedup_vs_dense_all'])}",
+              f"ours / semi-structured peer, all (target >= 1.0): {st(s['speedup_vs_peer_all'])}" + bl("vs_peer_min"),
+              f"ours / semi-structured peer, large: {st(s.get('speedup_vs_peer_large'))}",
+              f"auto / dense, all (target >= 0.95): {st(s['auto_vs_dense_all'])}" + bl("auto_vs_dense_min"),
+              f"peer / dense, large: {st(s['peer_vs_dense_large'])}",
+              f"max rel err vs dense: {_f(s['max_rel_err'], '.2e')}"]
     if s["peer_refused"]:
         lines.append(f"peer refused {len(s['peer_refused'])} points, e.g. {s['peer_refused'][:3]}")
     return "\n".join(lines)
@@ -317,8 +381,12 @@ def format_summary(s: dict) -> str:
 
 def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[str] | None = None,
              shapes: str = "all", rep_ms: float | None = None, time_budget_s: float | None = None,
-             peers: Sequence[str] = PEERS, printer: Callable[[str], None] = print) -> tuple[dict, int]:
-    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU."""
+             peers: Sequence[str] = PEERS, printer: Callable[[str], None] = print,
+             rounds: int = timing.DEFAULT_ROUNDS) -> tuple[dict, int]:
+    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``rep_ms``: timing
+    budget per function and point (ms; default 100, quick 30), split over ``rounds`` paired rounds
+    (:func:`measure_point`). ArgumentError for ``rounds`` not a positive int."""
+    timing.check_rounds(rounds, "rounds")
     import torch
 
     t0 = time.monotonic()
@@ -336,12 +404,15 @@ def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequen
         meta["cusparselt_version"] = None
     printer(f"device {meta.get('device')} | driver {meta.get('driver')} | torch {meta.get('torch')} | cuSPARSELt "
             f"{meta.get('cusparselt_version')} | commit {meta.get('commit')} | {len(points)} points | "
-            f"timing: {timing.method_name()}")
+            f"timing: {timing.method_name(rounds)}")
 
     def result(partial: bool) -> dict:
         return {"meta": meta, "partial": partial,
-                "config": {"quick": quick, "shapes": shapes, "rep_ms": rep, "warmup_ms": warm,
-                           "timing": timing.method_name(), "peers": list(peers), "kernels": list(KERNELS),
+                "config": {"quick": quick, "shapes": shapes, "rep_ms": rep, "warmup_ms": warm, "rounds": rounds,
+                           "window_rep_ms": rep / (2 * rounds), "window_warmup_ms": warm / (2 * rounds),
+                           "order": "per round: " + " ".join(timing.round_order(
+                               ["dense", "ours", *KERNELS, "auto", *(["peer"] if "semi_structured" in peers else [])])),
+                           "timing": timing.method_name(rounds), "peers": list(peers), "kernels": list(KERNELS),
                            "flops": "2*m*n*k (dense count)", "time_budget_s": time_budget_s,
                            "elapsed_s": time.monotonic() - t0},
                 "points": points, "summary": summarize(points), "dispatch_table": dispatch_table(points, arch)}
@@ -371,11 +442,13 @@ def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequen
             except Exception as e:
                 p["skipped"] = f"inputs: {_err(e)}"
                 continue
-            measure_point(p, xs, ws, peer_err, peer_cls, rep, warm)
+            measure_point(p, xs, ws, peer_err, peer_cls, rep, warm, rounds=rounds)
             if _is_fatal(p.get("ours_error")):
                 fatal = f"skipped after a fatal CUDA error in ours: {p['ours_error'][:200]}"
             printer(f"  {dt} m={p['m']} n={n} k={k}: ours {_f((p['ours'] or {}).get('tflops'), '.1f')} TFLOP/s, "
-                    f"x dense {_f(p['speedup_vs_dense'], '.3f')}, x peer {_f(p['speedup_vs_peer'], '.3f')}")
+                    f"x dense {_f(p['speedup_vs_dense'], '.3f')}, x peer {_f(p['speedup_vs_peer'], '.3f')}"
+                    + ("" if "speedup_vs_peer" not in p["paired"] else
+                       " [{:.3f}, {:.3f}]".format(*p["paired"]["speedup_vs_peer"]["ratio_ci"])))
             del xs
         del ws
         torch.cuda.empty_cache()
@@ -391,13 +464,28 @@ def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequen
     return final, (0 if s["n_ours_failed"] == 0 and s["n_measured"] > 0 else 1)
 
 
+def _int_arg(opt: str) -> Callable[[str], int]:
+    def conv(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{opt}: expected a positive integer, got {text!r}") from None
+    return conv
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``bench sparse24``."""
     parser.add_argument("--quick", action="store_true", help="a reduced grid (bf16, 7 shapes per set)")
     parser.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
     parser.add_argument("--dtypes", default=None, help="comma-separated subset of bf16,fp16")
     parser.add_argument("--shapes", default="all", help="all (default), square or llm")
-    parser.add_argument("--rep-ms", type=float, default=None, help="timing budget per measurement (ms)")
+    parser.add_argument("--rep-ms", type=float, default=None,
+                        help="timing budget per function and point (ms), split over the rounds (default 100, "
+                             "--quick 30)")
+    parser.add_argument("--rounds", type=_int_arg("--rounds"), default=timing.DEFAULT_ROUNDS,
+                        help="paired rounds per point: dense, ours, the kernels, auto and the peer timed "
+                             "interleaved, a forward and a reverse pass per round; speedups = median over "
+                             f"rounds of the per-round ratio (default {timing.DEFAULT_ROUNDS})")
     parser.add_argument("--time-budget-s", type=float, default=None,
                         help="stop measuring new weight shapes after this many seconds (rest recorded as skipped)")
     parser.add_argument("--no-semi-structured", action="store_true",
@@ -415,11 +503,12 @@ def check_args(args: argparse.Namespace, prog: str = "ferroattn bench sparse24")
             raise ValueError(f"--rep-ms: expected a positive number, got {args.rep_ms}")
         if args.time_budget_s is not None and not args.time_budget_s > 0:
             raise ValueError(f"--time-budget-s: expected a positive number, got {args.time_budget_s}")
+        timing.check_rounds(args.rounds, "--rounds")
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2, {}
     kwargs = dict(quick=args.quick, out_dir=args.out, dtypes=dtypes, shapes=args.shapes, rep_ms=args.rep_ms,
-                  time_budget_s=args.time_budget_s, peers=peers)
+                  time_budget_s=args.time_budget_s, peers=peers, rounds=args.rounds)
     try:
         import torch
     except ImportError as e:
