@@ -27,7 +27,11 @@ fn collect(dir: &Path, root: &Path, out: &mut Vec<(String, PathBuf)>) {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    // read at run time: `env!` would freeze the directory the build script was first compiled in,
+    // and cargo reuses that binary for another checkout sharing the target dir, which then
+    // embedded the other checkout's kernels (seen in sessions 4-7)
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = PathBuf::from(manifest_dir).join("kernels");
     println!("cargo:rerun-if-changed=kernels");
     let mut files = Vec::new();
     collect(&root, &root, &mut files);

@@ -15,8 +15,9 @@
 // setmaxnreg.dec 40), warpgroups 1, 2 = consumers (setmaxnreg.inc 232), consumer c owns
 // features (BM / 2) c .. (BM / 2) (c + 1) - 1 of the tile, BM / 128 x BN / 2 fp32 accumulators
 // per thread.
-// Persistent: grid = min(tiles, SMs); CTA i takes tiles i, i + gridDim.x, ... of the grouped
-// order of mma_sp.cuh (groups of 8 token tiles sweep all feature tiles).
+// Persistent: grid <= min(tiles, SMs) (the host: src/tuning/grid.rs, by default the fewest
+// CTAs that keep ceil(tiles / SMs) waves); CTA i takes tiles i, i + gridDim.x, ... of the grouped
+// order of mma_sp.cuh (groups of 8 token tiles sweep all feature tiles). Any grid >= 1 is correct.
 // Shared memory per stage (every part 1024-byte aligned):
 //   A  values  BM rows x 128 B (64 compressed elements), 128B swizzle, TMA box (64, BM) of
 //              the values map: the canonical K-major layout of a dense A tile (kernels/gemm/
@@ -272,8 +273,8 @@ __device__ __forceinline__ float epilogue_value(float acc, float bias) {
 
 }  // namespace sp90
 
-// grid = (min(row_tiles * n_tiles, SMs)), block = 384, dynamic shared memory =
-// sparse24_wgmma_smem_bytes(BN, Stages, BM). Act: ActivationKind (one epilogue per kernel).
+// grid = (g), 1 <= g <= row_tiles * n_tiles (host: src/tuning/grid.rs), block = 384, dynamic shared
+// memory = sparse24_wgmma_smem_bytes(BN, Stages, BM). Act: ActivationKind (one epilogue per kernel).
 // BM = features per tile: 128 (each consumer warpgroup one m64 block) or 256 (two m64 blocks,
 // 2 x BN / 2 accumulators; x is reused over twice the features: less L2 traffic per FLOP). With
 // BM = 256 the host passes n_tiles = ceil(m_pad / 256) and maps whose values / meta boxes are 256

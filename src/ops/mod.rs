@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod attention_bwd;
 pub mod gemm;
+pub(crate) mod persistent;
 pub mod sparse24;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -3,4 +3,5 @@ pub mod attention;
 pub mod attention_bwd;
 pub mod gemm;
 pub mod gemm_sm90;
+pub mod grid;
 pub mod sparse24;

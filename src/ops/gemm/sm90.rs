@@ -242,13 +242,14 @@ pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
     let (tm, tn) = (tiles_m(p, cfg.block_m), tiles_n(p, cfg.block_n));
     let tiles = p.batch * tm * tn;
     let sms = crate::device::sm_count(p.device)? as i64;
-    // Persistent grid: one CTA per SM at most. With clusters of 2 the work units are pairs of
-    // m-tiles (kernels/gemm/sm90_pingpong.cuh) and the grid a multiple of 2.
+    // Persistent grid: one CTA per SM at most; by default the fewest CTAs that keep the wave
+    // count (src/tuning/grid.rs; $FERROATTN_PERSISTENT_GRID). With clusters of 2 the work units
+    // are pairs of m-tiles (kernels/gemm/sm90_pingpong.cuh) and the grid a multiple of 2.
     let grid = if cluster == 2 {
         let units = p.batch * ((tm + 1) / 2) * tn;
         2 * units.min((sms / 2).max(1))
     } else {
-        tiles.min(sms)
+        crate::ops::persistent::persistent_grid(tiles as u64, sms as u64)? as i64
     };
     let (c, c_row, c_batch) = p.c.map_or((0, 0, 0), |c| (c.ptr, c.row_stride, c.batch_stride));
     let (aux, aux_row, aux_batch) = p.aux.map_or((0, 0, 0), |a| (a.ptr, a.row_stride, a.batch_stride));

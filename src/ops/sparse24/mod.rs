@@ -20,8 +20,8 @@ use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
     compress_production_configs, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
-    parse_wgmma_mainloop, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs,
-    CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig, Sparse24WgmmaConfig, Tile,
+    parse_wgmma_mainloop, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
+    Sparse24WgmmaConfig, Tile,
 };
 use host::Layout;
 use std::ffi::c_void;
@@ -769,9 +769,11 @@ fn launch_wgmma(
     let tiles = row_tiles * n_tiles;
     prm.row_tiles = row_tiles as i32;
     prm.n_tiles = n_tiles as i32;
+    // persistent grid: by default the fewest CTAs that keep ceil(tiles / SMs) waves
+    // (src/tuning/grid.rs; $FERROATTN_PERSISTENT_GRID)
     let sms = crate::device::sm_count(p.device)? as u64;
     let shape = LaunchShape {
-        grid: (tiles.min(sms).max(1) as u32, 1, 1),
+        grid: (crate::ops::persistent::persistent_grid(tiles, sms)? as u32, 1, 1),
         block: (Sparse24WgmmaConfig::THREADS, 1, 1),
         dynamic_smem_bytes: config.smem_bytes(),
     };
