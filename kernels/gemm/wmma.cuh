@@ -31,12 +31,17 @@
 //              caller (src/tuning/gemm.rs) picks the widest one for which the pointer, the leading
 //              dim and the batch stride are multiples of the vector; vectors that cross the end of
 //              a line copy only the in-range bytes (cp.async src-size; the rest is zero-filled).
-//   DoubleBuffer  true: the fragments of the next 16-deep k step are read while the current
-//              step's mma run (two fragment sets in registers, the tile boundary included: the
-//              barrier for tile kt+1 is taken before tile kt's last step); false: one set, read
-//              right before its mma, one barrier per tile (fewer registers: the variant that fits
-//              BK = 64 tiles without spills). Measured on the H200 the two are within ~5% of each
-//              other; the fastest tile there is 128x256x64, 3 stages, single-buffered.
+//   DoubleBuffer  true: in interior blocks (below) the fragments of the next 16-deep k step are
+//              read while the current step's mma run (two fragment sets in registers, the tile
+//              boundary included: the barrier for tile kt+1 is taken before tile kt's last step);
+//              edge blocks run the single-buffered loop (their checked copies keep more registers
+//              live). false: one set, read right before its mma, one barrier per tile.
+// Copies: interior blocks (block tile inside m x n, k a multiple of BK, every thread's vectors at
+// one element offset of its lines: FastCopy) copy each tile with one global pointer per operand
+// and compile-time shared offsets (cp.async without bound checks), spread over the first half
+// of the tile's 16-deep steps; edge blocks use load_tile (per-vector bounds, zero fill). The
+// batch loop is instantiated once per kind of block, so neither path keeps the other's address
+// registers live.
 // Fragments: f16 operands use wmma.load (PTX, .shared state space) in their stored layouts. For
 // bf16, ptxas lowers wmma.load into 32-bit loads (no shared-memory matrix loads; C++
 // load_matrix_sync even came out as generic LD.E), so bf16 fragments are declared (row A, col B)
@@ -182,6 +187,32 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int li
             const T* src = g + static_cast<long long>(line) * ld + (e0 + e);
             cp_async<Vec * 2>(smem_addr(s + l * Ld + e), count > 0 ? src : g, count * 2);
         }
+    }
+}
+
+// Fast copy plan of one operand tile (the interior path: the block tile lies inside m x n and
+// the k tile is full, so no vector needs a bound check or zero fill). Thread tid copies the
+// vectors tid + j * Threads (j < kPer) of the Lines x LineLen tile; because Threads is a multiple
+// of the vectors per line, they all sit at the same element offset of lines tid / kVecPerLine +
+// j * kLineStep: one global pointer (plus a 64-bit line step) and one shared offset per thread
+// and operand, instead of a division, a 64-bit multiply and a clamp per vector (the general
+// load_tile, which cost ~28 instructions per cp.async in the main loop).
+template <int Lines, int LineLen, int Vec, int Threads>
+struct FastCopy {
+    static constexpr int kVecPerLine = LineLen / Vec;
+    static constexpr int kTotal = Lines * kVecPerLine;
+    static constexpr bool kOk = Vec >= 2 && Threads % kVecPerLine == 0 && kTotal % Threads == 0;
+    static constexpr int kPer = kOk ? kTotal / Threads : 0;   // vectors per thread
+    static constexpr int kLineStep = kOk ? Threads / kVecPerLine : 0;  // lines between them
+};
+
+// Whole-vector cp.async (no src-size operand: the source is known to be in range).
+template <int Bytes>
+__device__ __forceinline__ void cp_async_full(unsigned dst, const void* src) {
+    if constexpr (Bytes == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" :: "r"(dst), "l"(src), "n"(Bytes) : "memory");
     }
 }
 
@@ -365,7 +396,16 @@ gemm_wmma(const GemmWmmaParams p) {
     const bool c_vec = vec4_ok<TOut>(p.c, p.c_ld, p.c_batch_stride);
     const bool aux_vec = vec4_ok<TOut>(p.aux, p.aux_ld, p.aux_batch_stride);
 
-    for (long long z = blockIdx.y; z < p.batch; z += gridDim.y) {
+    // Interior blocks (the block tile inside m x n, k a multiple of BK, FastCopy possible) copy
+    // every tile by the fast plan; edge blocks take load_tile's checked, zero-filling copies. The
+    // batch loop is instantiated once per path (fast is a constant at both call sites below), so
+    // that the edge path's hoisted per-vector indices are not live in the interior path.
+    using CA = FastCopy<S::kALines, S::kALineLen, VecA, kThreads>;
+    using CB = FastCopy<S::kBLines, S::kBLineLen, VecB, kThreads>;
+    const bool interior = CA::kOk && CB::kOk && m0 + BM <= p.m && n0 + BN <= p.n && p.k % BK == 0;
+
+    // One batch entry z: main loop, then epilogue.
+    auto batch_entry = [&](const long long z, const bool fast) {
         const T* const A = static_cast<const T*>(p.a) + z * p.a_batch_stride;
         const T* const B = static_cast<const T*>(p.b) + z * p.b_batch_stride;
 
@@ -427,75 +467,128 @@ gemm_wmma(const GemmWmmaParams p) {
             }
         };
 
-        if constexpr (DoubleBuffer) {
-            // Main loop. Tiles kt+1 .. kt+Stages-1 are in flight (cp.async) while tile kt is
-            // multiplied; fragments are double-buffered in registers: the fragments of k step
-            // kk+1 (for the last step: step 0 of the next tile, after the barrier that makes that
-            // tile visible) are read while the mma of step kk run, so no shared-memory latency is
-            // exposed at a tile boundary. The refill of ring slot (kt-1) % Stages is issued at step
-            // 0 of tile kt: every warp read its last fragments of tile kt-1 before the barrier of
-            // the previous iteration.
+        // The main loop; kFast (a constant at both call sites) selects the copy path of every tile.
+        auto main_loop = [&](const bool kFast) {
+            // Fast plan: this thread's first vector of A and B at tile 0 (A: ARow -> lines are m
+            // rows, elements k, a tile adds BK elements; else lines are k, a tile adds BK lines.
+            // B: BRow -> lines k, elements n; else lines n, elements k).
+            const int a_l = tid / CA::kVecPerLine, a_e = (tid % CA::kVecPerLine) * VecA;
+            const int b_l = tid / CB::kVecPerLine, b_e = (tid % CB::kVecPerLine) * VecB;
+            const T* a_g = A + (ARow ? static_cast<long long>(m0 + a_l) * p.a_ld + a_e
+                                     : static_cast<long long>(a_l) * p.a_ld + (m0 + a_e));
+            const T* b_g = B + (BRow ? static_cast<long long>(b_l) * p.b_ld + (n0 + b_e)
+                                     : static_cast<long long>(n0 + b_l) * p.b_ld + b_e);
+            const unsigned a_s0 = smem_addr(sA) + (a_l * S::kALd + a_e) * 2;
+            const unsigned b_s0 = smem_addr(sB) + (b_l * S::kBLd + b_e) * 2;
+            // Part `part` of `parts` (compile-time after unrolling) of the copies of the tile that
+            // a_g / b_g point at, into ring slot `stage`: vectors j with j * parts / kN == part, A's
+            // first; the last part advances a_g / b_g to the next tile.
+            auto copy_fast = [&](int stage, int part, int parts) {
+                constexpr int kN = CA::kPer + CB::kPer;
+                const unsigned sa = a_s0 + stage * (S::kAStage * 2);
+                const unsigned sb = b_s0 + stage * (S::kBStage * 2);
+#pragma unroll
+                for (int j = 0; j < kN; ++j) {
+                    if (j * parts / kN != part) continue;
+                    if (j < CA::kPer) {
+                        cp_async_full<VecA * 2>(sa + j * (CA::kLineStep * S::kALd * 2),
+                                                a_g + static_cast<long long>(j * CA::kLineStep) * p.a_ld);
+                    } else {
+                        const int jb = j - CA::kPer;
+                        cp_async_full<VecB * 2>(sb + jb * (CB::kLineStep * S::kBLd * 2),
+                                                b_g + static_cast<long long>(jb * CB::kLineStep) * p.b_ld);
+                    }
+                }
+                if (part == parts - 1) {
+                    a_g += ARow ? static_cast<long long>(BK) : BK * p.a_ld;
+                    b_g += BRow ? BK * p.b_ld : static_cast<long long>(BK);
+                }
+            };
+            // Tile kt into ring slot `stage`, part `part` of `parts` (the checked path issues
+            // everything at part 0). Tiles are requested in order 0, 1, 2, ...
+            auto load_next = [&](int stage, int kt, int part, int parts) {
+                if (kFast) {
+                    copy_fast(stage, part, parts);
+                } else {
+                    if (part == 0) load_stage(stage, kt);
+                }
+            };
+            // Copies of the next tile are spread over the first half of a tile's 16-deep steps
+            // (interleaved with fragment reads and mma instead of one burst after the barrier).
             constexpr int kSteps = BK / 16;
-    #pragma unroll
-            for (int s = 0; s < Stages - 1; ++s) {
-                if (s < k_tiles) load_stage(s, s);
-                cp_async_commit();
-            }
-            cp_async_wait<Stages - 2>();
-            __syncthreads();  // tile 0 landed
-            load_frags(fa[0], fb[0], 0, 0);
-
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int stage = kt % Stages;
-    #pragma unroll
-                for (int step = 0; step < kSteps; ++step) {
-                    const int cur = step & 1;  // kSteps is even: the parity restarts every tile
-                    if (step == kSteps - 1) {
-                        cp_async_wait<Stages - 2>();
-                        __syncthreads();  // tile kt+1 landed; nobody reads slot (kt-1) % Stages
-                    }
-                    if (step + 1 < kSteps) {
-                        load_frags(fa[cur ^ 1], fb[cur ^ 1], stage, (step + 1) * 16);
-                    } else if (kt + 1 < k_tiles) {
-                        load_frags(fa[cur ^ 1], fb[cur ^ 1], (kt + 1) % Stages, 0);
-                    }
-                    if (step == 0) {
-                        const int next = kt + Stages - 1;
-                        if (next < k_tiles) load_stage(next % Stages, next);
-                        cp_async_commit();
-                    }
-    #pragma unroll
-                    for (int i = 0; i < kMI; ++i)
-    #pragma unroll
-                        for (int j = 0; j < kNI; ++j)
-                            wm::mma_sync(acc[i][j], fa[cur][i], fb[cur][j], acc[i][j]);
-                }
-            }
-        } else {
-            // Main loop, single-buffered fragments: one barrier per tile, then the tile's
-            // fragments are read and multiplied step by step.
+            constexpr int kParts = kSteps / 2 > 1 ? kSteps / 2 : 1;
 #pragma unroll
             for (int s = 0; s < Stages - 1; ++s) {
-                if (s < k_tiles) load_stage(s, s);
+                if (s < k_tiles) load_next(s, s, 0, 1);
                 cp_async_commit();
             }
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            // Single-buffered fragments: one barrier per tile, then the tile's fragments are
+            // read and multiplied step by step; the refill of slot (kt-1) % Stages goes out in
+            // steps 0 .. kParts-1. Also the edge blocks' loop of double-buffered tiles (their
+            // checked copies keep more registers live than two fragment sets leave).
+            auto single_buffered = [&]() {
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    cp_async_wait<Stages - 2>();
+                    __syncthreads();  // tile kt landed for everyone; slot (kt-1) % Stages is free
+                    const int next = kt + Stages - 1;
+                    // the checked copies go out before the first fragment reads (as few registers
+                    // live as possible across their address math)
+                    if (!kFast && next < k_tiles) load_stage(next % Stages, next);
+#pragma unroll
+                    for (int step = 0; step < kSteps; ++step) {
+                        load_frags(fa[0], fb[0], kt % Stages, step * 16);
+                        if (kFast && step < kParts && next < k_tiles) copy_fast(next % Stages, step, kParts);
+                        if (step == kParts - 1) cp_async_commit();
+#pragma unroll
+                        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                            for (int j = 0; j < kNI; ++j)
+                                wm::mma_sync(acc[i][j], fa[0][i], fb[0][j], acc[i][j]);
+                    }
+                }
+            };
+            if (DoubleBuffer && kFast) {
+                // Tiles kt+1 .. kt+Stages-1 are in flight (cp.async) while tile kt is multiplied;
+                // fragments are double-buffered in registers: the fragments of k step kk+1 (for
+                // the last step: step 0 of the next tile, after the barrier that makes that tile
+                // visible) are read while the mma of step kk run, so no shared-memory latency is
+                // exposed at a tile boundary. The refill of ring slot (kt-1) % Stages is issued in
+                // steps 0 .. kParts-1 of tile kt and committed before the last step's wait: every
+                // warp read its last fragments of tile kt-1 before the barrier of the previous
+                // iteration.
+                static_assert(kParts <= kSteps - 1, "refill committed before the last step");
                 cp_async_wait<Stages - 2>();
-                __syncthreads();  // tile kt landed for everyone; slot (kt-1) % Stages is free
-                const int next = kt + Stages - 1;
-                if (next < k_tiles) load_stage(next % Stages, next);
-                cp_async_commit();
+                __syncthreads();  // tile 0 landed
+                load_frags(fa[0], fb[0], 0, 0);
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    const int stage = kt % Stages;
+                    const int next = kt + Stages - 1;
 #pragma unroll
-                for (int kk = 0; kk < BK; kk += 16) {
-                    load_frags(fa[0], fb[0], kt % Stages, kk);
+                    for (int step = 0; step < kSteps; ++step) {
+                        const int cur = step & 1;  // kSteps is even: the parity restarts every tile
+                        if (step == kSteps - 1) {
+                            cp_async_wait<Stages - 2>();
+                            __syncthreads();  // tile kt+1 landed; nobody reads slot (kt-1) % Stages
+                        }
+                        if (step + 1 < kSteps) {
+                            load_frags(fa[cur ^ 1], fb[cur ^ 1], stage, (step + 1) * 16);
+                        } else if (kt + 1 < k_tiles) {
+                            load_frags(fa[cur ^ 1], fb[cur ^ 1], (kt + 1) % Stages, 0);
+                        }
+                        if (step < kParts && next < k_tiles) load_next(next % Stages, next, step, kParts);
+                        if (step == kParts - 1) cp_async_commit();
 #pragma unroll
-                    for (int i = 0; i < kMI; ++i)
+                        for (int i = 0; i < kMI; ++i)
 #pragma unroll
-                        for (int j = 0; j < kNI; ++j)
-                            wm::mma_sync(acc[i][j], fa[0][i], fb[0][j], acc[i][j]);
+                            for (int j = 0; j < kNI; ++j)
+                                wm::mma_sync(acc[i][j], fa[cur][i], fb[cur][j], acc[i][j]);
+                    }
                 }
+            } else {
+                single_buffered();
             }
-        }
+        };
+        main_loop(fast);
         cp_async_wait<0>();
         __syncthreads();  // every warp is done with the ring
 
@@ -549,6 +642,11 @@ gemm_wmma(const GemmWmmaParams p) {
             store4<TOut>(out + static_cast<long long>(row) * p.out_ld + col, out_vec && full, count, x);
         }
         __syncthreads();  // the staged tile is the next batch entry's ring
+    };
+    if (interior) {
+        for (long long z = blockIdx.y; z < p.batch; z += gridDim.y) batch_entry(z, true);
+    } else {
+        for (long long z = blockIdx.y; z < p.batch; z += gridDim.y) batch_entry(z, false);
     }
 }
 

@@ -25,15 +25,18 @@ pub struct WmmaTile {
 }
 
 impl WmmaTile {
-    /// sm_90a: 128 x 256 x 64 on 8 warps of 64 x 64, 3 stages, single-buffered fragments: the
-    /// most reuse per shared-memory byte (each 16-wide fragment read feeds four mma) and one
-    /// barrier per 64-deep tile; one block per SM. The fastest tile measured on the H200 (bf16
-    /// 300-321 TFLOP/s at 4096-16384; .dev/gemm/NOTES.md). Double buffering spills at BK = 64,
-    /// and on sm_80 this tile spills 16-20 bytes in 3 of 4 layouts: other archs take [`LARGE`].
+    /// sm_90a: 128 x 256 x 64 on 8 warps of 64 x 64, 3 stages, double-buffered fragments: the
+    /// most reuse per shared-memory byte (each 16-wide fragment read feeds four mma), one barrier
+    /// per 64-deep tile, and the next tile's first fragments read under the current tile's last
+    /// mma; one block per SM. Interior blocks run the double-buffered loop, edge blocks the
+    /// single-buffered one (kernels/gemm/wmma.cuh), which keeps every layout spill-free. On the
+    /// H200 (session 7, .dev/w) the fastest 128 x 256 tile: median 0.475x cuBLAS on 12 large
+    /// points (4 stages 0.450x, single-buffered 4 stages 0.456x, BK 32 0.42-0.44x). It also fits
+    /// sm_80's shared memory, but spills there: other archs take [`LARGE`].
     pub const LARGE_SM90: WmmaTile =
-        WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 3, double_buffer: false };
-    /// Other archs: 128 x 256 x 32, 3 stages, double-buffered fragments (no spills on sm_80;
-    /// 268-303 TFLOP/s bf16 on the H200, within ~5% of LARGE_SM90).
+        WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true };
+    /// Other archs: 128 x 256 x 32, 3 stages, double-buffered fragments (no spills on sm_80; on
+    /// the H200 median 0.417x cuBLAS on the 12 points where LARGE_SM90 gave 0.475x).
     pub const LARGE: WmmaTile =
         WmmaTile { bm: 128, bn: 256, bk: 32, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true };
     /// 128 x 128 on 4 warps of 64 x 64, 3 stages: two blocks per SM. Single-buffered: with
@@ -396,7 +399,9 @@ mod tests {
         assert_eq!(parse_tile("128,128,32,2,2,3,0"), Some(WmmaTile::MEDIUM));
         assert_eq!(parse_tile(" 64, 64, 32, 2, 2, 3 "), Some(WmmaTile::SMALL));
         assert_eq!(parse_tile("128,128,32,2,2"), None);
-        assert_eq!(parse_tile("128,256,64,2,4,3,0"), Some(WmmaTile::LARGE_SM90));
+        assert_eq!(parse_tile("128,256,64,2,4,3,1"), Some(WmmaTile::LARGE_SM90));
+        assert_eq!(parse_tile("128,256,64,2,4,3"), Some(WmmaTile::LARGE_SM90));
+        assert_eq!(parse_tile("128,256,64,2,4,3,0"), Some(WmmaTile { double_buffer: false, ..WmmaTile::LARGE_SM90 }));
         assert_eq!(parse_tile("128,256,32,2,4,3,1"), Some(WmmaTile::LARGE));
         assert_eq!(parse_tile("128,256,32,2,4,3"), Some(WmmaTile::LARGE));
         assert_eq!(parse_tile("128,256,48,2,4,3,1"), None); // odd number of 16-deep steps
