@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::jit::{precompile as pc, Arch};
 
 /// Compile every production configuration of every kernel family (attention forward,
-/// attention backward, dense GEMM (wmma, sm90), 2:4 sparse) for each arch name (no GPU needed); reports in that order.
+/// attention backward, dense GEMM (wmma, sm90, sm90 split-k reduce), 2:4 sparse) for each arch name (no GPU needed); reports in that order.
 /// With `check_spills`, a spilling configuration is a CompileError.
 pub fn precompile(archs: &[String], check_spills: bool) -> Result<Vec<pc::Report>> {
     let archs = archs
@@ -41,6 +41,11 @@ pub fn precompile(archs: &[String], check_spills: bool) -> Result<Vec<pc::Report
         .flat_map(|a| gemm::sm90::production_specs(*a))
         .collect();
     reports.extend(pc::precompile(&gemm_sm90)?);
+    let gemm_splitk: Vec<_> = archs
+        .iter()
+        .flat_map(|a| gemm::sm90::reduce_production_specs(*a))
+        .collect();
+    reports.extend(pc::precompile(&gemm_splitk)?);
     for a in &archs {
         let (sp_matmul, sp_compress) = sparse24::production_specs(*a);
         reports.extend(pc::precompile(&sp_compress)?);

@@ -236,6 +236,91 @@ pub fn production_configs(arch: Arch) -> Vec<GemmSm90Config> {
     out
 }
 
+/// A split-k plan (src/ops/gemm/sm90/splitk.rs): k is cut into `splits` equal chunks of `kc`
+/// (a multiple of BLOCK_K) that run as the batch entries of one sm90 GEMM launch into an fp32
+/// workspace (splits, m, n); kernels/gemm/splitk_reduce.cuh then sums the chunks and applies the
+/// epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitK {
+    pub splits: i64,
+    pub kc: i64,
+}
+
+/// Whether split-k may be used (FERROATTN_GEMM_SM90_SPLITK: "0" turns it off; anything else or
+/// unset: on). Read on every call (one environment lookup).
+pub fn splitk_enabled() -> bool {
+    !matches!(std::env::var("FERROATTN_GEMM_SM90_SPLITK").as_deref(), Ok("0"))
+}
+
+/// The split-k plan for a problem of `batch` x (m, n, k) whose unsplit launch would have `tiles`
+/// work units (`tiles_m * tiles_n`, 128 x 256 tiles) on a device of `sms` SMs with a schedule of
+/// `cluster` CTAs per cluster; None = run unsplit.
+///
+/// Rule (decode-sized GEMMs, bench/NOTES.md "Small-m dense GEMMs": 16 tiles of an m = 16,
+/// n = 4096 problem leave 116 of 132 SMs idle while the weight streams through 16): split only
+/// a single problem (batch == 1) of a non-cluster schedule whose tiles fill less than half of
+/// the SMs (2 * tiles < sms), with k a multiple of BLOCK_K (the chunks must be equal: the
+/// kernel's k tail is TMA's zero fill at the tensor map's k extent, which a batch view gives
+/// every chunk, so an unequal last chunk would read the next chunk's k instead of zeros), into
+/// the largest number of chunks `splits` >= 2 that divides k / BLOCK_K, keeps every chunk at
+/// least two BLOCK_K steps deep and keeps `splits * tiles <= sms` (one wave: every work unit
+/// runs concurrently).
+pub fn splitk_plan(batch: i64, k: i64, tiles: i64, cluster: u32, sms: i64) -> Option<SplitK> {
+    let bk = BLOCK_K as i64;
+    if batch != 1 || cluster != 1 || tiles < 1 || 2 * tiles >= sms || k % bk != 0 || k < 2 * bk * 2 {
+        return None;
+    }
+    let k_tiles = k / bk;
+    let most = (sms / tiles).min(k_tiles / 2);
+    (2..=most)
+        .rev()
+        .find(|s| k_tiles % s == 0)
+        .map(|splits| SplitK { splits, kc: k / splits })
+}
+
+/// Threads per block of the split-k reduce kernel (one thread per 4 columns of a row).
+pub const SPLITK_REDUCE_THREADS: u32 = 256;
+
+/// One specialisation of `ferroattn::gemm_splitk_reduce<TOut, Act>`
+/// (kernels/gemm/splitk_reduce.cuh); c, aux and bias (and bias's dtype) are runtime arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmSplitkReduceConfig {
+    /// out / c / aux element type (fp16, bf16 or fp32).
+    pub out_dtype: DType,
+    pub activation: Activation,
+    pub arch: Arch,
+}
+
+impl GemmSplitkReduceConfig {
+    pub fn kernel(&self) -> &'static str {
+        "ferroattn::gemm_splitk_reduce"
+    }
+
+    pub fn header(&self) -> &'static str {
+        "gemm/splitk_reduce.cuh"
+    }
+
+    /// The NVRTC name expression that instantiates this specialisation.
+    pub fn name_expression(&self) -> String {
+        format!("{}<{}, {}>", self.kernel(), self.out_dtype.cuda_type(), self.activation.code())
+    }
+}
+
+/// Every reduce specialisation split-k can launch (sm_90a only, empty for other archs): 3 out
+/// dtypes x 5 activations.
+pub fn splitk_reduce_production_configs(arch: Arch) -> Vec<GemmSplitkReduceConfig> {
+    if arch != Arch::Sm90a {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for out_dtype in [DType::F16, DType::BF16, DType::F32] {
+        for activation in Activation::ALL {
+            out.push(GemmSplitkReduceConfig { out_dtype, activation, arch });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +335,50 @@ mod tests {
         }
         assert!(production_configs(Arch::Sm80).is_empty());
         assert!(all.iter().all(|c| c.fast_epilogue == DEFAULT_FAST_EPILOGUE));
+    }
+
+    #[test]
+    fn splitk_plan_rule() {
+        let sms = 132;
+        // m = 16, n = 4096: 16 tiles; k = 4096 = 64 k-tiles -> 8 chunks of 512 (128 CTAs).
+        assert_eq!(splitk_plan(1, 4096, 16, 1, sms), Some(SplitK { splits: 8, kc: 512 }));
+        // k = 11008 = 172 k-tiles = 4 * 43: the largest divisor <= 132 / 16 = 8 is 4.
+        assert_eq!(splitk_plan(1, 11008, 16, 1, sms), Some(SplitK { splits: 4, kc: 2752 }));
+        // k = 14336 = 224 k-tiles: 8 chunks; n = 14336 (56 tiles): 2 chunks.
+        assert_eq!(splitk_plan(1, 14336, 16, 1, sms), Some(SplitK { splits: 8, kc: 1792 }));
+        assert_eq!(splitk_plan(1, 4096, 56, 1, sms), Some(SplitK { splits: 2, kc: 2048 }));
+        // m = 512, n = 4096: 64 tiles < 66 -> 2 chunks; 66 tiles or more: no split.
+        assert_eq!(splitk_plan(1, 4096, 64, 1, sms), Some(SplitK { splits: 2, kc: 2048 }));
+        assert_eq!(splitk_plan(1, 4096, 66, 1, sms), None);
+        // one tile, small k: chunks at least 2 k-tiles deep (k = 256 -> 2 x 128).
+        assert_eq!(splitk_plan(1, 256, 1, 1, sms), Some(SplitK { splits: 2, kc: 128 }));
+        assert_eq!(splitk_plan(1, 192, 1, 1, sms), None);
+        assert_eq!(splitk_plan(1, 64 * 131, 1, 1, sms), None); // prime k-tile count > 66
+        assert_eq!(splitk_plan(1, 64 * 6, 1, 1, sms), Some(SplitK { splits: 3, kc: 128 }));
+        // k not a multiple of 64, batches, clusters: never.
+        assert_eq!(splitk_plan(1, 1000, 16, 1, sms), None);
+        assert_eq!(splitk_plan(2, 4096, 16, 1, sms), None);
+        assert_eq!(splitk_plan(1, 4096, 16, 2, sms), None);
+        for tiles in 1..70 {
+            for kt in 1..300 {
+                if let Some(p) = splitk_plan(1, 64 * kt, tiles, 1, sms) {
+                    assert!(p.splits >= 2 && p.splits * tiles <= sms && 2 * tiles < sms, "{tiles} {kt} {p:?}");
+                    assert_eq!(p.splits * p.kc, 64 * kt);
+                    assert!(p.kc % 64 == 0 && p.kc >= 128);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn splitk_reduce_configs() {
+        let all = splitk_reduce_production_configs(Arch::Sm90a);
+        assert_eq!(all.len(), 15);
+        assert!(splitk_reduce_production_configs(Arch::Sm80).is_empty());
+        let c = GemmSplitkReduceConfig { out_dtype: DType::BF16, activation: Activation::Silu, arch: Arch::Sm90a };
+        assert!(all.contains(&c));
+        assert_eq!(c.name_expression(), "ferroattn::gemm_splitk_reduce<__nv_bfloat16, 4>");
+        assert_eq!(c.header(), "gemm/splitk_reduce.cuh");
     }
 
     #[test]

@@ -25,6 +25,9 @@ use crate::tuning::gemm_sm90::{
 };
 use std::sync::OnceLock;
 
+mod splitk;
+pub use splitk::{reduce_production_specs, GemmSplitkReduceParams};
+
 /// Whether `supports` may return true. The kernel passed its H200 checks (84/84 layouts, tails,
 /// batches, broadcasts, epilogues vs an fp32 reference; compute-sanitizer memcheck clean) through
 /// a harness that builds the same tensor maps and parameter bytes as this file
@@ -211,6 +214,12 @@ static KERNELS: KernelMap<GemmSm90Config> = KernelMap::new();
 
 /// Launch the sm90 kernel for `p` on `stream` (raw CUstream). Never synchronises.
 ///
+/// Small-m problems (too few 128 x 256 tiles to fill the SMs; `splitk_plan`) run split-k
+/// (src/ops/gemm/sm90/splitk.rs: one batched launch of this kernel over k-chunks into a
+/// stream-ordered fp32 workspace, then kernels/gemm/splitk_reduce.cuh) unless
+/// FERROATTN_GEMM_SM90_SPLITK=0 (read per call); where the split views cannot be built (a tensor
+/// map the driver rejects, no workspace memory) the problem runs unsplit.
+///
 /// # Safety
 /// `p` must come from `ops::gemm::problem` (validated, pointers live until the kernel has run
 /// in stream order) and `supports(p, Sm90a)` must hold.
@@ -222,6 +231,40 @@ pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
             "an unsupported problem for \"sm90\"",
         ));
     }
+    if let Some(plan) = splitk::plan(p)? {
+        // SAFETY: forwarded from the caller.
+        if unsafe { splitk::launch(p, plan, stream)? } {
+            return Ok(());
+        }
+    }
+    let prepared = prepare(p)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { prepared.launch(p, stream) }
+}
+
+/// One GEMM launch, ready to go: kernel, parameter bytes, launch shape.
+struct Prepared {
+    kernel: &'static crate::jit::Kernel,
+    params: GemmSm90Params,
+    shape: LaunchShape,
+}
+
+impl Prepared {
+    /// # Safety
+    /// As `launch`; `p` is the problem `self` was prepared from.
+    unsafe fn launch(mut self, p: &GemmProblem, stream: u64) -> Result<()> {
+        let info = LaunchInfo {
+            op: "ferroattn::gemm",
+            work: crate::ops::work::gemm(p),
+        };
+        // SAFETY: `params` mirrors GemmSm90Params; the caller keeps the tensors alive.
+        unsafe { launch_kernel(self.kernel, p.device, &self.shape, stream, &mut self.params, &info) }
+    }
+}
+
+/// The kernel, tensor maps, parameters and grid of `p` (a problem `supports` accepts); errors
+/// from the JIT or from tensor-map encoding (an ArgumentError naming the operand).
+fn prepare(p: &GemmProblem) -> Result<Prepared> {
     let cfg = config_for(p);
     let kernel = KERNELS.get(&cfg, p.device)?;
     // a: K-major (k, m) boxes of 64 x block_m; M-major (m, k) boxes of 64 x 64.
@@ -253,7 +296,7 @@ pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
     };
     let (c, c_row, c_batch) = p.c.map_or((0, 0, 0), |c| (c.ptr, c.row_stride, c.batch_stride));
     let (aux, aux_row, aux_batch) = p.aux.map_or((0, 0, 0), |a| (a.ptr, a.row_stride, a.batch_stride));
-    let mut params = GemmSm90Params {
+    let params = GemmSm90Params {
         tma_a,
         tma_b,
         tma_out,
@@ -287,12 +330,7 @@ pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
         block: (THREADS, 1, 1),
         dynamic_smem_bytes: cfg.smem_bytes(),
     };
-    let info = LaunchInfo {
-        op: "ferroattn::gemm",
-        work: crate::ops::work::gemm(p),
-    };
-    // SAFETY: `params` mirrors GemmSm90Params; the caller keeps the tensors alive.
-    unsafe { launch_kernel(kernel, p.device, &shape, stream, &mut params, &info) }
+    Ok(Prepared { kernel, params, shape })
 }
 
 #[cfg(test)]
