@@ -659,8 +659,11 @@ fn wgmma_enabled() -> bool {
 
 /// Rows (tokens) from which backend "auto" runs wgmma_sp where it can run (sm_90a, TMA-aligned x,
 /// not disabled); mma_sp below (its small tiles suit decode-sized calls). The wgmma tile holds 128
-/// tokens, so smaller calls leave most of it idle.
-pub const WGMMA_MIN_ROWS: i64 = 1024;
+/// tokens, so smaller calls leave most of it idle. 256: in the session-7 H200 bench
+/// (bench/results/sparse24_nvidia-h200_20261130T085021.json, per-kernel columns, bf16 and fp16) wgmma_sp
+/// is faster than mma_sp on every LLM shape from 256 rows (e.g. bf16 256 x 14336 x 4096: 37.9 vs
+/// 57.5 us, 256 x 4096 x 11008: 74.6 vs 130.2 us) and on some only at 64-128 rows.
+pub const WGMMA_MIN_ROWS: i64 = 256;
 
 /// The kernel "auto" runs for problem `p` on `arch` with input `x`.
 fn auto_backend(p: &MatmulProblem, x: &TensorView, arch: Arch) -> &'static str {
