@@ -246,12 +246,6 @@ pub struct SplitK {
     pub kc: i64,
 }
 
-/// Whether split-k may be used (FERROATTN_GEMM_SM90_SPLITK: "0" turns it off; anything else or
-/// unset: on). Read on every call (one environment lookup).
-pub fn splitk_enabled() -> bool {
-    !matches!(std::env::var("FERROATTN_GEMM_SM90_SPLITK").as_deref(), Ok("0"))
-}
-
 /// The split-k plan for a problem of `batch` x (m, n, k) whose unsplit launch would have `tiles`
 /// work units (`tiles_m * tiles_n`, 128 x 256 tiles) on a device of `sms` SMs with a schedule of
 /// `cluster` CTAs per cluster; None = run unsplit.

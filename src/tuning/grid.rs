@@ -23,7 +23,11 @@ impl GridPolicy {
         match value.map(str::trim) {
             None | Some("") | Some("balanced") => Some(GridPolicy::Balanced),
             Some("full") => Some(GridPolicy::Full),
-            Some(t) => t.parse::<u64>().ok().filter(|g| *g >= 1).map(GridPolicy::Max),
+            Some(t) => t
+                .parse::<u64>()
+                .ok()
+                .filter(|g| *g >= 1)
+                .map(GridPolicy::Max),
         }
     }
 
@@ -78,7 +82,11 @@ mod tests {
                 let g = balanced_grid(tiles, sms);
                 assert!(g >= 1 && g <= sms.min(tiles), "{tiles} {sms} -> {g}");
                 // same number of waves as one CTA per SM, and one CTA fewer would need more
-                assert_eq!(tiles.div_ceil(g), tiles.div_ceil(sms.min(tiles)), "{tiles} {sms}");
+                assert_eq!(
+                    tiles.div_ceil(g),
+                    tiles.div_ceil(sms.min(tiles)),
+                    "{tiles} {sms}"
+                );
                 if g > 1 {
                     assert!(tiles.div_ceil(g - 1) > tiles.div_ceil(g), "{tiles} {sms}");
                 }
@@ -90,7 +98,10 @@ mod tests {
     fn policy_parsing_and_grids() {
         assert_eq!(GridPolicy::parse(None), Some(GridPolicy::Balanced));
         assert_eq!(GridPolicy::parse(Some(" ")), Some(GridPolicy::Balanced));
-        assert_eq!(GridPolicy::parse(Some("balanced")), Some(GridPolicy::Balanced));
+        assert_eq!(
+            GridPolicy::parse(Some("balanced")),
+            Some(GridPolicy::Balanced)
+        );
         assert_eq!(GridPolicy::parse(Some(" full ")), Some(GridPolicy::Full));
         assert_eq!(GridPolicy::parse(Some("128")), Some(GridPolicy::Max(128)));
         assert_eq!(GridPolicy::parse(Some("0")), None);

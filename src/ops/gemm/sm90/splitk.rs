@@ -29,7 +29,7 @@ use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape, Work};
 use crate::ops::gemm::problem::{Activation, GemmProblem, Operand};
 use crate::tuning::gemm_sm90::{
-    splitk_enabled, splitk_plan, splitk_reduce_production_configs, GemmSplitkReduceConfig, SplitK,
+    splitk_plan, splitk_reduce_production_configs, GemmSplitkReduceConfig, SplitK,
     SPLITK_REDUCE_THREADS,
 };
 use cudarc::driver::{result as cu, sys};
@@ -75,6 +75,12 @@ static REDUCE_KERNELS: KernelMap<GemmSplitkReduceConfig> = KernelMap::new();
 /// Release threshold the workspace pool keeps (bytes): the largest workspace is
 /// splits · m · n · 4 <= sms · 128 · 256 · 4 bytes (~17 MB on 132 SMs).
 const POOL_KEEP_BYTES: u64 = 64 << 20;
+
+/// Whether split-k may be used (FERROATTN_GEMM_SM90_SPLITK: "0" turns it off; anything else or
+/// unset: on). Read on every call (one environment lookup).
+fn splitk_enabled() -> bool {
+    !matches!(std::env::var("FERROATTN_GEMM_SM90_SPLITK").as_deref(), Ok("0"))
+}
 
 /// The split-k plan for `p` (a problem sm90 supports), or None: split-k off
 /// (FERROATTN_GEMM_SM90_SPLITK=0), the rule declines (`splitk_plan`), or the split operands would
