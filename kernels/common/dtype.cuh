@@ -3,8 +3,10 @@
 // What: a tiny trait `DTypeTraits<T>` for T = __half or __nv_bfloat16 that packs two fp32
 // values into one 32-bit register of two T (round-to-nearest-even), as the A operand of
 // mma.sync wants it, and a compile-time flag telling the PTX wrappers which mma variant to
-// emit.
-// Constraints: T is exactly __half or __nv_bfloat16 (anything else fails to compile).
+// emit; and scalar conversions to_float(x) (__half / __nv_bfloat16 -> fp32 exactly; float and
+// anything static_cast accepts unchanged) and from_float<T>(x) (fp32 -> T, round-to-nearest-even;
+// identity for float), used by the GEMM epilogues (wmma, sm90, split-k reduce).
+// Constraints: DTypeTraits' T is exactly __half or __nv_bfloat16 (anything else fails to compile).
 // PTX features: cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 (emitted by the cuda_fp16/bf16
 // intrinsics; bf16x2 needs sm_80+).
 #pragma once
@@ -31,5 +33,18 @@ template <> struct DTypeTraits<__nv_bfloat16> {
         return *reinterpret_cast<unsigned*>(&h);
     }
 };
+
+template <typename T> __device__ __forceinline__ float to_float(T x) { return static_cast<float>(x); }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 
 }  // namespace ferroattn

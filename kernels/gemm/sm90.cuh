@@ -332,10 +332,6 @@ __device__ __forceinline__ TileCoord tile_coord(const Grid& p, long long t) {
 }
 
 // ---- epilogue -----------------------------------------------------------------------------
-template <typename U> __device__ __forceinline__ float to_f32(U x) { return static_cast<float>(x); }
-template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 template <typename U> struct Pair;
 template <> struct Pair<float> {
     using V = float2;
@@ -451,8 +447,8 @@ __device__ __forceinline__ void epilogue(const GemmSm90Params& p, const float (&
                             if (col + 1 < p.n) bias1[i] = __ldg(bf + 1);
                         } else {
                             const T* bt = static_cast<const T*>(p.bias) + col;
-                            bias0[i] = to_f32(__ldg(bt));
-                            if (col + 1 < p.n) bias1[i] = to_f32(__ldg(bt + 1));
+                            bias0[i] = to_float(__ldg(bt));
+                            if (col + 1 < p.n) bias1[i] = to_float(__ldg(bt + 1));
                         }
                     }
                 }
@@ -513,7 +509,7 @@ __device__ __forceinline__ void epilogue(const GemmSm90Params& p, const float (&
                             v0 += beta * P::lo(cv);
                             v1 += beta * P::hi(cv);
                         } else {
-                            v0 += beta * to_f32(cp[0]);
+                            v0 += beta * to_float(cp[0]);
                         }
                     }
                     if (has_aux && row < p.m && col < p.n) {

@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "common/activation.cuh"
+#include "common/dtype.cuh"
 
 namespace ferroattn {
 
@@ -40,23 +41,11 @@ struct GemmSplitkReduceParams {
 
 namespace splitk {
 
-template <typename U> __device__ __forceinline__ float load_f32(const U* p) { return static_cast<float>(*p); }
-template <> __device__ __forceinline__ float load_f32<__half>(const __half* p) { return __half2float(*p); }
-template <> __device__ __forceinline__ float load_f32<__nv_bfloat16>(const __nv_bfloat16* p) {
-    return __bfloat162float(*p);
-}
-
-template <typename U> __device__ __forceinline__ void store_f32(U* p, float v) { *p = v; }
-template <> __device__ __forceinline__ void store_f32<__half>(__half* p, float v) { *p = __float2half_rn(v); }
-template <> __device__ __forceinline__ void store_f32<__nv_bfloat16>(__nv_bfloat16* p, float v) {
-    *p = __float2bfloat16_rn(v);
-}
-
 __device__ __forceinline__ float bias_at(const void* bias, int kind, int col) {
     switch (kind) {
         case 1: return __ldg(static_cast<const float*>(bias) + col);
-        case 2: return __half2float(static_cast<const __half*>(bias)[col]);
-        case 3: return __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[col]);
+        case 2: return to_float(static_cast<const __half*>(bias)[col]);
+        case 3: return to_float(static_cast<const __nv_bfloat16*>(bias)[col]);
         default: return 0.0f;
     }
 }
@@ -92,9 +81,9 @@ __global__ void __launch_bounds__(256) gemm_splitk_reduce(const __grid_constant_
             if (col < p.n) {
                 const float sum = e == 0 ? acc.x : e == 1 ? acc.y : e == 2 ? acc.z : acc.w;
                 float v = p.alpha * sum + bias_at(p.bias, p.bias_kind, col);
-                if (c != nullptr) v += p.beta * load_f32(c + row * p.c_row_stride + col);
-                if (aux != nullptr) store_f32(aux + row * p.aux_row_stride + col, v);
-                store_f32(out + row * p.out_row_stride + col, activate<Act>(v));
+                if (c != nullptr) v += p.beta * to_float(c[row * p.c_row_stride + col]);
+                if (aux != nullptr) aux[row * p.aux_row_stride + col] = from_float<TOut>(v);
+                out[row * p.out_row_stride + col] = from_float<TOut>(activate<Act>(v));
             }
         }
     }

@@ -71,6 +71,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 #include "common/activation.cuh"
+#include "common/dtype.cuh"
 
 namespace ferroattn {
 
@@ -279,20 +280,6 @@ __device__ __forceinline__ unsigned ldsm_lane_offset(int lane) {
     const int elem = Row ? 8 * (i >> 1) : 8 * (i & 1);
     return static_cast<unsigned>((line * Ld + elem) * 2);
 }
-
-template <typename T> __device__ __forceinline__ float to_float(T x);
-template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
-
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 
 // 4 consecutive elements of a TOut row: one vector access when `vec`, else per element j < count.
 template <typename TOut>
