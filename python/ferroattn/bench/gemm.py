@@ -28,7 +28,24 @@ H200 moves both sides of a round alike), with ``ratio_rounds``, ``ratio_min`` / 
 rounds), plus ``ms_rounds`` / ``ms_windows`` of every function. Also % of the measured matmul
 ceiling of the dtype (:func:`ceilings.matmul_tflops`, cuBLAS 8192³), and
 ``rel_err`` = max|ours − peer| / max|peer| against the peer's output (a guard against
-fast-but-wrong; > 2e-2 is flagged ``suspect``). Also the host cost of one decode-sized call
+fast-but-wrong; > 2e-2 is flagged ``suspect``).
+
+Two timing passes (``--timing both``, the default; ``gpu`` or ``call`` for one): the paired
+*per-call* pass just described (host-inclusive: when a call's host time exceeds the L2 flush's GPU
+time, the events see host time), and a paired *GPU-time-only* pass,
+:func:`timing.paired_gpu_ms`: the same functions in the same rounds, each window behind a
+``torch.cuda._sleep`` that covers the host time of its calls, with a validity check that can fail
+(a function whose windows never hold has ``gpu_ms`` None and the reason in ``gpu_error``; never
+reported as GPU time). Per function ``gpu_ms``, ``gpu_tflops``, ``gpu_ms_rounds``; per backend
+``gpu_ratio`` (median over rounds of peer / ours by GPU time), ``gpu_paired`` (its
+:func:`timing.paired_ratio` dict) and ``gpu_pct_ceiling``. The summary's target verdicts use the
+GPU-time ratios whenever that pass ran (``summary["basis"] == "gpu"``; the per-call verdicts stay
+in ``targets_call``); the table has per-call columns (``x<backend>``) and GPU-time columns
+(``gpu x<backend>``, ``inv`` where a GPU time did not hold). ``--gpu-rep-ms`` (default 30,
+``--quick`` 10): ms of calls per function and point; with the GPU-time pass the per-call pass
+defaults to ``--rep-ms`` 70 (``--quick`` 20) so that a run takes about as long as before.
+
+Also the host cost of one decode-sized call
 (m = 16, 4096 x 4096, bf16). Raw JSON (``gemm_<device>_<date>.json``: device, driver, torch,
 commit, date) to ``--out`` (default ``bench/results``), rewritten after each shape so a killed
 run keeps what it measured; the table, then the summary against the issue's targets. Exit 0 when
@@ -161,10 +178,14 @@ def _rotated(fn: Callable, sets: list) -> Callable[[], Any]:
     return lambda: fn(*rot.next())
 
 
-def _timed(paired: "timing.Paired", name: str, flops: float) -> dict:
-    ms = statistics.median(paired.ms[name])
-    return {"ms": ms, "tflops": report.tflops(flops, ms), "ms_rounds": paired.ms[name],
-            "ms_windows": [list(w) for w in paired.windows[name]]}
+def _timed(two: "timing.TwoPass", name: str, flops: float) -> dict:
+    """The record of one function: :attr:`timing.TwoPass.results` plus ``tflops`` (per call) and
+    ``gpu_tflops`` (GPU time; only with the GPU-time pass)."""
+    r = dict(two.results[name])
+    r["tflops"] = report.tflops(flops, r["ms"]) if r.get("ms") else None
+    if "gpu_ms" in r:
+        r["gpu_tflops"] = report.tflops(flops, r["gpu_ms"]) if r["gpu_ms"] else None
+    return r
 
 
 def _err(e: BaseException) -> str:
@@ -183,15 +204,24 @@ def _ran_backend(p: dict, a, b, bias) -> str | None:
 
 def measure_point(p: dict, sets: list, backends: Sequence[str], supported: Sequence[str],
                   ceiling_tflops: float | None, rep_ms: float, warmup_ms: float,
-                  rounds: int = timing.DEFAULT_ROUNDS) -> dict:
+                  rounds: int = timing.DEFAULT_ROUNDS, timing_mode: str = "call",
+                  gpu_rep_ms: float = timing.DEFAULT_GPU_REP_MS, gpu_device: Any = None) -> dict:
     """Fill ``p`` with the peer's and every backend's measurements (see the module docstring):
     each function is called once on ``sets[0]`` (output checked against the peer's), then all
     that ran are timed together by :func:`timing.paired_ms` in ``rounds`` rounds, ``rep_ms`` /
     ``warmup_ms`` (per function, ms) split over the 2·rounds windows. A backend whose first call
     raised a fatal CUDA error (:data:`FATAL_MARKERS`) stops the point before any timing.
-    ArgumentError for ``rounds`` not a positive int."""
+    ``timing_mode``: "call" (default here: the per-call pass only), "gpu" or "both"
+    (:data:`timing.TIMING_MODES`); with the GPU-time pass every record also has ``gpu_ms``,
+    ``gpu_tflops``, ``gpu_ms_rounds``, ``gpu_ms_windows``, ``gpu_error`` (why no GPU time),
+    ``gpu_stats`` and, per backend, ``gpu_ratio`` (peer / ours by GPU time, median over rounds),
+    ``gpu_paired`` (:func:`timing.paired_ratio`'s dict) and ``gpu_pct_ceiling``; ``gpu_rep_ms``: ms
+    of calls per function of that pass; ``gpu_device``: its device object (default
+    :func:`timing.cuda_device`). ArgumentError for ``rounds`` not a positive int or an unknown
+    ``timing_mode``."""
     import torch
     timing.check_rounds(rounds, "rounds")
+    timing.check_timing_mode(timing_mode, "timing_mode")
     p.update(peer=None, peer_error=None, backends={}, backend_errors={}, ran=None, skipped=None)
     ref = None
     fns: dict[str, Callable[[], Any]] = {}
@@ -231,23 +261,30 @@ def measure_point(p: dict, sets: list, backends: Sequence[str], supported: Seque
         return p
     if not fns:
         return p
-    paired = timing.paired_ms(fns, rounds, rep_ms / (2 * rounds), warmup_ms / (2 * rounds))
-    for name, e in paired.errors.items():
+    two = timing.time_both(fns, timing_mode, rounds, rep_ms, warmup_ms, gpu_rep_ms, None, gpu_device, _err)
+    p["timing"], p["gpu_timed"] = timing_mode, two.gpu is not None
+    if two.gpu is not None:
+        p["gpu_cycles_per_ms"] = two.gpu.cycles_per_ms
+    for name, e in two.errors.items():
         if name == PEER:
-            p["peer_error"] = _err(e)
+            p["peer_error"] = e
         else:
-            p["backends"][name], p["backend_errors"][name] = None, _err(e)
-    if PEER in paired.ms:
-        p["peer"] = _timed(paired, PEER, p["flops"])
+            p["backends"][name], p["backend_errors"][name] = None, e
+    if PEER in two.results and PEER not in two.errors:
+        p["peer"] = _timed(two, PEER, p["flops"])
     for name, rel in rels.items():
-        if name not in paired.ms:
+        if name not in two.results or name in two.errors:
             continue
-        r = _timed(paired, name, p["flops"])
-        tf = r["tflops"]
+        r = _timed(two, name, p["flops"])
+        tf, gtf = r["tflops"], r.get("gpu_tflops")
         r.update({"ratio": None, "pct_ceiling": (100.0 * tf / ceiling_tflops) if (tf and ceiling_tflops) else None,
                   "rel_err": rel, "suspect": bool(rel is not None and rel > SUSPECT_REL_ERR)})
-        if PEER in paired.ms:
-            r.update(timing.paired_ratio(paired.ms[PEER], paired.ms[name]))
+        call, gpu = two.ratios(PEER, name)
+        if call is not None:
+            r.update(call)
+        if two.gpu is not None:
+            r.update(gpu_ratio=gpu["ratio"] if gpu else None, gpu_paired=gpu,
+                     gpu_pct_ceiling=(100.0 * gtf / ceiling_tflops) if (gtf and ceiling_tflops) else None)
         p["backends"][name] = r
     p["backends"] = {name: p["backends"][name] for name in backends if name in p["backends"]}
     return p
@@ -276,12 +313,13 @@ def _median(xs: Sequence[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
-def _ratios(points: Sequence[dict], kind: str, backend: str, target_only: bool) -> list[tuple[float, dict]]:
+def _ratios(points: Sequence[dict], kind: str, backend: str, target_only: bool,
+            key: str = "ratio") -> list[tuple[float, dict]]:
     out = []
     for p in points:
         if p["kind"] != kind or (target_only and not is_target_shape(p)):
             continue
-        r = ((p.get("backends") or {}).get(backend) or {}).get("ratio")
+        r = ((p.get("backends") or {}).get(backend) or {}).get(key)
         if r is not None:
             out.append((r, p))
     return out
@@ -299,31 +337,58 @@ def summarize(points: Sequence[dict], backends: Sequence[str] = BACKENDS) -> dic
     target shapes; epilogue: :data:`EPILOGUE_TARGET` for "auto"), each with the number of target
     shapes whose paired ratio is below the goal (``n_below``) and of those whose whole interval
     ``ratio_ci`` is below it (``n_ci_below``: below beyond the round-to-round spread); counts;
-    ``rounds``: the sorted distinct numbers of paired rounds behind the ratios (empty when none)."""
-    out: dict[str, Any] = {"kinds": {}, "targets": {}}
-    for kind in ("matmul", "epilogue"):
-        per = {}
-        for name in backends:
-            sel, whole = _ratios(points, kind, name, True), _ratios(points, kind, name, False)
-            worst = min(sel, key=lambda x: x[0]) if sel else None
-            pct = [((p.get("backends") or {}).get(name) or {}).get("pct_ceiling") for p in points
-                   if p["kind"] == kind]
-            pct = [x for x in pct if x is not None]
-            per[name] = {"target_median": _median([r for r, _ in sel]), "target_min": worst[0] if worst else None,
-                         "target_min_at": point_label(worst[1]) if worst else None, "n_target": len(sel),
-                         "grid_median": _median([r for r, _ in whole]),
-                         "grid_min": min(r for r, _ in whole) if whole else None, "n_grid": len(whole),
-                         "best_pct_ceiling": max(pct) if pct else None}
-        out["kinds"][kind] = per
-    for name, goal in TARGETS.items():
-        if name in backends:
-            t = out["kinds"]["matmul"][name]
-            out["targets"][f"matmul_{name}"] = _verdict(goal, t, points, "matmul", name)
-    if "auto" in backends:
-        out["targets"]["epilogue_auto"] = _verdict(EPILOGUE_TARGET, out["kinds"]["epilogue"]["auto"], points,
-                                                   "epilogue", "auto")
-    out["rounds"] = sorted({len(v["ratio_rounds"]) for p in points for v in (p.get("backends") or {}).values()
-                            if v and v.get("ratio_rounds")})
+    ``rounds``: the sorted distinct numbers of paired rounds behind the ratios (empty when none).
+
+    ``kinds`` are per-call (host-inclusive) ratios, ``kinds_gpu`` the same on GPU time (None
+    without the GPU-time pass). ``basis``: "gpu" when the GPU-time pass ran at some point -- the
+    ``targets`` then use the GPU-time ratios (a point whose GPU time did not hold counts as not
+    measured, never replaced by its per-call ratio) and ``targets_call`` keeps the per-call
+    verdicts for reference -- else "call". ``gpu_invalid``: "<function> at <point>: <reason>" for
+    every GPU time that did not hold (first 20; ``n_gpu_invalid`` counts all)."""
+    basis = "gpu" if any(p.get("gpu_timed") for p in points) else "call"
+
+    def kinds(key: str, pct_key: str) -> dict:
+        res = {}
+        for kind in ("matmul", "epilogue"):
+            per = {}
+            for name in backends:
+                sel, whole = _ratios(points, kind, name, True, key), _ratios(points, kind, name, False, key)
+                worst = min(sel, key=lambda x: x[0]) if sel else None
+                pct = [((p.get("backends") or {}).get(name) or {}).get(pct_key) for p in points
+                       if p["kind"] == kind]
+                pct = [x for x in pct if x is not None]
+                per[name] = {"target_median": _median([r for r, _ in sel]),
+                             "target_min": worst[0] if worst else None,
+                             "target_min_at": point_label(worst[1]) if worst else None, "n_target": len(sel),
+                             "grid_median": _median([r for r, _ in whole]),
+                             "grid_min": min(r for r, _ in whole) if whole else None, "n_grid": len(whole),
+                             "best_pct_ceiling": max(pct) if pct else None}
+            res[kind] = per
+        return res
+
+    def targets(kd: dict, key: str) -> dict:
+        res = {}
+        for name, goal in TARGETS.items():
+            if name in backends:
+                res[f"matmul_{name}"] = _verdict(goal, kd["matmul"][name], points, "matmul", name, key)
+        if "auto" in backends:
+            res["epilogue_auto"] = _verdict(EPILOGUE_TARGET, kd["epilogue"]["auto"], points, "epilogue", "auto", key)
+        return res
+
+    out: dict[str, Any] = {"basis": basis, "kinds": kinds("ratio", "pct_ceiling"), "kinds_gpu": None}
+    out["targets_call"] = targets(out["kinds"], "ratio")
+    out["targets"] = out["targets_call"]
+    if basis == "gpu":
+        out["kinds_gpu"] = kinds("gpu_ratio", "gpu_pct_ceiling")
+        out["targets"] = targets(out["kinds_gpu"], "gpu_ratio")
+    invalid = [f"{name} at {point_label(p)}: {v['gpu_error']}" for p in points
+               for name, v in [(PEER, p.get("peer")), *(p.get("backends") or {}).items()]
+               if v and v.get("gpu_error")]
+    out["n_gpu_invalid"], out["gpu_invalid"] = len(invalid), invalid[:20]
+    rkey = "gpu_paired" if basis == "gpu" else None
+    out["rounds"] = sorted({len((v[rkey] if rkey else v)["ratio_rounds"]) for p in points
+                            for v in (p.get("backends") or {}).values()
+                            if v and ((v.get(rkey) or {}) if rkey else v).get("ratio_rounds")})
     out["n_points"] = len(points)
     out["n_auto_measured"] = sum(1 for p in points if (p.get("backends") or {}).get("auto"))
     out["n_auto_failed"] = sum(1 for p in points if (p.get("backend_errors") or {}).get("auto"))
@@ -332,16 +397,18 @@ def summarize(points: Sequence[dict], backends: Sequence[str] = BACKENDS) -> dic
     return out
 
 
-def _ci_high(p: dict, backend: str) -> float | None:
-    """The upper end of the backend's ``ratio_ci`` at ``p`` (None without one)."""
-    ci = ((p.get("backends") or {}).get(backend) or {}).get("ratio_ci")
+def _ci_high(p: dict, backend: str, key: str = "ratio") -> float | None:
+    """The upper end of the backend's ``ratio_ci`` at ``p`` (None without one); ``key`` "gpu_ratio":
+    of its GPU-time ratio (``gpu_paired``)."""
+    v = (p.get("backends") or {}).get(backend) or {}
+    ci = (v.get("gpu_paired") or {}).get("ratio_ci") if key == "gpu_ratio" else v.get("ratio_ci")
     return ci[1] if ci else None
 
 
-def _verdict(goal: float, t: dict, points: Sequence[dict], kind: str, backend: str) -> dict:
+def _verdict(goal: float, t: dict, points: Sequence[dict], kind: str, backend: str, key: str = "ratio") -> dict:
     mn, med = t["target_min"], t["target_median"]
-    sel = _ratios(points, kind, backend, True)
-    highs = [_ci_high(p, backend) for _, p in sel]
+    sel = _ratios(points, kind, backend, True, key)
+    highs = [_ci_high(p, backend, key) for _, p in sel]
     return {"goal": goal, "min": mn, "median": med, "min_at": t["target_min_at"],
             "met": None if mn is None else bool(mn >= goal), "median_met": None if med is None else bool(med >= goal),
             "n_below": sum(1 for r, _ in sel if r < goal),
@@ -360,22 +427,30 @@ def _render(cols: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def format_table(points: Sequence[dict], backends: Sequence[str]) -> str:
-    """One row per point: peer TF/s, per backend TF/s and ratio, "auto"'s % of ceiling, rel_err
-    and the backend it ran."""
+    """One row per point: peer TF/s, per backend TF/s and ratio (per call: host-inclusive), then,
+    when some point has GPU-time data, "gpu torch TF/s" and "gpu x<backend>" (GPU time only; "inv"
+    where a GPU time did not hold), "auto"'s % of ceiling, rel_err and the backend it ran."""
+    with_gpu = any(p.get("gpu_timed") for p in points)
+    gcols = (["gpu torch TF/s"] + [f"gpu x{b}" for b in backends]) if with_gpu else []
     cols = ["dtype", "suite", "m", "n", "k", "epilogue", "torch TF/s"] + [f"{b} TF/s" for b in backends] + \
-        [f"x{b}" for b in backends] + ["%ceil", "rel_err", "ran"]
+        [f"x{b}" for b in backends] + gcols + ["%ceil", "rel_err", "ran"]
     rows = []
     for p in points:
         head = [p["dtype"], p["suite"], str(p["m"]), str(p["n"]), str(p["k"]),
                 f"bias+{p['activation']}" if p["kind"] == "epilogue" else "-"]
         if p.get("skipped"):
-            rows.append(head + ["skipped"] + [""] * (2 * len(backends) + 3))
+            rows.append(head + ["skipped"] + [""] * (2 * len(backends) + len(gcols) + 3))
             continue
         peer = p.get("peer")
         row = head + [_f(peer["tflops"], ".1f") if peer else "ERR"]
         res = p.get("backends") or {}
         row += [_f(res[b]["tflops"], ".1f") if res.get(b) else "n/a" for b in backends]
         row += [_f(res[b]["ratio"], ".2f") if res.get(b) else "—" for b in backends]
+        if with_gpu:
+            peer_inv = bool(peer and peer.get("gpu_error"))
+            row += ["inv" if peer_inv else (_f(peer.get("gpu_tflops"), ".1f") if peer else "ERR")]
+            row += [("inv" if (peer_inv or res[b].get("gpu_error")) else _f(res[b].get("gpu_ratio"), ".2f"))
+                    if res.get(b) else "—" for b in backends]
         auto = res.get("auto") or {}
         row += [_f(auto.get("pct_ceiling"), ".1f"), _f(auto.get("rel_err"), ".1e")
                 + ("!" if auto.get("suspect") else ""), p.get("ran") or "—"]
@@ -390,25 +465,41 @@ def format_summary(summary: dict, ceilings: dict | None = None, host: dict | Non
             f"{k.removeprefix('matmul_')} matmul {v['tflops']:.0f} TFLOP/s" if v else f"{k} n/a"
             for k, v in ceilings.items() if k.startswith("matmul_") and not k.endswith("_error")))
     rounds = summary.get("rounds")
+    gpu_basis = summary.get("basis") == "gpu" and summary.get("kinds_gpu")
     if rounds:
         lines.append(f"ratios: per point the median of {'/'.join(map(str, rounds))} paired rounds (peer and "
                      f"backends interleaved, forward and reverse pass per round); ms: median over rounds")
     titles = {"matmul": "matmul vs torch.matmul (cuBLAS)", "epilogue": "matmul+bias+activation vs act(torch.addmm)"}
-    for kind, per in summary["kinds"].items():
-        lines.append(f"{titles[kind]}:")
-        for name, t in per.items():
-            lines.append(f"  {name:5s} target shapes (square >= {TARGET_MIN_SIZE}, LLM m >= {TARGET_MIN_SIZE}): "
-                         f"median {_f(t['target_median'], '.3f')}, min {_f(t['target_min'], '.3f')}"
-                         + (f" at {t['target_min_at']}" if t.get("target_min_at") else "")
-                         + f" ({t['n_target']} points); whole grid median {_f(t['grid_median'], '.3f')}, "
-                           f"min {_f(t['grid_min'], '.3f')} ({t['n_grid']} points); best "
-                           f"{_f(t['best_pct_ceiling'], '.1f')}% of ceiling")
+    blocks = [("", summary["kinds"])]
+    if gpu_basis:
+        blocks = [("GPU time only (stream pre-filled by a sleep covering the host time; the target verdicts) ",
+                   summary["kinds_gpu"]),
+                  ("per call (host-inclusive: CUDA events around each call after an L2 flush) ", summary["kinds"])]
+    for label, kinds in blocks:
+        for kind, per in kinds.items():
+            lines.append(f"{label}{titles[kind]}:")
+            for name, t in per.items():
+                lines.append(f"  {name:5s} target shapes (square >= {TARGET_MIN_SIZE}, LLM m >= {TARGET_MIN_SIZE}): "
+                             f"median {_f(t['target_median'], '.3f')}, min {_f(t['target_min'], '.3f')}"
+                             + (f" at {t['target_min_at']}" if t.get("target_min_at") else "")
+                             + f" ({t['n_target']} points); whole grid median {_f(t['grid_median'], '.3f')}, "
+                               f"min {_f(t['grid_min'], '.3f')} ({t['n_grid']} points); best "
+                               f"{_f(t['best_pct_ceiling'], '.1f')}% of ceiling")
+    if summary.get("n_gpu_invalid"):
+        lines.append(f"GPU time did not hold (host-bound even behind the longest sleep; not reported) for "
+                     f"{summary['n_gpu_invalid']} function-points, e.g. {summary['gpu_invalid'][:2]}")
+    if gpu_basis:
+        lines.append("target verdicts by GPU time only:")
     for key, v in summary["targets"].items():
         verdict = {True: "MET", False: "NOT MET", None: "not measured"}[v["met"]]
         below = (f"; {v['n_below']} target shapes below, {v['n_ci_below']} of them with the whole interval "
                  f"below" if v.get("n_below") else "")
         lines.append(f"target {key} >= {v['goal']}x on every target shape: {verdict} (min {_f(v['min'], '.3f')}, "
                      f"median {_f(v['median'], '.3f')}{below})")
+    if gpu_basis and summary.get("targets_call"):
+        lines.append("per call (host-inclusive; reference, not the verdicts): " + "; ".join(
+            f"{key} min {_f(v['min'], '.3f')} median {_f(v['median'], '.3f')}"
+            for key, v in summary["targets_call"].items()))
     lines.append(f"points: {summary['n_points']}, auto measured {summary['n_auto_measured']}, auto failed "
                  f"{summary['n_auto_failed']}, skipped {summary['n_skipped']}, suspect rel_err {summary['n_suspect']}")
     if host:
@@ -432,17 +523,23 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
               ms: Sequence[int] | None = None, activations: Sequence[str] | None = None,
               backends: Sequence[str] = BACKENDS, layout: str = "linear", rep_ms: float | None = None,
               time_budget_s: float | None = None, with_host_cost: bool = True,
-              printer: Callable[[str], None] = print, rounds: int = timing.DEFAULT_ROUNDS) -> tuple[dict, int]:
-    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``rep_ms``: timing
-    budget per function and point (ms; default 100, quick 30), split over ``rounds`` paired rounds
-    (:func:`measure_point`). ArgumentError for ``rounds`` not a positive int."""
+              printer: Callable[[str], None] = print, rounds: int = timing.DEFAULT_ROUNDS,
+              timing_mode: str = "both", gpu_rep_ms: float | None = None) -> tuple[dict, int]:
+    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``rep_ms``: per-call
+    pass budget per function and point (ms; default :data:`timing.DEFAULT_REP_MS` of
+    ``timing_mode``: 100 / quick 30 alone, 70 / 20 with the GPU-time pass), split over ``rounds``
+    paired rounds; ``gpu_rep_ms``: GPU-time pass, ms of calls per function and point (default 30,
+    quick 10); ``timing_mode``: both (default), gpu or call (:func:`measure_point`). ArgumentError
+    for ``rounds`` not a positive int or a bad ``timing_mode``."""
     timing.check_rounds(rounds, "rounds")
+    timing.check_timing_mode(timing_mode, "timing_mode")
     import torch
     from ferroattn import _native
     from . import ceilings
 
     t0 = time.monotonic()
-    rep = rep_ms if rep_ms is not None else (30.0 if quick else 100.0)
+    rep = rep_ms if rep_ms is not None else timing.DEFAULT_REP_MS[timing_mode][1 if quick else 0]
+    gpu_rep = gpu_rep_ms if gpu_rep_ms is not None else timing.DEFAULT_GPU_REP[1 if quick else 0]
     warm = min(25.0, rep / 2)
     points = grid(quick, dtypes, suites, sizes, ms, activations)
     meta = report.run_metadata()
@@ -454,7 +551,8 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
         printer(f"gemm_backends failed: {_err(e)}")
     printer(f"device {meta.get('device')} | driver {meta.get('driver')} | torch {meta.get('torch')} | commit "
             f"{meta.get('commit')} | {len(points)} points | backends {','.join(backends)} (GPU supports "
-            f"{','.join(supported) or 'none'}) | layout {layout} | timing: {timing.method_name(rounds)}")
+            f"{','.join(supported) or 'none'}) | layout {layout} | timing ({timing_mode}): "
+            + " | ".join(timing.pass_names(timing_mode, rounds, gpu_rep)))
     ceil: dict[str, Any] = {}
     for dt in sorted({p["dtype"] for p in points}):
         key = f"matmul_{dt}"
@@ -476,7 +574,11 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
                            "window_rep_ms": rep / (2 * rounds), "window_warmup_ms": warm / (2 * rounds),
                            "order": "per round: " + " ".join(timing.round_order(
                                [PEER, *(b for b in backends if b == "auto" or b in supported)])),
-                           "timing": timing.method_name(rounds),
+                           "timing": timing.method_name(rounds), "timing_mode": timing_mode,
+                           "gpu_rep_ms": gpu_rep if timing_mode != "call" else None,
+                           "gpu_timing": timing.gpu_method_name(rounds, gpu_rep) if timing_mode != "call" else None,
+                           "sleep_cycles_per_ms": next((p["gpu_cycles_per_ms"] for p in points
+                                                        if p.get("gpu_cycles_per_ms")), None),
                            "peer": "torch.matmul (cuBLAS); epilogue: act(torch.addmm(bias, a, b))",
                            "flops": "2*m*n*k", "time_budget_s": time_budget_s, "elapsed_s": time.monotonic() - t0},
                 "partial": partial, "ceilings": ceil, "host_cost": host, "points": points,
@@ -502,14 +604,17 @@ def run_bench(quick: bool = False, out_dir: str = "bench/results", dtypes: Seque
             continue
         ceiling = (ceil.get(f"matmul_{dt}") or {}).get("tflops")
         for p in pts:
-            measure_point(p, sets, backends, supported, ceiling, rep, warm, rounds)
+            measure_point(p, sets, backends, supported, ceiling, rep, warm, rounds, timing_mode, gpu_rep)
             errs = [v for v in p["backend_errors"].values() if _is_fatal(v)]
             if errs:
                 fatal = f"skipped after a fatal CUDA error in ours: {errs[0][:200]}"
             done += 1
             auto = p["backends"].get("auto") or {}
+            gp = auto.get("gpu_paired") or {}
             print(f"gemm bench {done}/{len(points)}: {point_label(p)}"
-                  + (f" auto x{auto['ratio']:.2f} [{auto['ratio_min']:.2f}, {auto['ratio_max']:.2f}]"
+                  + (f" auto GPU time x{gp['ratio']:.2f} [{gp['ratio_min']:.2f}, {gp['ratio_max']:.2f}]"
+                     if gp.get("ratio") else (" auto GPU time: " + auto["gpu_error"] if auto.get("gpu_error") else ""))
+                  + (f" per call x{auto['ratio']:.2f} [{auto['ratio_min']:.2f}, {auto['ratio_max']:.2f}]"
                      if auto.get("ratio") else ""), file=sys.stderr, flush=True)
         del sets
         torch.cuda.empty_cache()
@@ -595,8 +700,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", choices=LAYOUTS, default="linear",
                         help="b operand: linear = w.T of a row-major (n, k) weight (default), nn = row-major (k, n)")
     parser.add_argument("--rep-ms", type=_positive_float("--rep-ms"), default=None,
-                        help="timing budget per function and point in ms, split over the rounds "
-                             "(default 100, --quick 30)")
+                        help="per-call pass: timing budget per function and point in ms, split over the rounds "
+                             "(default 100, --quick 30 with --timing call; 70 / 20 with both or gpu)")
+    parser.add_argument("--timing", choices=timing.TIMING_MODES, default="both",
+                        help="both (default): GPU time only (the target verdicts) and per call (host-inclusive); "
+                             "gpu or call: one of them")
+    parser.add_argument("--gpu-rep-ms", type=_positive_float("--gpu-rep-ms"), default=None,
+                        help="GPU-time pass: ms of calls per function and point, split over the rounds "
+                             "(default 30, --quick 10)")
     parser.add_argument("--rounds", type=_positive_int("--rounds"), default=timing.DEFAULT_ROUNDS,
                         help="paired rounds per point: the peer and every backend timed interleaved, a forward "
                              f"and a reverse pass per round; ratio = median over rounds (default "
@@ -624,5 +735,5 @@ def run(args: argparse.Namespace) -> int:
         return 3
     _, code = run_bench(args.quick, args.out, args.dtypes, args.suites, args.sizes, args.ms, args.activations,
                         args.backends, args.layout, args.rep_ms, args.time_budget_s, not args.no_host_cost,
-                        rounds=args.rounds)
+                        rounds=args.rounds, timing_mode=args.timing, gpu_rep_ms=args.gpu_rep_ms)
     return code

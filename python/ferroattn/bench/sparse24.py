@@ -24,18 +24,33 @@ of the per-round ratio), with its per-round values and interval under ``paired``
 Frobenius error of ours and of the peer against dense (a guard against fast-but-wrong). Shapes
 the peer refuses are recorded with torch's message.
 
-Reading the peer columns: ``F.linear`` on torch's cuSPARSELt tensor costs ~0.5-1.4 ms of host time
-per call on the H200 run of 2026-11-30 (more than the ~0.1 ms L2-clearing kernel that otherwise
-hides host time from the event timing), so on small shapes the peer's time is that host floor and
-ours / peer is large there; the summary therefore also gives ours / peer on the large shapes
-alone (8192^3 and LLM m >= 4096, where the peer's kernel time dominates).
+Two timing passes (``--timing both``, the default; ``gpu`` or ``call`` for one of them):
+
+- *per call* (``ms``, ``tflops``, the speedup keys above, ``paired``): the paired rounds of
+  :func:`timing.paired_ms` just described. Host-inclusive: ``F.linear`` on torch's cuSPARSELt
+  tensor costs ~0.5-1.4 ms of host time per call on the H200 (2026-11-30), more than the ~0.1 ms
+  L2-clearing kernel that otherwise hides host time from the event timing, so on small shapes the
+  peer's per-call time is that host floor.
+- *GPU time only* (``gpu_ms``, ``gpu_tflops``, ``gpu_ms_rounds`` per function; ratios
+  ``gpu_speedup_vs_dense``, ``gpu_speedup_vs_peer``, ``gpu_auto_vs_dense``, ``gpu_peer_vs_dense``
+  with ``paired_gpu``): :func:`timing.paired_gpu_ms`, the same functions in the same paired
+  rounds, each window behind a ``torch.cuda._sleep`` that covers the host time of its calls, with
+  a validity check that can fail (a function whose windows never hold has ``gpu_ms`` None and the
+  reason in ``gpu_error``; it is never reported as GPU time). ``--gpu-rep-ms`` (default 30,
+  ``--quick`` 10) ms of calls per function and point.
+
+The issue-4 target verdicts of the summary use the GPU-time ratios whenever the GPU-time pass ran
+(``summary["basis"] == "gpu"``; per-call ratios otherwise); both are printed, the table has a
+block of each. With ``--timing both`` the per-call pass defaults to ``--rep-ms`` 70 (``--quick``
+20) instead of 100 (30) so that the run takes about as long as the per-call pass alone did.
 
 Writes the raw JSON (device, driver, torch, commit, date: :func:`report.run_metadata`) into
 ``--out`` (default ``bench/results``) after every weight shape (a killed run keeps what it
-measured), including ``dispatch_table``: the measured speedups of the sparse kernel over dense in
-the format of ``ferroattn.sparse24.DISPATCH_TABLE`` (also printed as a Python literal to paste;
-``ferroattn.sparse24.load_dispatch_table(json_path)`` loads it at run time). Exit 0 when ours was
-measured at every point, 1 otherwise, 2 for bad arguments, 3 without torch/CUDA.
+measured), including ``dispatch_table``: the measured speedups of the sparse kernel over dense
+(by GPU time where measured, else per call) in the format of ``ferroattn.sparse24.DISPATCH_TABLE``
+(also printed as a Python literal to paste; ``ferroattn.sparse24.load_dispatch_table(json_path)``
+loads it at run time). Exit 0 when ours was measured at every point, 1 otherwise, 2 for bad
+arguments, 3 without torch/CUDA.
 """
 from __future__ import annotations
 
@@ -58,6 +73,8 @@ LLM_NK = ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096))
 QUICK = dict(dtypes=("bf16",), square=(4096, 8192), m=(16, 256, 4096), nk=((4096, 4096), (11008, 4096)))
 SHAPE_SETS = ("all", "square", "llm")
 KERNELS = ("mma_sp", "wgmma_sp", "wgmma_sp_direct")  # explicit kernels, timed besides "sparse" (the best)
+#: the default ``--rep-ms`` per timing mode and ``--gpu-rep-ms``: (full grid, ``--quick``)
+DEFAULT_REP_MS, DEFAULT_GPU_REP_MS = timing.DEFAULT_REP_MS, timing.DEFAULT_GPU_REP
 #: kernel columns that are a backend run under extra environment variables (set only while that
 #: column is timed): the same-process A/B of wgmma_sp's epilogue forms (clocks drift between runs)
 KERNEL_VARIANTS = {"wgmma_sp_direct": ("wgmma_sp", {"FERROATTN_WGMMA_SP_EPILOGUE": "direct"})}
@@ -169,22 +186,34 @@ RATIOS = {"speedup_vs_dense": ("dense", "ours"), "speedup_vs_peer": ("peer", "ou
 
 
 def measure_point(p: dict, xs: list, ws: list, peer_err: str | None, peer_cls: str | None, rep_ms: float,
-                  warmup_ms: float, kernels: Sequence[str] = KERNELS, rounds: int = timing.DEFAULT_ROUNDS) -> dict:
-    """Fill ``p`` with timings (``{"ms", "tflops", "ms_rounds", "ms_windows"}`` or None), errors,
-    speedups (paired ratios, see the module docstring; ``paired[key]`` holds
-    :func:`timing.paired_ratio`'s dict for every key of :data:`RATIOS` and ``"<kernel>_vs_dense"``)
-    and errors vs dense. ``rep_ms`` / ``warmup_ms``: ms per function, split over the 2·``rounds``
-    windows. ``dense_again`` is kept as None (the pairing replaced the second dense timing).
-    ArgumentError for ``rounds`` not a positive int."""
+                  warmup_ms: float, kernels: Sequence[str] = KERNELS, rounds: int = timing.DEFAULT_ROUNDS,
+                  timing_mode: str = "call", gpu_rep_ms: float = timing.DEFAULT_GPU_REP_MS,
+                  gpu_device: Any = None) -> dict:
+    """Fill ``p`` with timings (per function ``{"ms", "call_ms", "tflops", "ms_rounds",
+    "ms_windows"}`` of the per-call pass and, with the GPU-time pass, ``gpu_ms``, ``gpu_tflops``,
+    ``gpu_ms_rounds``, ``gpu_ms_windows``, ``gpu_error``, ``gpu_stats``; None when not measured),
+    errors, speedups (paired ratios, see the module docstring; ``paired[key]`` / ``paired_gpu[key]``
+    hold :func:`timing.paired_ratio`'s dict for every key of :data:`RATIOS` and
+    ``"<kernel>_vs_dense"``, the top-level ``key`` / ``gpu_<key>`` their medians) and errors vs
+    dense. ``rep_ms`` / ``warmup_ms``: ms per function of the per-call pass, split over the
+    2·``rounds`` windows; ``gpu_rep_ms``: ms of calls per function of the GPU-time pass.
+    ``timing_mode``: "call" (default here: the per-call pass only), "gpu" or "both"
+    (:data:`timing.TIMING_MODES`); ``gpu_device``: the device object of the GPU-time pass (default
+    :func:`timing.cuda_device`; tests pass a simulated one). ``dense_again`` is kept as None (the
+    pairing replaced the second dense timing). ArgumentError for ``rounds`` not a positive int or
+    an unknown ``timing_mode``."""
     import torch
     import torch.nn.functional as F
     from ferroattn import sparse24
 
     timing.check_rounds(rounds, "rounds")
+    timing.check_timing_mode(timing_mode, "timing_mode")
     p.update(ours=None, ours_error=None, kernels={}, kernel_errors={}, auto=None, auto_choice=None, dense=None,
              dense_again=None, peer=None, peer_error=peer_err, peer_class=peer_cls, speedup_vs_dense=None,
              speedup_vs_peer=None,
-             auto_vs_dense=None, peer_vs_dense=None, rel_err=None, peer_rel_err=None, skipped=None, paired={})
+             auto_vs_dense=None, peer_vs_dense=None, rel_err=None, peer_rel_err=None, skipped=None, paired={},
+             timing=timing_mode, gpu_timed=False, gpu_errors={}, paired_gpu={},
+             **{f"gpu_{key}": None for key in RATIOS})
     x0, w0 = xs[0], ws[0]
     ref = F.linear(x0, w0["dense"])
     fns: dict[str, Callable[[], Any]] = {}
@@ -233,17 +262,22 @@ def measure_point(p: dict, xs: list, ws: list, peer_err: str | None, peer_cls: s
                 p["peer"], p["peer_error"] = None, _err(e)
     if _is_fatal(p["ours_error"]) or not fns:
         return p
-    paired = timing.paired_ms(fns, rounds, rep_ms / (2 * rounds), warmup_ms / (2 * rounds), contexts)
+    two = timing.time_both(fns, timing_mode, rounds, rep_ms, warmup_ms, gpu_rep_ms, contexts, gpu_device, _err)
     err_key = {"dense": "dense_error", "ours": "ours_error", "auto": "auto_error", "peer": "peer_error"}
-    for name, e in paired.errors.items():
+    for name, e in two.errors.items():
         if name.startswith("kernel:"):
-            p["kernel_errors"][name.removeprefix("kernel:")] = _err(e)
+            p["kernel_errors"][name.removeprefix("kernel:")] = e
         else:
-            p[err_key[name]] = _err(e)
-    for name in paired.ms:
-        ms = statistics.median(paired.ms[name])
-        r = {"ms": ms, "tflops": report.tflops(p["flops"], ms), "ms_rounds": paired.ms[name],
-             "ms_windows": [list(w) for w in paired.windows[name]]}
+            p[err_key[name]] = e
+    p["gpu_timed"] = two.gpu is not None
+    if two.gpu is not None:
+        p["gpu_cycles_per_ms"] = two.gpu.cycles_per_ms
+    for name, r in two.results.items():
+        r["tflops"] = report.tflops(p["flops"], r["ms"]) if r.get("ms") else None
+        if "gpu_ms" in r:
+            r["gpu_tflops"] = report.tflops(p["flops"], r["gpu_ms"]) if r["gpu_ms"] else None
+        if r.get("gpu_error"):
+            p["gpu_errors"][name.removeprefix("kernel:")] = r["gpu_error"]
         if name.startswith("kernel:"):
             p["kernels"][name.removeprefix("kernel:")] = r
         else:
@@ -251,19 +285,47 @@ def measure_point(p: dict, xs: list, ws: list, peer_err: str | None, peer_cls: s
     p["kernels"] = {kb: p["kernels"].get(kb) for kb in kernels}
     pairs = dict(RATIOS, **{f"{kb}_vs_dense": ("dense", f"kernel:{kb}") for kb in kernels})
     for key, (num, den) in pairs.items():
-        if num in paired.ms and den in paired.ms:
-            p["paired"][key] = timing.paired_ratio(paired.ms[num], paired.ms[den])
+        call, gpu = two.ratios(num, den)
+        if call is not None:
+            p["paired"][key] = call
             if key in RATIOS:
-                p[key] = p["paired"][key]["ratio"]
+                p[key] = call["ratio"]
+        if gpu is not None:
+            p["paired_gpu"][key] = gpu
+            if key in RATIOS:
+                p[f"gpu_{key}"] = gpu["ratio"]
     return p
+
+
+def progress_line(p: dict) -> str:
+    """One point's progress line: ours TFLOP/s and the ratios over dense and the peer, by GPU time
+    (with the peer ratio's interval) and per call, "inv" where a GPU time did not hold."""
+    parts = []
+    errs = p.get("gpu_errors") or {}
+    if p.get("gpu_timed"):
+        ci = (p.get("paired_gpu") or {}).get("speedup_vs_peer", {}).get("ratio_ci")
+        peer = "inv" if ("peer" in errs or "ours" in errs) else _f(p.get("gpu_speedup_vs_peer"), ".3f")
+        parts.append(f"GPU time: ours {_f((p.get('ours') or {}).get('gpu_tflops'), '.1f')} TFLOP/s, x dense "
+                     f"{'inv' if ('dense' in errs or 'ours' in errs) else _f(p.get('gpu_speedup_vs_dense'), '.3f')}, "
+                     f"x peer {peer}" + (" [{:.3f}, {:.3f}]".format(*ci) if ci else ""))
+    if p.get("timing", "call") != "gpu":
+        ci = (p.get("paired") or {}).get("speedup_vs_peer", {}).get("ratio_ci")
+        parts.append(f"per call: ours {_f((p.get('ours') or {}).get('tflops'), '.1f')} TFLOP/s, "
+                     f"x dense {_f(p.get('speedup_vs_dense'), '.3f')}, x peer {_f(p.get('speedup_vs_peer'), '.3f')}"
+                     + (" [{:.3f}, {:.3f}]".format(*ci) if ci else ""))
+    return "; ".join(parts)
 
 
 def dispatch_table(points: Sequence[dict], arch: str) -> dict:
     """``{arch: {dtype: {"n,k": [[rows, speedup of the sparse kernel over dense], ...]}}}`` from the
-    measured points (the format of ``ferroattn.sparse24.set_dispatch_table``)."""
+    measured points (the format of ``ferroattn.sparse24.set_dispatch_table``): the GPU-time speedup
+    where the point has one (how the table in ferroattn/sparse24.py is measured since session 8),
+    else the per-call one (``--timing call``, or a GPU time that did not hold)."""
     out: dict = {}
     for p in points:
-        s = p.get("speedup_vs_dense")
+        s = p.get("gpu_speedup_vs_dense")
+        if s is None:
+            s = p.get("speedup_vs_dense")
         if s is None:
             continue
         by_shape = out.setdefault(arch, {}).setdefault(TORCH_DTYPE[p["dtype"]], {})
@@ -294,9 +356,20 @@ def dispatch_literal(table: dict) -> str:
 def summarize(points: Sequence[dict]) -> dict:
     """The issue-4 targets: ours >= 1.3x dense on 8192^3 and the LLM shapes with m >= 4096; >= 1.0x
     the semi-structured peer everywhere it runs; the dispatcher never below 0.95x dense.
-    ``below[target]``: how many points have a ratio below the goal (``n_below``) and how many of
-    them have the whole ``paired`` interval (``ratio_ci``) below it (``n_ci_below``); ``rounds``:
-    the sorted distinct numbers of paired rounds behind the ratios (empty when none)."""
+    ``basis``: "gpu" when the GPU-time pass ran at some point (the targets then use the GPU-time
+    ratios ``gpu_<key>``; a point without one -- its GPU time invalid -- counts as not measured,
+    never replaced by its per-call ratio), else "call" (the per-call ratios ``<key>``).
+    ``below[target]``: on the basis, how many points have a ratio below the goal (``n_below``) and
+    how many of them have the whole paired interval (``ratio_ci``) below it (``n_ci_below``);
+    ``rounds``: the sorted distinct numbers of paired rounds behind the ratios (empty when none).
+    The ``speedup_*`` / ``auto_*`` / ``peer_*`` statistics are per call (host-inclusive);
+    ``gpu`` holds the same statistics on GPU time (None without the GPU-time pass);
+    ``gpu_invalid``: "<function> at <point>: <reason>" for every function whose GPU time did not
+    hold (first 20; ``n_gpu_invalid`` counts all)."""
+    basis = "gpu" if any(p.get("gpu_timed") for p in points) else "call"
+    pre = "gpu_" if basis == "gpu" else ""
+    paired_key = "paired_gpu" if basis == "gpu" else "paired"
+
     def vals(key, pred=lambda p: True):
         return [p[key] for p in points if p.get(key) is not None and pred(p)]
 
@@ -307,16 +380,32 @@ def summarize(points: Sequence[dict]) -> dict:
         return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)} if xs else None
 
     def below(key, goal, pred=lambda p: True):
-        sel = [p for p in points if p.get(key) is not None and pred(p) and p[key] < goal]
-        ci = [((p.get("paired") or {}).get(key) or {}).get("ratio_ci") for p in sel]
+        sel = [p for p in points if p.get(pre + key) is not None and pred(p) and p[pre + key] < goal]
+        ci = [((p.get(paired_key) or {}).get(key) or {}).get("ratio_ci") for p in sel]
         return {"goal": goal, "n_below": len(sel), "n_ci_below": sum(1 for c in ci if c and c[1] < goal)}
+
+    invalid = [f"{name} at {p['dtype']} m={p['m']} n={p['n']} k={p['k']}: {why}"
+               for p in points for name, why in (p.get("gpu_errors") or {}).items()]
+    gpu = None if basis == "call" else {
+        "speedup_vs_dense_large": stats(vals("gpu_speedup_vs_dense", large)),
+        "speedup_vs_dense_all": stats(vals("gpu_speedup_vs_dense")),
+        "speedup_vs_peer_all": stats(vals("gpu_speedup_vs_peer")),
+        "speedup_vs_peer_large": stats(vals("gpu_speedup_vs_peer", large)),
+        "auto_vs_dense_all": stats(vals("gpu_auto_vs_dense")),
+        "peer_vs_dense_large": stats(vals("gpu_peer_vs_dense", large)),
+        "peer_vs_dense_all": stats(vals("gpu_peer_vs_dense"))}
     return {
-        "rounds": sorted({len(r["ratio_rounds"]) for p in points for r in (p.get("paired") or {}).values()}),
+        "basis": basis,
+        "rounds": sorted({len(r["ratio_rounds"]) for p in points for r in (p.get(paired_key) or {}).values()}),
         "below": {"vs_dense_large": below("speedup_vs_dense", 1.3, large),
                   "vs_peer_min": below("speedup_vs_peer", 1.0),
                   "auto_vs_dense_min": below("auto_vs_dense", 0.95)},
+        "gpu": gpu,
+        "n_gpu_invalid": len(invalid),
+        "gpu_invalid": invalid[:20],
         "n_points": len(points),
-        "n_measured": sum(1 for p in points if p.get("ours")),
+        "n_measured": sum(1 for p in points if (p.get("ours") or {}).get("ms") is not None
+                          or (p.get("ours") or {}).get("gpu_ms") is not None),
         "n_ours_failed": sum(1 for p in points if p.get("ours_error")),
         "n_skipped": sum(1 for p in points if p.get("skipped")),
         "peer_refused": sorted({f"{p['n']}x{p['k']} m={p['m']} {p['dtype']}" for p in points if p.get("peer_error")}),
@@ -336,14 +425,39 @@ def _f(x: Any, fmt: str) -> str:
 
 
 def format_table(points: Sequence[dict]) -> str:
-    head = (f"{'dtype':5} {'m':>6} {'n':>6} {'k':>6} | {'ours ms':>9} {'TFLOP/s':>8} | {'dense':>8} {'peer':>8} "
-            f"| {'x dense':>7} {'x peer':>7} {'auto':>5} {'x dense':>7} | rel_err")
+    """One row per point. With GPU-time data at some point, a "GPU time only" block first (ours
+    ms, TFLOP/s; dense and peer TFLOP/s; ours over dense, over the peer; auto over dense: the
+    target ratios), then the "per call" block (host-inclusive) as before; "inv" marks a GPU time
+    that did not hold (see ``gpu_errors``)."""
+    with_gpu = any(p.get("gpu_timed") for p in points)
+    gpu_head = (f"GPU-only: {'ours ms':>9} {'TFLOP/s':>8} {'dense':>7} {'peer':>7} {'x dense':>7} {'x peer':>7} "
+                f"{'auto xd':>7} | per call: ") if with_gpu else ""
+    head = (f"{'dtype':5} {'m':>6} {'n':>6} {'k':>6} | {gpu_head}{'ours ms':>9} {'TFLOP/s':>8} | {'dense':>8} "
+            f"{'peer':>8} | {'x dense':>7} {'x peer':>7} {'auto':>5} {'x dense':>7} | rel_err")
     rows = [head, "-" * len(head)]
+
     for p in points:
         o = p.get("ours") or {}
         dense, peer = (p.get("dense") or {}).get("tflops"), (p.get("peer") or {}).get("tflops")
+        gpu = ""
+        if with_gpu:
+            errs = p.get("gpu_errors") or {}
+
+            def gv(name, key, fmt):
+                if name in errs:
+                    return "inv"
+                return _f((p.get(name) or {}).get(key), fmt)
+
+            def gr(key, names):
+                if any(n in errs for n in names):
+                    return "inv"
+                return _f(p.get(f"gpu_{key}"), "7.3f")
+            gpu = (f"{'':9} {gv('ours', 'gpu_ms', '9.4f'):>9} {gv('ours', 'gpu_tflops', '8.1f'):>8} "
+                   f"{gv('dense', 'gpu_tflops', '7.1f'):>7} {gv('peer', 'gpu_tflops', '7.1f'):>7} "
+                   f"{gr('speedup_vs_dense', ('ours', 'dense')):>7} {gr('speedup_vs_peer', ('ours', 'peer')):>7} "
+                   f"{gr('auto_vs_dense', ('auto', 'dense')):>7} | {'':10}")
         rows.append(
-            f"{p['dtype']:5} {p['m']:>6} {p['n']:>6} {p['k']:>6} | {_f(o.get('ms'), '9.4f')} "
+            f"{p['dtype']:5} {p['m']:>6} {p['n']:>6} {p['k']:>6} | {gpu}{_f(o.get('ms'), '9.4f')} "
             f"{_f(o.get('tflops'), '8.1f')} | {_f(dense, '8.1f')} {_f(peer, '8.1f')} "
             f"| {_f(p.get('speedup_vs_dense'), '7.3f')} {_f(p.get('speedup_vs_peer'), '7.3f')} "
             f"{(p.get('auto_choice') or '-')[:5]:>5} {_f(p.get('auto_vs_dense'), '7.3f')} "
@@ -366,6 +480,32 @@ def format_summary(s: dict) -> str:
     if s.get("rounds"):
         lines.append(f"speedups: per point the median of {'/'.join(map(str, s['rounds']))} paired rounds (dense, "
                      f"ours, kernels, auto and peer interleaved, forward and reverse pass per round)")
+    g = s.get("gpu")
+    if s.get("basis") == "gpu" and g is not None:
+        lines += ["GPU time only (stream pre-filled by a sleep covering the host time; the target verdicts):",
+                  f"  ours / dense, 8192^3 + LLM m>={LARGE_M} (target >= 1.3): {st(g['speedup_vs_dense_large'])}"
+                  + bl("vs_dense_large"),
+                  f"  ours / dense, all: {st(g['speedup_vs_dense_all'])}",
+                  f"  ours / semi-structured peer, all (target >= 1.0): {st(g['speedup_vs_peer_all'])}"
+                  + bl("vs_peer_min"),
+                  f"  ours / semi-structured peer, large: {st(g['speedup_vs_peer_large'])}",
+                  f"  auto / dense, all (target >= 0.95): {st(g['auto_vs_dense_all'])}" + bl("auto_vs_dense_min"),
+                  f"  peer / dense, large: {st(g['peer_vs_dense_large'])}; all: {st(g['peer_vs_dense_all'])}"]
+        if s.get("n_gpu_invalid"):
+            lines.append(f"  GPU time did not hold (host-bound even behind the longest sleep; not reported) for "
+                         f"{s['n_gpu_invalid']} function-points, e.g. {s['gpu_invalid'][:2]}")
+        lines += ["per call (host-inclusive: CUDA events around each call after an L2 flush; not the verdicts):",
+                  f"  ours / dense, 8192^3 + LLM m>={LARGE_M}: {st(s['speedup_vs_dense_large'])}",
+                  f"  ours / dense, all: {st(s['speedup_vs_dense_all'])}",
+                  f"  ours / semi-structured peer, all: {st(s['speedup_vs_peer_all'])} [on small shapes the peer's "
+                  f"~0.5-1.4 ms host floor per F.linear]",
+                  f"  ours / semi-structured peer, large: {st(s.get('speedup_vs_peer_large'))}",
+                  f"  auto / dense, all: {st(s['auto_vs_dense_all'])}",
+                  f"  peer / dense, large: {st(s['peer_vs_dense_large'])}",
+                  f"max rel err vs dense: {_f(s['max_rel_err'], '.2e')}"]
+        if s["peer_refused"]:
+            lines.append(f"peer refused {len(s['peer_refused'])} points, e.g. {s['peer_refused'][:3]}")
+        return "\n".join(lines)
     lines += [f"ours / dense, 8192^3 + LLM m>={LARGE_M} (target >= 1.3): {st(s['speedup_vs_dense_large'])}"
               + bl("vs_dense_large"),
               f"ours / dense, all: {st(s['speedup_vs_dense_all'])}",
@@ -383,15 +523,21 @@ def format_summary(s: dict) -> str:
 def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[str] | None = None,
              shapes: str = "all", rep_ms: float | None = None, time_budget_s: float | None = None,
              peers: Sequence[str] = PEERS, printer: Callable[[str], None] = print,
-             rounds: int = timing.DEFAULT_ROUNDS) -> tuple[dict, int]:
-    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``rep_ms``: timing
-    budget per function and point (ms; default 100, quick 30), split over ``rounds`` paired rounds
-    (:func:`measure_point`). ArgumentError for ``rounds`` not a positive int."""
+             rounds: int = timing.DEFAULT_ROUNDS, timing_mode: str = "both",
+             gpu_rep_ms: float | None = None) -> tuple[dict, int]:
+    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``rep_ms``: per-call
+    pass budget per function and point (ms; default :data:`DEFAULT_REP_MS` of ``timing_mode``),
+    split over ``rounds`` paired rounds; ``gpu_rep_ms``: GPU-time pass, ms of calls per function
+    and point (default 30, quick 10); ``timing_mode``: both (default), gpu or call
+    (:func:`measure_point`). ArgumentError for ``rounds`` not a positive int or a bad
+    ``timing_mode``."""
     timing.check_rounds(rounds, "rounds")
+    timing.check_timing_mode(timing_mode, "timing_mode")
     import torch
 
     t0 = time.monotonic()
-    rep = rep_ms if rep_ms is not None else (30.0 if quick else 100.0)
+    rep = rep_ms if rep_ms is not None else DEFAULT_REP_MS[timing_mode][1 if quick else 0]
+    gpu_rep = gpu_rep_ms if gpu_rep_ms is not None else DEFAULT_GPU_REP_MS[1 if quick else 0]
     warm = min(25.0, rep / 2)
     points = grid(quick, dtypes, shapes)
     meta = report.run_metadata()
@@ -405,7 +551,8 @@ def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequen
         meta["cusparselt_version"] = None
     printer(f"device {meta.get('device')} | driver {meta.get('driver')} | torch {meta.get('torch')} | cuSPARSELt "
             f"{meta.get('cusparselt_version')} | commit {meta.get('commit')} | {len(points)} points | "
-            f"timing: {timing.method_name(rounds)}")
+            f"timing ({timing_mode}): " + " | ".join(timing.pass_names(timing_mode, rounds, gpu_rep)))
+    cycles = None
 
     def result(partial: bool) -> dict:
         return {"meta": meta, "partial": partial,
@@ -413,7 +560,11 @@ def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequen
                            "window_rep_ms": rep / (2 * rounds), "window_warmup_ms": warm / (2 * rounds),
                            "order": "per round: " + " ".join(timing.round_order(
                                ["dense", "ours", *KERNELS, "auto", *(["peer"] if "semi_structured" in peers else [])])),
-                           "timing": timing.method_name(rounds), "peers": list(peers), "kernels": list(KERNELS),
+                           "timing": timing.method_name(rounds), "timing_mode": timing_mode,
+                           "gpu_rep_ms": gpu_rep if timing_mode != "call" else None,
+                           "gpu_timing": timing.gpu_method_name(rounds, gpu_rep) if timing_mode != "call" else None,
+                           "sleep_cycles_per_ms": cycles,
+                           "peers": list(peers), "kernels": list(KERNELS),
                            "flops": "2*m*n*k (dense count)", "time_budget_s": time_budget_s,
                            "elapsed_s": time.monotonic() - t0},
                 "points": points, "summary": summarize(points), "dispatch_table": dispatch_table(points, arch)}
@@ -443,13 +594,12 @@ def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequen
             except Exception as e:
                 p["skipped"] = f"inputs: {_err(e)}"
                 continue
-            measure_point(p, xs, ws, peer_err, peer_cls, rep, warm, rounds=rounds)
+            measure_point(p, xs, ws, peer_err, peer_cls, rep, warm, rounds=rounds, timing_mode=timing_mode,
+                          gpu_rep_ms=gpu_rep)
+            cycles = p.get("gpu_cycles_per_ms") or cycles
             if _is_fatal(p.get("ours_error")):
                 fatal = f"skipped after a fatal CUDA error in ours: {p['ours_error'][:200]}"
-            printer(f"  {dt} m={p['m']} n={n} k={k}: ours {_f((p['ours'] or {}).get('tflops'), '.1f')} TFLOP/s, "
-                    f"x dense {_f(p['speedup_vs_dense'], '.3f')}, x peer {_f(p['speedup_vs_peer'], '.3f')}"
-                    + ("" if "speedup_vs_peer" not in p["paired"] else
-                       " [{:.3f}, {:.3f}]".format(*p["paired"]["speedup_vs_peer"]["ratio_ci"])))
+            printer(f"  {dt} m={p['m']} n={n} k={k}: " + progress_line(p))
             del xs
         del ws
         torch.cuda.empty_cache()
@@ -481,8 +631,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default=None, help="comma-separated subset of bf16,fp16")
     parser.add_argument("--shapes", default="all", help="all (default), square or llm")
     parser.add_argument("--rep-ms", type=float, default=None,
-                        help="timing budget per function and point (ms), split over the rounds (default 100, "
-                             "--quick 30)")
+                        help="per-call pass: timing budget per function and point (ms), split over the rounds "
+                             "(default 100, --quick 30 with --timing call; 70 / 20 with both or gpu)")
+    parser.add_argument("--timing", choices=timing.TIMING_MODES, default="both",
+                        help="both (default): GPU time only (the target verdicts) and per call (host-inclusive); "
+                             "gpu or call: one of them")
+    parser.add_argument("--gpu-rep-ms", type=float, default=None,
+                        help="GPU-time pass: ms of calls per function and point, split over the rounds "
+                             "(default 30, --quick 10)")
     parser.add_argument("--rounds", type=_int_arg("--rounds"), default=timing.DEFAULT_ROUNDS,
                         help="paired rounds per point: dense, ours, the kernels, auto and the peer timed "
                              "interleaved, a forward and a reverse pass per round; speedups = median over "
@@ -502,6 +658,8 @@ def check_args(args: argparse.Namespace, prog: str = "ferroattn bench sparse24")
         grid(args.quick, dtypes, args.shapes)
         if args.rep_ms is not None and not args.rep_ms > 0:
             raise ValueError(f"--rep-ms: expected a positive number, got {args.rep_ms}")
+        if args.gpu_rep_ms is not None and not 0 < args.gpu_rep_ms < float("inf"):
+            raise ValueError(f"--gpu-rep-ms: expected a positive number, got {args.gpu_rep_ms}")
         if args.time_budget_s is not None and not args.time_budget_s > 0:
             raise ValueError(f"--time-budget-s: expected a positive number, got {args.time_budget_s}")
         timing.check_rounds(args.rounds, "--rounds")
@@ -509,7 +667,8 @@ def check_args(args: argparse.Namespace, prog: str = "ferroattn bench sparse24")
         print(f"{prog}: {e}", file=sys.stderr)
         return 2, {}
     kwargs = dict(quick=args.quick, out_dir=args.out, dtypes=dtypes, shapes=args.shapes, rep_ms=args.rep_ms,
-                  time_budget_s=args.time_budget_s, peers=peers, rounds=args.rounds)
+                  time_budget_s=args.time_budget_s, peers=peers, rounds=args.rounds, timing_mode=args.timing,
+                  gpu_rep_ms=args.gpu_rep_ms)
     try:
         import torch
     except ImportError as e:
