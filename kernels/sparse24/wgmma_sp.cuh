@@ -63,6 +63,10 @@
 // straight from registers (one warp store covers 4 tokens x 8 consecutive features, 16 B each);
 // Epi = 1 (production since session 6: 1.05-1.10x on k = 4096 shapes) stages 64 x 64 chunks in
 // shared memory (stmatrix .trans) and stores 16 B per lane, 512 contiguous bytes per warp store.
+// Epi = 2 (split-k, src/ops/sparse24 `launch_wgmma`): the grid sweeps (k chunk, tile) work units,
+// each unit runs its chunk's stages only and stores its raw fp32 product (no bias, no activation:
+// Act = 0) to a workspace; kernels/gemm/splitk_reduce.cuh (shared with the dense split-k) sums the
+// chunks in order and applies bias + activation. For calls with too few tiles to fill the SMs.
 // Constraints (host side, src/ops/sparse24/mod.rs wgmma_unsupported): T = __half / __nv_bfloat16;
 // x's data pointer and row stride 16-byte aligned (TMA), rows >= 1; values / meta as compress
 // wrote them (m_pad % 128 == 0, k_pad % 64 == 0: the TMA maps' strides are then 16-byte
@@ -100,10 +104,27 @@ struct Sparse24WgmmaParams {
                         // no swizzle (any 4-byte element type: a bit copy)
     Sparse24MatmulParams p;  // x / values / meta pointers unused (the maps hold them); row_tiles = ceil(rows / BN),
                              // n_tiles = ceil(m_pad / BM)
+    // Split-k (Epi = 2 only; the other forms never read these): work unit u = split s * tiles + tile;
+    // split s runs the 128-k stages [s * chunk_tiles, min(k_tiles, (s + 1) * chunk_tiles)) (the host
+    // keeps every chunk non-empty) and stores its raw fp32 product to ws + s * ws_split_stride,
+    // element (token r, feature f) at r * ws_row_stride + f (f < n only); the reduce step
+    // (kernels/gemm/splitk_reduce.cuh) adds the chunks, the bias and the activation.
+    float* ws;
+    long long ws_split_stride;  // elements
+    long long ws_row_stride;    // elements
+    int splits;                 // >= 1
+    int chunk_tiles;            // >= 1
+    // Epi = 3 (split-k with the reduce fused, opt-in): ws holds one slot per tile (256 consumer threads x
+    // BM / 128 x BN / 2 fp32, thread-private float4 layout) and flags one counter per tile, zeroed by the
+    // host before the launch; split s of a tile waits until its counter reads s, adds the slot (the running
+    // sum of chunks 0..s-1, in chunk order), then stores the new sum and sets the counter to s + 1, or, the
+    // last split, runs the staged epilogue (bias, activation) into out.
+    unsigned* flags;
 };
 
 // The byte layout the host mirrors pack: maps at 0 / 128 / 256, p at 384 (5 pointers at 384..423,
-// 2 int64 at 424, 8 int32 at 440..471, no padding inside), 512 bytes in all.
+// 2 int64 at 424, 8 int32 at 440..471, no padding inside), ws at 472, the two int64 at 480 / 488,
+// splits / chunk_tiles at 496 / 500, flags at 504; 512 bytes in all.
 static_assert(sizeof(Sparse24MatmulParams) == 88 && sizeof(Sparse24WgmmaParams) == 512 &&
                   alignof(Sparse24WgmmaParams) == 128,
               "Sparse24WgmmaParams layout (host mirrors)");
@@ -112,7 +133,7 @@ static_assert(sizeof(Sparse24MatmulParams) == 88 && sizeof(Sparse24WgmmaParams) 
 // consumer warpgroup: 64 tokens x 64 features of T).
 __host__ __device__ constexpr unsigned sparse24_wgmma_smem_bytes(int bn, int stages, int bm = 128, int epi = 0) {
     return static_cast<unsigned>(stages) * (128u * bm + 256u * bn + 16u * bm) + 16u * stages + 1024u +
-           (epi ? 128u + 2u * 8192u : 0u);
+           (epi == 1 || epi == 3 ? 128u + 2u * 8192u : 0u);
 }
 
 namespace sp90 {
@@ -196,6 +217,30 @@ __device__ __forceinline__ void tile_of(const Sparse24MatmulParams& p, long long
     const int in_group = static_cast<int>(t - group * per_group);
     row_tile = first_r + in_group % gsize;
     n_tile = in_group / gsize;
+}
+
+// Split-k (Epi = 2): work unit u -> tile t and its 128-k stages [kb, ke) (split s = u / tiles runs
+// chunk s of P.chunk_tiles stages; the last chunk may be shorter, never empty: host rule).
+__device__ __forceinline__ void split_of(const Sparse24WgmmaParams& P, long long tiles, int k_tiles, long long u,
+                                         long long& t, int& kb, int& ke) {
+    const int s = static_cast<int>(u / tiles);
+    t = u - static_cast<long long>(s) * tiles;
+    kb = s * P.chunk_tiles;
+    ke = min(k_tiles, kb + P.chunk_tiles);
+}
+
+// Fused split-k (Epi = 3) per-tile counters: wait until *f >= want (acquire, gpu scope; one thread,
+// then a barrier), set *f = v (release, after the slot stores and a fence).
+__device__ __forceinline__ void wait_flag(const unsigned* f, unsigned want) {
+    unsigned v;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+        if (v >= want) return;
+        __nanosleep(64);
+    }
+}
+__device__ __forceinline__ void set_flag(unsigned* f, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(f), "r"(v) : "memory");
 }
 
 // mbarrier wait. With FERROATTN_WGMMA_SP_WAIT_LIMIT (harness builds only) a wait that spins
@@ -282,7 +327,9 @@ __device__ __forceinline__ float epilogue_value(float acc, float bias) {
 // metadata (0, 1) per group (never the zero pattern) and their outputs are never stored.
 //
 // Epi (epilogue form): 0 = stores straight from the accumulator registers (2-byte stores, 4 x 16 B
-// per warp instruction); 1 = staged: per consumer warpgroup, chunks of 64 features (one m64 block) x
+// per warp instruction); 2 = split-k partial (raw fp32 to P.ws, see Sparse24WgmmaParams); 3 = split-k
+// with the reduce fused (opt-in: chunks of a tile pass a running fp32 sum through P.ws in chunk order,
+// the last runs the staged epilogue; see Sparse24WgmmaParams.flags); 1 = staged: per consumer warpgroup, chunks of 64 features (one m64 block) x
 // 64 tokens go through an 8 KiB shared buffer (stmatrix .trans, 16-byte chunks XOR-swizzled by
 // token % 8: conflict-free writes and reads) and leave as 16-byte coalesced stores (8 lanes = one
 // token's 128 contiguous bytes); per element where out is not 16-byte aligned / a feature tail.
@@ -313,7 +360,10 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
     static_assert(kStageBytes % 1024 == 0, "1024-byte aligned stages (128B swizzle atoms)");
     static_assert(Stages >= 2 && sparse24_wgmma_smem_bytes(BN, Stages, BM, Epi) <= 227 * 1024,
                   "stages do not fit in shared memory");
-    static_assert(Epi == 0 || Epi == 1, "Epi is 0 or 1");
+    static_assert(Epi >= 0 && Epi <= 3, "Epi is 0, 1, 2 or 3");
+    static_assert(Epi != 2 || (kSets == 1 && Act == 0), "split-k partials (Epi 2): Sets 1, no activation");
+    static_assert(Epi != 3 || kSets == 1, "fused split-k (Epi 3): Sets 1");
+    constexpr bool kSplit = Epi == 2 || Epi == 3;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned bars = base + Stages * kStageBytes;
@@ -330,6 +380,8 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
     // even (an odd k_tiles gets one padding stage wholly past k_pad: TMA zero fill, adds zeros)
     const int k_steps = kSets == 2 ? (k_tiles + 1) & ~1 : k_tiles;
     const long long tiles = static_cast<long long>(p.row_tiles) * p.n_tiles;
+    // work units: one per tile, or (Epi = 2) one per (k chunk, tile)
+    const long long units = kSplit ? tiles * P.splits : tiles;
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < Stages; ++s) {
@@ -349,12 +401,15 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
             tma_prefetch_map(&P.tma_meta);
             int stage = 0;
             unsigned phase = 0;
-            for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+            for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+                long long t = u;
+                int kb = 0, ke = k_steps;  // this unit's stages [kb, ke)
+                if constexpr (kSplit) sp90::split_of(P, tiles, k_tiles, u, t, kb, ke);
                 int row_tile, n_tile;
                 sp90::tile_of(p, t, row_tile, n_tile);
                 const int n0 = n_tile * BM;
                 const int r0 = row_tile * BN;
-                for (int kt = 0; kt < k_steps; ++kt) {
+                for (int kt = kb; kt < ke; ++kt) {
                     sp90::wait_bar(empty(stage), phase ^ 1u);
                     const unsigned fb = full(stage);
                     mbar_expect_tx(fb, kStageBytes);  // out-of-range box parts count (zero-filled)
@@ -395,11 +450,14 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
         unsigned keep = 0;  // kSets = 2: a use of each set after its group retired (liveness for ptxas)
         int stage = 0;
         unsigned phase = 0;
-        for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+        for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+            long long t = u;
+            int kb = 0, ke = k_steps;  // this unit's stages [kb, ke) (the producer's)
+            if constexpr (kSplit) sp90::split_of(P, tiles, k_tiles, u, t, kb, ke);
             int row_tile, n_tile;
             sp90::tile_of(p, t, row_tile, n_tile);
             int prev = 0;
-            for (int kt0 = 0; kt0 < k_steps; kt0 += kSets) {
+            for (int kt0 = kb; kt0 < ke; kt0 += kSets) {
 #pragma unroll
                 for (int h = 0; h < kSets; ++h) {
                     const int kt = kt0 + h;
@@ -421,7 +479,7 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                         em[h][i][0] = rows_ok && unit0 ? sp90::ld_shared_u32(mo) : 0x44444444u;
                         em[h][i][1] = rows_ok && unit1 ? sp90::ld_shared_u32(mo + 128) : 0x44444444u;
                     }
-                    const int acc = kt != 0;
+                    const int acc = kt != kb;
                     wgmma_fence();
 #pragma unroll
                     for (int i = 0; i < kMT; ++i) {
@@ -462,11 +520,45 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                 if (lane == 0) mbar_arrive(empty(prev));
             }
 
+            if constexpr (Epi == 3) {
+                // fused split-k: add the running sum of the earlier chunks, pass it on or finish the tile
+                const int split = static_cast<int>((u - t) / tiles);
+                float* slot = P.ws + t * (256ll * kMT * (BN / 2));
+                unsigned* flag = P.flags + t;
+                const int ct = cw * 128 + tid;  // consumer thread 0..255
+                if (split > 0) {
+                    if (ct == 0) sp90::wait_flag(flag, static_cast<unsigned>(split));
+                    named_barrier(3, 256);
+#pragma unroll
+                    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+                        for (int q = 0; q < BN / 8; ++q) {
+                            const float4 v = __ldcg(reinterpret_cast<const float4*>(slot) + (i * (BN / 8) + q) * 256 + ct);
+                            d[i][4 * q] = v.x + d[i][4 * q];
+                            d[i][4 * q + 1] = v.y + d[i][4 * q + 1];
+                            d[i][4 * q + 2] = v.z + d[i][4 * q + 2];
+                            d[i][4 * q + 3] = v.w + d[i][4 * q + 3];
+                        }
+                }
+                if (split + 1 < P.splits) {
+#pragma unroll
+                    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+                        for (int q = 0; q < BN / 8; ++q)
+                            __stcg(reinterpret_cast<float4*>(slot) + (i * (BN / 8) + q) * 256 + ct,
+                                   make_float4(d[i][4 * q], d[i][4 * q + 1], d[i][4 * q + 2], d[i][4 * q + 3]));
+                    __threadfence();
+                    named_barrier(3, 256);  // every consumer thread's part of the sum is out
+                    if (ct == 0) sp90::set_flag(flag, static_cast<unsigned>(split + 1));
+                    continue;  // not the last chunk: no output
+                }
+            }
+
             // ---- epilogue: out[token][feature] = act(d + bias), predicated per element
             const int g = lane >> 2, tq = lane & 3;
             T* out = static_cast<T*>(p.out);
             const long long r0 = static_cast<long long>(row_tile) * BN;
-            if constexpr (Epi == 1) {
+            if constexpr (Epi == 1 || Epi == 3) {
                 // 16-byte stores need out and its row stride 16-byte aligned (uniform)
                 const bool vec = (reinterpret_cast<unsigned long long>(p.out) & 15ull) == 0 &&
                                  (p.out_row_stride & 7) == 0;
@@ -522,6 +614,29 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                             }
                         }
                         named_barrier(1 + cw, 128);  // buf read by every thread: free for the next chunk
+                    }
+                }
+            } else if constexpr (Epi == 2) {
+                // split-k partial: the raw fp32 accumulators of split (u - t) / tiles to the
+                // workspace, token-major like out (8 consecutive features = one 32-byte sector per
+                // warp store row); the reduce adds bias and activation
+                const long long split = (u - t) / tiles;
+                float* ws = P.ws + split * P.ws_split_stride;
+#pragma unroll
+                for (int i = 0; i < kMT; ++i) {
+                    const int f0 = n_tile * BM + (cw * kMT + i) * 64 + warp * 16 + g;
+                    const int f1 = f0 + 8;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const long long r = r0 + 8 * j + 2 * tq + e;
+                            if (r < p.rows) {
+                                float* wrow = ws + r * P.ws_row_stride;
+                                if (f0 < p.n) wrow[f0] = d[i][4 * j + e];
+                                if (f1 < p.n) wrow[f1] = d[i][4 * j + 2 + e];
+                            }
+                        }
                     }
                 }
             } else {

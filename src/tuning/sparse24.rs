@@ -312,7 +312,11 @@ pub struct Sparse24WgmmaConfig {
     pub dtype: DType,
     pub arch: Arch,
     /// Epilogue form, the kernel's `Epi`: 0 = stores straight from the accumulator registers,
-    /// 1 = staged through shared memory (stmatrix .trans, 16-byte coalesced stores; +16.1 KiB).
+    /// 1 = staged through shared memory (stmatrix .trans, 16-byte coalesced stores; +16.1 KiB),
+    /// 2 = split-k partial products (raw fp32 to a workspace; activation None; see
+    /// `wgmma_split_plan`), 3 = split-k with the reduce fused (chunks pass a running sum through
+    /// a workspace slot per tile; the last runs the staged epilogue; opt-in, see
+    /// `wgmma_fused_split_configs`).
     pub epilogue: u32,
     /// Mainloop form, the kernel's `Sets` (metadata register sets): 1 = wgmma.wait_group 0 after
     /// every stage (production); 2 = two alternating metadata register sets and wait_group 1 (one
@@ -355,7 +359,7 @@ impl Sparse24WgmmaConfig {
         self.stages * (128 * self.block_n + 256 * self.block_r + 16 * self.block_n)
             + 16 * self.stages
             + 1024
-            + if self.epilogue != 0 {
+            + if self.epilogue == 1 || self.epilogue == 3 {
                 128 + 2 * 8192
             } else {
                 0
@@ -453,8 +457,8 @@ pub fn wgmma_pipelined_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     out
 }
 
-/// Every configuration `wgmma_config` returns for `arch` (none below or above Hopper: wgmma is
-/// sm_90a only): what precompile builds.
+/// Every configuration `wgmma_config` / `wgmma_split_config` returns for `arch` (none below or
+/// above Hopper: wgmma is sm_90a only): what precompile builds (20 + 2 split-k partial kernels).
 pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     if arch != Arch::Sm90a {
         return Vec::new();
@@ -466,8 +470,126 @@ pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
                 out.push(wgmma_config_epilogue(activation, dtype, arch, epilogue));
             }
         }
+        out.push(wgmma_split_config(dtype, arch));
     }
     out
+}
+
+/// The split-k partial-product kernel (`epilogue` 2, activation None: the reduce step applies
+/// bias and activation) at the production tile.
+pub fn wgmma_split_config(dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
+    wgmma_config_variant(Activation::None, dtype, arch, 2, 1)
+}
+
+/// The fused split-k kernels (`epilogue` 3, every dtype and activation) for `arch`: opt-in
+/// ($FERROATTN_SPARSE24_SPLITK_FUSE=1) until measured on a GPU, so not precompiled (NVRTC builds one
+/// on first use), but held to the no-spill rule by the sparse24 tests.
+pub fn wgmma_fused_split_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
+    if arch != Arch::Sm90a {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for activation in Activation::ALL {
+            out.push(wgmma_config_variant(activation, dtype, arch, 3, 1));
+        }
+    }
+    out
+}
+
+/// A wgmma_sp split-k plan: the k of a call is cut into `splits` chunks of `chunk_tiles` 128-k
+/// stages (the last may be shorter, none empty); the kernel runs splits x tiles work units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaSplit {
+    pub splits: u32,
+    pub chunk_tiles: u32,
+}
+
+/// How split-k is chosen for wgmma_sp ($FERROATTN_SPARSE24_SPLITK, `parse_wgmma_split`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitPolicy {
+    /// `wgmma_split_plan`'s cost rule (unset / "auto").
+    Auto,
+    /// never split ("0" / "off").
+    Off,
+    /// exactly this many chunks where k has that many stages (a number >= 1; 1 = off).
+    Force(u32),
+}
+
+/// Parse $FERROATTN_SPARSE24_SPLITK: unset / empty / "auto" -> Auto, "0" / "off" -> Off, an
+/// integer >= 1 -> Force; anything else None (the caller raises an ArgumentError).
+pub fn parse_wgmma_split(value: Option<&str>) -> Option<SplitPolicy> {
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => Some(SplitPolicy::Auto),
+        Some("0") | Some("off") => Some(SplitPolicy::Off),
+        Some(v) => v.parse::<u32>().ok().filter(|&n| n >= 1).map(SplitPolicy::Force),
+    }
+}
+
+/// Shortest chunk the rule makes (128-k stages): a unit of fewer stages is mostly pipeline fill.
+pub const WGMMA_SPLIT_MIN_CHUNK: u64 = 4;
+/// Most chunks the rule makes.
+pub const WGMMA_SPLIT_MAX: u64 = 16;
+/// Cost-model constants of `wgmma_split_plan` (in stage-times, one stage = 128 k of a 256 x 128
+/// tile, ~0.8-1.0 us on an H200 SM): the fixed cost of splitting (reduce launch + its tail) and
+/// the workspace bytes (written by the kernel and read by the reduce, counted twice) per
+/// stage-time.
+pub const WGMMA_SPLIT_FIXED_STAGES: f64 = 4.0;
+/// Pipeline fill per work unit (stage-times): the first stage's loads wait for memory.
+pub const WGMMA_SPLIT_UNIT_FILL: f64 = 2.0;
+pub const WGMMA_SPLIT_WS_BYTES_PER_STAGE: f64 = 2.4e6;
+
+/// The split-k plan for a wgmma_sp call of `tiles` tiles (256 w rows x 128 tokens), `k_tiles`
+/// 128-k stages, `rows` x `n` outputs on `sms` SMs, or None (run unsplit).
+/// Auto: the split count S minimising  waves(S) x (chunk(S) + UNIT_FILL) + [S > 1] (FIXED + 2 x S
+/// x rows x n_ws x 4 / WS_BYTES_PER_STAGE)  with waves(S) = ceil(S x tiles / sms) and chunk(S) =
+/// ceil(k_tiles / S) >= WGMMA_SPLIT_MIN_CHUNK, S <= WGMMA_SPLIT_MAX (ties: fewer chunks), i.e. a
+/// split only where it shortens the critical path by more than the workspace traffic costs
+/// (decode- and prefill-sized calls whose tiles leave SMs idle). Force(n): n chunks (at most
+/// k_tiles). The chunk count is then made exact: S = ceil(k_tiles / chunk), so no chunk is empty.
+pub fn wgmma_split_plan(
+    tiles: u64,
+    k_tiles: u64,
+    rows: u64,
+    n: u64,
+    sms: u64,
+    policy: SplitPolicy,
+) -> Option<WgmmaSplit> {
+    if tiles == 0 || k_tiles < 2 || sms == 0 {
+        return None;
+    }
+    let exact = |s: u64| {
+        let chunk = k_tiles.div_ceil(s);
+        WgmmaSplit { splits: k_tiles.div_ceil(chunk) as u32, chunk_tiles: chunk as u32 }
+    };
+    let s = match policy {
+        SplitPolicy::Off => return None,
+        SplitPolicy::Force(n) => (n as u64).min(k_tiles),
+        SplitPolicy::Auto => {
+            let n_ws = n.div_ceil(4) * 4;
+            let cost = |s: u64| {
+                let waves = (s * tiles).div_ceil(sms) as f64;
+                let main = waves * (k_tiles.div_ceil(s) as f64 + WGMMA_SPLIT_UNIT_FILL);
+                if s == 1 {
+                    main
+                } else {
+                    let ws = 2.0 * (s * rows * n_ws * 4) as f64;
+                    main + WGMMA_SPLIT_FIXED_STAGES + ws / WGMMA_SPLIT_WS_BYTES_PER_STAGE
+                }
+            };
+            let max_s = WGMMA_SPLIT_MAX.min(k_tiles / WGMMA_SPLIT_MIN_CHUNK).max(1);
+            let mut best = (1, cost(1));
+            for s in 2..=max_s {
+                let c = cost(s);
+                if c < best.1 {
+                    best = (s, c);
+                }
+            }
+            best.0
+        }
+    };
+    let plan = exact(s.max(1));
+    (plan.splits >= 2).then_some(plan)
 }
 
 #[cfg(test)]
@@ -622,12 +744,102 @@ mod tests {
     }
 
     #[test]
+    fn wgmma_split_rule() {
+        let auto = SplitPolicy::Auto;
+        // 512 x 4096 x 11008: 64 tiles, 86 stages: two chunks fill 128 SMs
+        assert_eq!(
+            wgmma_split_plan(64, 86, 512, 4096, 132, auto),
+            Some(WgmmaSplit { splits: 2, chunk_tiles: 43 })
+        );
+        // 256 x 4096 x 11008: 32 tiles -> 4 chunks of 22 (the last 20)
+        assert_eq!(
+            wgmma_split_plan(32, 86, 256, 4096, 132, auto),
+            Some(WgmmaSplit { splits: 4, chunk_tiles: 22 })
+        );
+        // decode: 16 x 4096 x 4096, 16 tiles x 32 stages -> 8 chunks of 4
+        assert_eq!(
+            wgmma_split_plan(16, 32, 16, 4096, 132, auto),
+            Some(WgmmaSplit { splits: 8, chunk_tiles: 4 })
+        );
+        // a full wave or more of tiles: no split (8192^3: 2048 tiles; 172 tiles = 1.3 waves)
+        assert_eq!(wgmma_split_plan(2048, 64, 8192, 8192, 132, auto), None);
+        assert_eq!(wgmma_split_plan(172, 32, 512, 11008, 132, auto), None);
+        // 86 tiles x 32 stages: 3 chunks would be 2 waves of 11 stages, but 256 x 11008 fp32
+        // partials x 3 cost more than the 10 stages saved
+        assert_eq!(wgmma_split_plan(86, 32, 256, 11008, 132, auto), None);
+        // too few stages to split
+        assert_eq!(wgmma_split_plan(1, 1, 16, 256, 132, auto), None);
+        assert_eq!(wgmma_split_plan(1, 7, 16, 256, 132, auto), None);
+        assert_eq!(wgmma_split_plan(1, 8, 16, 256, 132, auto), None);
+        assert_eq!(wgmma_split_plan(1, 16, 16, 256, 132, auto), Some(WgmmaSplit { splits: 4, chunk_tiles: 4 }));
+        // forced and off
+        assert_eq!(wgmma_split_plan(16, 32, 16, 4096, 132, SplitPolicy::Off), None);
+        assert_eq!(
+            wgmma_split_plan(172, 32, 512, 11008, 132, SplitPolicy::Force(3)),
+            Some(WgmmaSplit { splits: 3, chunk_tiles: 11 })
+        );
+        assert_eq!(wgmma_split_plan(16, 32, 16, 4096, 132, SplitPolicy::Force(1)), None);
+        // 5 chunks of 32 stages: chunk 7 -> 5 chunks (7,7,7,7,4); 12 of 32: chunk 3 -> 11 chunks
+        assert_eq!(
+            wgmma_split_plan(16, 32, 16, 4096, 132, SplitPolicy::Force(5)),
+            Some(WgmmaSplit { splits: 5, chunk_tiles: 7 })
+        );
+        assert_eq!(
+            wgmma_split_plan(16, 32, 16, 4096, 132, SplitPolicy::Force(12)),
+            Some(WgmmaSplit { splits: 11, chunk_tiles: 3 })
+        );
+        assert_eq!(
+            wgmma_split_plan(16, 3, 16, 4096, 132, SplitPolicy::Force(9)),
+            Some(WgmmaSplit { splits: 3, chunk_tiles: 1 })
+        );
+        // every plan: chunks cover the stages exactly, none empty, within the limits
+        for tiles in [1u64, 2, 5, 16, 33, 43, 64, 65, 66, 100, 131, 132] {
+            for k_tiles in [2u64, 3, 8, 9, 31, 32, 33, 64, 86, 87, 128] {
+                for rows in [1u64, 16, 128, 256, 1000] {
+                    let policies = [auto, SplitPolicy::Force(2), SplitPolicy::Force(7), SplitPolicy::Force(200)];
+                    for policy in policies {
+                        if let Some(p) = wgmma_split_plan(tiles, k_tiles, rows, 4096, 132, policy) {
+                            let (s, c) = (p.splits as u64, p.chunk_tiles as u64);
+                            assert!(s >= 2 && c >= 1, "{p:?}");
+                            assert!((s - 1) * c < k_tiles && s * c >= k_tiles, "{tiles} {k_tiles} {p:?}");
+                            if policy == auto {
+                                assert!(c >= WGMMA_SPLIT_MIN_CHUNK && s <= WGMMA_SPLIT_MAX, "{p:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(parse_wgmma_split(None), Some(SplitPolicy::Auto));
+        assert_eq!(parse_wgmma_split(Some(" auto ")), Some(SplitPolicy::Auto));
+        assert_eq!(parse_wgmma_split(Some("off")), Some(SplitPolicy::Off));
+        assert_eq!(parse_wgmma_split(Some("0")), Some(SplitPolicy::Off));
+        assert_eq!(parse_wgmma_split(Some("3")), Some(SplitPolicy::Force(3)));
+        assert_eq!(parse_wgmma_split(Some("-1")), None);
+        assert_eq!(parse_wgmma_split(Some("two")), None);
+        // the partial-product kernel: Epi 2, no activation, no staging buffer
+        let c = wgmma_split_config(DType::F16, Arch::Sm90a);
+        assert_eq!(c.name_expression(), "ferroattn::sparse24_matmul_wgmma<__half, 128, 3, 0, 256, 2>");
+        assert_eq!(c.smem_bytes(), wgmma_config_epilogue(Activation::None, DType::F16, Arch::Sm90a, 0).smem_bytes());
+        assert!(wgmma_production_configs(Arch::Sm90a).contains(&c));
+        // fused split-k (Epi 3): opt-in, every activation, the staged epilogue's buffer
+        let fused = wgmma_fused_split_configs(Arch::Sm90a);
+        assert_eq!(fused.len(), 10);
+        assert!(fused.iter().all(|f| f.epilogue == 3 && f.meta_sets == 1));
+        let f = fused[0];
+        assert_eq!(f.smem_bytes(), Sparse24WgmmaConfig { epilogue: 1, ..f }.smem_bytes());
+        assert!(f.name_expression().ends_with(", 256, 3>"), "{}", f.name_expression());
+        assert!(wgmma_fused_split_configs(Arch::Sm80).is_empty());
+        assert!(!wgmma_production_configs(Arch::Sm90a).iter().any(|c| c.epilogue == 3));
+    }
+
+    #[test]
     fn wgmma_configs() {
         for arch in Arch::ALL {
             let prod = wgmma_production_configs(arch);
             assert_eq!(
                 prod.len(),
-                if arch == Arch::Sm90a { 20 } else { 0 },
+                if arch == Arch::Sm90a { 22 } else { 0 },
                 "{arch:?}"
             );
             for c in prod {

@@ -25,7 +25,7 @@ use crate::tuning::gemm_sm90::{
 };
 use std::sync::OnceLock;
 
-mod splitk;
+pub(crate) mod splitk; // pub(crate): the 2:4 split-k path (src/ops/sparse24) shares its workspace + reduce helpers
 pub use splitk::{reduce_production_specs, GemmSplitkReduceParams};
 
 /// Whether `supports` may return true. The kernel passed its H200 checks (84/84 layouts, tails,

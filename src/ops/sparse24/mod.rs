@@ -20,8 +20,9 @@ use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
     compress_production_configs, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
-    parse_wgmma_mainloop, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
-    Sparse24WgmmaConfig, Tile,
+    parse_wgmma_mainloop, parse_wgmma_split, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs,
+    wgmma_split_config, wgmma_split_plan, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
+    Sparse24WgmmaConfig, SplitPolicy, Tile, WgmmaSplit,
 };
 use host::Layout;
 use std::ffi::c_void;
@@ -58,6 +59,14 @@ pub struct Sparse24WgmmaParams {
     pub tma_values: TensorMap,
     pub tma_meta: TensorMap,
     pub p: Sparse24MatmulParams,
+    /// Split-k (kernel form Epi = 2) only: the fp32 workspace (splits, rows, ws_row_stride).
+    pub ws: *mut f32,
+    pub ws_split_stride: i64,
+    pub ws_row_stride: i64,
+    pub splits: i32,
+    pub chunk_tiles: i32,
+    /// Fused split-k (kernel form Epi = 3) only: one zeroed counter per tile.
+    pub flags: *mut u32,
 }
 
 /// Mirror of `struct Sparse24CompressParams` (kernels/sparse24/params.cuh).
@@ -658,12 +667,15 @@ fn wgmma_enabled() -> bool {
 }
 
 /// Rows (tokens) from which backend "auto" runs wgmma_sp where it can run (sm_90a, TMA-aligned x,
-/// not disabled); mma_sp below (its small tiles suit decode-sized calls). The wgmma tile holds 128
-/// tokens, so smaller calls leave most of it idle. 256: in the session-7 H200 bench
-/// (bench/results/sparse24_nvidia-h200_20261130T085021.json, per-kernel columns, bf16 and fp16) wgmma_sp
-/// is faster than mma_sp on every LLM shape from 256 rows (e.g. bf16 256 x 14336 x 4096: 37.9 vs
-/// 57.5 us, 256 x 4096 x 11008: 74.6 vs 130.2 us) and on some only at 64-128 rows.
-pub const WGMMA_MIN_ROWS: i64 = 256;
+/// not disabled); mma_sp below (its small tiles suit decode-sized calls). 256 in session 7; 46 since
+/// wgmma_sp split-k (session 8, GPU time only, .dev/s2/run1 + run2): wgmma_sp (split where the rule
+/// says) beats mma_sp on all four LLM weight shapes at 64, 96 and 128 rows in bf16 and fp16 (e.g.
+/// 64 x 4096 x 11008: 31.0 vs 51.4 us; 64 x 4096 x 4096: 21.6 vs 22.3), mma_sp wins at 16 rows
+/// everywhere (15.3 vs 19.7 us at 4096 x 4096). 46 is the boundary of python/ferroattn/sparse24.py's
+/// dispatch table between its 32-row entries (measured on mma_sp) and 64-row entries (measured on
+/// wgmma_sp): rows >= 46 are nearest to 64 in log space, so each table entry describes the kernel
+/// that runs. The crossover between 16 and 64 rows is not measured.
+pub const WGMMA_MIN_ROWS: i64 = 46;
 
 /// The kernel "auto" runs for problem `p` on `arch` with input `x`.
 fn auto_backend(p: &MatmulProblem, x: &TensorView, arch: Arch) -> &'static str {
@@ -775,6 +787,38 @@ fn launch_wgmma(
     // persistent grid: by default the fewest CTAs that keep ceil(tiles / SMs) waves
     // (src/tuning/grid.rs; $FERROATTN_PERSISTENT_GRID)
     let sms = crate::device::sm_count(p.device)? as u64;
+    let k_tiles = k_pad.div_ceil(128);
+    let mut params = Sparse24WgmmaParams {
+        tma_x,
+        tma_values,
+        tma_meta,
+        p: prm,
+        ws: std::ptr::null_mut(),
+        ws_split_stride: 0,
+        ws_row_stride: 0,
+        splits: 1,
+        chunk_tiles: k_tiles as i32,
+        flags: std::ptr::null_mut(),
+    };
+    // split-k where the tiles leave SMs idle (the partial-product kernel has the production tile
+    // and mainloop, so the maps above fit it; the opt-in pipelined mainloop never splits)
+    let split_cfg = wgmma_split_config(p.dtype, arch);
+    let same_tile = (split_cfg.block_r, split_cfg.block_n, split_cfg.stages)
+        == (config.block_r, config.block_n, config.stages);
+    if config.meta_sets == 1 && same_tile {
+        let policy = wgmma_split_policy()?;
+        if let Some(s) = wgmma_split_plan(tiles, k_tiles, rows, p.n as u64, sms, policy) {
+            if wgmma_split_fused()? {
+                let fused_cfg = wgmma_config_variant(p.activation, p.dtype, arch, 3, 1);
+                if launch_wgmma_split_fused(p, &mut params, &fused_cfg, s, tiles, sms, info, stream)? {
+                    return Ok(());
+                }
+            }
+            if launch_wgmma_split(p, &mut params, &split_cfg, s, tiles, sms, info, stream)? {
+                return Ok(());
+            }
+        }
+    }
     let shape = LaunchShape {
         grid: (crate::ops::persistent::persistent_grid(tiles, sms)? as u32, 1, 1),
         block: (Sparse24WgmmaConfig::THREADS, 1, 1),
@@ -782,15 +826,178 @@ fn launch_wgmma(
     };
     shape.check()?;
     let kernel = WGMMA.get(&config, p.device)?;
-    let mut params = Sparse24WgmmaParams {
-        tma_x,
-        tma_values,
-        tma_meta,
-        p: prm,
-    };
     // SAFETY: `params` mirrors Sparse24WgmmaParams; the maps describe the validated tensors,
     // which the caller keeps alive in stream order.
     unsafe { launch(kernel, p.device, &shape, stream, &mut params, info) }
+}
+
+/// Split-k wgmma_sp: `split.splits` k chunks x `tiles` tiles as work units of the partial-product
+/// kernel (`split_cfg`, Epi = 2) into a stream-ordered fp32 workspace (splits, rows, n rounded up
+/// to 4), then the dense path's reduce kernel (kernels/gemm/splitk_reduce.cuh: sum in chunk order,
+/// + bias, activation, rounded to x's dtype into out). The workspace and reduce launch are the
+/// dense split-k's (src/ops/gemm/sm90/splitk.rs). Ok(false): nothing launched (no workspace
+/// memory, or too many units): run unsplit.
+#[allow(clippy::too_many_arguments)]
+fn launch_wgmma_split(
+    p: &MatmulProblem,
+    params: &mut Sparse24WgmmaParams,
+    split_cfg: &Sparse24WgmmaConfig,
+    split: WgmmaSplit,
+    tiles: u64,
+    sms: u64,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<bool> {
+    use crate::ops::gemm::sm90::{splitk, GemmSplitkReduceParams};
+    let (rows, n) = (p.rows as u64, p.n as u64);
+    let ws_row = n.div_ceil(4) * 4;
+    let split_stride = rows * ws_row;
+    let units = tiles * split.splits as u64;
+    if units > i32::MAX as u64 {
+        return Ok(false);
+    }
+    let bytes = split.splits as u64 * split_stride * 4;
+    let shape = LaunchShape {
+        grid: (crate::ops::persistent::persistent_grid(units, sms)? as u32, 1, 1),
+        block: (Sparse24WgmmaConfig::THREADS, 1, 1),
+        dynamic_smem_bytes: split_cfg.smem_bytes(),
+    };
+    shape.check()?;
+    let kernel = WGMMA.get(split_cfg, p.device)?;
+    let reduce = splitk::reduce_kernel(p.dtype, p.activation, p.device)?;
+    // bias kinds: ours 1 = x's dtype, 2 = fp32; the reduce's 1 = fp32, 2 = fp16, 3 = bf16
+    let bias_kind = match p.bias_kind {
+        0 => 0,
+        2 => 1,
+        _ if p.dtype == DType::F16 => 2,
+        _ => 3,
+    };
+    let e = p.dtype.size_bytes() as f64;
+    let bias_bytes = match bias_kind {
+        0 => 0.0,
+        1 => 4.0 * n as f64,
+        _ => e * n as f64,
+    };
+    let work = crate::launch::Work {
+        flops: 0.0,
+        bytes: (bytes + rows * n * p.dtype.size_bytes() as u64) as f64 + bias_bytes,
+        exact: true,
+    };
+    crate::device::bind(p.device)?;
+    // SAFETY: the body enqueues the partial-product kernel and the reduce on `stream` only; the
+    // maps in `params` describe the validated tensors, which the caller keeps alive in stream
+    // order; the workspace lives until both kernels have run (stream-ordered free).
+    unsafe {
+        splitk::with_workspace(p.device, bytes as usize, stream, |ws| {
+            params.ws = ws as *mut f32;
+            params.ws_split_stride = split_stride as i64;
+            params.ws_row_stride = ws_row as i64;
+            params.splits = split.splits as i32;
+            params.chunk_tiles = split.chunk_tiles as i32;
+            launch(kernel, p.device, &shape, stream, params, info)?;
+            let mut rp = GemmSplitkReduceParams {
+                ws,
+                out: params.p.out as u64,
+                c: 0,
+                bias: params.p.bias as u64,
+                aux: 0,
+                ws_row_stride: ws_row as i64,
+                ws_split_stride: split_stride as i64,
+                out_row_stride: params.p.out_row_stride,
+                c_row_stride: 0,
+                aux_row_stride: 0,
+                m: rows as i32,
+                n: n as i32,
+                splits: split.splits as i32,
+                bias_kind,
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            splitk::launch_reduce(reduce, p.device, &mut rp, info.op, work, stream)?;
+            Ok(true)
+        })
+    }
+}
+
+/// Fused split-k wgmma_sp (kernel form Epi = 3; opt-in, not yet measured on a GPU): `split.splits`
+/// k chunks x `tiles` tiles as work units; the chunks of a tile pass a running fp32 sum through one
+/// workspace slot per tile (256 x 128 fp32 = 128 KiB at the production tile) in chunk order, guarded
+/// by a per-tile counter (zeroed here with cuMemsetD32Async); the last chunk runs the staged epilogue
+/// into out. No reduce launch, half the workspace traffic of `launch_wgmma_split`. A unit waits only
+/// for a unit of lower index, so every wait ends once all CTAs are resident: the grid must not exceed
+/// the SMs (checked; else Ok(false)). Ok(false): nothing launched: run the unfused split.
+#[allow(clippy::too_many_arguments)]
+fn launch_wgmma_split_fused(
+    p: &MatmulProblem,
+    params: &mut Sparse24WgmmaParams,
+    cfg: &Sparse24WgmmaConfig,
+    split: WgmmaSplit,
+    tiles: u64,
+    sms: u64,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<bool> {
+    use crate::ops::gemm::sm90::splitk;
+    let units = tiles * split.splits as u64;
+    if units > i32::MAX as u64 {
+        return Ok(false);
+    }
+    let grid = crate::ops::persistent::persistent_grid(units, sms)?;
+    if grid > sms {
+        return Ok(false);
+    }
+    // slot per tile: 256 consumer threads x (block_n / 128) x (block_r / 2) fp32
+    let slot_bytes = 256 * (cfg.block_n as u64 / 128) * (cfg.block_r as u64 / 2) * 4;
+    let flags_off = tiles * slot_bytes;
+    let bytes = flags_off + tiles * 4;
+    let shape = LaunchShape {
+        grid: (grid as u32, 1, 1),
+        block: (Sparse24WgmmaConfig::THREADS, 1, 1),
+        dynamic_smem_bytes: cfg.smem_bytes(),
+    };
+    shape.check()?;
+    let kernel = WGMMA.get(cfg, p.device)?;
+    crate::device::bind(p.device)?;
+    // SAFETY: the body enqueues the counter memset and the kernel on `stream` only; the maps in
+    // `params` describe the validated tensors, which the caller keeps alive in stream order; the
+    // workspace lives until the kernel has run (stream-ordered free).
+    unsafe {
+        splitk::with_workspace(p.device, bytes as usize, stream, |ws| {
+            cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, tiles as usize, stream as _)
+                .result()
+                .call("cuMemsetD32Async")?;
+            params.ws = ws as *mut f32;
+            params.flags = (ws + flags_off) as *mut u32;
+            params.splits = split.splits as i32;
+            params.chunk_tiles = split.chunk_tiles as i32;
+            launch(kernel, p.device, &shape, stream, params, info)?;
+            Ok(true)
+        })
+    }
+}
+
+/// Whether split-k fuses the reduce ($FERROATTN_SPARSE24_SPLITK_FUSE: "1" on; unset / "0" off,
+/// the default until the fused kernel is measured on a GPU). Read per call.
+fn wgmma_split_fused() -> Result<bool> {
+    match std::env::var("FERROATTN_SPARSE24_SPLITK_FUSE").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => Err(Error::argument("FERROATTN_SPARSE24_SPLITK_FUSE", "\"0\", \"1\" or unset", format!("{v:?}"))),
+    }
+}
+
+/// How wgmma_sp splits k: $FERROATTN_SPARSE24_SPLITK ("auto" or unset: the cost rule of
+/// `wgmma_split_plan`; "off" / "0": never; a number n >= 1: n chunks). Read per call
+/// (same-process A/B in benchmarks).
+fn wgmma_split_policy() -> Result<SplitPolicy> {
+    let v = std::env::var("FERROATTN_SPARSE24_SPLITK").ok();
+    parse_wgmma_split(v.as_deref()).ok_or_else(|| {
+        Error::argument(
+            "FERROATTN_SPARSE24_SPLITK",
+            "\"auto\", \"off\", \"0\", a chunk count >= 1, or unset",
+            format!("{:?}", v.unwrap_or_default()),
+        )
+    })
 }
 
 /// The wgmma_sp epilogue form: $FERROATTN_WGMMA_SP_EPILOGUE ("direct" / "0": stores from the

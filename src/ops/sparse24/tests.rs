@@ -355,6 +355,13 @@ fn wgmma_params_layout() {
     assert_eq!(std::mem::align_of::<Sparse24WgmmaParams>(), 128);
     assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, p), 384);
     assert_eq!(std::mem::offset_of!(Sparse24MatmulParams, rows), 56);
+    // split-k fields (Epi = 2) in the tail padding: the size stays 512
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, ws), 472);
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, ws_split_stride), 480);
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, ws_row_stride), 488);
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, splits), 496);
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, chunk_tiles), 500);
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, flags), 504);
     check_layout_with_nvrtc::<Sparse24WgmmaParams>(
         "sparse24/wgmma_sp.cuh",
         "ferroattn::Sparse24WgmmaParams",
@@ -376,11 +383,16 @@ fn wgmma_kernels_compile_without_spills() {
     }
     assert!(wgmma_production_specs(Arch::Sm80).is_empty());
     let specs = wgmma_production_specs(Arch::Sm90a);
-    assert_eq!(specs.len(), 20);
+    assert_eq!(specs.len(), 22);
+    // the two split-k partial-product kernels (Epi = 2)
+    let split: Vec<_> = specs.iter().filter(|c| c.epilogue == 2).copied().collect();
+    assert_eq!(split.len(), 2);
+    assert!(split.iter().all(|c| c.activation == Activation::None && c.meta_sets == 1));
     // four representative specialisations, both epilogue forms (all twenty: ~40 s of NVRTC;
     // gelu_erf is the one that spilled in a first staged-epilogue draft)
     let picks: Vec<_> = specs
         .iter()
+        .filter(|c| c.epilogue != 2)
         .filter(|c| {
             (c.dtype == DType::BF16 && c.activation == Activation::None)
                 || (c.dtype == DType::F16 && c.activation == Activation::GeluErf)
@@ -401,7 +413,16 @@ fn wgmma_kernels_compile_without_spills() {
         .collect();
     assert_eq!(piped.len(), 2);
     assert!(piped.iter().all(|c| c.meta_sets == 2));
-    let picks: Vec<_> = picks.into_iter().chain(piped).collect();
+    // the opt-in fused split-k form (Epi = 3), same two picks
+    let fused: Vec<_> = crate::tuning::sparse24::wgmma_fused_split_configs(Arch::Sm90a)
+        .into_iter()
+        .filter(|c| {
+            (c.dtype == DType::BF16 && c.activation == Activation::None)
+                || (c.dtype == DType::F16 && c.activation == Activation::GeluErf)
+        })
+        .collect();
+    assert_eq!(fused.len(), 2);
+    let picks: Vec<_> = picks.into_iter().chain(piped).chain(split).chain(fused).collect();
     let reports = crate::jit::precompile::precompile(&picks).unwrap();
     for r in &reports {
         eprintln!(

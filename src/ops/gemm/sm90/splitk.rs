@@ -22,10 +22,10 @@
 //! threshold is raised once per device to `POOL_KEEP_BYTES` (never lowered), so that a
 //! synchronisation does not hand the workspace back to the OS between calls.
 
-use super::{config_for, prepare, tiles_m, tiles_n, tma_operand_ok, Prepared};
+use super::{config_for, prepare, tiles_m, tiles_n, tma_operand_ok};
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Result};
-use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
+use crate::jit::{impl_kernel_spec, Arch, Kernel, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape, Work};
 use crate::ops::gemm::problem::{Activation, GemmProblem, Operand};
 use crate::tuning::gemm_sm90::{
@@ -210,6 +210,59 @@ fn keep_pool_memory(device: i32) {
     }
 }
 
+/// The reduce kernel for `out_dtype` outputs with `activation` on `device` (sm_90a; compiled on
+/// first use unless precompiled). Shared with the 2:4 split-k path (src/ops/sparse24).
+pub(crate) fn reduce_kernel(out_dtype: DType, activation: Activation, device: i32) -> Result<&'static Kernel> {
+    let rcfg = GemmSplitkReduceConfig { out_dtype, activation, arch: Arch::Sm90a };
+    REDUCE_KERNELS.get(&rcfg, device)
+}
+
+/// Launch the reduce `kernel` (from `reduce_kernel`) over `params.m` x `params.n` on `stream`;
+/// `op` and `work` describe the launch to the recorder. Shared with the 2:4 split-k path.
+///
+/// # Safety
+/// `params.ws` holds `params.splits` fp32 chunks written earlier in stream order; every pointer
+/// in `params` stays valid until the kernel has run.
+pub(crate) unsafe fn launch_reduce(
+    kernel: &Kernel,
+    device: i32,
+    params: &mut GemmSplitkReduceParams,
+    op: &'static str,
+    work: Work,
+    stream: u64,
+) -> Result<()> {
+    let sms = crate::device::sm_count(device)? as i64;
+    let shape = reduce_shape(params.m as i64, params.n as i64, sms);
+    let info = LaunchInfo { op, work };
+    // SAFETY: forwarded to the caller; `params` mirrors GemmSplitkReduceParams.
+    unsafe { launch_kernel(kernel, device, &shape, stream, params, &info) }
+}
+
+/// Run `body` with a stream-ordered workspace of `bytes` bytes on `stream` (cuMemAllocAsync on
+/// `device`'s current pool, whose release threshold is raised once to POOL_KEEP_BYTES), freed in
+/// stream order after everything `body` enqueued. Ok(false) without calling `body` when the
+/// allocation fails; otherwise `body`'s answer (Ok(false): it launched nothing, run unsplit).
+/// An error of the free wins over `body`'s. The caller has bound `device`'s context. Shared with
+/// the 2:4 split-k path.
+///
+/// # Safety
+/// `body` may only enqueue work that uses the workspace on `stream`.
+pub(crate) unsafe fn with_workspace(
+    device: i32,
+    bytes: usize,
+    stream: u64,
+    body: impl FnOnce(u64) -> Result<bool>,
+) -> Result<bool> {
+    keep_pool_memory(device);
+    let cs = stream as sys::CUstream;
+    // SAFETY: a stream-ordered allocation on the caller's stream, freed below in stream order.
+    let Ok(ws) = (unsafe { cu::malloc_async(cs, bytes) }) else { return Ok(false) };
+    let r = body(ws);
+    // SAFETY: `ws` came from malloc_async on `cs`; every use of it is enqueued before this.
+    unsafe { cu::free_async(ws, cs) }.call("cuMemFreeAsync")?;
+    r
+}
+
 /// Run `p` split-k on `stream`: workspace allocation, the batched GEMM, the reduce, the
 /// workspace's stream-ordered free. Ok(false): nothing was launched (no workspace memory, or a
 /// split tensor map the driver rejects): run `p` unsplit.
@@ -218,42 +271,21 @@ fn keep_pool_memory(device: i32) {
 /// As `super::launch` (`p` validated, supported, its tensors live until the kernels have run).
 pub unsafe fn launch(p: &GemmProblem, s: SplitK, stream: u64) -> Result<bool> {
     crate::device::bind(p.device)?;
-    keep_pool_memory(p.device);
     let bytes = (s.splits * p.m * p.n * 4) as usize;
-    let cs = stream as sys::CUstream;
-    // SAFETY: a stream-ordered allocation on the caller's stream, freed below in stream order.
-    let Ok(ws) = (unsafe { cu::malloc_async(cs, bytes) }) else { return Ok(false) };
-    // SAFETY: `ws` came from malloc_async on `cs`; every use of it is enqueued before this.
-    let free = || unsafe { cu::free_async(ws, cs) }.call("cuMemFreeAsync");
-    let q = split_problem(p, s, ws);
-    let gemm: Prepared = match prepare(&q) {
-        Ok(g) => g,
-        Err(_) => {
-            free()?;
-            return Ok(false);
-        }
-    };
-    let rcfg = GemmSplitkReduceConfig { out_dtype: p.out.dtype, activation: p.activation, arch: Arch::Sm90a };
-    let reduce = match REDUCE_KERNELS.get(&rcfg, p.device) {
-        Ok(k) => k,
-        Err(e) => {
-            free()?;
-            return Err(e);
-        }
-    };
-    // SAFETY: `gemm` was prepared from `q`, whose operands are views of p's (live) a and b and
-    // of the workspace.
-    if let Err(e) = unsafe { gemm.launch(&q, stream) } {
-        free()?;
-        return Err(e);
+    // SAFETY: the body enqueues the GEMM and the reduce on `stream` only.
+    unsafe {
+        with_workspace(p.device, bytes, stream, |ws| {
+            let q = split_problem(p, s, ws);
+            let Ok(gemm) = prepare(&q) else { return Ok(false) };
+            let reduce = reduce_kernel(p.out.dtype, p.activation, p.device)?;
+            // `gemm` was prepared from `q`, whose operands are views of p's (live) a and b and of
+            // the workspace.
+            gemm.launch(&q, stream)?;
+            let mut params = reduce_params(p, s, ws);
+            launch_reduce(reduce, p.device, &mut params, "ferroattn::gemm", reduce_work(p, s), stream)?;
+            Ok(true)
+        })
     }
-    let sms = crate::device::sm_count(p.device)? as i64;
-    let mut params = reduce_params(p, s, ws);
-    let info = LaunchInfo { op: "ferroattn::gemm", work: reduce_work(p, s) };
-    // SAFETY: `params` mirrors GemmSplitkReduceParams; ws and p's tensors are live in stream order.
-    let r = unsafe { launch_kernel(reduce, p.device, &reduce_shape(p.m, p.n, sms), stream, &mut params, &info) };
-    free()?;
-    r.map(|()| true)
 }
 
 #[cfg(test)]

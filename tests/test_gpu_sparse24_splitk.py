@@ -1,0 +1,271 @@
+"""wgmma_sp split-k on the GPU (sm_90a; src/ops/sparse24 `launch_wgmma_split`): the partial-product
+kernel (Epi = 2) over (k chunk, tile) work units into an fp32 workspace, then the dense path's reduce
+kernel (bias + activation). Checked against the fp32 reference of act(x @ w.T + bias) with w the
+decompressed weight: forced chunk counts (even, odd and uneven chunking, k_pad % 128 == 64), rows
+256..1023 and 1..255, bias (x's dtype / fp32) with every activation, fp16 / bf16, non-contiguous x,
+a NaN-poisoned out (every element written), run-to-run determinism, and that the auto rule really
+splits (the reduce kernel shows up in the launch records) where it should and not where it should not.
+$FERROATTN_SPARSE24_SPLITK (read per call): "off", "auto" (default) or a chunk count."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+BF16, FP16 = torch.bfloat16, torch.float16
+DEV = "cuda"
+ACTS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+        "silu": F.silu}
+
+
+def _sm90():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma_sp split-k needs an sm_90 device")
+
+
+def _w(n, k, dtype, seed=0):
+    from ferroattn import sparse24
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return sparse24.prune(torch.randn(n, k, device=DEV, dtype=dtype, generator=g))
+
+
+def _x(rows, k, dtype, seed=1):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.randn(rows, k, device=DEV, dtype=dtype, generator=g)
+
+
+def _check(out, x, w, bias=None, activation=None):
+    from ferroattn.testing import assert_close_to_ref
+    b32 = None if bias is None else bias.float()
+    ref = ACTS[activation](F.linear(x.float(), w.float(), b32))
+    ref_lp = ACTS[activation](F.linear(x, w, None if bias is None else bias.to(x.dtype)))
+    assert out.dtype == x.dtype and out.shape == ref.shape
+    assert not bool(torch.isnan(out).any())
+    assert_close_to_ref(out.float(), ref, ref_lp.float(), factor=2.0)
+
+
+def _native_call(x, t, n, k, bias=None, activation="none", backend="wgmma_sp"):
+    """The native launcher into a NaN-poisoned out (so an unwritten element shows)."""
+    from ferroattn import _native
+    out = torch.full((x.shape[0], n), float("nan"), device=DEV, dtype=x.dtype)
+    _native.sparse24_matmul(x, t.values, t.meta, out, bias, n, k, activation, backend,
+                            torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return out
+
+
+def _kernels(fn):
+    """Short names of our kernels that `fn` launched (launch records of the native profiler)."""
+    from ferroattn import _native
+    torch.cuda.synchronize()
+    _native.profiler_drain()
+    _native.profiler_enable(True)
+    try:
+        fn()
+        torch.cuda.synchronize()
+    finally:
+        _native.profiler_enable(False)
+    return [r["kernel"] for r in _native.profiler_drain()]
+
+
+NATIVE_ACT = {None: "none", "relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "silu": "silu"}
+
+
+@pytest.mark.parametrize("splits", ["2", "3", "5", "7"])
+@pytest.mark.parametrize("rows,n,k", [(256, 1030, 4160), (300, 512, 1000), (777, 640, 2048), (1023, 264, 4160)])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_split_forced_matches_reference(monkeypatch, splits, rows, n, k, dtype):
+    """Forced chunk counts: k_tiles 33 (k_pad % 128 == 64: a half last stage), 8, 16; n % 4 != 0 (1030:
+    padded workspace rows) and n < one tile; odd / uneven chunking (33 stages in 5 or 7 chunks)."""
+    _sm90()
+    from ferroattn import sparse24
+    w = _w(n, k, dtype, seed=rows)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", splits)
+    out = _native_call(x, t, n, k)
+    _check(out, x, w)
+    # deterministic: the reduce sums the chunks in a fixed order
+    assert torch.equal(out, _native_call(x, t, n, k))
+    # and the same function as the unsplit kernel (different summation order only)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+    ref = _native_call(x, t, n, k)
+    assert (out.float() - ref.float()).abs().max().item() <= 0.05 * ref.float().abs().max().item()
+
+
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("bias_dtype", [None, "x", torch.float32])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_split_bias_activation(monkeypatch, activation, bias_dtype, dtype):
+    _sm90()
+    from ferroattn import sparse24
+    rows, n, k = 384, 1001, 1544          # n and k not multiples of the tile; 13 stages in 3 chunks
+    w = _w(n, k, dtype, seed=7)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    bias = None if bias_dtype is None else torch.randn(
+        n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "3")
+    out = _native_call(x, t, n, k, bias, NATIVE_ACT[activation])
+    _check(out, x, w, bias, activation)
+    # the public API with the same forced split (sparse backend, rows >= 256: wgmma_sp)
+    y = sparse24.matmul(x, t, bias, activation, backend="sparse")
+    _check(y, x, w, bias, activation)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 31, 64, 128, 255])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_split_small_rows(monkeypatch, rows, dtype):
+    """Decode-sized calls on wgmma_sp with 8 chunks (one token tile, most of it zero fill)."""
+    _sm90()
+    from ferroattn import sparse24
+    n, k = 768, 4096
+    w = _w(n, k, dtype, seed=rows)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "8")
+    _check(_native_call(x, t, n, k), x, w)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "auto")
+    _check(_native_call(x, t, n, k), x, w)
+
+
+@pytest.mark.parametrize("layout", ["row_step", "col_slice", "transposed", "batched"])
+def test_gpu_split_noncontiguous_x(monkeypatch, layout):
+    _sm90()
+    from ferroattn import sparse24
+    n, k = 512, 2048
+    w = _w(n, k, BF16)
+    t = sparse24.compress(w)
+    base = torch.randn(8, 96, k + 64, device=DEV, dtype=BF16)
+    x = {
+        "row_step": base[:, ::2, :k],                                   # (8, 48, k), row stride 2 (k + 64)
+        "col_slice": base[..., 64:],                                     # row stride k + 64, offset pointer
+        "transposed": base[..., :k].contiguous().transpose(0, 1),       # (96, 8, k), rows out of memory order
+        "batched": base[..., :k].contiguous().reshape(2, 4, 96, k),
+    }[layout]
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "4")
+    y = sparse24.matmul(x, t, backend="wgmma_sp")
+    assert y.shape == (*x.shape[:-1], n)
+    _check(y.reshape(-1, n), x.reshape(-1, k), w)
+
+
+def test_gpu_split_auto_rule_launches(monkeypatch):
+    """auto splits 256 x 4096 x 11008 (32 tiles x 86 stages: 4 chunks) and 512 x 4096 x 11008 (2 chunks):
+    the reduce kernel runs after the partial-product kernel; it does not split 2048 x 4096 x 4096 (a
+    full wave of tiles), nor anything with FERROATTN_SPARSE24_SPLITK=off."""
+    _sm90()
+    from ferroattn import sparse24
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "auto")
+    for rows, n, k, split in [(256, 4096, 11008, True), (512, 4096, 11008, True), (2048, 4096, 4096, False)]:
+        w = _w(n, k, BF16, seed=rows)
+        t = sparse24.compress(w)
+        x = _x(rows, k, BF16)
+        got = {}
+        names = _kernels(lambda: got.setdefault("y", sparse24.matmul(x, t, backend="wgmma_sp")))
+        assert ("gemm_splitk_reduce" in names) == split, (rows, n, k, names)
+        assert any("sparse24_matmul_wgmma" in s for s in names), names
+        _check(got["y"], x, w)
+        if split:
+            monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+            names = _kernels(lambda: sparse24.matmul(x, t, backend="wgmma_sp"))
+            assert "gemm_splitk_reduce" not in names, names
+            monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "auto")
+
+
+def test_gpu_split_env_rejects_bad_value(monkeypatch):
+    _sm90()
+    from ferroattn import sparse24
+    from ferroattn.errors import ArgumentError
+    w = _w(256, 1024, BF16)
+    t = sparse24.compress(w)
+    x = _x(300, 1024, BF16)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "lots")
+    with pytest.raises(ArgumentError, match="FERROATTN_SPARSE24_SPLITK"):
+        sparse24.matmul(x, t, backend="wgmma_sp")
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "2")
+    _check(sparse24.matmul(x, t, backend="wgmma_sp"), x, w)
+
+
+def test_gpu_split_cuda_graph_capture(monkeypatch):
+    """The workspace is a stream-ordered allocation: a captured split call replays correctly."""
+    _sm90()
+    from ferroattn import sparse24
+    n, k = 1024, 4096
+    w = _w(n, k, FP16)
+    t = sparse24.compress(w)
+    x = _x(256, k, FP16)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "4")
+    y = sparse24.matmul(x, t, backend="wgmma_sp")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sparse24.matmul(x, t, backend="wgmma_sp")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = sparse24.matmul(x, t, backend="wgmma_sp")
+    x.copy_(_x(256, k, FP16, seed=9))
+    g.replay()
+    torch.cuda.synchronize()
+    _check(yg, x, w)
+    assert not torch.equal(yg, y)
+
+
+# ---- fused split-k (kernel form Epi = 3, opt-in: FERROATTN_SPARSE24_SPLITK_FUSE=1) -----------------------------
+
+@pytest.mark.parametrize("splits", ["2", "3", "7"])
+@pytest.mark.parametrize("rows,n,k,activation,bias_dtype", [
+    (256, 1030, 4160, None, None), (300, 512, 1000, "silu", "x"), (777, 640, 2048, "gelu", torch.float32),
+    (1023, 264, 4160, "relu", "x"), (31, 768, 4096, "gelu_tanh", None)])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_fused_split_equals_unfused(monkeypatch, splits, rows, n, k, activation, bias_dtype, dtype):
+    """The fused form passes the running sum in chunk order and applies the same fp32 epilogue as the reduce
+    kernel, so its output is bitwise the unfused split's; and it matches the fp32 reference."""
+    _sm90()
+    from ferroattn import sparse24
+    w = _w(n, k, dtype, seed=rows + 3)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    bias = None if bias_dtype is None else torch.randn(
+        n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", splits)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "1")
+    fused = _native_call(x, t, n, k, bias, NATIVE_ACT[activation])
+    names = _kernels(lambda: _native_call(x, t, n, k, bias, NATIVE_ACT[activation]))
+    assert "gemm_splitk_reduce" not in names and any("sparse24_matmul_wgmma" in s for s in names), names
+    _check(fused, x, w, bias, activation)
+    assert torch.equal(fused, _native_call(x, t, n, k, bias, NATIVE_ACT[activation]))   # deterministic
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "0")
+    unfused = _native_call(x, t, n, k, bias, NATIVE_ACT[activation])
+    assert torch.equal(fused.view(torch.int16), unfused.view(torch.int16))
+
+
+def test_gpu_fused_split_many_waves(monkeypatch):
+    """More units than SMs (several per CTA, later chunks waiting on earlier ones in other CTAs)."""
+    _sm90()
+    from ferroattn import sparse24
+    rows, n, k = 1024, 4096, 4096           # 8 x 16 = 128 tiles x 8 chunks = 1024 units
+    w = _w(n, k, BF16)
+    t = sparse24.compress(w)
+    x = _x(rows, k, BF16)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "8")
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "1")
+    y = _native_call(x, t, n, k)
+    _check(y, x, w)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "0")
+    assert torch.equal(y, _native_call(x, t, n, k))
+
+
+def test_gpu_fused_env_rejects_bad_value(monkeypatch):
+    _sm90()
+    from ferroattn import sparse24
+    from ferroattn.errors import ArgumentError
+    w = _w(256, 1024, BF16)
+    t = sparse24.compress(w)
+    x = _x(300, 1024, BF16)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "2")
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "yes")
+    with pytest.raises(ArgumentError, match="FERROATTN_SPARSE24_SPLITK_FUSE"):
+        sparse24.matmul(x, t, backend="wgmma_sp")
