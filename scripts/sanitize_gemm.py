@@ -8,7 +8,8 @@ see exactly the tensors named here: tails in m, n and k (1, 3, 17, 127), all fou
 (row/column-major by strides), a batch with a broadcast operand, every epilogue (bias, alpha/beta
 with C, activations, the pre-activation aux output), fp32 output, every backend this GPU supports;
 then 2:4 compress/decompress and the sparse matmul for a few row counts (1, 7, 37) and a k that is
-not a multiple of the tile. Sizes are tiny: the sanitizer slows kernels down by orders of magnitude.
+not a multiple of the tile, and wgmma .sp at 256..1023 rows split over k-chunks (forced chunk counts
+through ``$FERROATTN_SPARSE24_SPLITK``) and unsplit. Sizes are tiny: the sanitizer slows kernels down by orders of magnitude.
 
 Each case also checks its result against a torch fp32 reference (relative Frobenius error <= 1e-2,
 the issue's rule) and that every output element was written (outputs are pre-filled with NaN).
@@ -18,6 +19,7 @@ through the sanitizer's own exit code). ``--list`` prints the cases without runn
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -31,11 +33,17 @@ GEMM_CASES = [
     ("square-256", 1, 256, 256, 256, False, False, "float16", "float16", False, 0.0, "none"),
     ("tn-aligned-tails-aux", 1, 136, 264, 72, True, False, "bfloat16", "bfloat16", True, 0.25, "silu"),
 ]
-# (name, rows, n, k, dtype, bias, activation)
+# (name, rows, n, k, dtype, bias, activation, backend, split-k: $FERROATTN_SPARSE24_SPLITK)
 SPARSE_CASES = [
-    ("sp-rows1", 1, 64, 128, "float16", False, "none"),
-    ("sp-rows7-bias-relu", 7, 96, 160, "bfloat16", True, "relu"),
-    ("sp-rows37-ktail", 37, 40, 72, "float16", True, "silu"),
+    ("sp-rows1", 1, 64, 128, "float16", False, "none", "auto", "auto"),
+    ("sp-rows7-bias-relu", 7, 96, 160, "bfloat16", True, "relu", "auto", "auto"),
+    ("sp-rows37-ktail", 37, 40, 72, "float16", True, "silu", "auto", "auto"),
+    # wgmma .sp (sm_90a only; refused elsewhere) at 256..1023 rows, split over k-chunks into the fp32
+    # workspace + reduce: uneven chunks, k not a multiple of 128, n % 4 != 0
+    ("sp-wgmma-rows300-split2-erf", 300, 512, 1000, "bfloat16", True, "gelu_erf", "wgmma_sp", "2"),
+    ("sp-wgmma-rows777-split7-ktail", 777, 264, 2112, "float16", False, "silu", "wgmma_sp", "7"),
+    ("sp-wgmma-rows512-auto-n1030", 512, 1030, 4160, "bfloat16", True, "gelu_tanh", "wgmma_sp", "auto"),
+    ("sp-wgmma-rows640-unsplit", 640, 256, 1024, "float16", True, "none", "wgmma_sp", "off"),
 ]
 
 ACT = {
@@ -96,7 +104,8 @@ def run_gemm(case, backend: str) -> str:
 def run_sparse(case) -> str:
     import torch
     from ferroattn import _native
-    name, rows, n, k, dt, with_bias, act = case
+    name, rows, n, k, dt, with_bias, act, backend, split = case
+    os.environ["FERROATTN_SPARSE24_SPLITK"] = split   # read per call
     dtype = getattr(torch, dt)
     lay = _native.sparse24_layout(n, k)
     w = torch.randn(n, k, device="cuda", dtype=dtype)
@@ -110,7 +119,7 @@ def run_sparse(case) -> str:
     x = torch.randn(rows, k, device="cuda", dtype=dtype)
     bias = torch.randn(n, device="cuda", dtype=dtype) if with_bias else None
     out = torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)
-    ran = _native.sparse24_matmul(x, values, meta, out, bias, n, k, act, "auto", stream)
+    ran = _native.sparse24_matmul(x, values, meta, out, bias, n, k, act, backend, stream)
     torch.cuda.synchronize()
     if not torch.isfinite(dense).all():
         raise AssertionError(f"{name}: decompress left unwritten elements")
@@ -140,7 +149,8 @@ def main(argv=None) -> int:
     backends = _native.gemm_backends(torch.cuda.current_device())
     failed = 0
     jobs = [(f"gemm[{be}] {c[0]}", run_gemm, (c, be)) for be in backends for c in GEMM_CASES]
-    jobs += [(f"sparse24 {c[0]}", run_sparse, (c,)) for c in SPARSE_CASES]
+    hopper = torch.cuda.get_device_capability() == (9, 0)   # wgmma .sp runs on sm_90 only
+    jobs += [(f"sparse24 {c[0]}", run_sparse, (c,)) for c in SPARSE_CASES if hopper or c[7] != "wgmma_sp"]
     skipped = 0
     for label, fn, fargs in jobs:
         try:

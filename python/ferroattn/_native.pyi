@@ -325,7 +325,8 @@ def sparse24_matmul(
     stride(-1) == 1 (the Python layer flattens leading dims; rows >= 1, any rows incl. 1..31),
     out: (rows, n) x's dtype, stride(-1) == 1; bias None or (n,) x's dtype or float32.
     backend: "auto" | "mma_sp" (mma.sp, sm_80+) | "wgmma_sp" (wgmma .sp, sm_90a, x rows 16-byte
-    aligned; FERROATTN_SPARSE24_WGMMA=0 disables it). "auto" runs wgmma_sp from 256 rows where it
-    can run, else mma_sp. Returns the backend that ran. Malformed values/meta shapes or dtypes raise ArgumentError; no meta bit pattern
+    aligned; FERROATTN_SPARSE24_WGMMA=0 disables it). "auto" runs wgmma_sp from 46 rows where it
+    can run, else mma_sp. wgmma_sp splits k into chunks (an fp32 workspace + a reduce kernel) when
+    its tiles would leave SMs idle: FERROATTN_SPARSE24_SPLITK = "auto" (the cost rule) | "off" | N. Returns the backend that ran. Malformed values/meta shapes or dtypes raise ArgumentError; no meta bit pattern
     can make the kernel access memory outside the tensors. Profiler op "ferroattn::sparse24_matmul",
     flops counted dense (2*rows*n*k)."""
