@@ -36,6 +36,16 @@
 //              boundary included: the barrier for tile kt+1 is taken before tile kt's last step);
 //              edge blocks run the single-buffered loop (their checked copies keep more registers
 //              live). false: one set, read right before its mma, one barrier per tile.
+//   Mbarrier   how the double-buffered interior loop synchronises its warps (DoubleBuffer only;
+//              edge blocks always run the single-buffered loop with __syncthreads):
+//              false  one __syncthreads per tile, before the last 16-deep step's mma;
+//              true   per-stage mbarriers instead: full[s] completes when every thread's copies
+//                     into slot s landed (cp.async.mbarrier.arrive.noinc), empty[s] when every
+//                     warp multiplied its last fragments of slot s (one arrive per warp); copies
+//                     run Stages-2 tiles ahead (Stages >= 3), so a warp may run up to a tile
+//                     ahead of the slowest one instead of meeting all of them every tile (H200,
+//                     session 8: +15 % at 128x256x64 with 4 stages; ncu: the barrier and MIO
+//                     throttle stalls gone).
 // Copies: interior blocks (block tile inside m x n, k a multiple of BK, every thread's vectors at
 // one element offset of its lines: FastCopy) copy each tile with one global pointer per operand
 // and compile-time shared offsets (cp.async without bound checks), spread over the first half
@@ -60,12 +70,15 @@
 // aligned (wmma's requirement). The cost is 8/L of the ring (20% at L = 32, 11% at L = 64). The epilogue reuses the
 // ring as a BM x (BN + 4) fp32 tile (store_matrix_sync: the accumulator fragment layout is
 // opaque), then each thread processes groups of 4 columns (coalesced global stores, vectorised
-// when out/c/aux pointers, leading dims and batch strides allow 4-element vectors).
+// when out/c/aux pointers, leading dims and batch strides allow 4-element vectors). With
+// Mbarrier, 2 x Stages 8-byte mbarriers are static shared memory on top of the dynamic bytes.
 // Launch: grid (tiles_m * tiles_n, min(batch, 65535), 1) with block tiles visited in groups of
 // 8 tile rows (L2 reuse of B), block WarpsM*WarpsN*32 threads, dynamic smem as above (the
 // caller raises the function's limit above 48 KiB).
 // PTX features: wmma.load / wmma.mma.sync m16n16k16 f16/bf16 -> f32 (sm_80+ for bf16),
-// ldmatrix.x4(.trans), cp.async.ca/.cg with src-size, cp.async.commit_group/wait_group.
+// ldmatrix.x4(.trans), cp.async.ca/.cg with src-size, cp.async.commit_group/wait_group;
+// Mbarrier also mbarrier.init/inval/arrive, cp.async.mbarrier.arrive.noinc (sm_80+) and
+// mbarrier.try_wait.parity (sm_90; test_wait.parity on older archs).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -152,6 +165,36 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
+// mbarriers of the Mbarrier loop (shared::cta addresses). PTX ISA "Parallel Synchronization
+// and Communication Instructions: mbarrier".
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_inval(unsigned bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Arrive on `bar` once every cp.async this thread issued so far has completed (the arrival is
+// one of the count given to mbar_init: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+// Wait until the phase of parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+#if __CUDA_ARCH__ >= 900
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#else
+        asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+    } while (!done);
 }
 
 // Copy a Lines x LineLen tile into shared memory (line pitch Ld elements): element (l, e) comes
@@ -339,7 +382,7 @@ __device__ __forceinline__ bool vec4_ok(const void* p, long long ld, long long b
 }  // namespace gemm_wmma_detail
 
 template <typename T, typename TOut, int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages,
-          bool ARow, bool BRow, int VecA, int VecB, bool DoubleBuffer>
+          bool ARow, bool BRow, int VecA, int VecB, bool DoubleBuffer, bool Mbarrier = false>
 __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
 gemm_wmma(const GemmWmmaParams p) {
     namespace wm = nvcuda::wmma;
@@ -352,6 +395,8 @@ gemm_wmma(const GemmWmmaParams p) {
                   "BK a multiple of 16 (32 with DoubleBuffer: an even number of 16-deep steps), "
                   "warp tiles multiples of 16");
     static_assert(Stages >= 2, "at least two pipeline stages");
+    static_assert(!Mbarrier || (DoubleBuffer && Stages >= 3),
+                  "the mbarrier loop needs DoubleBuffer and at least three stages");
     static_assert(VecA == 1 || VecA == 2 || VecA == 4 || VecA == 8, "VecA in {1, 2, 4, 8}");
     static_assert(VecB == 1 || VecB == 2 || VecB == 4 || VecB == 8, "VecB in {1, 2, 4, 8}");
     // f16: fragments in the stored layouts, loaded by wmma.load.shared; bf16: (row, col)
@@ -361,6 +406,8 @@ gemm_wmma(const GemmWmmaParams p) {
     using LayoutB = typename Select<BRow && kHalf, wm::row_major, wm::col_major>::type;
 
     extern __shared__ __align__(128) unsigned char smem[];
+    // Mbarrier: full[s] = mbar[s], empty[s] = mbar[Stages + s] (unused otherwise).
+    __shared__ __align__(8) unsigned long long mbar[Mbarrier ? 2 * Stages : 1];
     T* const sA = reinterpret_cast<T*>(smem);
     T* const sB = sA + Stages * S::kAStage;
 
@@ -509,6 +556,7 @@ gemm_wmma(const GemmWmmaParams p) {
                 if (s < k_tiles) load_next(s, s, 0, 1);
                 cp_async_commit();
             }
+            constexpr bool kMbarLoop = DoubleBuffer && Mbarrier;
             // Single-buffered fragments: one barrier per tile, then the tile's fragments are
             // read and multiplied step by step; the refill of slot (kt-1) % Stages goes out in
             // steps 0 .. kParts-1. Also the edge blocks' loop of double-buffered tiles (their
@@ -534,7 +582,76 @@ gemm_wmma(const GemmWmmaParams p) {
                     }
                 }
             };
-            if (DoubleBuffer && kFast) {
+            if constexpr (kMbarLoop) {
+              if (kFast) {
+                // Per-stage mbarriers. Tile t lives in slot t % Stages; its full phase
+                // and, once every warp multiplied its last fragments of it, its empty phase are
+                // phase t / Stages of that slot's barriers. The prologue above issued tiles
+                // 0 .. Stages-2; from then on the copies of tile kt + kDist (kDist = Stages - 2)
+                // go out in steps 0 .. kParts-1 of tile kt, after the empty phase of tile
+                // kt + kDist - Stages = kt - 2 (the same slot) completed: a warp waits for the
+                // slowest one only when it is two tiles ahead of it. The barriers live through one
+                // batch entry (initialised here, invalidated after the loop).
+                constexpr int kDist = Stages - 2;
+                const unsigned full0 = smem_addr(mbar), empty0 = full0 + 8u * Stages;
+                if (tid == 0) {
+#pragma unroll
+                    for (int s = 0; s < Stages; ++s) {
+                        mbar_init(full0 + 8u * s, kThreads);
+                        mbar_init(empty0 + 8u * s, kThreads / 32);
+                    }
+                }
+                __syncthreads();  // barriers initialised
+                // the prologue's tiles: each arrival completes once all of this thread's copies
+                // so far landed
+#pragma unroll
+                for (int s = 0; s < Stages - 1; ++s) {
+                    if (s < k_tiles) cp_async_mbar_arrive(full0 + 8u * s);
+                }
+                mbar_wait(full0, 0u);  // tile 0 landed
+                load_frags(fa[0], fb[0], 0, 0);
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    const int stage = kt % Stages;
+                    const int next = kt + kDist;
+                    const int nslot = next % Stages;
+#pragma unroll
+                    for (int step = 0; step < kSteps; ++step) {
+                        const int cur = step & 1;
+                        if (step == kSteps - 1 && kt + 1 < k_tiles) {
+                            mbar_wait(full0 + 8u * ((kt + 1) % Stages), static_cast<unsigned>((kt + 1) / Stages) & 1u);
+                        }
+                        if (step + 1 < kSteps) {
+                            load_frags(fa[cur ^ 1], fb[cur ^ 1], stage, (step + 1) * 16);
+                        } else if (kt + 1 < k_tiles) {
+                            load_frags(fa[cur ^ 1], fb[cur ^ 1], (kt + 1) % Stages, 0);
+                        }
+                        if (step < kParts && next >= Stages - 1 && next < k_tiles) {
+                            if (step == 0 && next >= Stages) {
+                                mbar_wait(empty0 + 8u * nslot, static_cast<unsigned>(next / Stages - 1) & 1u);
+                            }
+                            copy_fast(nslot, step, kParts);
+                            if (step == kParts - 1) cp_async_mbar_arrive(full0 + 8u * nslot);
+                        }
+#pragma unroll
+                        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                            for (int j = 0; j < kNI; ++j)
+                                wm::mma_sync(acc[i][j], fa[cur][i], fb[cur][j], acc[i][j]);
+                    }
+                    // The mma of the last step consumed this warp's last fragments of tile kt
+                    // (they waited for the ldmatrix results): slot `stage` may be refilled.
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8u * stage);
+                }
+                __syncthreads();  // every thread is past its last barrier operation
+                if (tid == 0) {
+#pragma unroll
+                    for (int s = 0; s < 2 * Stages; ++s) mbar_inval(full0 + 8u * s);
+                }
+              } else {
+                single_buffered();
+              }
+            } else if (DoubleBuffer && kFast) {
                 // Tiles kt+1 .. kt+Stages-1 are in flight (cp.async) while tile kt is multiplied;
                 // fragments are double-buffered in registers: the fragments of k step kk+1 (for
                 // the last step: step 0 of the next tile, after the barrier that makes that tile

@@ -22,30 +22,37 @@ pub struct WmmaTile {
     /// Fragments of the next k step read while the current one multiplies (kernel template
     /// `DoubleBuffer`; needs bk % 32 == 0).
     pub double_buffer: bool,
+    /// Per-stage mbarriers (full / empty) instead of one `__syncthreads` per tile in the
+    /// double-buffered interior loop, copies `stages - 2` tiles ahead (kernel template
+    /// `Mbarrier`, kernels/gemm/wmma.cuh); needs `double_buffer` and at least 3 stages.
+    pub mbarrier: bool,
 }
 
 impl WmmaTile {
-    /// sm_90a: 128 x 256 x 64 on 8 warps of 64 x 64, 3 stages, double-buffered fragments: the
-    /// most reuse per shared-memory byte (each 16-wide fragment read feeds four mma), one barrier
-    /// per 64-deep tile, and the next tile's first fragments read under the current tile's last
-    /// mma; one block per SM. Interior blocks run the double-buffered loop, edge blocks the
-    /// single-buffered one (kernels/gemm/wmma.cuh), which keeps every layout spill-free. On the
-    /// H200 (session 7, .dev/w) the fastest 128 x 256 tile: median 0.475x cuBLAS on 12 large
-    /// points (4 stages 0.450x, single-buffered 4 stages 0.456x, BK 32 0.42-0.44x). It also fits
-    /// sm_80's shared memory, but spills there: other archs take [`LARGE`].
+    /// sm_90a: 128 x 256 x 64 on 8 warps of 64 x 64, 4 stages, double-buffered fragments, per-stage
+    /// mbarriers: the most reuse per shared-memory byte (each 16-wide fragment read feeds four
+    /// mma), the next tile's first fragments read under the current tile's last mma, and warps
+    /// that wait only for the copies they need and for the slot they refill (copies 2 tiles
+    /// ahead, so a warp may run a tile ahead of the slowest one); one block per SM. Interior
+    /// blocks run this loop, edge blocks the single-buffered one with `__syncthreads`
+    /// (kernels/gemm/wmma.cuh), which keeps every layout spill-free. H200, session 8 (.dev/w2,
+    /// paired vs cuBLAS on 12 target points): median 0.534x, min 0.517x, where the same tile with
+    /// one `__syncthreads` per tile and 3 stages (the session-7 default) gave 0.463x / 0.421x,
+    /// 256 x 128 x 64 with mbarriers 0.509x, 128 x 128 x 64 (two blocks per SM) 0.477x. Its ring
+    /// (up to 216 KiB) needs sm_90's shared memory: other archs take [`LARGE`].
     pub const LARGE_SM90: WmmaTile =
-        WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true };
+        WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 4, double_buffer: true, mbarrier: true };
     /// Other archs: 128 x 256 x 32, 3 stages, double-buffered fragments (no spills on sm_80; on
-    /// the H200 median 0.417x cuBLAS on the 12 points where LARGE_SM90 gave 0.475x).
+    /// the H200 median 0.417x cuBLAS on the 12 points where the session-7 LARGE_SM90 gave 0.475x).
     pub const LARGE: WmmaTile =
-        WmmaTile { bm: 128, bn: 256, bk: 32, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true };
+        WmmaTile { bm: 128, bn: 256, bk: 32, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true, mbarrier: false };
     /// 128 x 128 on 4 warps of 64 x 64, 3 stages: two blocks per SM. Single-buffered: with
     /// double buffering (and with 4 stages on sm_80) its 64 x 64 warp tiles spill.
     pub const MEDIUM: WmmaTile =
-        WmmaTile { bm: 128, bn: 128, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: false };
+        WmmaTile { bm: 128, bn: 128, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: false, mbarrier: false };
     /// 64 x 64 on 4 warps of 32 x 32: for problems with too few 128-tiles to fill the GPU.
     pub const SMALL: WmmaTile =
-        WmmaTile { bm: 64, bn: 64, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: true };
+        WmmaTile { bm: 64, bn: 64, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: true, mbarrier: false };
 
     /// The large tile of `arch` (LARGE_SM90 on sm_90a, LARGE elsewhere).
     pub fn large(arch: Arch) -> WmmaTile {
@@ -61,8 +68,9 @@ impl WmmaTile {
     }
 
     /// Whether the kernel's static constraints hold (kernels/gemm/wmma.cuh header): BK a
-    /// multiple of 16 (32 when double-buffered), the warp tile of 16, at least 2 stages, and every load distributes
-    /// evenly over the threads for 16-byte vectors.
+    /// multiple of 16 (32 when double-buffered), the warp tile of 16, at least 2 stages,  mbarriers
+    /// only with double buffering and 3+ stages, and every load distributes evenly over the threads
+    /// for 16-byte vectors.
     pub fn is_valid(&self) -> bool {
         let (wm, wn) = (self.bm / self.warps_m.max(1), self.bn / self.warps_n.max(1));
         self.warps_m >= 1
@@ -76,13 +84,15 @@ impl WmmaTile {
             && wn.is_multiple_of(16)
             && wn >= 16
             && self.stages >= 2
+            && (!self.mbarrier || (self.double_buffer && self.stages >= 3))
             && (self.bm * self.bk / 8).is_multiple_of(self.threads())
             && (self.bn * self.bk / 8).is_multiple_of(self.threads())
     }
 }
 
 /// One specialisation of `ferroattn::gemm_wmma<T, TOut, BM, BN, BK, WarpsM, WarpsN, Stages,
-/// ARow, BRow, VecA, VecB, DoubleBuffer>`: the single source of truth for its template arguments, launch
+/// ARow, BRow, VecA, VecB, DoubleBuffer[, Mbarrier]>` (Mbarrier only when true; false is
+/// its default, so those kernels keep their names): the single source of truth for its template arguments, launch
 /// shape, shared memory and cache key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmWmmaConfig {
@@ -106,8 +116,9 @@ impl GemmWmmaConfig {
 
     pub fn name_expression(&self) -> String {
         let t = &self.tile;
+        let mbar = if t.mbarrier { ", true" } else { "" };
         format!(
-            "{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}{}>",
             Self::KERNEL,
             self.dtype.cuda_type(),
             self.out_dtype.cuda_type(),
@@ -121,7 +132,8 @@ impl GemmWmmaConfig {
             self.b_row_major,
             self.vec_a,
             self.vec_b,
-            t.double_buffer
+            t.double_buffer,
+            mbar
         )
     }
 
@@ -133,7 +145,8 @@ impl GemmWmmaConfig {
     /// against NVRTC in the tests): max(the cp.async ring, the epilogue slabs). The ring holds
     /// `stages` A and B tiles, each stored line-major with 8 elements of padding per line
     /// (A lines: rows when row-major, k otherwise; B lines: k when row-major, columns
-    /// otherwise); the epilogue stages the BM x (BN + 4) fp32 output tile.
+    /// otherwise); the epilogue stages the BM x (BN + 4) fp32 output tile. (The mbarrier loop's 2 x
+    /// stages mbarriers, 16 bytes per stage, are static shared memory on top of this.)
     pub fn smem_bytes(&self) -> u32 {
         let t = &self.tile;
         let (a_lines, a_len) = if self.a_row_major { (t.bm, t.bk) } else { (t.bk, t.bm) };
@@ -188,8 +201,17 @@ pub fn wmma_tile(m: i64, n: i64, batch: i64, sm_count: u32, arch: Arch, narrow: 
     WmmaTile::SMALL
 }
 
-fn smem_of(tile: WmmaTile, a_row_major: bool, b_row_major: bool) -> u32 {
-    GemmWmmaConfig {
+/// Bytes kept free beside the dynamic shared memory of an mbarrier tile for its static
+/// mbarrier array (2 x stages x 8 bytes; ncu showed 128 bytes of static shared memory for 4
+/// stages).
+pub const MBARRIER_SMEM_MARGIN: u32 = 1024;
+
+/// Shared memory a tile needs per block with 16-byte copies: the dynamic bytes of
+/// [`GemmWmmaConfig::smem_bytes`] plus [`MBARRIER_SMEM_MARGIN`] for an mbarrier tile; what the
+/// tile choice and the production list compare with the arch's per-block limit.
+pub fn smem_of(tile: WmmaTile, a_row_major: bool, b_row_major: bool) -> u32 {
+    let margin = if tile.mbarrier { MBARRIER_SMEM_MARGIN } else { 0 };
+    margin + GemmWmmaConfig {
         dtype: DType::F16,
         out_dtype: DType::F16,
         tile,
@@ -219,9 +241,9 @@ pub fn wmma_config(p: &GemmProblem, tile: Option<WmmaTile>, sm_count: u32, arch:
     }
 }
 
-/// Parse a tile override "bm,bn,bk,warps_m,warps_n,stages[,double_buffer 0|1]" (the
-/// FERROATTN_GEMM_WMMA_TILE environment variable, for tuning experiments; double_buffer
-/// defaults to 1); None when malformed or invalid.
+/// Parse a tile override "bm,bn,bk,warps_m,warps_n,stages[,double_buffer 0|1[,mbarrier 0|1]]"
+/// (the FERROATTN_GEMM_WMMA_TILE environment variable, for tuning experiments; double_buffer
+/// defaults to 1, mbarrier to 0); None when malformed or invalid.
 pub fn parse_tile(text: &str) -> Option<WmmaTile> {
     let v: Vec<u32> = text
         .split(',')
@@ -230,12 +252,18 @@ pub fn parse_tile(text: &str) -> Option<WmmaTile> {
     let (&[bm, bn, bk, warps_m, warps_n, stages], db) = (v.get(..6)?, v.get(6..)?) else {
         return None;
     };
-    let double_buffer = match db {
-        [] | [1] => true,
-        [0] => false,
+    let flag = |x: u32| match x {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
+    let (double_buffer, mbarrier) = match db {
+        [] => (true, false),
+        [d] => (flag(*d)?, false),
+        [d, mb] => (flag(*d)?, flag(*mb)?),
         _ => return None,
     };
-    let t = WmmaTile { bm, bn, bk, warps_m, warps_n, stages, double_buffer };
+    let t = WmmaTile { bm, bn, bk, warps_m, warps_n, stages, double_buffer, mbarrier };
     t.is_valid().then_some(t)
 }
 
@@ -291,16 +319,22 @@ mod tests {
     fn builtin_tiles_are_valid_and_fit_every_arch() {
         for tile in [WmmaTile::LARGE_SM90, WmmaTile::LARGE, WmmaTile::MEDIUM, WmmaTile::SMALL] {
             assert!(tile.is_valid(), "{tile:?}");
+            // LARGE_SM90 is only picked on sm_90a; the others on every arch (sm_86's 99 KiB
+            // skips LARGE: see tile_choice_fills_the_gpu)
+            let arch = if tile == WmmaTile::LARGE_SM90 { Arch::Sm90a } else { Arch::Sm80 };
             for (a, b) in [(true, true), (true, false), (false, true), (false, false)] {
-                let c = cfg(tile, a, b);
-                assert!(c.smem_bytes() <= Arch::Sm80.max_smem_per_block(), "{c:?}");
+                assert!(smem_of(tile, a, b) <= arch.max_smem_per_block(), "{tile:?} {a} {b}");
             }
         }
+        assert!((0..4).any(|i| smem_of(WmmaTile::LARGE_SM90, i & 1 == 0, i & 2 == 0) > Arch::Sm80.max_smem_per_block()));
         // invalid shapes are rejected
         let bad = WmmaTile { bk: 48, double_buffer: true, ..WmmaTile::MEDIUM }; // odd 16-deep step count
         assert!(WmmaTile { double_buffer: false, ..bad }.is_valid());
         assert!(!bad.is_valid());
         assert!(!WmmaTile { stages: 1, ..WmmaTile::SMALL }.is_valid());
+        assert!(WmmaTile { mbarrier: true, ..WmmaTile::SMALL }.is_valid());
+        assert!(!WmmaTile { mbarrier: true, ..WmmaTile::MEDIUM }.is_valid()); // single-buffered
+        assert!(!WmmaTile { stages: 2, mbarrier: true, ..WmmaTile::SMALL }.is_valid());
         assert!(!WmmaTile { bn: 72, ..WmmaTile::MEDIUM }.is_valid()); // warp width 36
         assert!(WmmaTile { bn: 96, ..WmmaTile::MEDIUM }.is_valid()); // warp width 48
     }
@@ -321,13 +355,17 @@ mod tests {
         assert_eq!(cfg(t, true, true).smem_bytes(), epi.max(3 * (128 * 40 + 32 * 264) * 2));
         assert_eq!(cfg(t, false, false).smem_bytes(), epi.max(3 * (32 * 136 + 256 * 40) * 2));
         assert_eq!(cfg(t, false, false).smem_bytes(), epi);
-        // LARGE_SM90 (BK 64, 3 stages): NN 3 x (A 128 x 72 + B 64 x 264), TT 3 x (A 64 x 136 +
-        // B 256 x 72)
+        // LARGE_SM90 (BK 64, 4 stages): NN 4 x (A 128 x 72 + B 64 x 264), TT 4 x (A 64 x 136 +
+        // B 256 x 72), NT (the linear layout) 4 x (A 128 x 72 + B 256 x 72) = 216 KiB; plus the
+        // mbarriers' static bytes where tiles are checked against the arch's limit
         let t = WmmaTile::LARGE_SM90;
-        assert_eq!(cfg(t, true, true).smem_bytes(), 3 * (128 * 72 + 64 * 264) * 2);
-        assert_eq!(cfg(t, false, false).smem_bytes(), 3 * (64 * 136 + 256 * 72) * 2);
+        assert_eq!(cfg(t, true, true).smem_bytes(), 4 * (128 * 72 + 64 * 264) * 2);
+        assert_eq!(cfg(t, false, false).smem_bytes(), 4 * (64 * 136 + 256 * 72) * 2);
+        assert_eq!(cfg(t, true, false).smem_bytes(), 4 * (128 * 72 + 256 * 72) * 2);
+        assert_eq!(smem_of(t, true, false), 4 * (128 * 72 + 256 * 72) * 2 + MBARRIER_SMEM_MARGIN);
+        assert_eq!(smem_of(WmmaTile::LARGE, true, false), cfg(WmmaTile::LARGE, true, false).smem_bytes());
         // a tile whose staged 64 x (512 + 4) fp32 output exceeds its 2-stage ring
-        let t = WmmaTile { bm: 64, bn: 512, bk: 32, warps_m: 2, warps_n: 4, stages: 2, double_buffer: true };
+        let t = WmmaTile { bm: 64, bn: 512, bk: 32, warps_m: 2, warps_n: 4, stages: 2, double_buffer: true, mbarrier: false };
         // (ring 2 x (64 x 40 + 32 x 520) x 2 = 76800 bytes)
         assert_eq!(cfg(t, true, true).smem_bytes(), 64 * 516 * 4);
     }
@@ -338,6 +376,12 @@ mod tests {
         assert_eq!(
             c.name_expression(),
             "ferroattn::gemm_wmma<__nv_bfloat16, float, 128, 128, 32, 2, 2, 3, true, false, 8, 2, false>"
+        );
+        // Mbarrier = true is appended (the kernel's last template argument, default false)
+        let c = cfg(WmmaTile::LARGE_SM90, false, true);
+        assert_eq!(
+            c.name_expression(),
+            "ferroattn::gemm_wmma<__nv_bfloat16, float, 128, 256, 64, 2, 4, 4, false, true, 8, 2, true, true>"
         );
     }
 
@@ -399,14 +443,22 @@ mod tests {
         assert_eq!(parse_tile("128,128,32,2,2,3,0"), Some(WmmaTile::MEDIUM));
         assert_eq!(parse_tile(" 64, 64, 32, 2, 2, 3 "), Some(WmmaTile::SMALL));
         assert_eq!(parse_tile("128,128,32,2,2"), None);
-        assert_eq!(parse_tile("128,256,64,2,4,3,1"), Some(WmmaTile::LARGE_SM90));
-        assert_eq!(parse_tile("128,256,64,2,4,3"), Some(WmmaTile::LARGE_SM90));
-        assert_eq!(parse_tile("128,256,64,2,4,3,0"), Some(WmmaTile { double_buffer: false, ..WmmaTile::LARGE_SM90 }));
+        assert_eq!(parse_tile("128,256,64,2,4,4,1,1"), Some(WmmaTile::LARGE_SM90));
+        let s7 = WmmaTile { stages: 3, mbarrier: false, ..WmmaTile::LARGE_SM90 }; // session 7's default
+        assert_eq!(parse_tile("128,256,64,2,4,3,1"), Some(s7));
+        assert_eq!(parse_tile("128,256,64,2,4,3"), Some(s7));
+        assert_eq!(parse_tile("128,256,64,2,4,3,0"), Some(WmmaTile { double_buffer: false, ..s7 }));
         assert_eq!(parse_tile("128,256,32,2,4,3,1"), Some(WmmaTile::LARGE));
         assert_eq!(parse_tile("128,256,32,2,4,3"), Some(WmmaTile::LARGE));
         assert_eq!(parse_tile("128,256,48,2,4,3,1"), None); // odd number of 16-deep steps
         assert_eq!(parse_tile("128,256,32,2,4,3,2"), None);
-        assert_eq!(parse_tile("128,256,32,2,4,3,1,1"), None);
+        assert_eq!(parse_tile("128,256,32,2,4,3,-1"), None);
+        assert_eq!(parse_tile("128,256,32,2,4,3,1,1"), Some(WmmaTile { mbarrier: true, ..WmmaTile::LARGE }));
+        assert_eq!(parse_tile("128,256,32,2,4,3,1,0"), Some(WmmaTile::LARGE));
+        assert_eq!(parse_tile("128,256,64,2,4,3,0,1"), None); // mbarriers need double buffering
+        assert_eq!(parse_tile("128,256,64,2,4,2,1,1"), None); // and 3 stages
+        assert_eq!(parse_tile("128,256,64,2,4,3,1,2"), None);
+        assert_eq!(parse_tile("128,256,64,2,4,3,1,0,1"), None);
         assert_eq!(parse_tile("128,128,24,2,2,4"), None);
         assert_eq!(parse_tile("a,b"), None);
     }

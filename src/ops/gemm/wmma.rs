@@ -6,7 +6,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
-use crate::tuning::gemm::{parse_tile, wmma_config, wmma_production_configs, GemmWmmaConfig, WmmaTile};
+use crate::tuning::gemm::{parse_tile, smem_of, wmma_config, wmma_production_configs, GemmWmmaConfig, WmmaTile};
 use std::ffi::c_void;
 
 /// Mirror of `struct GemmWmmaParams` in kernels/gemm/wmma.cuh (change both together).
@@ -103,14 +103,14 @@ pub fn launch_shape(p: &GemmProblem, config: &GemmWmmaConfig) -> LaunchShape {
     }
 }
 
-/// The FERROATTN_GEMM_WMMA_TILE override ("bm,bn,bk,warps_m,warps_n,stages", for tuning
-/// experiments; ignored when invalid or too large for the arch's shared memory).
+/// The FERROATTN_GEMM_WMMA_TILE override ("bm,bn,bk,warps_m,warps_n,stages[,double_buffer
+/// [,mbarrier]]", see `parse_tile`; for tuning experiments; ignored when invalid or too large for
+/// the arch's shared memory).
 fn tile_override(arch: Arch) -> Option<WmmaTile> {
     let t = std::env::var("FERROATTN_GEMM_WMMA_TILE").ok().as_deref().and_then(parse_tile)?;
-    let fits = [(true, true), (true, false), (false, true), (false, false)].iter().all(|&(a, b)| {
-        let c = GemmWmmaConfig { tile: t, a_row_major: a, b_row_major: b, ..production_specs(arch)[0] };
-        c.smem_bytes() <= arch.max_smem_per_block()
-    });
+    let fits = [(true, true), (true, false), (false, true), (false, false)]
+        .iter()
+        .all(|&(a, b)| smem_of(t, a, b) <= arch.max_smem_per_block());
     fits.then_some(t)
 }
 
