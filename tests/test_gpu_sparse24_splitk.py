@@ -5,7 +5,9 @@ decompressed weight: forced chunk counts (even, odd and uneven chunking, k_pad %
 256..1023 and 1..255, bias (x's dtype / fp32) with every activation, fp16 / bf16, non-contiguous x,
 a NaN-poisoned out (every element written), run-to-run determinism, and that the auto rule really
 splits (the reduce kernel shows up in the launch records) where it should and not where it should not.
-$FERROATTN_SPARSE24_SPLITK (read per call): "off", "auto" (default) or a chunk count."""
+$FERROATTN_SPARSE24_SPLITK (read per call): "off", "auto" (default) or a chunk count.
+The fused form (Epi = 3, no reduce kernel; by default for 2 chunks, $FERROATTN_SPARSE24_SPLITK_FUSE "1" always,
+"0" never) is checked bitwise against the unfused split."""
 from __future__ import annotations
 
 import pytest
@@ -158,6 +160,7 @@ def test_gpu_split_auto_rule_launches(monkeypatch):
     _sm90()
     from ferroattn import sparse24
     monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "auto")
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "0")      # the reduce kernel marks a split
     for rows, n, k, split in [(256, 4096, 11008, True), (512, 4096, 11008, True), (2048, 4096, 4096, False)]:
         w = _w(n, k, BF16, seed=rows)
         t = sparse24.compress(w)
@@ -188,7 +191,8 @@ def test_gpu_split_env_rejects_bad_value(monkeypatch):
     _check(sparse24.matmul(x, t, backend="wgmma_sp"), x, w)
 
 
-def test_gpu_split_cuda_graph_capture(monkeypatch):
+@pytest.mark.parametrize("splits", ["4", "2"])      # 2: the fused form by default (counters zeroed by a memset)
+def test_gpu_split_cuda_graph_capture(monkeypatch, splits):
     """The workspace is a stream-ordered allocation: a captured split call replays correctly."""
     _sm90()
     from ferroattn import sparse24
@@ -196,7 +200,8 @@ def test_gpu_split_cuda_graph_capture(monkeypatch):
     w = _w(n, k, FP16)
     t = sparse24.compress(w)
     x = _x(256, k, FP16)
-    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "4")
+    monkeypatch.delenv("FERROATTN_SPARSE24_SPLITK_FUSE", raising=False)
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", splits)
     y = sparse24.matmul(x, t, backend="wgmma_sp")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -213,7 +218,28 @@ def test_gpu_split_cuda_graph_capture(monkeypatch):
     assert not torch.equal(yg, y)
 
 
-# ---- fused split-k (kernel form Epi = 3, opt-in: FERROATTN_SPARSE24_SPLITK_FUSE=1) -----------------------------
+# ---- fused split-k (kernel form Epi = 3: default for 2 chunks; FERROATTN_SPARSE24_SPLITK_FUSE=1 always) ---------
+
+
+def test_gpu_fused_auto_rule(monkeypatch):
+    """Unset $FERROATTN_SPARSE24_SPLITK_FUSE: auto splits 512 x 4096 x 11008 into 2 chunks and fuses them (no
+    reduce kernel; bitwise the unfused split's output), and 256 x 4096 x 11008 into 4 chunks, unfused (the
+    reduce kernel runs)."""
+    _sm90()
+    from ferroattn import sparse24
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "auto")
+    for rows, n, k, fused in [(512, 4096, 11008, True), (256, 4096, 11008, False)]:
+        w = _w(n, k, BF16, seed=rows)
+        t = sparse24.compress(w)
+        x = _x(rows, k, BF16)
+        monkeypatch.delenv("FERROATTN_SPARSE24_SPLITK_FUSE", raising=False)
+        got = {}
+        names = _kernels(lambda: got.setdefault("y", _native_call(x, t, n, k)))
+        assert any("sparse24_matmul_wgmma" in s for s in names), names
+        assert ("gemm_splitk_reduce" in names) == (not fused), (rows, n, k, names)
+        _check(got["y"], x, w)
+        monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "0")
+        assert torch.equal(got["y"].view(torch.int16), _native_call(x, t, n, k).view(torch.int16))
 
 @pytest.mark.parametrize("splits", ["2", "3", "7"])
 @pytest.mark.parametrize("rows,n,k,activation,bias_dtype", [

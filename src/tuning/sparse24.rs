@@ -457,8 +457,9 @@ pub fn wgmma_pipelined_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     out
 }
 
-/// Every configuration `wgmma_config` / `wgmma_split_config` returns for `arch` (none below or
-/// above Hopper: wgmma is sm_90a only): what precompile builds (20 + 2 split-k partial kernels).
+/// Every configuration `wgmma_config` / `wgmma_split_config` / the fused split returns for `arch`
+/// (none below or above Hopper: wgmma is sm_90a only): what precompile builds (20 + 2 split-k
+/// partial-product kernels + 10 fused split-k kernels).
 pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     if arch != Arch::Sm90a {
         return Vec::new();
@@ -472,6 +473,7 @@ pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
         }
         out.push(wgmma_split_config(dtype, arch));
     }
+    out.extend(wgmma_fused_split_configs(arch));
     out
 }
 
@@ -481,9 +483,8 @@ pub fn wgmma_split_config(dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
     wgmma_config_variant(Activation::None, dtype, arch, 2, 1)
 }
 
-/// The fused split-k kernels (`epilogue` 3, every dtype and activation) for `arch`: opt-in
-/// ($FERROATTN_SPARSE24_SPLITK_FUSE=1) until measured on a GPU, so not precompiled (NVRTC builds one
-/// on first use), but held to the no-spill rule by the sparse24 tests.
+/// The fused split-k kernels (`epilogue` 3, every dtype and activation) for `arch` (empty below or
+/// above Hopper): precompiled; `fuse_split` says when they run.
 pub fn wgmma_fused_split_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     if arch != Arch::Sm90a {
         return Vec::new();
@@ -503,6 +504,46 @@ pub fn wgmma_fused_split_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
 pub struct WgmmaSplit {
     pub splits: u32,
     pub chunk_tiles: u32,
+}
+
+/// Whether a split-k wgmma_sp call fuses the reduce into the kernel (Epi 3: the chunks of a tile
+/// pass a running fp32 sum in chunk order, the last one runs the epilogue; $FERROATTN_SPARSE24_SPLITK_FUSE,
+/// `parse_wgmma_split_fuse`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusePolicy {
+    /// fuse where it measured faster: `splits <= WGMMA_FUSE_MAX_SPLITS` (unset / empty).
+    Auto,
+    /// always ("1").
+    On,
+    /// never: partial products + the reduce kernel ("0").
+    Off,
+}
+
+/// Most chunks `FusePolicy::Auto` fuses. The hand-offs of the running sum are sequential per tile,
+/// so fusing pays only for few chunks. Measured on the H200 (session 8, bench/NOTES.md, GPU time,
+/// 3 paired rounds): 2 chunks (512 x 4096 x 11008) fused 51.7 / 52.3 us vs 55.4 / 56.2 unfused
+/// (bf16 / fp16); 3-4 chunks 7-16 % slower fused (256 x 4096 x 4096 / 11008), decode-sized splits
+/// up to 2.2x slower.
+pub const WGMMA_FUSE_MAX_SPLITS: u32 = 2;
+
+/// Parse $FERROATTN_SPARSE24_SPLITK_FUSE: unset / empty -> Auto, "1" -> On, "0" -> Off; anything
+/// else None (the caller raises an ArgumentError).
+pub fn parse_wgmma_split_fuse(value: Option<&str>) -> Option<FusePolicy> {
+    match value.map(str::trim) {
+        None | Some("") => Some(FusePolicy::Auto),
+        Some("1") => Some(FusePolicy::On),
+        Some("0") => Some(FusePolicy::Off),
+        Some(_) => None,
+    }
+}
+
+/// Whether a call split into `splits` chunks runs the fused kernel under `policy`.
+pub fn fuse_split(splits: u32, policy: FusePolicy) -> bool {
+    match policy {
+        FusePolicy::On => true,
+        FusePolicy::Off => false,
+        FusePolicy::Auto => splits <= WGMMA_FUSE_MAX_SPLITS,
+    }
 }
 
 /// How split-k is chosen for wgmma_sp ($FERROATTN_SPARSE24_SPLITK, `parse_wgmma_split`).
@@ -822,7 +863,7 @@ mod tests {
         assert_eq!(c.name_expression(), "ferroattn::sparse24_matmul_wgmma<__half, 128, 3, 0, 256, 2>");
         assert_eq!(c.smem_bytes(), wgmma_config_epilogue(Activation::None, DType::F16, Arch::Sm90a, 0).smem_bytes());
         assert!(wgmma_production_configs(Arch::Sm90a).contains(&c));
-        // fused split-k (Epi 3): opt-in, every activation, the staged epilogue's buffer
+        // fused split-k (Epi 3): every activation, the staged epilogue's buffer, precompiled
         let fused = wgmma_fused_split_configs(Arch::Sm90a);
         assert_eq!(fused.len(), 10);
         assert!(fused.iter().all(|f| f.epilogue == 3 && f.meta_sets == 1));
@@ -830,7 +871,18 @@ mod tests {
         assert_eq!(f.smem_bytes(), Sparse24WgmmaConfig { epilogue: 1, ..f }.smem_bytes());
         assert!(f.name_expression().ends_with(", 256, 3>"), "{}", f.name_expression());
         assert!(wgmma_fused_split_configs(Arch::Sm80).is_empty());
-        assert!(!wgmma_production_configs(Arch::Sm90a).iter().any(|c| c.epilogue == 3));
+        assert!(fused.iter().all(|f| wgmma_production_configs(Arch::Sm90a).contains(f)));
+        // when the fused form runs
+        assert_eq!(parse_wgmma_split_fuse(None), Some(FusePolicy::Auto));
+        assert_eq!(parse_wgmma_split_fuse(Some(" ")), Some(FusePolicy::Auto));
+        assert_eq!(parse_wgmma_split_fuse(Some("1")), Some(FusePolicy::On));
+        assert_eq!(parse_wgmma_split_fuse(Some("0")), Some(FusePolicy::Off));
+        assert_eq!(parse_wgmma_split_fuse(Some("yes")), None);
+        assert!(fuse_split(2, FusePolicy::Auto));
+        assert!(!fuse_split(3, FusePolicy::Auto));
+        assert!(!fuse_split(16, FusePolicy::Auto));
+        assert!(fuse_split(16, FusePolicy::On));
+        assert!(!fuse_split(2, FusePolicy::Off));
     }
 
     #[test]
@@ -839,7 +891,7 @@ mod tests {
             let prod = wgmma_production_configs(arch);
             assert_eq!(
                 prod.len(),
-                if arch == Arch::Sm90a { 22 } else { 0 },
+                if arch == Arch::Sm90a { 32 } else { 0 },
                 "{arch:?}"
             );
             for c in prod {

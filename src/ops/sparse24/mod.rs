@@ -19,10 +19,10 @@ use crate::ops::work;
 use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
-    compress_production_configs, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
-    parse_wgmma_mainloop, parse_wgmma_split, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs,
+    compress_production_configs, fuse_split, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
+    parse_wgmma_mainloop, parse_wgmma_split, parse_wgmma_split_fuse, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs,
     wgmma_split_config, wgmma_split_plan, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
-    Sparse24WgmmaConfig, SplitPolicy, Tile, WgmmaSplit,
+    FusePolicy, Sparse24WgmmaConfig, SplitPolicy, Tile, WgmmaSplit,
 };
 use host::Layout;
 use std::ffi::c_void;
@@ -808,7 +808,7 @@ fn launch_wgmma(
     if config.meta_sets == 1 && same_tile {
         let policy = wgmma_split_policy()?;
         if let Some(s) = wgmma_split_plan(tiles, k_tiles, rows, p.n as u64, sms, policy) {
-            if wgmma_split_fused()? {
+            if fuse_split(s.splits, wgmma_split_fuse_policy()?) {
                 let fused_cfg = wgmma_config_variant(p.activation, p.dtype, arch, 3, 1);
                 if launch_wgmma_split_fused(p, &mut params, &fused_cfg, s, tiles, sms, info, stream)? {
                     return Ok(());
@@ -919,7 +919,7 @@ fn launch_wgmma_split(
     }
 }
 
-/// Fused split-k wgmma_sp (kernel form Epi = 3; opt-in, not yet measured on a GPU): `split.splits`
+/// Fused split-k wgmma_sp (kernel form Epi = 3; where `fuse_split` says so): `split.splits`
 /// k chunks x `tiles` tiles as work units; the chunks of a tile pass a running fp32 sum through one
 /// workspace slot per tile (256 x 128 fp32 = 128 KiB at the production tile) in chunk order, guarded
 /// by a per-tile counter (zeroed here with cuMemsetD32Async); the last chunk runs the staged epilogue
@@ -976,14 +976,14 @@ fn launch_wgmma_split_fused(
     }
 }
 
-/// Whether split-k fuses the reduce ($FERROATTN_SPARSE24_SPLITK_FUSE: "1" on; unset / "0" off,
-/// the default until the fused kernel is measured on a GPU). Read per call.
-fn wgmma_split_fused() -> Result<bool> {
-    match std::env::var("FERROATTN_SPARSE24_SPLITK_FUSE").as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok(v) => Err(Error::argument("FERROATTN_SPARSE24_SPLITK_FUSE", "\"0\", \"1\" or unset", format!("{v:?}"))),
-    }
+/// When split-k fuses the reduce ($FERROATTN_SPARSE24_SPLITK_FUSE: unset = `fuse_split`'s measured
+/// rule, "1" always, "0" never). Read per call.
+fn wgmma_split_fuse_policy() -> Result<FusePolicy> {
+    let v = std::env::var("FERROATTN_SPARSE24_SPLITK_FUSE").ok();
+    parse_wgmma_split_fuse(v.as_deref()).ok_or_else(|| {
+        let got = format!("{:?}", v.unwrap_or_default());
+        Error::argument("FERROATTN_SPARSE24_SPLITK_FUSE", "\"0\", \"1\" or unset", got)
+    })
 }
 
 /// How wgmma_sp splits k: $FERROATTN_SPARSE24_SPLITK ("auto" or unset: the cost rule of
