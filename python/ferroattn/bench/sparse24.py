@@ -384,16 +384,18 @@ def summarize(points: Sequence[dict]) -> dict:
         ci = [((p.get(paired_key) or {}).get(key) or {}).get("ratio_ci") for p in sel]
         return {"goal": goal, "n_below": len(sel), "n_ci_below": sum(1 for c in ci if c and c[1] < goal)}
 
+    def ratio_stats(prefix):   # the ratio statistics of one timing ("gpu_" or "" = per call)
+        return {"speedup_vs_dense_large": stats(vals(prefix + "speedup_vs_dense", large)),
+                "speedup_vs_dense_all": stats(vals(prefix + "speedup_vs_dense")),
+                "speedup_vs_peer_all": stats(vals(prefix + "speedup_vs_peer")),
+                "speedup_vs_peer_large": stats(vals(prefix + "speedup_vs_peer", large)),
+                "auto_vs_dense_all": stats(vals(prefix + "auto_vs_dense")),
+                "peer_vs_dense_large": stats(vals(prefix + "peer_vs_dense", large)),
+                "peer_vs_dense_all": stats(vals(prefix + "peer_vs_dense"))}
+
     invalid = [f"{name} at {p['dtype']} m={p['m']} n={p['n']} k={p['k']}: {why}"
                for p in points for name, why in (p.get("gpu_errors") or {}).items()]
-    gpu = None if basis == "call" else {
-        "speedup_vs_dense_large": stats(vals("gpu_speedup_vs_dense", large)),
-        "speedup_vs_dense_all": stats(vals("gpu_speedup_vs_dense")),
-        "speedup_vs_peer_all": stats(vals("gpu_speedup_vs_peer")),
-        "speedup_vs_peer_large": stats(vals("gpu_speedup_vs_peer", large)),
-        "auto_vs_dense_all": stats(vals("gpu_auto_vs_dense")),
-        "peer_vs_dense_large": stats(vals("gpu_peer_vs_dense", large)),
-        "peer_vs_dense_all": stats(vals("gpu_peer_vs_dense"))}
+    gpu = None if basis == "call" else ratio_stats("gpu_")
     return {
         "basis": basis,
         "rounds": sorted({len(r["ratio_rounds"]) for p in points for r in (p.get(paired_key) or {}).values()}),
@@ -409,12 +411,7 @@ def summarize(points: Sequence[dict]) -> dict:
         "n_ours_failed": sum(1 for p in points if p.get("ours_error")),
         "n_skipped": sum(1 for p in points if p.get("skipped")),
         "peer_refused": sorted({f"{p['n']}x{p['k']} m={p['m']} {p['dtype']}" for p in points if p.get("peer_error")}),
-        "speedup_vs_dense_large": stats(vals("speedup_vs_dense", large)),
-        "speedup_vs_dense_all": stats(vals("speedup_vs_dense")),
-        "speedup_vs_peer_all": stats(vals("speedup_vs_peer")),
-        "speedup_vs_peer_large": stats(vals("speedup_vs_peer", large)),
-        "auto_vs_dense_all": stats(vals("auto_vs_dense")),
-        "peer_vs_dense_large": stats(vals("peer_vs_dense", large)),
+        **ratio_stats(""),
         "max_rel_err": max(vals("rel_err"), default=None),
         "targets": {"vs_dense_large": 1.3, "vs_peer_min": 1.0, "auto_vs_dense_min": 0.95},
     }
