@@ -163,6 +163,33 @@ def test_batch_65536(case):
     assert_close(out, ref(a, b, bias, "relu"))
 
 
+def test_wmma_batch_65600_interior_tiles():
+    """wmma backend, batch 65600 > 65535 grid rows of interior tiles only (m 128, n 256: one
+    128 x 256 default tile; k 64: one 64-deep k tile): blocks with blockIdx.y < 65 run a second
+    batch entry z = y + 65535, which re-initialises the mbarriers of the sm_90a default tile's
+    interior loop (and runs the __syncthreads loop on other archs). a is an overlapping strided
+    view (entry z = rows z .. z + 127 of one (65727, 64) matrix, batch stride 64 elements), so
+    every entry differs (a stale ring slot from entry z - 65535 gives a wrong result) while a
+    takes 8 MB; b (64, 256) is broadcast (batch stride 0); out (65600, 128, 256) bf16 is 4.0 GiB.
+    Checked against the fp32 torch reference on every entry of the blocks with a second entry
+    (z < 65 and z >= 65535) and on a few in between."""
+    if "wmma" not in backends():
+        pytest.skip("wmma backend not supported on this device")
+    torch.manual_seed(11)
+    batch, m, n, k = 65600, 128, 256, 64
+    rows = rnd(batch + m - 1, k)
+    a = rows.as_strided((batch, m, k), (k, k, 1))
+    b = rnd(k, n, scale=k ** -0.5)
+    out = matmul(a, b, backend="wmma")
+    assert out.shape == (batch, m, n)
+    second = batch - 65535
+    idx = torch.cat([torch.arange(0, second + 1), torch.arange(30000, 30004),
+                     torch.arange(65535 - 2, batch)]).to(DEV)
+    assert_close(out[idx], ref(a[idx], b), what="batch entries of blocks with two entries")
+    del rows, a, out
+    torch.cuda.empty_cache()
+
+
 def test_batch_2_pow_20():
     torch.manual_seed(5)
     a, b = rnd(2 ** 20, 2, 8), rnd(2 ** 20, 8, 3)

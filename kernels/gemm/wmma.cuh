@@ -266,22 +266,52 @@ __device__ __forceinline__ void cp_async_full(unsigned dst, const void* src) {
 // bf16 it came out as generic 32-bit LD.E loads (cuobjdump, sm_90a). The registers are written
 // into the fragment's storage as mma.h's own loaders do (the fragment object as an int array of
 // 8 f16x2 registers).
+// The address is given as [base + Off] with the fragment's offset Off (bytes) an immediate:
+// ptxas adds its per-lane row offset to the register part, so every load that shares `base`
+// (one ring slot of one operand) shares one lane address and the LDSM carries Off as its
+// immediate. With the offset folded into the register operand instead ([addr], addr = base +
+// Off), ptxas computed the lane address per load (a VIADD + an IMAD.U32 before each of the 72
+// LDSM of the 128x256x64 tile; cuobjdump, NVRTC 13.0, sm_90a), where bf16 (ldmatrix with the
+// lane offset in the base) needs none.
 #define FERROATTN_WMMA_LD8(OP, LAYOUT)                                                            \
     asm volatile("wmma.load." OP ".sync.aligned." LAYOUT ".m16n16k16.shared.f16"                  \
-                 " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;\n"                                        \
+                 " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8+%10], %9;\n"                                    \
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]),         \
                    "=r"(r[6]), "=r"(r[7])                                                         \
-                 : "r"(addr), "n"(Ldm))
+                 : "r"(base), "n"(Ldm), "n"(Off))
 
-// Operand A (IsA) or B fragment of f16, row- (Row) or column-major, leading dim Ldm elements.
-template <typename T, bool IsA, bool Row, int Ldm, typename Frag>
-__device__ __forceinline__ void wmma_load_shared(Frag& f, unsigned addr) {
+// Operand A (IsA) or B fragment of f16, row- (Row) or column-major, leading dim Ldm elements,
+// first stored element at shared address base + Off bytes.
+template <typename T, bool IsA, bool Row, int Ldm, int Off, typename Frag>
+__device__ __forceinline__ void wmma_load_shared(Frag& f, unsigned base) {
     static_assert(IsHalf<T>::value, "bf16 fragments are loaded with ldmatrix");
     unsigned* r = reinterpret_cast<unsigned*>(&f);
     if constexpr (IsA && Row) FERROATTN_WMMA_LD8("a", "row");
     else if constexpr (IsA) FERROATTN_WMMA_LD8("a", "col");
     else if constexpr (Row) FERROATTN_WMMA_LD8("b", "row");
     else FERROATTN_WMMA_LD8("b", "col");
+}
+
+// wmma_load_shared of fragment x (x < NX, 16 rows of A / 16 columns of B apart) at k offset kk
+// (a multiple of 16, kk < 16 * NK) of a slot whose warp tile starts at `base`: the byte offset
+// is (x * 16 * Ldm + kk) * 2 when the fragment's 16-row (A) / 16-column (B) dim is the line
+// dim (Strided), else (kk * Ldm + x * 16) * 2. x and kk are runtime arguments that are
+// constants after the caller's loops unroll; the asm operand needs an integral constant
+// expression, so the (x, kk) pair is matched against every candidate at compile time and the
+// comparisons fold away (SASS: one LDSM [R + imm] per call, no compares). Arguments outside
+// the candidates trap (a caller bug; the caller's loops stay inside them, and with constant
+// arguments the trap folds away with the compares).
+template <typename T, bool IsA, bool Row, int Ldm, bool Strided, int NX, int NK, int Idx = 0, typename Frag>
+__device__ __forceinline__ void wmma_load_shared_at(Frag& f, unsigned base, int x, int kk) {
+    constexpr int kX = Idx % NX, kK = (Idx / NX) * 16;
+    constexpr int kOff = Strided ? (kX * 16 * Ldm + kK) * 2 : (kK * Ldm + kX * 16) * 2;
+    if (x == kX && kk == kK) {
+        wmma_load_shared<T, IsA, Row, Ldm, kOff>(f, base);
+    } else if constexpr (Idx + 1 < NX * NK) {
+        wmma_load_shared_at<T, IsA, Row, Ldm, Strided, NX, NK, Idx + 1>(f, base, x, kk);
+    } else {
+        __trap();  // (x, kk) outside the candidates: a caller bug, never a silently unloaded fragment
+    }
 }
 #undef FERROATTN_WMMA_LD8
 
@@ -483,19 +513,19 @@ gemm_wmma(const GemmWmmaParams p) {
             const unsigned b_s = b_base + stage * (S::kBStage * 2);
 #pragma unroll
             for (int i = 0; i < kMI; ++i) {
-                const unsigned addr = a_s + (ARow ? (i * 16 * S::kALd + kk) * 2 : (kk * S::kALd + i * 16) * 2);
                 if constexpr (kHalf) {
-                    wmma_load_shared<T, true, ARow, S::kALd>(a[i], addr);
+                    wmma_load_shared_at<T, true, ARow, S::kALd, ARow, kMI, BK / 16>(a[i], a_s, i, kk);
                 } else {
+                    const unsigned addr = a_s + (ARow ? (i * 16 * S::kALd + kk) * 2 : (kk * S::kALd + i * 16) * 2);
                     ldmatrix_x4<!ARow>(reinterpret_cast<unsigned*>(&a[i]), addr);
                 }
             }
 #pragma unroll
             for (int j = 0; j < kNI; ++j) {
-                const unsigned addr = b_s + (BRow ? (kk * S::kBLd + j * 16) * 2 : (j * 16 * S::kBLd + kk) * 2);
                 if constexpr (kHalf) {
-                    wmma_load_shared<T, false, BRow, S::kBLd>(b[j], addr);
+                    wmma_load_shared_at<T, false, BRow, S::kBLd, !BRow, kNI, BK / 16>(b[j], b_s, j, kk);
                 } else {
+                    const unsigned addr = b_s + (BRow ? (kk * S::kBLd + j * 16) * 2 : (j * 16 * S::kBLd + kk) * 2);
                     ldmatrix_x4<BRow>(reinterpret_cast<unsigned*>(&b[j]), addr);
                 }
             }
