@@ -165,9 +165,10 @@ def test_batch_65536(case):
 
 def test_wmma_batch_65600_interior_tiles():
     """wmma backend, batch 65600 > 65535 grid rows of interior tiles only (m 128, n 256: one
-    128 x 256 default tile; k 64: one 64-deep k tile): blocks with blockIdx.y < 65 run a second
-    batch entry z = y + 65535, which re-initialises the mbarriers of the sm_90a default tile's
-    interior loop (and runs the __syncthreads loop on other archs). a is an overlapping strided
+    128 x 256 default tile; k 64: one 64-deep k tile). On sm_90a the default tile is persistent:
+    each CTA loops over (batch entry, tile) items with its mbarrier phases continuing across them
+    and the next item's copies issued under the current one's epilogue; on other archs blocks with
+    blockIdx.y < 65 run a second batch entry z = y + 65535 (the __syncthreads loop). a is an overlapping strided
     view (entry z = rows z .. z + 127 of one (65727, 64) matrix, batch stride 64 elements), so
     every entry differs (a stale ring slot from entry z - 65535 gives a wrong result) while a
     takes 8 MB; b (64, 256) is broadcast (batch stride 0); out (65600, 128, 256) bf16 is 4.0 GiB.

@@ -46,6 +46,13 @@
 //                     ahead of the slowest one instead of meeting all of them every tile (H200,
 //                     session 8: +15 % at 128x256x64 with 4 stages; ncu: the barrier and MIO
 //                     throttle stalls gone).
+//   Persistent (opt-in, Mbarrier only; tile override field 9, never a built-in tile) a
+//              persistent grid: gridDim = (CTAs, 1, 1) over the tiles_m * tiles_n * batch work
+//              items, each CTA looping over items; interior items share one mbarrier pipeline
+//              whose phases continue across items, the next item's first Stages - 2 k tiles are
+//              copied under the current item's last ones and land during its epilogue, which
+//              stages per warp (16 x 16 fp32 at a time) in a slab after the ring; edge items run
+//              the checked single-buffered loop and block-wide epilogue as usual.
 // Copies: interior blocks (block tile inside m x n, k a multiple of BK, every thread's vectors at
 // one element offset of its lines: FastCopy) copy each tile with one global pointer per operand
 // and compile-time shared offsets (cp.async without bound checks), spread over the first half
@@ -131,6 +138,22 @@ struct GemmWmmaShape {
 template <int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages, bool ARow, bool BRow>
 __host__ __device__ constexpr int gemm_wmma_smem_bytes() {
     return GemmWmmaShape<BM, BN, BK, WarpsM, WarpsN, Stages, ARow, BRow>::kSmemBytes;
+}
+
+// Persistent kernels (template argument Persistent): interior tiles stage their fp32 output per
+// warp, one 16 x 16 accumulator at a time, in a slab of WarpsM * WarpsN KiB after the ring
+// (offset rounded up to 128 bytes), so the ring keeps the next tile's first stages while the
+// epilogue runs; edge tiles still stage the whole BM x (BN + 4) tile over the ring.
+template <int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages, bool ARow, bool BRow>
+__host__ __device__ constexpr int gemm_wmma_warp_stage_offset() {
+    return (GemmWmmaShape<BM, BN, BK, WarpsM, WarpsN, Stages, ARow, BRow>::kPipeBytes + 127) / 128 * 128;
+}
+template <int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages, bool ARow, bool BRow>
+__host__ __device__ constexpr int gemm_wmma_persistent_smem_bytes() {
+    using S = GemmWmmaShape<BM, BN, BK, WarpsM, WarpsN, Stages, ARow, BRow>;
+    constexpr int kLive = gemm_wmma_warp_stage_offset<BM, BN, BK, WarpsM, WarpsN, Stages, ARow, BRow>() +
+                          WarpsM * WarpsN * 16 * 16 * 4;
+    return kLive > S::kEpiBytes ? kLive : S::kEpiBytes;
 }
 
 namespace gemm_wmma_detail {
@@ -412,7 +435,8 @@ __device__ __forceinline__ bool vec4_ok(const void* p, long long ld, long long b
 }  // namespace gemm_wmma_detail
 
 template <typename T, typename TOut, int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages,
-          bool ARow, bool BRow, int VecA, int VecB, bool DoubleBuffer, bool Mbarrier = false>
+          bool ARow, bool BRow, int VecA, int VecB, bool DoubleBuffer, bool Mbarrier = false,
+          bool Persistent = false>
 __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
 gemm_wmma(const GemmWmmaParams p) {
     namespace wm = nvcuda::wmma;
@@ -452,8 +476,9 @@ gemm_wmma(const GemmWmmaParams p) {
     const int first_m = (tile / per_group) * kGroup;
     const int group_rows = min(p.tiles_m - first_m, kGroup);
     const int in_group = tile % per_group;
-    const int m0 = (first_m + in_group % group_rows) * BM;
-    const int n0 = (in_group / group_rows) * BN;
+    // (not const: the persistent loop points them at each of its tiles before batch_entry)
+    int m0 = (first_m + in_group % group_rows) * BM;
+    int n0 = (in_group / group_rows) * BN;
     const int k_tiles = (p.k + BK - 1) / BK;
 
     const bool out_vec = vec4_ok<TOut>(p.out, p.out_ld, p.out_batch_stride);
@@ -777,10 +802,271 @@ gemm_wmma(const GemmWmmaParams p) {
         }
         __syncthreads();  // the staged tile is the next batch entry's ring
     };
+    if constexpr (Persistent) {
+        // Persistent grid (template argument Persistent; needs the mbarrier pipeline). The work
+        // items are (batch entry z, block tile) pairs, w = z * tiles + tile (tiles in the grouped
+        // order above); block b runs w = b, b + gridDim.x, ... (gridDim.y is 1). Interior items
+        // form one stream of k tiles through the ring: the CTA's interior k tile number g (over all
+        // its interior items) lives in slot g % Stages, its full / empty phases are phase g / Stages
+        // of that slot's barriers, initialised once per CTA, so the phases continue across items.
+        // While an item multiplies its last kDist k tiles, the copies of the NEXT item's first
+        // kDist k tiles go out (when that item is interior too and k_tiles >= kDist), so they land
+        // during this item's epilogue, which stages through a per-warp 16 x 16 fp32 slab outside
+        // the ring (gemm_wmma_persistent_smem_bytes) instead of the ring. Edge items run
+        // batch_entry's checked loop and block-wide epilogue as in the default kernel, after a
+        // __syncthreads when an interior item precedes them (nothing is prefetched for them).
+        static_assert(Mbarrier, "the persistent loop runs the mbarrier pipeline");
+        constexpr int kSteps = BK / 16;
+        constexpr int kParts = kSteps / 2 > 1 ? kSteps / 2 : 1;
+        constexpr int kDist = Stages - 2;
+        constexpr int kStageOff = gemm_wmma_warp_stage_offset<BM, BN, BK, WarpsM, WarpsN, Stages, ARow, BRow>();
+        const long long tiles = static_cast<long long>(p.tiles_m) * p.tiles_n;
+        const long long items = tiles * p.batch;
+        auto locate = [&](long long w, long long& z, int& mm, int& nn) {
+            z = w / tiles;
+            const int t = static_cast<int>(w - z * tiles);
+            const int fm = (t / per_group) * kGroup;
+            const int gr = min(p.tiles_m - fm, kGroup);
+            const int ig = t % per_group;
+            mm = (fm + ig % gr) * BM;
+            nn = (ig / gr) * BN;
+        };
+        auto inside = [&](int mm, int nn) {
+            return CA::kOk && CB::kOk && mm + BM <= p.m && nn + BN <= p.n && p.k % BK == 0;
+        };
+        const unsigned full0 = smem_addr(mbar), empty0 = full0 + 8u * Stages;
+        if (tid == 0) {
+#pragma unroll
+            for (int s = 0; s < Stages; ++s) {
+                mbar_init(full0 + 8u * s, kThreads);
+                mbar_init(empty0 + 8u * s, kThreads / 32);
+            }
+        }
+        __syncthreads();  // barriers initialised
+        float* const wstage = reinterpret_cast<float*>(smem + kStageOff) + warp * 256;
+
+        // Copy plan (as batch_entry's fast path): this thread's first vector of A and B of a tile.
+        const int a_l = tid / CA::kVecPerLine, a_e = (tid % CA::kVecPerLine) * VecA;
+        const int b_l = tid / CB::kVecPerLine, b_e = (tid % CB::kVecPerLine) * VecB;
+        const unsigned a_s0 = smem_addr(sA) + (a_l * S::kALd + a_e) * 2;
+        const unsigned b_s0 = smem_addr(sB) + (b_l * S::kBLd + b_e) * 2;
+        const T* a_g = nullptr;  // copy cursor: the k tile whose copies go out next
+        const T* b_g = nullptr;
+        auto point_copies = [&](long long z, int mm, int nn) {
+            const T* const A = static_cast<const T*>(p.a) + z * p.a_batch_stride;
+            const T* const B = static_cast<const T*>(p.b) + z * p.b_batch_stride;
+            a_g = A + (ARow ? static_cast<long long>(mm + a_l) * p.a_ld + a_e
+                            : static_cast<long long>(a_l) * p.a_ld + (mm + a_e));
+            b_g = B + (BRow ? static_cast<long long>(b_l) * p.b_ld + (nn + b_e)
+                            : static_cast<long long>(nn + b_l) * p.b_ld + b_e);
+        };
+        auto copy_part = [&](unsigned slot, int part, int parts) {
+            constexpr int kN = CA::kPer + CB::kPer;
+            const unsigned sa = a_s0 + slot * (S::kAStage * 2);
+            const unsigned sb = b_s0 + slot * (S::kBStage * 2);
+#pragma unroll
+            for (int j = 0; j < kN; ++j) {
+                if (j * parts / kN != part) continue;
+                if (j < CA::kPer) {
+                    cp_async_full<VecA * 2>(sa + j * (CA::kLineStep * S::kALd * 2),
+                                            a_g + static_cast<long long>(j * CA::kLineStep) * p.a_ld);
+                } else {
+                    const int jb = j - CA::kPer;
+                    cp_async_full<VecB * 2>(sb + jb * (CB::kLineStep * S::kBLd * 2),
+                                            b_g + static_cast<long long>(jb * CB::kLineStep) * p.b_ld);
+                }
+            }
+            if (part == parts - 1) {
+                a_g += ARow ? static_cast<long long>(BK) : BK * p.a_ld;
+                b_g += BRow ? BK * p.b_ld : static_cast<long long>(BK);
+            }
+        };
+        // Wait until slot g % Stages is free for k tile g: its previous k tile g - Stages was
+        // consumed by every warp (that empty phase of the slot completed).
+        auto empty_wait = [&](unsigned g) {
+            if (g >= static_cast<unsigned>(Stages))
+                mbar_wait(empty0 + 8u * (g % Stages), (g / Stages - 1u) & 1u);
+        };
+
+        using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, T, LayoutA>;
+        using FragB = wm::fragment<wm::matrix_b, 16, 16, 16, T, LayoutB>;
+        FragA fa[2][kMI];
+        FragB fb[2][kNI];
+        const unsigned a_base = smem_addr(sA) +
+                                (kHalf ? 0u : ldsm_lane_offset<ARow, S::kALd>(lane)) +
+                                (ARow ? warp_m * kWM * S::kALd * 2 : warp_m * kWM * 2);
+        const unsigned b_base = smem_addr(sB) +
+                                (kHalf ? 0u : ldsm_lane_offset<BRow, S::kBLd>(lane)) +
+                                (BRow ? warp_n * kWN * 2 : warp_n * kWN * S::kBLd * 2);
+        auto load_frags = [&](FragA (&a)[kMI], FragB (&b)[kNI], unsigned slot, int kk) {
+            const unsigned a_s = a_base + slot * (S::kAStage * 2);
+            const unsigned b_s = b_base + slot * (S::kBStage * 2);
+#pragma unroll
+            for (int i = 0; i < kMI; ++i) {
+                if constexpr (kHalf) {
+                    wmma_load_shared_at<T, true, ARow, S::kALd, ARow, kMI, BK / 16>(a[i], a_s, i, kk);
+                } else {
+                    const unsigned addr = a_s + (ARow ? (i * 16 * S::kALd + kk) * 2 : (kk * S::kALd + i * 16) * 2);
+                    ldmatrix_x4<!ARow>(reinterpret_cast<unsigned*>(&a[i]), addr);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kNI; ++j) {
+                if constexpr (kHalf) {
+                    wmma_load_shared_at<T, false, BRow, S::kBLd, !BRow, kNI, BK / 16>(b[j], b_s, j, kk);
+                } else {
+                    const unsigned addr = b_s + (BRow ? (kk * S::kBLd + j * 16) * 2 : (j * 16 * S::kBLd + kk) * 2);
+                    ldmatrix_x4<BRow>(reinterpret_cast<unsigned*>(&b[j]), addr);
+                }
+            }
+        };
+
+        unsigned g = 0;         // interior k tiles of this CTA before the current item
+        bool primed = false;    // the current item's first kDist k tiles are already issued
+        bool prev_inter = false;
+        long long w = blockIdx.x;
+        long long z = 0;
+        if (w < items) locate(w, z, m0, n0);
+        while (w < items) {
+            const long long wn = w + gridDim.x;
+            long long zn = 0;
+            int mn = 0, nn = 0;
+            if (wn < items) locate(wn, zn, mn, nn);
+            if (!inside(m0, n0)) {
+                if (prev_inter) __syncthreads();  // every warp is done with the ring
+                batch_entry(z, false);            // ends with __syncthreads
+                prev_inter = false;
+            } else {
+                // the next item's first kDist k tiles go out under this item's last ones
+                const bool chain = wn < items && inside(mn, nn) && k_tiles >= kDist;
+                if (!primed) {
+                    point_copies(z, m0, n0);
+#pragma unroll
+                    for (int s = 0; s < kDist; ++s) {
+                        if (s < k_tiles) {
+                            empty_wait(g + s);
+                            copy_part((g + s) % Stages, 0, 1);
+                            cp_async_mbar_arrive(full0 + 8u * ((g + s) % Stages));
+                        }
+                    }
+                }
+                wm::fragment<wm::accumulator, 16, 16, 16, float> acc[kMI][kNI];
+#pragma unroll
+                for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                    for (int j = 0; j < kNI; ++j) wm::fill_fragment(acc[i][j], 0.0f);
+                mbar_wait(full0 + 8u * (g % Stages), (g / Stages) & 1u);  // k tile 0 landed
+                load_frags(fa[0], fb[0], g % Stages, 0);
+                // One k tile kt (global number g + kt); `issue`: the copies of k tile kt + kDist
+                // (this item's, or the next item's after point_copies) go out under it.
+                auto k_tile = [&](const int kt, const bool issue) {
+                    const unsigned gt = g + kt;
+                    const unsigned stage = gt % Stages;
+                    const unsigned gn = gt + kDist;
+                    const unsigned nslot = gn % Stages;
+#pragma unroll
+                    for (int step = 0; step < kSteps; ++step) {
+                        const int cur = step & 1;
+                        if (step == kSteps - 1 && kt + 1 < k_tiles) {
+                            mbar_wait(full0 + 8u * ((gt + 1) % Stages), ((gt + 1) / Stages) & 1u);
+                        }
+                        if (step + 1 < kSteps) {
+                            load_frags(fa[cur ^ 1], fb[cur ^ 1], stage, (step + 1) * 16);
+                        } else if (kt + 1 < k_tiles) {
+                            load_frags(fa[cur ^ 1], fb[cur ^ 1], (gt + 1) % Stages, 0);
+                        }
+                        if (step < kParts && issue) {
+                            if (step == 0) empty_wait(gn);
+                            copy_part(nslot, step, kParts);
+                            if (step == kParts - 1) cp_async_mbar_arrive(full0 + 8u * nslot);
+                        }
+#pragma unroll
+                        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                            for (int j = 0; j < kNI; ++j)
+                                wm::mma_sync(acc[i][j], fa[cur][i], fb[cur][j], acc[i][j]);
+                    }
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8u * stage);
+                };
+                // k tiles whose copy partner kt + kDist is this item's, then the last kDist ones,
+                // under which the next item's first k tiles go out (chain) or nothing; the copy
+                // cursor moves to the next item once, between the two loops (a branch inside the
+                // loop was if-converted: ~30 instructions of pointer math per k tile).
+                const int k_own = k_tiles > kDist ? k_tiles - kDist : 0;
+                for (int kt = 0; kt < k_own; ++kt) k_tile(kt, true);
+                if (chain) point_copies(zn, mn, nn);
+                for (int kt = k_own; kt < k_tiles; ++kt) k_tile(kt, chain);
+                g += static_cast<unsigned>(k_tiles);
+                primed = chain;
+
+                // Epilogue of this warp's kWM x kWN outputs, one 16 x 16 accumulator at a time
+                // through the warp's slab: lane l handles groups of 4 columns f = l and l + 32 of
+                // the 64 in the 16 x 16 block (row f / 4), so 8 lanes read 128 contiguous bytes.
+                // The tile is interior: every group is in range (count 4).
+                TOut* const out = static_cast<TOut*>(p.out) + z * p.out_batch_stride;
+                const TOut* const cm = static_cast<const TOut*>(p.c) + z * p.c_batch_stride;
+                TOut* const aux = static_cast<TOut*>(p.aux) + z * p.aux_batch_stride;
+                const int row0 = m0 + warp_m * kWM, col0 = n0 + warp_n * kWN;
+#pragma unroll 1
+                for (int c = 0; c < kMI * kNI; ++c) {
+                    __syncwarp();  // the previous block's reads are done
+#pragma unroll
+                    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                        for (int j = 0; j < kNI; ++j)
+                            if (c == i * kNI + j) wm::store_matrix_sync(wstage, acc[i][j], 16, wm::mem_row_major);
+                    __syncwarp();
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int f = lane + 32 * h;
+                        const int r = f >> 2, c4 = (f & 3) * 4;
+                        const float4 v = *reinterpret_cast<const float4*>(wstage + r * 16 + c4);
+                        const int row = row0 + (c / kNI) * 16 + r;
+                        const int col = col0 + (c % kNI) * 16 + c4;
+                        float x[4] = {p.alpha * v.x, p.alpha * v.y, p.alpha * v.z, p.alpha * v.w};
+                        if (p.beta != 0.0f) {
+                            float cv[4];
+                            load4<TOut>(cm + static_cast<long long>(row) * p.c_ld + col, c_vec, 4, cv);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) x[e] += p.beta * cv[e];
+                        }
+                        if (p.bias != nullptr) {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                x[e] += p.bias_f32 ? static_cast<const float*>(p.bias)[col + e]
+                                                   : to_float<T>(static_cast<const T*>(p.bias)[col + e]);
+                            }
+                        }
+                        if (p.aux != nullptr) {
+                            store4<TOut>(aux + static_cast<long long>(row) * p.aux_ld + col, aux_vec, 4, x);
+                        }
+                        if (p.activation != kActNone) {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) x[e] = activate_rt(p.activation, x[e]);
+                        }
+                        store4<TOut>(out + static_cast<long long>(row) * p.out_ld + col, out_vec, 4, x);
+                    }
+                }
+                prev_inter = true;
+            }
+            w = wn;
+            z = zn;
+            m0 = mn;
+            n0 = nn;
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // every thread is past its last barrier operation
+        if (tid == 0) {
+#pragma unroll
+            for (int s = 0; s < 2 * Stages; ++s) mbar_inval(full0 + 8u * s);
+        }
+    } else {
     if (interior) {
         for (long long z = blockIdx.y; z < p.batch; z += gridDim.y) batch_entry(z, true);
     } else {
         for (long long z = blockIdx.y; z < p.batch; z += gridDim.y) batch_entry(z, false);
+    }
     }
 }
 

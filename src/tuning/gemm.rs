@@ -26,6 +26,13 @@ pub struct WmmaTile {
     /// double-buffered interior loop, copies `stages - 2` tiles ahead (kernel template
     /// `Mbarrier`, kernels/gemm/wmma.cuh); needs `double_buffer` and at least 3 stages.
     pub mbarrier: bool,
+    /// Persistent grid (kernel template `Persistent`, kernels/gemm/wmma.cuh; LARGE_SM90, and the
+    /// tile override's 9th field): a balanced grid of at most one CTA per
+    /// SM loops over the (batch entry, tile) items; interior items keep the mbarrier pipeline's
+    /// phases across items, and the next item's first `stages - 2` k tiles are copied while the
+    /// current item multiplies its last ones and runs its epilogue, which stages through a
+    /// per-warp 16 x 16 fp32 slab after the ring. Needs `mbarrier`.
+    pub persistent: bool,
 }
 
 impl WmmaTile {
@@ -38,21 +45,23 @@ impl WmmaTile {
     /// (kernels/gemm/wmma.cuh), which keeps every layout spill-free. H200, session 8 (.dev/w2,
     /// paired vs cuBLAS on 12 target points): median 0.534x, min 0.517x, where the same tile with
     /// one `__syncthreads` per tile and 3 stages (the session-7 default) gave 0.463x / 0.421x,
-    /// 256 x 128 x 64 with mbarriers 0.509x, 128 x 128 x 64 (two blocks per SM) 0.477x. Its ring
-    /// (up to 216 KiB) needs sm_90's shared memory: other archs take [`LARGE`].
+    /// 256 x 128 x 64 with mbarriers 0.509x, 128 x 128 x 64 (two blocks per SM) 0.477x. Persistent
+    /// (.dev/w4, session 8: the next tile's fill under this tile's epilogue): 1.030x the
+    /// non-persistent kernel (paired median on 8 k = 4096 points + 8192^3; 0.996-1.056). Its ring
+    /// (up to 216 KiB + 8 KiB of epilogue slabs) needs sm_90's shared memory: other archs take [`LARGE`].
     pub const LARGE_SM90: WmmaTile =
-        WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 4, double_buffer: true, mbarrier: true };
+        WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 4, double_buffer: true, mbarrier: true, persistent: true };
     /// Other archs: 128 x 256 x 32, 3 stages, double-buffered fragments (no spills on sm_80; on
     /// the H200 median 0.417x cuBLAS on the 12 points where the session-7 LARGE_SM90 gave 0.475x).
     pub const LARGE: WmmaTile =
-        WmmaTile { bm: 128, bn: 256, bk: 32, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true, mbarrier: false };
+        WmmaTile { bm: 128, bn: 256, bk: 32, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true, mbarrier: false, persistent: false };
     /// 128 x 128 on 4 warps of 64 x 64, 3 stages: two blocks per SM. Single-buffered: with
     /// double buffering (and with 4 stages on sm_80) its 64 x 64 warp tiles spill.
     pub const MEDIUM: WmmaTile =
-        WmmaTile { bm: 128, bn: 128, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: false, mbarrier: false };
+        WmmaTile { bm: 128, bn: 128, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: false, mbarrier: false, persistent: false };
     /// 64 x 64 on 4 warps of 32 x 32: for problems with too few 128-tiles to fill the GPU.
     pub const SMALL: WmmaTile =
-        WmmaTile { bm: 64, bn: 64, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: true, mbarrier: false };
+        WmmaTile { bm: 64, bn: 64, bk: 32, warps_m: 2, warps_n: 2, stages: 3, double_buffer: true, mbarrier: false, persistent: false };
 
     /// The large tile of `arch` (LARGE_SM90 on sm_90a, LARGE elsewhere).
     pub fn large(arch: Arch) -> WmmaTile {
@@ -85,6 +94,7 @@ impl WmmaTile {
             && wn >= 16
             && self.stages >= 2
             && (!self.mbarrier || (self.double_buffer && self.stages >= 3))
+            && (!self.persistent || self.mbarrier)
             && (self.bm * self.bk / 8).is_multiple_of(self.threads())
             && (self.bn * self.bk / 8).is_multiple_of(self.threads())
     }
@@ -116,7 +126,11 @@ impl GemmWmmaConfig {
 
     pub fn name_expression(&self) -> String {
         let t = &self.tile;
-        let mbar = if t.mbarrier { ", true" } else { "" };
+        let mbar = match (t.mbarrier, t.persistent) {
+            (_, true) => ", true, true",
+            (true, false) => ", true",
+            (false, false) => "",
+        };
         format!(
             "{}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}{}>",
             Self::KERNEL,
@@ -153,7 +167,13 @@ impl GemmWmmaConfig {
         let (b_lines, b_len) = if self.b_row_major { (t.bk, t.bn) } else { (t.bn, t.bk) };
         let ring = t.stages * (a_lines * (a_len + 8) + b_lines * (b_len + 8)) * 2;
         let epilogue = t.bm * (t.bn + 4) * 4;
-        ring.max(epilogue)
+        if t.persistent {
+            // + per-warp 16 x 16 fp32 slabs after the ring (offset rounded up to 128 bytes):
+            // kernels/gemm/wmma.cuh gemm_wmma_persistent_smem_bytes
+            (ring.div_ceil(128) * 128 + t.warps_m * t.warps_n * 16 * 16 * 4).max(epilogue)
+        } else {
+            ring.max(epilogue)
+        }
     }
 
     /// Block tiles along m and n.
@@ -241,9 +261,10 @@ pub fn wmma_config(p: &GemmProblem, tile: Option<WmmaTile>, sm_count: u32, arch:
     }
 }
 
-/// Parse a tile override "bm,bn,bk,warps_m,warps_n,stages[,double_buffer 0|1[,mbarrier 0|1]]"
-/// (the FERROATTN_GEMM_WMMA_TILE environment variable, for tuning experiments; double_buffer
-/// defaults to 1, mbarrier to 0); None when malformed or invalid.
+/// Parse a tile override "bm,bn,bk,warps_m,warps_n,stages[,double_buffer 0|1[,mbarrier 0|1
+/// [,persistent 0|1]]]" (the FERROATTN_GEMM_WMMA_TILE environment variable, for tuning
+/// experiments; double_buffer defaults to 1, mbarrier and persistent to 0); None when malformed
+/// or invalid.
 pub fn parse_tile(text: &str) -> Option<WmmaTile> {
     let v: Vec<u32> = text
         .split(',')
@@ -257,13 +278,14 @@ pub fn parse_tile(text: &str) -> Option<WmmaTile> {
         1 => Some(true),
         _ => None,
     };
-    let (double_buffer, mbarrier) = match db {
-        [] => (true, false),
-        [d] => (flag(*d)?, false),
-        [d, mb] => (flag(*d)?, flag(*mb)?),
+    let (double_buffer, mbarrier, persistent) = match db {
+        [] => (true, false, false),
+        [d] => (flag(*d)?, false, false),
+        [d, mb] => (flag(*d)?, flag(*mb)?, false),
+        [d, mb, ps] => (flag(*d)?, flag(*mb)?, flag(*ps)?),
         _ => return None,
     };
-    let t = WmmaTile { bm, bn, bk, warps_m, warps_n, stages, double_buffer, mbarrier };
+    let t = WmmaTile { bm, bn, bk, warps_m, warps_n, stages, double_buffer, mbarrier, persistent };
     t.is_valid().then_some(t)
 }
 
@@ -335,6 +357,8 @@ mod tests {
         assert!(WmmaTile { mbarrier: true, ..WmmaTile::SMALL }.is_valid());
         assert!(!WmmaTile { mbarrier: true, ..WmmaTile::MEDIUM }.is_valid()); // single-buffered
         assert!(!WmmaTile { stages: 2, mbarrier: true, ..WmmaTile::SMALL }.is_valid());
+        assert!(WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 }.is_valid());
+        assert!(!WmmaTile { persistent: true, ..WmmaTile::LARGE }.is_valid()); // no mbarriers
         assert!(!WmmaTile { bn: 72, ..WmmaTile::MEDIUM }.is_valid()); // warp width 36
         assert!(WmmaTile { bn: 96, ..WmmaTile::MEDIUM }.is_valid()); // warp width 48
     }
@@ -358,14 +382,25 @@ mod tests {
         // LARGE_SM90 (BK 64, 4 stages): NN 4 x (A 128 x 72 + B 64 x 264), TT 4 x (A 64 x 136 +
         // B 256 x 72), NT (the linear layout) 4 x (A 128 x 72 + B 256 x 72) = 216 KiB; plus the
         // mbarriers' static bytes where tiles are checked against the arch's limit
-        let t = WmmaTile::LARGE_SM90;
+        let t = WmmaTile { persistent: false, ..WmmaTile::LARGE_SM90 };
         assert_eq!(cfg(t, true, true).smem_bytes(), 4 * (128 * 72 + 64 * 264) * 2);
         assert_eq!(cfg(t, false, false).smem_bytes(), 4 * (64 * 136 + 256 * 72) * 2);
         assert_eq!(cfg(t, true, false).smem_bytes(), 4 * (128 * 72 + 256 * 72) * 2);
         assert_eq!(smem_of(t, true, false), 4 * (128 * 72 + 256 * 72) * 2 + MBARRIER_SMEM_MARGIN);
         assert_eq!(smem_of(WmmaTile::LARGE, true, false), cfg(WmmaTile::LARGE, true, false).smem_bytes());
+        // persistent: + 8 warps x 1 KiB of epilogue slabs after the ring (NT: 221184 + 8192 +
+        // the margin = 230400 <= 227 KiB; every layout fits sm_90a)
+        let ps = WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 };
+        assert_eq!(cfg(ps, true, false).smem_bytes(), 4 * (128 * 72 + 256 * 72) * 2 + 8 * 1024);
+        assert_eq!(cfg(ps, true, true).smem_bytes(), 4 * (128 * 72 + 64 * 264) * 2 + 8 * 1024);
+        for (a, b) in [(true, true), (true, false), (false, true), (false, false)] {
+            assert!(smem_of(ps, a, b) <= Arch::Sm90a.max_smem_per_block(), "{a} {b}");
+        }
+        // a ring smaller than the staged edge tile: the edge epilogue sets the size
+        let small = WmmaTile { stages: 3, persistent: true, mbarrier: true, ..WmmaTile::LARGE };
+        assert_eq!(cfg(small, false, false).smem_bytes(), 128 * 260 * 4);
         // a tile whose staged 64 x (512 + 4) fp32 output exceeds its 2-stage ring
-        let t = WmmaTile { bm: 64, bn: 512, bk: 32, warps_m: 2, warps_n: 4, stages: 2, double_buffer: true, mbarrier: false };
+        let t = WmmaTile { bm: 64, bn: 512, bk: 32, warps_m: 2, warps_n: 4, stages: 2, double_buffer: true, mbarrier: false, persistent: false };
         // (ring 2 x (64 x 40 + 32 x 520) x 2 = 76800 bytes)
         assert_eq!(cfg(t, true, true).smem_bytes(), 64 * 516 * 4);
     }
@@ -378,10 +413,16 @@ mod tests {
             "ferroattn::gemm_wmma<__nv_bfloat16, float, 128, 128, 32, 2, 2, 3, true, false, 8, 2, false>"
         );
         // Mbarrier = true is appended (the kernel's last template argument, default false)
-        let c = cfg(WmmaTile::LARGE_SM90, false, true);
+        let c = cfg(WmmaTile { persistent: false, ..WmmaTile::LARGE_SM90 }, false, true);
         assert_eq!(
             c.name_expression(),
             "ferroattn::gemm_wmma<__nv_bfloat16, float, 128, 256, 64, 2, 4, 4, false, true, 8, 2, true, true>"
+        );
+        // Persistent = true follows Mbarrier
+        let c = cfg(WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 }, true, false);
+        assert_eq!(
+            c.name_expression(),
+            "ferroattn::gemm_wmma<__nv_bfloat16, float, 128, 256, 64, 2, 4, 4, true, false, 8, 2, true, true, true>"
         );
     }
 
@@ -443,8 +484,8 @@ mod tests {
         assert_eq!(parse_tile("128,128,32,2,2,3,0"), Some(WmmaTile::MEDIUM));
         assert_eq!(parse_tile(" 64, 64, 32, 2, 2, 3 "), Some(WmmaTile::SMALL));
         assert_eq!(parse_tile("128,128,32,2,2"), None);
-        assert_eq!(parse_tile("128,256,64,2,4,4,1,1"), Some(WmmaTile::LARGE_SM90));
-        let s7 = WmmaTile { stages: 3, mbarrier: false, ..WmmaTile::LARGE_SM90 }; // session 7's default
+        assert_eq!(parse_tile("128,256,64,2,4,4,1,1"), Some(WmmaTile { persistent: false, ..WmmaTile::LARGE_SM90 }));
+        let s7 = WmmaTile { stages: 3, mbarrier: false, persistent: false, ..WmmaTile::LARGE_SM90 }; // session 7's default
         assert_eq!(parse_tile("128,256,64,2,4,3,1"), Some(s7));
         assert_eq!(parse_tile("128,256,64,2,4,3"), Some(s7));
         assert_eq!(parse_tile("128,256,64,2,4,3,0"), Some(WmmaTile { double_buffer: false, ..s7 }));
@@ -458,7 +499,14 @@ mod tests {
         assert_eq!(parse_tile("128,256,64,2,4,3,0,1"), None); // mbarriers need double buffering
         assert_eq!(parse_tile("128,256,64,2,4,2,1,1"), None); // and 3 stages
         assert_eq!(parse_tile("128,256,64,2,4,3,1,2"), None);
-        assert_eq!(parse_tile("128,256,64,2,4,3,1,0,1"), None);
+        assert_eq!(parse_tile("128,256,64,2,4,3,1,0,1"), None); // persistent needs mbarriers
+        let ps = WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 };
+        assert_eq!(ps, WmmaTile::LARGE_SM90); // the sm_90a default is persistent
+        let np = WmmaTile { persistent: false, ..WmmaTile::LARGE_SM90 };
+        assert_eq!(parse_tile("128,256,64,2,4,4,1,1,1"), Some(ps));
+        assert_eq!(parse_tile("128,256,64,2,4,4,1,1,0"), Some(np));
+        assert_eq!(parse_tile("128,256,64,2,4,4,1,1,2"), None);
+        assert_eq!(parse_tile("128,256,64,2,4,4,1,1,1,1"), None);
         assert_eq!(parse_tile("128,128,24,2,2,4"), None);
         assert_eq!(parse_tile("a,b"), None);
     }

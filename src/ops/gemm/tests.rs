@@ -233,6 +233,18 @@ fn launch_shape_and_params() {
     assert_eq!((prm.bias_f32, prm.beta, prm.c), (1, 0.0, std::ptr::null()));
     // sm_86 (99 KiB of shared memory per block) cannot hold LARGE's ring: MEDIUM
     assert_eq!(wmma_config(&p, None, 84, Arch::Sm86).tile, WmmaTile::MEDIUM);
+    // the persistent tile (opt-in override): one row of the grid, balanced over the items
+    // (tiles x batch; 2 x 512 = 1024 items on 132 SMs: 8 waves -> 128 CTAs), same block and smem
+    if std::env::var(crate::ops::persistent::GRID_ENV).is_err() {
+        let ps = WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 };
+        let cfg = wmma_config(&p, Some(ps), 132, Arch::Sm90a);
+        let s = super::wmma::persistent_shape(&p, &cfg, 132).unwrap();
+        assert_eq!((s.grid, s.block, s.dynamic_smem_bytes), ((128, 1, 1), (256, 1, 1), cfg.smem_bytes()));
+        let big = problem_of(1 << 20, 128, 256, 64); // a batch of 2^20 one-tile entries
+        let s = super::wmma::persistent_shape(&big, &wmma_config(&big, Some(ps), 132, Arch::Sm90a), 132).unwrap();
+        assert_eq!(s.grid, (132, 1, 1));
+        s.check().unwrap();
+    }
 }
 
 #[test]
@@ -279,6 +291,20 @@ fn smem_formula_matches_the_kernel() {
         src += &format!(
             "static_assert(ferroattn::gemm_wmma_smem_bytes<{}, {}, {}, {}, {}, {}, {}, {}>() == {}, \"smem\");\n",
             t.bm, t.bn, t.bk, t.warps_m, t.warps_n, t.stages, c.a_row_major, c.b_row_major, c.smem_bytes()
+        );
+    }
+    // the persistent tile's formula (opt-in tile override)
+    for (a, b) in [(true, true), (true, false), (false, true), (false, false)] {
+        let c = GemmWmmaConfig {
+            tile: WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 },
+            a_row_major: a,
+            b_row_major: b,
+            ..cfgs[0]
+        };
+        let t = &c.tile;
+        src += &format!(
+            "static_assert(ferroattn::gemm_wmma_persistent_smem_bytes<{}, {}, {}, {}, {}, {}, {}, {}>() == {}, \"smem\");\n",
+            t.bm, t.bn, t.bk, t.warps_m, t.warps_n, t.stages, a, b, c.smem_bytes()
         );
     }
     src += "__global__ void probe() {}\n";

@@ -90,6 +90,7 @@ pub fn params(p: &GemmProblem, config: &GemmWmmaConfig) -> GemmWmmaParams {
 
 /// Grid (tiles_m · tiles_n, min(batch, 65535)): the kernel loops over the batch in steps of
 /// gridDim.y, so any batch count runs. Block: the tile's threads; smem from the config.
+/// (A persistent tile's grid is set by [`persistent_shape`] instead.)
 pub fn launch_shape(p: &GemmProblem, config: &GemmWmmaConfig) -> LaunchShape {
     let (tm, tn) = config.tiles(p.m, p.n);
     LaunchShape {
@@ -103,8 +104,21 @@ pub fn launch_shape(p: &GemmProblem, config: &GemmWmmaConfig) -> LaunchShape {
     }
 }
 
+/// Launch shape of a persistent tile (`WmmaTile::persistent`): grid (g, 1, 1) with g the
+/// persistent grid ($FERROATTN_PERSISTENT_GRID, src/tuning/grid.rs: balanced by default) over the
+/// tiles_m · tiles_n · batch work items and `sms` SMs; the kernel loops over the items.
+pub fn persistent_shape(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Result<LaunchShape> {
+    let (tm, tn) = config.tiles(p.m, p.n);
+    let items = tm.saturating_mul(tn).saturating_mul(p.batch.max(1) as u64);
+    let g = crate::ops::persistent::persistent_grid(items, u64::from(sms))?;
+    Ok(LaunchShape {
+        grid: (u32::try_from(g).unwrap_or(u32::MAX), 1, 1),
+        ..launch_shape(p, config)
+    })
+}
+
 /// The FERROATTN_GEMM_WMMA_TILE override ("bm,bn,bk,warps_m,warps_n,stages[,double_buffer
-/// [,mbarrier]]", see `parse_tile`; for tuning experiments; ignored when invalid or too large for
+/// [,mbarrier[,persistent]]]", see `parse_tile`; for tuning experiments; ignored when invalid or too large for
 /// the arch's shared memory).
 fn tile_override(arch: Arch) -> Option<WmmaTile> {
     let t = std::env::var("FERROATTN_GEMM_WMMA_TILE").ok().as_deref().and_then(parse_tile)?;
@@ -119,8 +133,9 @@ static KERNELS: KernelMap<GemmWmmaConfig> = KernelMap::new();
 /// Launch the WMMA kernel for a validated problem on `stream` (raw CUstream) of its device.
 /// Never synchronises; blocking only on the first call of a configuration (compile or load).
 pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
-    let config = wmma_config(p, tile_override(arch), crate::device::sm_count(p.device)?, arch);
-    let shape = launch_shape(p, &config);
+    let sms = crate::device::sm_count(p.device)?;
+    let config = wmma_config(p, tile_override(arch), sms, arch);
+    let shape = if config.tile.persistent { persistent_shape(p, &config, sms)? } else { launch_shape(p, &config) };
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;
     let mut prm = params(p, &config);
