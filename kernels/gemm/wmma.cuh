@@ -378,6 +378,34 @@ __device__ __forceinline__ unsigned ldsm_lane_offset(int lane) {
 }
 
 // 4 consecutive elements of a TOut row: one vector access when `vec`, else per element j < count.
+// The fragments of one 16-deep k step (offset kk inside the BK-deep tile) of a warp's kMI x kNI
+// 16 x 16 sub-tiles, from the ring slot whose warp-tile origin is at shared addresses a_s / b_s
+// (bf16: plus this lane's ldmatrix row, ldsm_lane_offset): f16 through wmma.load with immediate
+// offsets (wmma_load_shared_at), bf16 through ldmatrix.x4 into (row, col) fragments.
+template <typename T, typename S, bool ARow, bool BRow, int BK, int kMI, int kNI, typename FragA, typename FragB>
+__device__ __forceinline__ void load_step_frags(FragA (&a)[kMI], FragB (&b)[kNI], unsigned a_s, unsigned b_s,
+                                                int kk) {
+    constexpr bool kHalf = IsHalf<T>::value;
+#pragma unroll
+    for (int i = 0; i < kMI; ++i) {
+        if constexpr (kHalf) {
+            wmma_load_shared_at<T, true, ARow, S::kALd, ARow, kMI, BK / 16>(a[i], a_s, i, kk);
+        } else {
+            const unsigned addr = a_s + (ARow ? (i * 16 * S::kALd + kk) * 2 : (kk * S::kALd + i * 16) * 2);
+            ldmatrix_x4<!ARow>(reinterpret_cast<unsigned*>(&a[i]), addr);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kNI; ++j) {
+        if constexpr (kHalf) {
+            wmma_load_shared_at<T, false, BRow, S::kBLd, !BRow, kNI, BK / 16>(b[j], b_s, j, kk);
+        } else {
+            const unsigned addr = b_s + (BRow ? (kk * S::kBLd + j * 16) * 2 : (j * 16 * S::kBLd + kk) * 2);
+            ldmatrix_x4<BRow>(reinterpret_cast<unsigned*>(&b[j]), addr);
+        }
+    }
+}
+
 template <typename TOut>
 __device__ __forceinline__ void load4(const TOut* p, bool vec, int count, float (&x)[4]) {
     if (vec) {
@@ -536,24 +564,7 @@ gemm_wmma(const GemmWmmaParams p) {
         auto load_frags = [&](FragA (&a)[kMI], FragB (&b)[kNI], int stage, int kk) {
             const unsigned a_s = a_base + stage * (S::kAStage * 2);
             const unsigned b_s = b_base + stage * (S::kBStage * 2);
-#pragma unroll
-            for (int i = 0; i < kMI; ++i) {
-                if constexpr (kHalf) {
-                    wmma_load_shared_at<T, true, ARow, S::kALd, ARow, kMI, BK / 16>(a[i], a_s, i, kk);
-                } else {
-                    const unsigned addr = a_s + (ARow ? (i * 16 * S::kALd + kk) * 2 : (kk * S::kALd + i * 16) * 2);
-                    ldmatrix_x4<!ARow>(reinterpret_cast<unsigned*>(&a[i]), addr);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < kNI; ++j) {
-                if constexpr (kHalf) {
-                    wmma_load_shared_at<T, false, BRow, S::kBLd, !BRow, kNI, BK / 16>(b[j], b_s, j, kk);
-                } else {
-                    const unsigned addr = b_s + (BRow ? (kk * S::kBLd + j * 16) * 2 : (j * 16 * S::kBLd + kk) * 2);
-                    ldmatrix_x4<BRow>(reinterpret_cast<unsigned*>(&b[j]), addr);
-                }
-            }
+            load_step_frags<T, S, ARow, BRow, BK>(a, b, a_s, b_s, kk);
         };
 
         // The main loop; kFast (a constant at both call sites) selects the copy path of every tile.
@@ -901,24 +912,7 @@ gemm_wmma(const GemmWmmaParams p) {
         auto load_frags = [&](FragA (&a)[kMI], FragB (&b)[kNI], unsigned slot, int kk) {
             const unsigned a_s = a_base + slot * (S::kAStage * 2);
             const unsigned b_s = b_base + slot * (S::kBStage * 2);
-#pragma unroll
-            for (int i = 0; i < kMI; ++i) {
-                if constexpr (kHalf) {
-                    wmma_load_shared_at<T, true, ARow, S::kALd, ARow, kMI, BK / 16>(a[i], a_s, i, kk);
-                } else {
-                    const unsigned addr = a_s + (ARow ? (i * 16 * S::kALd + kk) * 2 : (kk * S::kALd + i * 16) * 2);
-                    ldmatrix_x4<!ARow>(reinterpret_cast<unsigned*>(&a[i]), addr);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < kNI; ++j) {
-                if constexpr (kHalf) {
-                    wmma_load_shared_at<T, false, BRow, S::kBLd, !BRow, kNI, BK / 16>(b[j], b_s, j, kk);
-                } else {
-                    const unsigned addr = b_s + (BRow ? (kk * S::kBLd + j * 16) * 2 : (j * 16 * S::kBLd + kk) * 2);
-                    ldmatrix_x4<BRow>(reinterpret_cast<unsigned*>(&b[j]), addr);
-                }
-            }
+            load_step_frags<T, S, ARow, BRow, BK>(a, b, a_s, b_s, kk);
         };
 
         unsigned g = 0;         // interior k tiles of this CTA before the current item
