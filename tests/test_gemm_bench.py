@@ -100,6 +100,14 @@ def test_summary_without_measurements_is_not_measured():
     assert "not measured" in bench.format_summary(s)
 
 
+def test_summary_skips_kinds_without_points():
+    """A run without epilogue points (--activations "") prints no epilogue block of empty lines."""
+    s = bench.summarize([_pt("square", 8192, 8192, "matmul", {"sm90": 0.97, "wmma": 0.55, "auto": 0.97})])
+    text = bench.format_summary(s)
+    assert "matmul vs torch.matmul (cuBLAS):" in text
+    assert "matmul+bias+activation vs act(torch.addmm):" not in text
+
+
 def test_table_rows():
     pts = [_pt("square", 4096, 4096, "matmul", {"sm90": 0.97, "wmma": None, "auto": 0.97}),
            dict(_pt("llm", 16, 4096, "epilogue", {}, "gelu"), skipped="time budget")]

@@ -477,6 +477,8 @@ def format_summary(summary: dict, ceilings: dict | None = None, host: dict | Non
                   ("per call (host-inclusive: CUDA events around each call after an L2 flush) ", summary["kinds"])]
     for label, kinds in blocks:
         for kind, per in kinds.items():
+            if not any(t["n_grid"] for t in per.values()):   # nothing measured (e.g. no epilogue points)
+                continue
             lines.append(f"{label}{titles[kind]}:")
             for name, t in per.items():
                 lines.append(f"  {name:5s} target shapes (square >= {TARGET_MIN_SIZE}, LLM m >= {TARGET_MIN_SIZE}): "
