@@ -378,6 +378,32 @@ __device__ __forceinline__ unsigned ldsm_lane_offset(int lane) {
 }
 
 // 4 consecutive elements of a TOut row: one vector access when `vec`, else per element j < count.
+// Part `part` of `parts` (compile-time after unrolling) of one k tile's copies on the interior fast
+// path: vectors j with j * parts / kN == part, A's first, from the global cursors a_g / b_g into the
+// ring slot at shared addresses sa / sb (this thread's first vector); the last part advances the
+// cursors by one k tile (a_ld / b_ld: the operands' line pitches in elements).
+template <typename S, typename CA, typename CB, bool ARow, bool BRow, int BK, int VecA, int VecB, typename T>
+__device__ __forceinline__ void copy_tile_part(unsigned sa, unsigned sb, const T*& a_g, const T*& b_g, long long a_ld,
+                                               long long b_ld, int part, int parts) {
+    constexpr int kN = CA::kPer + CB::kPer;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+        if (j * parts / kN != part) continue;
+        if (j < CA::kPer) {
+            cp_async_full<VecA * 2>(sa + j * (CA::kLineStep * S::kALd * 2),
+                                    a_g + static_cast<long long>(j * CA::kLineStep) * a_ld);
+        } else {
+            const int jb = j - CA::kPer;
+            cp_async_full<VecB * 2>(sb + jb * (CB::kLineStep * S::kBLd * 2),
+                                    b_g + static_cast<long long>(jb * CB::kLineStep) * b_ld);
+        }
+    }
+    if (part == parts - 1) {
+        a_g += ARow ? static_cast<long long>(BK) : BK * a_ld;
+        b_g += BRow ? BK * b_ld : static_cast<long long>(BK);
+    }
+}
+
 // The fragments of one 16-deep k step (offset kk inside the BK-deep tile) of a warp's kMI x kNI
 // 16 x 16 sub-tiles, from the ring slot whose warp-tile origin is at shared addresses a_s / b_s
 // (bf16: plus this lane's ldmatrix row, ldsm_lane_offset): f16 through wmma.load with immediate
@@ -584,25 +610,9 @@ gemm_wmma(const GemmWmmaParams p) {
             // a_g / b_g point at, into ring slot `stage`: vectors j with j * parts / kN == part, A's
             // first; the last part advances a_g / b_g to the next tile.
             auto copy_fast = [&](int stage, int part, int parts) {
-                constexpr int kN = CA::kPer + CB::kPer;
                 const unsigned sa = a_s0 + stage * (S::kAStage * 2);
                 const unsigned sb = b_s0 + stage * (S::kBStage * 2);
-#pragma unroll
-                for (int j = 0; j < kN; ++j) {
-                    if (j * parts / kN != part) continue;
-                    if (j < CA::kPer) {
-                        cp_async_full<VecA * 2>(sa + j * (CA::kLineStep * S::kALd * 2),
-                                                a_g + static_cast<long long>(j * CA::kLineStep) * p.a_ld);
-                    } else {
-                        const int jb = j - CA::kPer;
-                        cp_async_full<VecB * 2>(sb + jb * (CB::kLineStep * S::kBLd * 2),
-                                                b_g + static_cast<long long>(jb * CB::kLineStep) * p.b_ld);
-                    }
-                }
-                if (part == parts - 1) {
-                    a_g += ARow ? static_cast<long long>(BK) : BK * p.a_ld;
-                    b_g += BRow ? BK * p.b_ld : static_cast<long long>(BK);
-                }
+                copy_tile_part<S, CA, CB, ARow, BRow, BK, VecA, VecB>(sa, sb, a_g, b_g, p.a_ld, p.b_ld, part, parts);
             };
             // Tile kt into ring slot `stage`, part `part` of `parts` (the checked path issues
             // everything at part 0). Tiles are requested in order 0, 1, 2, ...
@@ -872,25 +882,9 @@ gemm_wmma(const GemmWmmaParams p) {
                             : static_cast<long long>(nn + b_l) * p.b_ld + b_e);
         };
         auto copy_part = [&](unsigned slot, int part, int parts) {
-            constexpr int kN = CA::kPer + CB::kPer;
             const unsigned sa = a_s0 + slot * (S::kAStage * 2);
             const unsigned sb = b_s0 + slot * (S::kBStage * 2);
-#pragma unroll
-            for (int j = 0; j < kN; ++j) {
-                if (j * parts / kN != part) continue;
-                if (j < CA::kPer) {
-                    cp_async_full<VecA * 2>(sa + j * (CA::kLineStep * S::kALd * 2),
-                                            a_g + static_cast<long long>(j * CA::kLineStep) * p.a_ld);
-                } else {
-                    const int jb = j - CA::kPer;
-                    cp_async_full<VecB * 2>(sb + jb * (CB::kLineStep * S::kBLd * 2),
-                                            b_g + static_cast<long long>(jb * CB::kLineStep) * p.b_ld);
-                }
-            }
-            if (part == parts - 1) {
-                a_g += ARow ? static_cast<long long>(BK) : BK * p.a_ld;
-                b_g += BRow ? BK * p.b_ld : static_cast<long long>(BK);
-            }
+            copy_tile_part<S, CA, CB, ARow, BRow, BK, VecA, VecB>(sa, sb, a_g, b_g, p.a_ld, p.b_ld, part, parts);
         };
         // Wait until slot g % Stages is free for k tile g: its previous k tile g - Stages was
         // consumed by every warp (that empty phase of the slot completed).
