@@ -154,13 +154,15 @@ def test_gpu_split_noncontiguous_x(monkeypatch, layout):
 
 
 def test_gpu_split_auto_rule_launches(monkeypatch):
-    """auto splits 256 x 4096 x 11008 (32 tiles x 86 stages: 4 chunks) and 512 x 4096 x 11008 (2 chunks):
+    """At the 256-row tile ($FERROATTN_WGMMA_SP_TILE=256; auto may take the 128-row tile instead, see
+    tests/test_gpu_sparse24_sched.py) auto splits 256 x 4096 x 11008 (32 tiles x 86 stages: 4 chunks) and 512 x 4096 x 11008 (2 chunks):
     the reduce kernel runs after the partial-product kernel; it does not split 2048 x 4096 x 4096 (a
     full wave of tiles), nor anything with FERROATTN_SPARSE24_SPLITK=off."""
     _sm90()
     from ferroattn import sparse24
     monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "auto")
     monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK_FUSE", "0")      # the reduce kernel marks a split
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")           # the split rule of the 256-row tile
     for rows, n, k, split in [(256, 4096, 11008, True), (512, 4096, 11008, True), (2048, 4096, 4096, False)]:
         w = _w(n, k, BF16, seed=rows)
         t = sparse24.compress(w)
@@ -222,12 +224,13 @@ def test_gpu_split_cuda_graph_capture(monkeypatch, splits):
 
 
 def test_gpu_fused_auto_rule(monkeypatch):
-    """Unset $FERROATTN_SPARSE24_SPLITK_FUSE: auto splits 512 x 4096 x 11008 into 2 chunks and fuses them (no
+    """Unset $FERROATTN_SPARSE24_SPLITK_FUSE, the 256-row tile: auto splits 512 x 4096 x 11008 into 2 chunks and fuses them (no
     reduce kernel; bitwise the unfused split's output), and 256 x 4096 x 11008 into 4 chunks, unfused (the
     reduce kernel runs)."""
     _sm90()
     from ferroattn import sparse24
     monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "auto")
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")           # the split rule of the 256-row tile
     for rows, n, k, fused in [(512, 4096, 11008, True), (256, 4096, 11008, False)]:
         w = _w(n, k, BF16, seed=rows)
         t = sparse24.compress(w)

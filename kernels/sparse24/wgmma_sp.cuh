@@ -67,6 +67,12 @@
 // each unit runs its chunk's stages only and stores its raw fp32 product (no bias, no activation:
 // Act = 0) to a workspace; kernels/gemm/splitk_reduce.cuh (shared with the dense split-k) sums the
 // chunks in order and applies bias + activation. For calls with too few tiles to fill the SMs.
+// Epi = 4 (stream-K tail, src/ops/sparse24 `launch_wgmma_stream_k`): the first P.dp_tiles tiles run
+// whole (staged epilogue), the remaining tiles' 128-k stages are cut into gridDim.x equal contiguous
+// ranges (sp90::sk_unit); a segment that starts inside a tile stores its raw fp32 sum to its CTA's
+// workspace slot and sets its CTA's counter; the tile's owner (the segment with the tile's first
+// stage, always the last unit of its CTA) adds those partials in k order and runs the staged
+// epilogue. For calls whose last wave of tiles is partial (e.g. 688 tiles on 132 SMs).
 // Constraints (host side, src/ops/sparse24/mod.rs wgmma_unsupported): T = __half / __nv_bfloat16;
 // x's data pointer and row stride 16-byte aligned (TMA), rows >= 1; values / meta as compress
 // wrote them (m_pad % 128 == 0, k_pad % 64 == 0: the TMA maps' strides are then 16-byte
@@ -120,12 +126,19 @@ struct Sparse24WgmmaParams {
     // sum of chunks 0..s-1, in chunk order), then stores the new sum and sets the counter to s + 1, or, the
     // last split, runs the staged epilogue (bias, activation) into out.
     unsigned* flags;
+    // Epi = 4 (stream-K tail; see sp90::sk_unit): tiles 0 .. dp_tiles - 1 run whole (CTA g takes g,
+    // g + gridDim.x, ...); the 128-k stages of the remaining tiles, in (tile, k) order, are cut into
+    // gridDim.x contiguous ranges, CTA g taking range g after its whole tiles. ws holds one slot per CTA
+    // (its first segment's partial sum when that segment starts inside a tile) and flags one counter per
+    // CTA, zeroed by the host. The other forms never read it.
+    int dp_tiles;
 };
 
 // The byte layout the host mirrors pack: maps at 0 / 128 / 256, p at 384 (5 pointers at 384..423,
 // 2 int64 at 424, 8 int32 at 440..471, no padding inside), ws at 472, the two int64 at 480 / 488,
-// splits / chunk_tiles at 496 / 500, flags at 504; 512 bytes in all.
-static_assert(sizeof(Sparse24MatmulParams) == 88 && sizeof(Sparse24WgmmaParams) == 512 &&
+// splits / chunk_tiles at 496 / 500, flags at 504, dp_tiles at 512; 640 bytes in all (128-byte
+// alignment of the maps).
+static_assert(sizeof(Sparse24MatmulParams) == 88 && sizeof(Sparse24WgmmaParams) == 640 &&
                   alignof(Sparse24WgmmaParams) == 128,
               "Sparse24WgmmaParams layout (host mirrors)");
 
@@ -133,7 +146,7 @@ static_assert(sizeof(Sparse24MatmulParams) == 88 && sizeof(Sparse24WgmmaParams) 
 // consumer warpgroup: 64 tokens x 64 features of T).
 __host__ __device__ constexpr unsigned sparse24_wgmma_smem_bytes(int bn, int stages, int bm = 128, int epi = 0) {
     return static_cast<unsigned>(stages) * (128u * bm + 256u * bn + 16u * bm) + 16u * stages + 1024u +
-           (epi == 1 || epi == 3 ? 128u + 2u * 8192u : 0u);
+           (epi == 1 || epi == 3 || epi == 4 ? 128u + 2u * 8192u : 0u);
 }
 
 namespace sp90 {
@@ -243,6 +256,46 @@ __device__ __forceinline__ void set_flag(unsigned* f, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(f), "r"(v) : "memory");
 }
 
+// Stream-K tail (Epi = 4). The tail = tiles P.dp_tiles .. tiles - 1, w = their 128-k stages in (tile, k)
+// order (tail tile j's stage kk is index j * k_tiles + kk); CTA g's range is [sk_start(w, g),
+// sk_start(w, g + 1)) (contiguous, the ranges of consecutive CTAs adjoin, an empty range when w <
+// gridDim.x). A CTA's work units: its whole tiles g, g + gridDim.x, ... < dp_tiles, then one segment per
+// tile its range touches, in order. Only its first segment can start inside a tile (kb > 0); a segment
+// with kb = 0 and ke < k_tiles is the tile's first ("owner") part, the last unit of its CTA.
+__device__ __forceinline__ long long sk_start(long long w, int g) {
+    return w * g / static_cast<long long>(gridDim.x);
+}
+// Work units of this CTA.
+__device__ __forceinline__ long long sk_units(const Sparse24WgmmaParams& P, long long tiles, int k_tiles) {
+    const int g = blockIdx.x;
+    const long long dp = P.dp_tiles;
+    const long long nd = dp > g ? (dp - g - 1) / gridDim.x + 1 : 0;
+    const long long w = (tiles - dp) * k_tiles;
+    const long long a = sk_start(w, g), b = sk_start(w, g + 1);
+    return nd + (a < b ? (b - 1) / k_tiles - a / k_tiles + 1 : 0);
+}
+// Unit i (0-based, < sk_units) of this CTA -> tile t and its stages [kb, ke).
+__device__ __forceinline__ void sk_unit(const Sparse24WgmmaParams& P, long long tiles, int k_tiles, long long i,
+                                        long long& t, int& kb, int& ke) {
+    const int g = blockIdx.x;
+    const long long dp = P.dp_tiles;
+    const long long nd = dp > g ? (dp - g - 1) / gridDim.x + 1 : 0;
+    if (i < nd) {
+        t = g + i * gridDim.x;
+        kb = 0;
+        ke = k_tiles;
+        return;
+    }
+    const long long w = (tiles - dp) * k_tiles;
+    const long long a = sk_start(w, g), b = sk_start(w, g + 1);
+    const long long tt = a / k_tiles + (i - nd);                 // tail tile
+    const long long s = i == nd ? a : tt * k_tiles;
+    const long long e = min(b, (tt + 1) * k_tiles);
+    t = dp + tt;
+    kb = static_cast<int>(s - tt * k_tiles);
+    ke = static_cast<int>(e - tt * k_tiles);
+}
+
 // mbarrier wait. With FERROATTN_WGMMA_SP_WAIT_LIMIT (harness builds only) a wait that spins
 // that many times traps (the launch fails with an error instead of hanging the GPU).
 __device__ __forceinline__ void wait_bar(unsigned bar, unsigned parity) {
@@ -329,7 +382,8 @@ __device__ __forceinline__ float epilogue_value(float acc, float bias) {
 // Epi (epilogue form): 0 = stores straight from the accumulator registers (2-byte stores, 4 x 16 B
 // per warp instruction); 2 = split-k partial (raw fp32 to P.ws, see Sparse24WgmmaParams); 3 = split-k
 // with the reduce fused (opt-in: chunks of a tile pass a running fp32 sum through P.ws in chunk order,
-// the last runs the staged epilogue; see Sparse24WgmmaParams.flags); 1 = staged: per consumer warpgroup, chunks of 64 features (one m64 block) x
+// the last runs the staged epilogue; see Sparse24WgmmaParams.flags); 4 = stream-K tail (see the header and
+// Sparse24WgmmaParams.dp_tiles; staged epilogue); 1 = staged: per consumer warpgroup, chunks of 64 features (one m64 block) x
 // 64 tokens go through an 8 KiB shared buffer (stmatrix .trans, 16-byte chunks XOR-swizzled by
 // token % 8: conflict-free writes and reads) and leave as 16-byte coalesced stores (8 lanes = one
 // token's 128 contiguous bytes); per element where out is not 16-byte aligned / a feature tail.
@@ -360,10 +414,12 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
     static_assert(kStageBytes % 1024 == 0, "1024-byte aligned stages (128B swizzle atoms)");
     static_assert(Stages >= 2 && sparse24_wgmma_smem_bytes(BN, Stages, BM, Epi) <= 227 * 1024,
                   "stages do not fit in shared memory");
-    static_assert(Epi >= 0 && Epi <= 3, "Epi is 0, 1, 2 or 3");
+    static_assert(Epi >= 0 && Epi <= 4, "Epi is 0, 1, 2, 3 or 4");
     static_assert(Epi != 2 || (kSets == 1 && Act == 0), "split-k partials (Epi 2): Sets 1, no activation");
     static_assert(Epi != 3 || kSets == 1, "fused split-k (Epi 3): Sets 1");
+    static_assert(Epi != 4 || kSets == 1, "stream-K tail (Epi 4): Sets 1");
     constexpr bool kSplit = Epi == 2 || Epi == 3;
+    constexpr bool kSK = Epi == 4;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned bars = base + Stages * kStageBytes;
@@ -401,10 +457,13 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
             tma_prefetch_map(&P.tma_meta);
             int stage = 0;
             unsigned phase = 0;
-            for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+            // Epi = 4: u counts this CTA's own units (sp90::sk_unit); else the global unit index
+            const long long u_end = kSK ? sp90::sk_units(P, tiles, k_tiles) : units;
+            for (long long u = kSK ? 0 : blockIdx.x; u < u_end; u += kSK ? 1 : gridDim.x) {
                 long long t = u;
                 int kb = 0, ke = k_steps;  // this unit's stages [kb, ke)
                 if constexpr (kSplit) sp90::split_of(P, tiles, k_tiles, u, t, kb, ke);
+                if constexpr (kSK) sp90::sk_unit(P, tiles, k_tiles, u, t, kb, ke);
                 int row_tile, n_tile;
                 sp90::tile_of(p, t, row_tile, n_tile);
                 const int n0 = n_tile * BM;
@@ -450,10 +509,12 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
         unsigned keep = 0;  // kSets = 2: a use of each set after its group retired (liveness for ptxas)
         int stage = 0;
         unsigned phase = 0;
-        for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+        const long long u_end = kSK ? sp90::sk_units(P, tiles, k_tiles) : units;
+        for (long long u = kSK ? 0 : blockIdx.x; u < u_end; u += kSK ? 1 : gridDim.x) {
             long long t = u;
             int kb = 0, ke = k_steps;  // this unit's stages [kb, ke) (the producer's)
             if constexpr (kSplit) sp90::split_of(P, tiles, k_tiles, u, t, kb, ke);
+            if constexpr (kSK) sp90::sk_unit(P, tiles, k_tiles, u, t, kb, ke);
             int row_tile, n_tile;
             sp90::tile_of(p, t, row_tile, n_tile);
             int prev = 0;
@@ -554,11 +615,54 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                 }
             }
 
+            if constexpr (Epi == 4) {
+                // stream-K tail: a segment that starts inside its tile hands its partial sum to the tile's
+                // owner through this CTA's slot; the owner (kb = 0) adds the later segments' partials in k
+                // order (the first segments of CTAs blockIdx.x + 1, ...) and runs the epilogue
+                constexpr long long kSlot = 256ll * kMT * (BN / 2);  // fp32 per slot
+                const int ct = cw * 128 + tid;                       // consumer thread 0..255
+                if (kb > 0) {
+                    float* slot = P.ws + blockIdx.x * kSlot;
+#pragma unroll
+                    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+                        for (int q = 0; q < BN / 8; ++q)
+                            __stcg(reinterpret_cast<float4*>(slot) + (i * (BN / 8) + q) * 256 + ct,
+                                   make_float4(d[i][4 * q], d[i][4 * q + 1], d[i][4 * q + 2], d[i][4 * q + 3]));
+                    __threadfence();
+                    named_barrier(3, 256);  // every consumer thread's part is out
+                    if (ct == 0) sp90::set_flag(P.flags + blockIdx.x, 1u);
+                    continue;  // not the tile's owner: no output
+                }
+                if (ke < k_tiles) {
+                    const long long w = (tiles - P.dp_tiles) * k_tiles;
+                    const long long tile_end = (t - P.dp_tiles + 1) * k_tiles;
+                    for (int g2 = blockIdx.x + 1; g2 < static_cast<int>(gridDim.x); ++g2) {
+                        const long long a2 = sp90::sk_start(w, g2);
+                        if (a2 >= tile_end) break;
+                        if (sp90::sk_start(w, g2 + 1) == a2) continue;  // empty range: no segment
+                        if (ct == 0) sp90::wait_flag(P.flags + g2, 1u);
+                        named_barrier(3, 256);
+                        const float* slot = P.ws + g2 * kSlot;
+#pragma unroll
+                        for (int i = 0; i < kMT; ++i)
+#pragma unroll
+                            for (int q = 0; q < BN / 8; ++q) {
+                                const float4 v = __ldcg(reinterpret_cast<const float4*>(slot) + (i * (BN / 8) + q) * 256 + ct);
+                                d[i][4 * q] = d[i][4 * q] + v.x;
+                                d[i][4 * q + 1] = d[i][4 * q + 1] + v.y;
+                                d[i][4 * q + 2] = d[i][4 * q + 2] + v.z;
+                                d[i][4 * q + 3] = d[i][4 * q + 3] + v.w;
+                            }
+                    }
+                }
+            }
+
             // ---- epilogue: out[token][feature] = act(d + bias), predicated per element
             const int g = lane >> 2, tq = lane & 3;
             T* out = static_cast<T*>(p.out);
             const long long r0 = static_cast<long long>(row_tile) * BN;
-            if constexpr (Epi == 1 || Epi == 3) {
+            if constexpr (Epi == 1 || Epi == 3 || Epi == 4) {
                 // 16-byte stores need out and its row stride 16-byte aligned (uniform)
                 const bool vec = (reinterpret_cast<unsigned long long>(p.out) & 15ull) == 0 &&
                                  (p.out_row_stride & 7) == 0;

@@ -316,7 +316,8 @@ pub struct Sparse24WgmmaConfig {
     /// 2 = split-k partial products (raw fp32 to a workspace; activation None; see
     /// `wgmma_split_plan`), 3 = split-k with the reduce fused (chunks pass a running sum through
     /// a workspace slot per tile; the last runs the staged epilogue; opt-in, see
-    /// `wgmma_fused_split_configs`).
+    /// `wgmma_fused_split_configs`), 4 = stream-K tail (whole tiles, then the remaining tiles'
+    /// stages spread over the CTAs; staged epilogue; see `WgmmaSchedule::StreamK`).
     pub epilogue: u32,
     /// Mainloop form, the kernel's `Sets` (metadata register sets): 1 = wgmma.wait_group 0 after
     /// every stage (production); 2 = two alternating metadata register sets and wait_group 1 (one
@@ -359,7 +360,7 @@ impl Sparse24WgmmaConfig {
         self.stages * (128 * self.block_n + 256 * self.block_r + 16 * self.block_n)
             + 16 * self.stages
             + 1024
-            + if self.epilogue == 1 || self.epilogue == 3 {
+            + if self.epilogue == 1 || self.epilogue == 3 || self.epilogue == 4 {
                 128 + 2 * 8192
             } else {
                 0
@@ -457,9 +458,10 @@ pub fn wgmma_pipelined_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     out
 }
 
-/// Every configuration `wgmma_config` / `wgmma_split_config` / the fused split returns for `arch`
-/// (none below or above Hopper: wgmma is sm_90a only): what precompile builds (20 + 2 split-k
-/// partial-product kernels + 10 fused split-k kernels).
+/// Every configuration `wgmma_config` / `wgmma_split_config` / the fused split / `wgmma_schedule`'s
+/// 128-row tile return for `arch` (none below or above Hopper: wgmma is sm_90a
+/// only): what precompile builds (20 + 2 split-k partial-product kernels + 10 fused split-k kernels +
+/// 10 BM-128 kernels).
 pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     if arch != Arch::Sm90a {
         return Vec::new();
@@ -474,7 +476,223 @@ pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
         out.push(wgmma_split_config(dtype, arch));
     }
     out.extend(wgmma_fused_split_configs(arch));
+    for dtype in [DType::F16, DType::BF16] {
+        for activation in Activation::ALL {
+            out.push(wgmma_bm128_config(activation, dtype, arch));
+        }
+    }
     out
+}
+
+/// The opt-in stream-K kernels (`epilogue` 4, every dtype and activation; $FERROATTN_WGMMA_SP_STREAMK
+/// "on" / "dp:N") for `arch`: not precompiled (NVRTC builds one on its first call; the auto rule
+/// never picks them, see `wgmma_schedule`), held to the no-spill rule by the sparse24 tests.
+pub fn wgmma_stream_k_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
+    if arch != Arch::Sm90a {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for activation in Activation::ALL {
+            out.push(wgmma_stream_k_config(activation, dtype, arch));
+        }
+    }
+    out
+}
+
+/// The 128 w-row x 128 token tile (staged epilogue, 4 stages: 222 400 B of shared memory) that
+/// `wgmma_schedule` picks when the 256-row tiles would leave most SMs idle (session 5: 0.91x / 1.04x
+/// torch dense per SM at 8192^3 / 4096 x 11008 x 4096, against 1.24x / 1.31x for 256 x 128: worse per
+/// SM, but twice the CTAs).
+pub fn wgmma_bm128_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
+    Sparse24WgmmaConfig {
+        block_n: 128,
+        stages: 4,
+        ..wgmma_config_variant(activation, dtype, arch, 1, 1)
+    }
+}
+
+/// The stream-K tail kernel (`epilogue` 4: whole tiles first, then the tail's stages spread evenly
+/// over the CTAs; staged epilogue) at the production tile.
+pub fn wgmma_stream_k_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
+    wgmma_config_variant(activation, dtype, arch, 4, 1)
+}
+
+/// How a wgmma_sp call's work is laid out on the GPU (`wgmma_schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaSchedule {
+    /// One work unit per 256 x 128 tile on the balanced persistent grid (src/tuning/grid.rs).
+    Tiles,
+    /// Split-k (`wgmma_split_plan`).
+    Split(WgmmaSplit),
+    /// One work unit per 128 x 128 tile (`wgmma_bm128_config`), balanced grid.
+    Bm128,
+    /// Stream-K tail (`wgmma_stream_k_config`): the first `dp_tiles` 256 x 128 tiles run whole,
+    /// CTA g taking g, g + grid, ...; the remaining tiles' 128-k stages are cut into `grid`
+    /// contiguous, equal (+-1) ranges, one per CTA; a tile cut between CTAs is finished by the CTA
+    /// holding its first stage, which adds the others' partial sums in k order (deterministic).
+    /// `grid` <= SMs (the owner waits for CTAs of higher index: all must be resident).
+    StreamK { dp_tiles: u64, grid: u64 },
+}
+
+/// $FERROATTN_WGMMA_SP_TILE: which tile wgmma_sp may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TilePolicy {
+    /// `wgmma_schedule`'s rule (unset / "auto").
+    Auto,
+    /// 256 x 128 only ("256").
+    Only256,
+    /// 128 x 128 always ("128"; no split-k, no stream-K).
+    Force128,
+}
+
+/// Parse $FERROATTN_WGMMA_SP_TILE: unset / empty / "auto" -> Auto, "256" -> Only256, "128" ->
+/// Force128; anything else None (the caller raises an ArgumentError).
+pub fn parse_wgmma_tile(value: Option<&str>) -> Option<TilePolicy> {
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => Some(TilePolicy::Auto),
+        Some("256") => Some(TilePolicy::Only256),
+        Some("128") => Some(TilePolicy::Force128),
+        Some(_) => None,
+    }
+}
+
+/// $FERROATTN_WGMMA_SP_STREAMK: when wgmma_sp runs the stream-K tail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKPolicy {
+    /// `wgmma_schedule`'s cost rule (unset / "auto").
+    Auto,
+    /// never ("off").
+    Off,
+    /// always, with the tail the cost rule likes best ("on").
+    On,
+    /// always, with exactly this many whole tiles first ("dp:N"; clamped to tiles - 1).
+    DpTiles(u64),
+}
+
+/// Parse $FERROATTN_WGMMA_SP_STREAMK: unset / empty / "auto" -> Auto, "off" -> Off, "on" -> On,
+/// "dp:N" (N >= 0) -> DpTiles(N); anything else None (the caller raises an ArgumentError).
+pub fn parse_wgmma_stream_k(value: Option<&str>) -> Option<StreamKPolicy> {
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => Some(StreamKPolicy::Auto),
+        Some("off") => Some(StreamKPolicy::Off),
+        Some("on") => Some(StreamKPolicy::On),
+        Some(v) => v
+            .strip_prefix("dp:")
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .map(StreamKPolicy::DpTiles),
+    }
+}
+
+/// Cost-model constants of `wgmma_schedule` (stage-times of a 256 x 128 tile, ~0.9-1.0 us on an H200
+/// SM): a 128 x 128 stage relative to a 256 x 128 one (session 5: 128 x 128 ran 0.91 / 1.24 and 1.04 /
+/// 1.31 of the 256-row tile's rate per SM -> ~0.65 of its time for half the work; session 9: 20.9 /
+/// 32.7 us = 0.64 at 512 x 4096 x 4096, 0.54-0.68 from the forced 128-row tile at 1024-8192 rows), and
+/// one hand-off of a stream-K partial sum (128 KiB of fp32 written or read by one SM through L2; S2's
+/// fused split-k, session 8: ~5-6 us per sequential hand-off = write + read). The stream-K model
+/// (`wgmma_stream_k_cost`) predicted 0.86-0.96x of whole tiles where session 9 measured 0.79-0.96x
+/// SLOWER: it only picks the tail of the forced ("on") form.
+pub const WGMMA_BM128_STAGE: f64 = 0.65;
+/// Fewest rows (tokens) for which the auto rule takes the 128-row tile: one whole 128-token tile. At 64
+/// rows it measured no better than split-k (session 9: 64 x 11008 x 4096 0.979 / 0.982x, 64 x 14336 x 4096
+/// 1.012 / 1.004x of the 3- / 2-chunk split, bf16 / fp16), from 128 rows 1.17-1.53x; 65-127 rows not measured.
+pub const WGMMA_BM128_MIN_ROWS: u64 = 128;
+pub const WGMMA_SK_HANDOFF: f64 = 3.0;
+
+/// Modelled critical path (stage-times) of the whole-tile schedule: ceil(tiles / sms) waves of
+/// k_tiles stages + the per-unit fill / epilogue.
+pub fn wgmma_tiles_cost(tiles: u64, k_tiles: u64, sms: u64) -> f64 {
+    tiles.div_ceil(sms.max(1)) as f64 * (k_tiles as f64 + WGMMA_SPLIT_UNIT_FILL)
+}
+
+/// Modelled critical path (stage-times) of the stream-K schedule with `tail` tiles spread over `sms`
+/// CTAs (the rest whole, ceil((tiles - tail) / sms) waves): whole waves + the range length ceil(tail x
+/// k_tiles / sms) + a fill per segment (about range / k_tiles + 1 of them) + hand-offs (one partial
+/// written, and an owner reads about k_tiles / range of them).
+pub fn wgmma_stream_k_cost(tiles: u64, k_tiles: u64, sms: u64, tail: u64) -> f64 {
+    let sms = sms.max(1);
+    let tail = tail.min(tiles);
+    let k = k_tiles.max(1) as f64;
+    let range = (tail * k_tiles) as f64 / sms as f64;
+    let reads = if range > 0.0 { (k / range).ceil() } else { 0.0 };
+    let segments = (range / k).ceil() + 1.0;
+    (tiles - tail).div_ceil(sms) as f64 * (k + WGMMA_SPLIT_UNIT_FILL)
+        + range.ceil()
+        + WGMMA_SPLIT_UNIT_FILL * segments
+        + WGMMA_SK_HANDOFF * (1.0 + reads)
+}
+
+/// The stream-K tail the cost rule likes best, as (tail tiles, modelled cost): every tile when
+/// tiles <= sms; else the partial last wave (tiles % sms) or that plus one full wave (never more: a
+/// full-grid stream-K would run 132 CTAs where the balanced grid runs e.g. 128, which measured
+/// 1.7-4.4 % faster in session 7).
+pub fn wgmma_stream_k_tail(tiles: u64, k_tiles: u64, sms: u64) -> (u64, f64) {
+    let sms = sms.max(1);
+    if tiles <= sms {
+        return (tiles, wgmma_stream_k_cost(tiles, k_tiles, sms, tiles));
+    }
+    let r = tiles % sms;
+    let mut best = (r + sms, wgmma_stream_k_cost(tiles, k_tiles, sms, r + sms));
+    if r >= 1 {
+        let c = wgmma_stream_k_cost(tiles, k_tiles, sms, r);
+        if c < best.1 {
+            best = (r, c);
+        }
+    }
+    best
+}
+
+/// The schedule of a wgmma_sp call (production tile and mainloop) with `tiles` 256 x 128 tiles,
+/// `k_tiles` 128-k stages, `rows` x `n` outputs on `sms` SMs. Forced policies first (Force128 ->
+/// Bm128; StreamK On / DpTiles -> StreamK); then (split policy Auto; a forced split count keeps its
+/// split, "off" its whole tiles) the 128-row tile where the call has at least WGMMA_BM128_MIN_ROWS rows,
+/// twice the tiles still fit in one wave (2 tiles <= sms) and its modelled time (WGMMA_BM128_STAGE x
+/// k_tiles + UNIT_FILL) is below split-k's best (`wgmma_split_plan`, `wgmma_split_cost`) and the whole-tile
+/// one; else split-k
+/// where `wgmma_split_plan` says so (unchanged since session 8); else whole tiles. The auto rule never
+/// picks stream-K: on the H200 it measured slower than whole tiles on every shape tried (session 9,
+/// 0.79-0.96x; e.g. 2048 x 11008 x 4096 fp16 182.7 vs 174.6 us), so it stays opt-in.
+/// Measured (H200, session 9, GPU time, 5 paired rounds, bf16 / fp16, us, old schedule -> 128-row tile):
+/// 256 x 4096 x 4096 27.8 -> 20.2 / 27.9 -> 20.5 (was split 3), 512 x 4096 x 4096 32.6 -> 21.2 (whole
+/// tiles), 384 x 4096 x 4096 28.9 -> 20.7 (split 2), 128 x 11008 x 4096 36.1 -> 26.7 (split 3), 128 x 14336
+/// x 4096 37.2 -> 29.3 (whole), 512 x 4096 x 11008 52.1 -> 44.8 / 52.6 -> 45.0 (fused split 2), 1024^3
+/// 13.3 -> 9.7 (whole).
+#[allow(clippy::too_many_arguments)]
+pub fn wgmma_schedule(
+    tiles: u64,
+    k_tiles: u64,
+    rows: u64,
+    n: u64,
+    sms: u64,
+    split: SplitPolicy,
+    tile: TilePolicy,
+    stream_k: StreamKPolicy,
+) -> WgmmaSchedule {
+    let sms = sms.max(1);
+    if tile == TilePolicy::Force128 {
+        return WgmmaSchedule::Bm128;
+    }
+    let sk = |dp: u64| WgmmaSchedule::StreamK { dp_tiles: dp, grid: sms };
+    match stream_k {
+        StreamKPolicy::On if tiles >= 1 => return sk(tiles - wgmma_stream_k_tail(tiles, k_tiles, sms).0),
+        StreamKPolicy::DpTiles(d) if tiles >= 1 => return sk(d.min(tiles - 1)),
+        _ => {}
+    }
+    let plan = wgmma_split_plan(tiles, k_tiles, rows, n, sms, split);
+    if tile == TilePolicy::Auto && split == SplitPolicy::Auto && rows >= WGMMA_BM128_MIN_ROWS && tiles >= 1 && 2 * tiles <= sms {
+        let bm128 = WGMMA_BM128_STAGE * k_tiles as f64 + WGMMA_SPLIT_UNIT_FILL;
+        let other = match plan {
+            Some(p) => wgmma_split_cost(tiles, k_tiles, rows, n, sms, p.splits as u64),
+            None => wgmma_tiles_cost(tiles, k_tiles, sms),
+        };
+        if bm128 < other {
+            return WgmmaSchedule::Bm128;
+        }
+    }
+    match plan {
+        Some(p) => WgmmaSchedule::Split(p),
+        None => WgmmaSchedule::Tiles,
+    }
 }
 
 /// The split-k partial-product kernel (`epilogue` 2, activation None: the reduce step applies
@@ -580,6 +798,21 @@ pub const WGMMA_SPLIT_FIXED_STAGES: f64 = 4.0;
 pub const WGMMA_SPLIT_UNIT_FILL: f64 = 2.0;
 pub const WGMMA_SPLIT_WS_BYTES_PER_STAGE: f64 = 2.4e6;
 
+/// `wgmma_split_plan`'s modelled time (stage-times) of `s` chunks (s = 1: unsplit):
+/// waves(s) x (chunk(s) + UNIT_FILL) + [s > 1] (FIXED + 2 x s x rows x n_ws x 4 / WS_BYTES_PER_STAGE).
+pub fn wgmma_split_cost(tiles: u64, k_tiles: u64, rows: u64, n: u64, sms: u64, s: u64) -> f64 {
+    let s = s.max(1);
+    let n_ws = n.div_ceil(4) * 4;
+    let waves = (s * tiles).div_ceil(sms.max(1)) as f64;
+    let main = waves * (k_tiles.div_ceil(s) as f64 + WGMMA_SPLIT_UNIT_FILL);
+    if s == 1 {
+        main
+    } else {
+        let ws = 2.0 * (s * rows * n_ws * 4) as f64;
+        main + WGMMA_SPLIT_FIXED_STAGES + ws / WGMMA_SPLIT_WS_BYTES_PER_STAGE
+    }
+}
+
 /// The split-k plan for a wgmma_sp call of `tiles` tiles (256 w rows x 128 tokens), `k_tiles`
 /// 128-k stages, `rows` x `n` outputs on `sms` SMs, or None (run unsplit).
 /// Auto: the split count S minimising  waves(S) x (chunk(S) + UNIT_FILL) + [S > 1] (FIXED + 2 x S
@@ -607,17 +840,7 @@ pub fn wgmma_split_plan(
         SplitPolicy::Off => return None,
         SplitPolicy::Force(n) => (n as u64).min(k_tiles),
         SplitPolicy::Auto => {
-            let n_ws = n.div_ceil(4) * 4;
-            let cost = |s: u64| {
-                let waves = (s * tiles).div_ceil(sms) as f64;
-                let main = waves * (k_tiles.div_ceil(s) as f64 + WGMMA_SPLIT_UNIT_FILL);
-                if s == 1 {
-                    main
-                } else {
-                    let ws = 2.0 * (s * rows * n_ws * 4) as f64;
-                    main + WGMMA_SPLIT_FIXED_STAGES + ws / WGMMA_SPLIT_WS_BYTES_PER_STAGE
-                }
-            };
+            let cost = |s: u64| wgmma_split_cost(tiles, k_tiles, rows, n, sms, s);
             let max_s = WGMMA_SPLIT_MAX.min(k_tiles / WGMMA_SPLIT_MIN_CHUNK).max(1);
             let mut best = (1, cost(1));
             for s in 2..=max_s {
@@ -891,7 +1114,7 @@ mod tests {
             let prod = wgmma_production_configs(arch);
             assert_eq!(
                 prod.len(),
-                if arch == Arch::Sm90a { 32 } else { 0 },
+                if arch == Arch::Sm90a { 42 } else { 0 },
                 "{arch:?}"
             );
             for c in prod {
@@ -975,5 +1198,118 @@ mod tests {
             ..c
         };
         assert!(big.smem_bytes() <= 227 * 1024);
+    }
+
+    #[test]
+    fn wgmma_schedule_rule() {
+        use WgmmaSchedule::*;
+        let (auto, t_auto, sk_auto) = (SplitPolicy::Auto, TilePolicy::Auto, StreamKPolicy::Auto);
+        let sched = |tiles, k_tiles, rows, n| wgmma_schedule(tiles, k_tiles, rows, n, 132, auto, t_auto, sk_auto);
+        // 256 x 128 tiles, 132 SMs. 512 x 4096 x 4096 = 64 tiles -> the 128-row tile (128 CTAs; measured
+        // 20.9 vs 32.7 us); where split-k's model costs more than 0.65 k_tiles + 2 the 128-row tile
+        // replaces it: 512 x 4096 x 11008 (64 tiles, 2 chunks: 63 vs 53.9), 256 x 4096 x 4096 (32
+        // tiles, 3 chunks: 27.5 vs 22.8), 128 x 11008 x 4096 (43 tiles, 3 chunks: 31.1 vs 22.8)
+        assert_eq!(sched(64, 32, 512, 4096), Bm128);
+        assert_eq!(sched(64, 86, 512, 4096), Bm128);
+        assert_eq!(sched(32, 32, 256, 4096), Bm128);
+        assert_eq!(sched(43, 32, 128, 11008), Bm128);
+        // fewer than 128 rows keep split-k (64 rows measured no better with the 128-row tile)
+        assert_eq!(sched(43, 32, 64, 11008), Split(WgmmaSplit { splits: 3, chunk_tiles: 11 }));
+        assert_eq!(sched(56, 32, 64, 14336), Split(WgmmaSplit { splits: 2, chunk_tiles: 16 }));
+        // split-k keeps decode-sized calls and long k at few tiles: 16 x 4096 x 4096 (8 chunks),
+        // 128 x 4096 x 4096 (4 chunks: 21.0 vs 22.8), 256 x 4096 x 11008 (4 chunks: 42 vs 57.9)
+        assert_eq!(sched(16, 32, 16, 4096), Split(WgmmaSplit { splits: 8, chunk_tiles: 4 }));
+        assert_eq!(sched(16, 32, 128, 4096), Split(WgmmaSplit { splits: 4, chunk_tiles: 8 }));
+        assert_eq!(sched(32, 86, 256, 4096), Split(WgmmaSplit { splits: 4, chunk_tiles: 22 }));
+        // never stream-K in auto (measured slower), whole tiles on the balanced grid elsewhere:
+        // 2048 x 11008 x 4096 (688 tiles), 8192^3, 8192 x 14336 x 4096, 1024 x 4096 x 4096 (128 tiles),
+        // 1024 x 4096 x 11008, 16384^3, 16384 x 14336 x 4096, 256 x 11008 x 4096 (86 tiles)
+        for (tiles, k_tiles, rows, n) in [
+            (688u64, 32u64, 2048u64, 11008u64),
+            (2048, 64, 8192, 8192),
+            (3584, 32, 8192, 14336),
+            (128, 32, 1024, 4096),
+            (128, 86, 1024, 4096),
+            (8192, 128, 16384, 16384),
+            (7168, 32, 16384, 14336),
+            (86, 32, 256, 11008),
+        ] {
+            assert_eq!(sched(tiles, k_tiles, rows, n), Tiles, "{tiles} {k_tiles}");
+        }
+        // policies: "256" / "off" restore the session-8 choices; forced forms
+        assert_eq!(wgmma_schedule(64, 32, 512, 4096, 132, auto, TilePolicy::Only256, sk_auto), Tiles);
+        assert_eq!(
+            wgmma_schedule(64, 86, 512, 4096, 132, auto, TilePolicy::Only256, sk_auto),
+            Split(WgmmaSplit { splits: 2, chunk_tiles: 43 })
+        );
+        assert_eq!(wgmma_schedule(64, 32, 512, 4096, 132, SplitPolicy::Off, t_auto, StreamKPolicy::Off), Tiles);
+        assert_eq!(
+            wgmma_schedule(64, 86, 512, 4096, 132, SplitPolicy::Force(3), t_auto, sk_auto),
+            Split(WgmmaSplit { splits: 3, chunk_tiles: 29 })
+        );
+        let with = |tile, sk| wgmma_schedule(688, 32, 2048, 11008, 132, auto, tile, sk);
+        assert_eq!(with(TilePolicy::Force128, sk_auto), Bm128);
+        assert_eq!(with(t_auto, StreamKPolicy::DpTiles(5)), StreamK { dp_tiles: 5, grid: 132 });
+        assert_eq!(with(t_auto, StreamKPolicy::DpTiles(9999)), StreamK { dp_tiles: 687, grid: 132 });
+        assert_eq!(with(t_auto, StreamKPolicy::On), StreamK { dp_tiles: 528, grid: 132 });
+        assert_eq!(
+            wgmma_schedule(344, 32, 1024, 11008, 132, auto, t_auto, StreamKPolicy::On),
+            StreamK { dp_tiles: 132, grid: 132 }
+        );
+        // forced stream-K wins over split-k and the 128-row tile; forced 128 over everything
+        assert_eq!(
+            wgmma_schedule(16, 32, 16, 4096, 132, auto, t_auto, StreamKPolicy::DpTiles(0)),
+            StreamK { dp_tiles: 0, grid: 132 }
+        );
+        assert_eq!(wgmma_schedule(16, 32, 16, 4096, 132, auto, TilePolicy::Force128, StreamKPolicy::On), Bm128);
+        // the forced tail: the partial wave or one wave more (all tiles when tiles <= sms); the auto
+        // rule: never stream-K, the 128-row tile only where 2 tiles <= sms
+        for tiles in 1..1500u64 {
+            for k_tiles in [1u64, 2, 8, 32, 33, 86] {
+                let (tail, _) = wgmma_stream_k_tail(tiles, k_tiles, 132);
+                assert!(tail >= 1 && tail <= tiles, "{tiles} {k_tiles}");
+                if tiles > 132 {
+                    assert!(tail == tiles % 132 || tail == tiles % 132 + 132, "{tiles} {tail}");
+                } else {
+                    assert_eq!(tail, tiles);
+                }
+                for rows in [64u64, 1024, 8192] {
+                    match wgmma_schedule(tiles, k_tiles, rows, 4096, 132, auto, t_auto, sk_auto) {
+                        StreamK { .. } => panic!("auto never picks stream-K"),
+                        Bm128 => assert!(2 * tiles <= 132 && rows >= 128, "{tiles} {rows}"),
+                        Tiles | Split(_) => {}
+                    }
+                }
+            }
+        }
+        // parsing
+        assert_eq!(parse_wgmma_tile(None), Some(TilePolicy::Auto));
+        assert_eq!(parse_wgmma_tile(Some(" auto")), Some(TilePolicy::Auto));
+        assert_eq!(parse_wgmma_tile(Some("256")), Some(TilePolicy::Only256));
+        assert_eq!(parse_wgmma_tile(Some("128")), Some(TilePolicy::Force128));
+        assert_eq!(parse_wgmma_tile(Some("64")), None);
+        assert_eq!(parse_wgmma_stream_k(None), Some(StreamKPolicy::Auto));
+        assert_eq!(parse_wgmma_stream_k(Some("")), Some(StreamKPolicy::Auto));
+        assert_eq!(parse_wgmma_stream_k(Some("off")), Some(StreamKPolicy::Off));
+        assert_eq!(parse_wgmma_stream_k(Some(" on ")), Some(StreamKPolicy::On));
+        assert_eq!(parse_wgmma_stream_k(Some("dp:0")), Some(StreamKPolicy::DpTiles(0)));
+        assert_eq!(parse_wgmma_stream_k(Some("dp:528")), Some(StreamKPolicy::DpTiles(528)));
+        assert_eq!(parse_wgmma_stream_k(Some("dp:-1")), None);
+        assert_eq!(parse_wgmma_stream_k(Some("1")), None);
+        // configs: 128-row tile 4 stages fits; stream-K = production tile, staged epilogue's smem
+        let b = wgmma_bm128_config(Activation::None, DType::BF16, Arch::Sm90a);
+        assert_eq!((b.block_n, b.block_r, b.stages, b.epilogue), (128, 128, 4, 1));
+        assert_eq!(b.smem_bytes(), 222_400);
+        assert!(b.smem_bytes() <= 227 * 1024);
+        assert_eq!(b.name_expression(), "ferroattn::sparse24_matmul_wgmma<__nv_bfloat16, 128, 4, 0, 128, 1>");
+        let s = wgmma_stream_k_config(Activation::Relu, DType::F16, Arch::Sm90a);
+        assert_eq!(s.name_expression(), "ferroattn::sparse24_matmul_wgmma<__half, 128, 3, 1, 256, 4>");
+        assert_eq!(s.smem_bytes(), wgmma_config(Activation::Relu, DType::F16, Arch::Sm90a).smem_bytes());
+        let prod = wgmma_production_configs(Arch::Sm90a);
+        assert!(prod.contains(&b) && !prod.contains(&s));
+        let sk = wgmma_stream_k_configs(Arch::Sm90a);
+        assert_eq!(sk.len(), 10);
+        assert!(sk.contains(&s) && sk.iter().all(|c| c.epilogue == 4 && c.block_n == 256));
+        assert!(wgmma_stream_k_configs(Arch::Sm80).is_empty());
     }
 }

@@ -20,9 +20,10 @@ use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
     compress_production_configs, fuse_split, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
-    parse_wgmma_mainloop, parse_wgmma_split, parse_wgmma_split_fuse, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs,
-    wgmma_split_config, wgmma_split_plan, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
-    FusePolicy, Sparse24WgmmaConfig, SplitPolicy, Tile, WgmmaSplit,
+    parse_wgmma_mainloop, parse_wgmma_split, parse_wgmma_split_fuse, parse_wgmma_stream_k, parse_wgmma_tile,
+    wgmma_bm128_config, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs, wgmma_schedule,
+    wgmma_split_config, wgmma_stream_k_config, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
+    FusePolicy, Sparse24WgmmaConfig, SplitPolicy, StreamKPolicy, Tile, TilePolicy, WgmmaSchedule, WgmmaSplit,
 };
 use host::Layout;
 use std::ffi::c_void;
@@ -48,7 +49,7 @@ pub struct Sparse24MatmulParams {
     pub n_tiles: i32,
 }
 
-/// Mirror of `struct Sparse24WgmmaParams` (kernels/sparse24/wgmma_sp.cuh; 512 bytes, the kernel
+/// Mirror of `struct Sparse24WgmmaParams` (kernels/sparse24/wgmma_sp.cuh; 640 bytes, the kernel
 /// static_asserts the C layout): the TMA maps of x, values and meta, then the mma_sp parameters
 /// (x / values / meta pointers informational, row_tiles = ceil(rows / block_r), n_tiles =
 /// m_pad / 128).
@@ -65,8 +66,11 @@ pub struct Sparse24WgmmaParams {
     pub ws_row_stride: i64,
     pub splits: i32,
     pub chunk_tiles: i32,
-    /// Fused split-k (kernel form Epi = 3) only: one zeroed counter per tile.
+    /// Fused split-k (kernel form Epi = 3) only: one zeroed counter per tile; stream-K (Epi = 4): one
+    /// zeroed counter per CTA.
     pub flags: *mut u32,
+    /// Stream-K (kernel form Epi = 4) only: tiles run whole before the stream-K tail.
+    pub dp_tiles: i32,
 }
 
 /// Mirror of `struct Sparse24CompressParams` (kernels/sparse24/params.cuh).
@@ -732,7 +736,7 @@ fn launch_wgmma(
             format!("\"wgmma_sp\" with {why}"),
         ));
     }
-    let config = wgmma_config_variant(
+    let base = wgmma_config_variant(
         p.activation,
         p.dtype,
         arch,
@@ -741,6 +745,36 @@ fn launch_wgmma(
     );
     let (rows, k) = (p.rows as u64, p.k as u64);
     let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
+    let sms = crate::device::sm_count(p.device)? as u64;
+    let k_tiles = k_pad.div_ceil(128);
+    // the schedule (src/tuning/sparse24.rs `wgmma_schedule`): split-k, the 128-row tile, the stream-K
+    // tail or whole tiles. The partial-product kernel has the production tile and mainloop, so split-k
+    // needs them; the opt-in pipelined mainloop never splits. The 128-row tile and stream-K (precompiled
+    // with the staged epilogue) only run with the staged epilogue.
+    let split_cfg = wgmma_split_config(p.dtype, arch);
+    let same_tile = (split_cfg.block_r, split_cfg.block_n, split_cfg.stages)
+        == (base.block_r, base.block_n, base.stages);
+    let schedule = if base.meta_sets == 1 && same_tile {
+        let (rt, nt) = tile_grid(p, base.block_r, base.block_n)?;
+        let staged = base.epilogue == 1;
+        wgmma_schedule(
+            rt * nt,
+            k_tiles,
+            rows,
+            p.n as u64,
+            sms,
+            wgmma_split_policy()?,
+            if staged { wgmma_tile_policy()? } else { TilePolicy::Only256 },
+            if staged { wgmma_stream_k_policy()? } else { StreamKPolicy::Off },
+        )
+    } else {
+        WgmmaSchedule::Tiles
+    };
+    let config = match schedule {
+        WgmmaSchedule::Bm128 => wgmma_bm128_config(p.activation, p.dtype, arch),
+        WgmmaSchedule::StreamK { .. } => wgmma_stream_k_config(p.activation, p.dtype, arch),
+        _ => base,
+    };
     let round16 = |v: u64| v.div_ceil(16).max(1) * 16;
     // x (rows, k): dims (k, rows, 1), box (64, block_r, 1), 128-byte swizzle; zero fill past
     // rows and k. A dim of size 1 gets a stride that meets TMA's rules (never stepped over).
@@ -786,8 +820,6 @@ fn launch_wgmma(
     prm.n_tiles = n_tiles as i32;
     // persistent grid: by default the fewest CTAs that keep ceil(tiles / SMs) waves
     // (src/tuning/grid.rs; $FERROATTN_PERSISTENT_GRID)
-    let sms = crate::device::sm_count(p.device)? as u64;
-    let k_tiles = k_pad.div_ceil(128);
     let mut params = Sparse24WgmmaParams {
         tma_x,
         tma_values,
@@ -799,15 +831,11 @@ fn launch_wgmma(
         splits: 1,
         chunk_tiles: k_tiles as i32,
         flags: std::ptr::null_mut(),
+        dp_tiles: 0,
     };
-    // split-k where the tiles leave SMs idle (the partial-product kernel has the production tile
-    // and mainloop, so the maps above fit it; the opt-in pipelined mainloop never splits)
-    let split_cfg = wgmma_split_config(p.dtype, arch);
-    let same_tile = (split_cfg.block_r, split_cfg.block_n, split_cfg.stages)
-        == (config.block_r, config.block_n, config.stages);
-    if config.meta_sets == 1 && same_tile {
-        let policy = wgmma_split_policy()?;
-        if let Some(s) = wgmma_split_plan(tiles, k_tiles, rows, p.n as u64, sms, policy) {
+    match schedule {
+        WgmmaSchedule::Split(s) => {
+            // split-k where the tiles leave SMs idle (the maps above are the production tile's)
             if fuse_split(s.splits, wgmma_split_fuse_policy()?) {
                 let fused_cfg = wgmma_config_variant(p.activation, p.dtype, arch, 3, 1);
                 if launch_wgmma_split_fused(p, &mut params, &fused_cfg, s, tiles, sms, info, stream)? {
@@ -818,17 +846,93 @@ fn launch_wgmma(
                 return Ok(());
             }
         }
+        WgmmaSchedule::StreamK { dp_tiles, grid } => {
+            if launch_wgmma_stream_k(p, &mut params, &config, dp_tiles, grid, tiles, k_tiles, sms, info, stream)? {
+                return Ok(());
+            }
+            // not launched (no workspace): whole tiles with the same maps (production tile)
+            let plain = base;
+            return launch_wgmma_tiles(p, &mut params, &plain, tiles, sms, info, stream);
+        }
+        WgmmaSchedule::Bm128 | WgmmaSchedule::Tiles => {}
     }
+    launch_wgmma_tiles(p, &mut params, &config, tiles, sms, info, stream)
+}
+
+/// Whole tiles on the persistent grid (by default the fewest CTAs that keep ceil(tiles / SMs)
+/// waves; src/tuning/grid.rs, $FERROATTN_PERSISTENT_GRID).
+fn launch_wgmma_tiles(
+    p: &MatmulProblem,
+    params: &mut Sparse24WgmmaParams,
+    config: &Sparse24WgmmaConfig,
+    tiles: u64,
+    sms: u64,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<()> {
     let shape = LaunchShape {
         grid: (crate::ops::persistent::persistent_grid(tiles, sms)? as u32, 1, 1),
         block: (Sparse24WgmmaConfig::THREADS, 1, 1),
         dynamic_smem_bytes: config.smem_bytes(),
     };
     shape.check()?;
-    let kernel = WGMMA.get(&config, p.device)?;
+    let kernel = WGMMA.get(config, p.device)?;
     // SAFETY: `params` mirrors Sparse24WgmmaParams; the maps describe the validated tensors,
     // which the caller keeps alive in stream order.
-    unsafe { launch(kernel, p.device, &shape, stream, &mut params, info) }
+    unsafe { launch(kernel, p.device, &shape, stream, params, info) }
+}
+
+/// Stream-K tail wgmma_sp (kernel form Epi = 4, `WgmmaSchedule::StreamK`): `grid` CTAs (<= the SMs:
+/// an owner waits for CTAs of higher index, so all must be resident; else Ok(false)); tiles 0 ..
+/// dp_tiles - 1 whole, the rest's stages in `grid` equal ranges. Workspace: one 128 KiB fp32 slot per
+/// CTA (the partial sum of its first segment when that starts inside a tile) + one counter per CTA
+/// (zeroed here with cuMemsetD32Async). Ok(false): nothing launched (no workspace, or sizes past the
+/// kernel's 64-bit range arithmetic).
+#[allow(clippy::too_many_arguments)]
+fn launch_wgmma_stream_k(
+    p: &MatmulProblem,
+    params: &mut Sparse24WgmmaParams,
+    cfg: &Sparse24WgmmaConfig,
+    dp_tiles: u64,
+    grid: u64,
+    tiles: u64,
+    k_tiles: u64,
+    sms: u64,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<bool> {
+    use crate::ops::gemm::sm90::splitk;
+    let grid = grid.min(sms);
+    if grid == 0 || dp_tiles >= tiles || (tiles - dp_tiles).saturating_mul(k_tiles).saturating_mul(grid + 1) > (1u64 << 62) {
+        return Ok(false);
+    }
+    // slot per CTA: 256 consumer threads x (block_n / 128) x (block_r / 2) fp32
+    let slot_bytes = 256 * (cfg.block_n as u64 / 128) * (cfg.block_r as u64 / 2) * 4;
+    let flags_off = grid * slot_bytes;
+    let bytes = flags_off + grid * 4;
+    let shape = LaunchShape {
+        grid: (grid as u32, 1, 1),
+        block: (Sparse24WgmmaConfig::THREADS, 1, 1),
+        dynamic_smem_bytes: cfg.smem_bytes(),
+    };
+    shape.check()?;
+    let kernel = WGMMA.get(cfg, p.device)?;
+    crate::device::bind(p.device)?;
+    // SAFETY: the body enqueues the counter memset and the kernel on `stream` only; the maps in
+    // `params` describe the validated tensors, which the caller keeps alive in stream order; the
+    // workspace lives until the kernel has run (stream-ordered free).
+    unsafe {
+        splitk::with_workspace(p.device, bytes as usize, stream, |ws| {
+            cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, grid as usize, stream as _)
+                .result()
+                .call("cuMemsetD32Async")?;
+            params.ws = ws as *mut f32;
+            params.flags = (ws + flags_off) as *mut u32;
+            params.dp_tiles = dp_tiles as i32;
+            launch(kernel, p.device, &shape, stream, params, info)?;
+            Ok(true)
+        })
+    }
 }
 
 /// Split-k wgmma_sp: `split.splits` k chunks x `tiles` tiles as work units of the partial-product
@@ -974,6 +1078,27 @@ fn launch_wgmma_split_fused(
             Ok(true)
         })
     }
+}
+
+/// Which tile wgmma_sp may use: $FERROATTN_WGMMA_SP_TILE ("auto" or unset: `wgmma_schedule`'s rule;
+/// "256": the 256-row tile only; "128": the 128-row tile always). Read per call (same-process A/B).
+fn wgmma_tile_policy() -> Result<TilePolicy> {
+    let v = std::env::var("FERROATTN_WGMMA_SP_TILE").ok();
+    parse_wgmma_tile(v.as_deref()).ok_or_else(|| {
+        let got = format!("{:?}", v.unwrap_or_default());
+        Error::argument("FERROATTN_WGMMA_SP_TILE", "\"auto\", \"256\", \"128\" or unset", got)
+    })
+}
+
+/// When wgmma_sp runs the stream-K tail: $FERROATTN_WGMMA_SP_STREAMK ("auto" or unset: the cost rule of
+/// `wgmma_schedule`; "off": never; "on": always, the rule's tail; "dp:N": always, N whole tiles
+/// first). Read per call (same-process A/B).
+fn wgmma_stream_k_policy() -> Result<StreamKPolicy> {
+    let v = std::env::var("FERROATTN_WGMMA_SP_STREAMK").ok();
+    parse_wgmma_stream_k(v.as_deref()).ok_or_else(|| {
+        let got = format!("{:?}", v.unwrap_or_default());
+        Error::argument("FERROATTN_WGMMA_SP_STREAMK", "\"auto\", \"off\", \"on\", \"dp:N\" or unset", got)
+    })
 }
 
 /// When split-k fuses the reduce ($FERROATTN_SPARSE24_SPLITK_FUSE: unset = `fuse_split`'s measured

@@ -337,9 +337,10 @@ fn all_production_configs_compile_without_spills() {
         let (mm, cc) = production_specs(arch);
         let mut reports = crate::jit::precompile::precompile(&mm).unwrap();
         reports.extend(crate::jit::precompile::precompile(&cc).unwrap());
-        // wgmma_sp (sm_90a): the 32 production specs and the 10 opt-in pipelined-mainloop ones
+        // wgmma_sp (sm_90a): the 42 production specs, the 10 opt-in pipelined-mainloop ones and the 10 stream-K ones
         reports.extend(crate::jit::precompile::precompile(&wgmma_production_specs(arch)).unwrap());
         reports.extend(crate::jit::precompile::precompile(&wgmma_pipelined_specs(arch)).unwrap());
+        reports.extend(crate::jit::precompile::precompile(&crate::tuning::sparse24::wgmma_stream_k_configs(arch)).unwrap());
         let max = reports.iter().map(|r| r.resources.registers).max().unwrap();
         eprintln!("{arch}: {} kernels, at most {max} registers", reports.len());
         crate::jit::precompile::check_spills(&reports).unwrap();
@@ -349,9 +350,9 @@ fn all_production_configs_compile_without_spills() {
 #[test]
 fn wgmma_params_layout() {
     // kernels/sparse24/wgmma_sp.cuh static_asserts the same: 3 maps of 128 B, then
-    // Sparse24MatmulParams (88 B) at 384; 512 bytes, 128-byte aligned.
+    // Sparse24MatmulParams (88 B) at 384; 640 bytes (dp_tiles past 512), 128-byte aligned.
     assert_eq!(std::mem::size_of::<Sparse24MatmulParams>(), 88);
-    assert_eq!(std::mem::size_of::<Sparse24WgmmaParams>(), 512);
+    assert_eq!(std::mem::size_of::<Sparse24WgmmaParams>(), 640);
     assert_eq!(std::mem::align_of::<Sparse24WgmmaParams>(), 128);
     assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, p), 384);
     assert_eq!(std::mem::offset_of!(Sparse24MatmulParams, rows), 56);
@@ -362,6 +363,8 @@ fn wgmma_params_layout() {
     assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, splits), 496);
     assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, chunk_tiles), 500);
     assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, flags), 504);
+    // stream-K (Epi = 4)
+    assert_eq!(std::mem::offset_of!(Sparse24WgmmaParams, dp_tiles), 512);
     check_layout_with_nvrtc::<Sparse24WgmmaParams>(
         "sparse24/wgmma_sp.cuh",
         "ferroattn::Sparse24WgmmaParams",
@@ -383,7 +386,7 @@ fn wgmma_kernels_compile_without_spills() {
     }
     assert!(wgmma_production_specs(Arch::Sm80).is_empty());
     let specs = wgmma_production_specs(Arch::Sm90a);
-    assert_eq!(specs.len(), 32);
+    assert_eq!(specs.len(), 42);
     // the two split-k partial-product kernels (Epi = 2)
     let split: Vec<_> = specs.iter().filter(|c| c.epilogue == 2).copied().collect();
     assert_eq!(split.len(), 2);
@@ -392,7 +395,7 @@ fn wgmma_kernels_compile_without_spills() {
     // gelu_erf is the one that spilled in a first staged-epilogue draft)
     let picks: Vec<_> = specs
         .iter()
-        .filter(|c| c.epilogue < 2)
+        .filter(|c| c.epilogue < 2 && c.block_n == 256)
         .filter(|c| {
             (c.dtype == DType::BF16 && c.activation == Activation::None)
                 || (c.dtype == DType::F16 && c.activation == Activation::GeluErf)
@@ -422,7 +425,19 @@ fn wgmma_kernels_compile_without_spills() {
         })
         .collect();
     assert_eq!(fused.len(), 2);
-    let picks: Vec<_> = picks.into_iter().chain(piped).chain(split).chain(fused).collect();
+    // the 128-row tile (4 stages) and the stream-K tail form (Epi = 4), same two picks each
+    let sched: Vec<_> = specs
+        .iter()
+        .copied()
+        .chain(crate::tuning::sparse24::wgmma_stream_k_configs(Arch::Sm90a))
+        .filter(|c| c.block_n == 128 || c.epilogue == 4)
+        .filter(|c| {
+            (c.dtype == DType::BF16 && c.activation == Activation::None)
+                || (c.dtype == DType::F16 && c.activation == Activation::GeluErf)
+        })
+        .collect();
+    assert_eq!(sched.len(), 4);
+    let picks: Vec<_> = picks.into_iter().chain(piped).chain(split).chain(fused).chain(sched).collect();
     let reports = crate::jit::precompile::precompile(&picks).unwrap();
     for r in &reports {
         eprintln!(

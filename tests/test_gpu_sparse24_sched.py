@@ -1,0 +1,279 @@
+"""wgmma_sp schedules of session 9 on the GPU (sm_90a; src/tuning/sparse24.rs `wgmma_schedule`,
+src/ops/sparse24 `launch_wgmma`): the 128 w-row x 128 token tile (kernel BM = 128, 4 stages), picked
+where the 256-row tiles would leave most SMs idle, and the stream-K tail (kernel form Epi = 4): the first
+dp_tiles tiles run whole, the remaining tiles' 128-k stages are cut into one contiguous range per CTA
+and a tile cut between CTAs is finished by the CTA holding its first stage, which adds the other
+segments' fp32 partial sums in k order.
+Checked against the fp32 reference of act(x @ w.T + bias) with w the decompressed weight: ragged rows /
+n / k (k_pad % 128 == 64), forced tails from one stage per CTA (most CTAs idle, an owner reading up to
+32 partials) to all tiles, bias (x's dtype / fp32) with every activation, fp16 / bf16, a NaN-poisoned out
+(every element written), run-to-run bitwise determinism, the auto rule's choices (launch records), and
+the environment switches $FERROATTN_WGMMA_SP_TILE ("auto" | "256" | "128") and
+$FERROATTN_WGMMA_SP_STREAMK ("auto" | "off" | "on" | "dp:N"), read per call."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+BF16, FP16 = torch.bfloat16, torch.float16
+DEV = "cuda"
+ACTS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+        "silu": F.silu}
+NATIVE_ACT = {None: "none", "relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "silu": "silu"}
+
+
+def _sm90():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma_sp needs an sm_90 device")
+
+
+def _w(n, k, dtype, seed=0):
+    from ferroattn import sparse24
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return sparse24.prune(torch.randn(n, k, device=DEV, dtype=dtype, generator=g))
+
+
+def _x(rows, k, dtype, seed=1):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.randn(rows, k, device=DEV, dtype=dtype, generator=g)
+
+
+def _check(out, x, w, bias=None, activation=None):
+    from ferroattn.testing import assert_close_to_ref
+    b32 = None if bias is None else bias.float()
+    ref = ACTS[activation](F.linear(x.float(), w.float(), b32))
+    ref_lp = ACTS[activation](F.linear(x, w, None if bias is None else bias.to(x.dtype)))
+    assert out.dtype == x.dtype and out.shape == ref.shape
+    assert not bool(torch.isnan(out).any())
+    assert_close_to_ref(out.float(), ref, ref_lp.float(), factor=2.0)
+
+
+def _native_call(x, t, n, k, bias=None, activation="none"):
+    """The native launcher (backend wgmma_sp) into a NaN-poisoned out (so an unwritten element shows)."""
+    from ferroattn import _native
+    out = torch.full((x.shape[0], n), float("nan"), device=DEV, dtype=x.dtype)
+    _native.sparse24_matmul(x, t.values, t.meta, out, bias, n, k, activation, "wgmma_sp",
+                            torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return out
+
+
+def _records(fn):
+    """Launch records (kernel, config = name expression, grid) of our kernels that `fn` launched."""
+    from ferroattn import _native
+    torch.cuda.synchronize()
+    _native.profiler_drain()
+    _native.profiler_enable(True)
+    try:
+        fn()
+        torch.cuda.synchronize()
+    finally:
+        _native.profiler_enable(False)
+    return [r for r in _native.profiler_drain() if r["kernel"] == "sparse24_matmul_wgmma"]
+
+
+def _sms():
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+# ---- the 128-row tile ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows,n,k", [(1, 200, 64), (300, 1000, 1000), (512, 4096, 4096), (1100, 1030, 4160),
+                                      (777, 128, 4160)])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_bm128_matches_reference(monkeypatch, rows, n, k, dtype):
+    """FERROATTN_WGMMA_SP_TILE=128: n not a multiple of 128 (last tile partly padding), rows not a multiple
+    of 128, k_pad % 128 == 64 (4160), one token; deterministic; close to the 256-row tile's output."""
+    _sm90()
+    from ferroattn import sparse24
+    w = _w(n, k, dtype, seed=rows)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "128")
+    got = {}
+    recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k)))
+    assert len(recs) == 1 and recs[0]["config"].endswith(", 128, 4, 0, 128, 1>"), recs
+    out = got["y"]
+    _check(out, x, w)
+    assert torch.equal(out, _native_call(x, t, n, k))
+    # same sum order per output as the 256-row tile (k in the same stage order): bitwise equal
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+    assert torch.equal(out, _native_call(x, t, n, k))
+
+
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("bias_dtype", [None, "x", torch.float32])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_bm128_bias_activation(monkeypatch, activation, bias_dtype, dtype):
+    _sm90()
+    from ferroattn import sparse24
+    rows, n, k = 384, 1001, 1544
+    w = _w(n, k, dtype, seed=7)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    bias = None if bias_dtype is None else torch.randn(
+        n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "128")
+    _check(_native_call(x, t, n, k, bias, NATIVE_ACT[activation]), x, w, bias, activation)
+    y = sparse24.matmul(x, t, bias, activation, backend="sparse")
+    _check(y, x, w, bias, activation)
+
+
+# ---- the stream-K tail ----------------------------------------------------------------------------------
+
+def _tiles256(rows, n):
+    m_pad = -(-n // 128) * 128
+    return -(-rows // 128) * -(-m_pad // 256)
+
+
+# (rows, n, k, dp): tiles and k_tiles per case in the comment; "last" = tiles - 1 (one tile of k_tiles
+# stages over all CTAs: most ranges empty or one stage, the owner reads up to k_tiles - 1 partials)
+SK_CASES = [
+    (300, 1000, 1000, "0"),        # 3 x 4 = 12 tiles, 8 stages: 96 stages over the CTAs (< 1 stage each)
+    (300, 1000, 1000, "last"),
+    (1100, 1030, 4160, "0"),       # 9 x 5 = 45 tiles, 33 stages (k_pad % 128 == 64)
+    (1100, 1030, 4160, "20"),
+    (1100, 1030, 4160, "last"),
+    (2048, 4096, 4160, "132"),     # 16 x 16 = 256 tiles, 33 stages: one whole wave then 124 tiles
+    (2048, 4096, 4160, "200"),     # whole tiles not a multiple of the grid
+    (777, 128, 64, "0"),           # 7 tiles of ONE stage: whole tiles only, most CTAs idle
+    (1, 4096, 4096, "0"),          # one token: 16 tiles of 32 stages
+]
+
+
+@pytest.mark.parametrize("rows,n,k,dp", SK_CASES)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_stream_k_matches_reference(monkeypatch, rows, n, k, dp, dtype):
+    _sm90()
+    from ferroattn import sparse24
+    w = _w(n, k, dtype, seed=rows + k)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    tiles = _tiles256(rows, n)
+    dp_tiles = tiles - 1 if dp == "last" else min(int(dp), tiles - 1)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", f"dp:{dp_tiles}")
+    got = {}
+    recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k)))
+    assert len(recs) == 1 and recs[0]["config"].endswith(", 256, 4>"), recs
+    assert recs[0]["grid"][0] == _sms(), recs
+    out = got["y"]
+    _check(out, x, w)
+    # deterministic: the owner adds the partials in k order
+    for _ in range(2):
+        assert torch.equal(out, _native_call(x, t, n, k))
+    # the same function as whole tiles (sum order differs only where a tile is cut)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+    ref = _native_call(x, t, n, k)
+    assert (out.float() - ref.float()).abs().max().item() <= 0.05 * ref.float().abs().max().item()
+
+
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("bias_dtype", [None, "x", torch.float32])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_stream_k_bias_activation(monkeypatch, activation, bias_dtype, dtype):
+    """Bias and activation run once, in the owner's epilogue, after every partial is added."""
+    _sm90()
+    from ferroattn import sparse24
+    rows, n, k = 700, 1001, 1544          # 6 x 4 = 24 tiles of 13 stages; 10 whole, 14 spread
+    w = _w(n, k, dtype, seed=11)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    bias = None if bias_dtype is None else torch.randn(
+        n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "dp:10")
+    _check(_native_call(x, t, n, k, bias, NATIVE_ACT[activation]), x, w, bias, activation)
+    y = sparse24.matmul(x, t, bias, activation, backend="sparse")
+    _check(y, x, w, bias, activation)
+
+
+@pytest.mark.parametrize("layout", ["row_step", "batched"])
+def test_gpu_stream_k_noncontiguous_x(monkeypatch, layout):
+    _sm90()
+    from ferroattn import sparse24
+    n, k = 1536, 2048
+    w = _w(n, k, BF16)
+    t = sparse24.compress(w)
+    base = torch.randn(8, 96, k + 64, device=DEV, dtype=BF16)
+    x = {"row_step": base[:, ::2, :k], "batched": base[..., :k].contiguous().reshape(2, 4, 96, k)}[layout]
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "on")
+    y = sparse24.matmul(x, t, backend="wgmma_sp")
+    assert y.shape == (*x.shape[:-1], n)
+    _check(y.reshape(-1, n), x.reshape(-1, k), w)
+
+
+def test_gpu_stream_k_cuda_graph_capture(monkeypatch):
+    """The workspace and the zeroed counters are stream-ordered: a captured call replays correctly."""
+    _sm90()
+    from ferroattn import sparse24
+    n, k = 2048, 4096
+    w = _w(n, k, FP16)
+    t = sparse24.compress(w)
+    x = _x(1500, k, FP16)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "dp:40")
+    sparse24.matmul(x, t, backend="wgmma_sp")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = sparse24.matmul(x, t, backend="wgmma_sp")
+    for _ in range(3):
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(y, x, w)
+
+
+# ---- the auto rule and the switches ----------------------------------------------------------------------
+
+def test_gpu_schedule_auto_choices(monkeypatch):
+    """132-SM H200: 512 x 4096 x 4096 (64 tiles of 256 rows) and 256 x 4096 x 4096 (32: split-k before) run
+    the 128-row tile; 2048 x 11008 x 4096 (688 tiles), 8192 x 4096 x 4096 and 1024 x 4096 x 4096 whole
+    256-row tiles (stream-K only on request: "on" gives it); "256" restores the 256-row tile."""
+    _sm90()
+    if _sms() != 132:
+        pytest.skip("the expected choices are those of a 132-SM H200")
+    from ferroattn import sparse24
+    for v in ("FERROATTN_WGMMA_SP_TILE", "FERROATTN_WGMMA_SP_STREAMK", "FERROATTN_SPARSE24_SPLITK"):
+        monkeypatch.delenv(v, raising=False)
+
+    def launched(rows, n, k, check=True):
+        w = _w(n, k, FP16, seed=rows)
+        t = sparse24.compress(w)
+        x = _x(rows, k, FP16)
+        got = {}
+        recs = _records(lambda: got.setdefault("y", sparse24.matmul(x, t, backend="wgmma_sp")))
+        if check:
+            _check(got["y"], x, w)
+        return [r["config"] for r in recs]
+
+    for rows, n, k, want in [(512, 4096, 4096, ", 128, 1>"), (256, 4096, 4096, ", 128, 1>"),
+                             (2048, 11008, 4096, ", 256, 1>"), (8192, 4096, 4096, ", 256, 1>"),
+                             (1024, 4096, 4096, ", 256, 1>")]:
+        cfg = launched(rows, n, k)
+        assert len(cfg) == 1 and cfg[0].endswith(want), (rows, n, k, cfg)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "on")
+    cfg = launched(2048, 11008, 4096)
+    assert len(cfg) == 1 and cfg[0].endswith(", 256, 4>"), cfg
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")
+    cfg = launched(512, 4096, 4096, check=False)
+    assert len(cfg) == 1 and cfg[0].endswith(", 256, 1>"), cfg
+
+
+@pytest.mark.parametrize("var,value", [("FERROATTN_WGMMA_SP_TILE", "64"), ("FERROATTN_WGMMA_SP_STREAMK", "dp:x"),
+                                       ("FERROATTN_WGMMA_SP_STREAMK", "1")])
+def test_gpu_schedule_env_rejects_bad_value(monkeypatch, var, value):
+    _sm90()
+    from ferroattn import sparse24
+    from ferroattn.errors import ArgumentError
+    w = _w(512, 1024, BF16)
+    t = sparse24.compress(w)
+    x = _x(300, 1024, BF16)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ArgumentError, match=var):
+        sparse24.matmul(x, t, backend="wgmma_sp")
