@@ -46,13 +46,20 @@
 //                     ahead of the slowest one instead of meeting all of them every tile (H200,
 //                     session 8: +15 % at 128x256x64 with 4 stages; ncu: the barrier and MIO
 //                     throttle stalls gone).
-//   Persistent (opt-in, Mbarrier only; tile override field 9, never a built-in tile) a
+//   Persistent (Mbarrier only; the sm_90a large tile, tile override field 9) a
 //              persistent grid: gridDim = (CTAs, 1, 1) over the tiles_m * tiles_n * batch work
 //              items, each CTA looping over items; interior items share one mbarrier pipeline
 //              whose phases continue across items, the next item's first Stages - 2 k tiles are
 //              copied under the current item's last ones and land during its epilogue, which
-//              stages per warp (16 x 16 fp32 at a time) in a slab after the ring; edge items run
-//              the checked single-buffered loop and block-wide epilogue as usual.
+//              stages per warp (16 x 16 fp32 at a time) in a slab after the ring (unrolled when
+//              the epilogue is out = alpha * acc with aligned vector stores); edge items run
+//              the checked single-buffered loop and block-wide epilogue as usual. Optional
+//              stream-k tail (params.sk_ws != nullptr, every item interior): items sk_first ..
+//              are split into equal ranges of k tiles, one per CTA; an item split between CTAs
+//              c and c + 1 is finished by c, which adds c + 1's fp32 partial tile (workspace
+//              slot c, per-warp flags: st.release / ld.acquire at gpu scope) before its
+//              epilogue (c + 1 produces at the start of its range, c consumes at the end; the
+//              last CTA never waits, so any scheduling order of the CTAs completes).
 // Copies: interior blocks (block tile inside m x n, k a multiple of BK, every thread's vectors at
 // one element offset of its lines: FastCopy) copy each tile with one global pointer per operand
 // and compile-time shared offsets (cp.async without bound checks), spread over the first half
@@ -80,7 +87,7 @@
 // when out/c/aux pointers, leading dims and batch strides allow 4-element vectors). With
 // Mbarrier, 2 x Stages 8-byte mbarriers are static shared memory on top of the dynamic bytes.
 // Launch: grid (tiles_m * tiles_n, min(batch, 65535), 1) with block tiles visited in groups of
-// 8 tile rows (L2 reuse of B), block WarpsM*WarpsN*32 threads, dynamic smem as above (the
+// params.group tile rows (L2 reuse of B; 8 unless $FERROATTN_GEMM_WMMA_GROUP says otherwise), block WarpsM*WarpsN*32 threads, dynamic smem as above (the
 // caller raises the function's limit above 48 KiB).
 // PTX features: wmma.load / wmma.mma.sync m16n16k16 f16/bf16 -> f32 (sm_80+ for bf16),
 // ldmatrix.x4(.trans), cp.async.ca/.cg with src-size, cp.async.commit_group/wait_group;
@@ -114,6 +121,13 @@ struct GemmWmmaParams {
     float alpha, beta;
     int activation;
     int bias_f32;
+    int group;  // tile rows per raster group (L2 reuse of B; >= 1, 8 unless overridden)
+    // Stream-k tail of the persistent kernel (see gemm_wmma's Persistent): work items
+    // sk_first .. items-1 are split along k over all CTAs when sk_ws != nullptr; sk_ws holds
+    // gridDim.x partial BM x BN fp32 tiles, sk_flags gridDim.x * WarpsM * WarpsN zeroed u32 flags.
+    long long sk_first;
+    float* sk_ws;
+    unsigned* sk_flags;
 };
 
 template <int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages, bool ARow, bool BRow>
@@ -523,8 +537,8 @@ gemm_wmma(const GemmWmmaParams p) {
     const int warp = tid >> 5, lane = tid & 31;
     const int warp_m = warp / WarpsN, warp_n = warp % WarpsN;
 
-    // Block tile: groups of 8 tile rows walk the tile columns together (B tiles reused in L2).
-    constexpr int kGroup = 8;
+    // Block tile: groups of p.group tile rows walk the tile columns together (B tiles reused in L2).
+    const int kGroup = p.group > 0 ? p.group : 8;
     const int tile = blockIdx.x;
     const int per_group = kGroup * p.tiles_n;
     const int first_m = (tile / per_group) * kGroup;
@@ -836,6 +850,9 @@ gemm_wmma(const GemmWmmaParams p) {
         // the ring (gemm_wmma_persistent_smem_bytes) instead of the ring. Edge items run
         // batch_entry's checked loop and block-wide epilogue as in the default kernel, after a
         // __syncthreads when an interior item precedes them (nothing is prefetched for them).
+        // With a stream-k tail (params sk_*, all items interior) the last items are split along k
+        // between neighbouring CTAs (next_seg below): the unit of work is then a segment (item,
+        // k tiles [kb, ke)), and everything above holds per segment.
         static_assert(Mbarrier, "the persistent loop runs the mbarrier pipeline");
         constexpr int kSteps = BK / 16;
         constexpr int kParts = kSteps / 2 > 1 ? kSteps / 2 : 1;
@@ -865,6 +882,10 @@ gemm_wmma(const GemmWmmaParams p) {
         }
         __syncthreads();  // barriers initialised
         float* const wstage = reinterpret_cast<float*>(smem + kStageOff) + warp * 256;
+        // Interior items' epilogue is out = alpha * acc alone (the common case), with aligned
+        // 4-element vector stores: the unrolled fast path below.
+        const bool plain_epi = p.beta == 0.0f && p.bias == nullptr && p.aux == nullptr &&
+                               p.activation == kActNone && out_vec;
 
         // Copy plan (as batch_entry's fast path): this thread's first vector of A and B of a tile.
         const int a_l = tid / CA::kVecPerLine, a_e = (tid % CA::kVecPerLine) * VecA;
@@ -873,13 +894,14 @@ gemm_wmma(const GemmWmmaParams p) {
         const unsigned b_s0 = smem_addr(sB) + (b_l * S::kBLd + b_e) * 2;
         const T* a_g = nullptr;  // copy cursor: the k tile whose copies go out next
         const T* b_g = nullptr;
-        auto point_copies = [&](long long z, int mm, int nn) {
+        auto point_copies = [&](long long z, int mm, int nn, int kb) {
             const T* const A = static_cast<const T*>(p.a) + z * p.a_batch_stride;
             const T* const B = static_cast<const T*>(p.b) + z * p.b_batch_stride;
-            a_g = A + (ARow ? static_cast<long long>(mm + a_l) * p.a_ld + a_e
-                            : static_cast<long long>(a_l) * p.a_ld + (mm + a_e));
-            b_g = B + (BRow ? static_cast<long long>(b_l) * p.b_ld + (nn + b_e)
-                            : static_cast<long long>(nn + b_l) * p.b_ld + b_e);
+            const long long k0 = static_cast<long long>(kb) * BK;  // first k of the segment
+            a_g = A + (ARow ? static_cast<long long>(mm + a_l) * p.a_ld + (k0 + a_e)
+                            : (k0 + a_l) * p.a_ld + (mm + a_e));
+            b_g = B + (BRow ? (k0 + b_l) * p.b_ld + (nn + b_e)
+                            : static_cast<long long>(nn + b_l) * p.b_ld + (k0 + b_e));
         };
         auto copy_part = [&](unsigned slot, int part, int parts) {
             const unsigned sa = a_s0 + slot * (S::kAStage * 2);
@@ -909,29 +931,76 @@ gemm_wmma(const GemmWmmaParams p) {
             load_step_frags<T, S, ARow, BRow, BK>(a, b, a_s, b_s, kk);
         };
 
-        unsigned g = 0;         // interior k tiles of this CTA before the current item
-        bool primed = false;    // the current item's first kDist k tiles are already issued
+        // Work segments (item w, k tiles [kb, ke)): items below sk_end0 whole, w = blockIdx.x,
+        // + gridDim.x, ... (data-parallel); then, with a stream-k tail, this CTA's contiguous range
+        // [u0, u1) of the tail's k-tile units (unit u = k tile u % k_tiles of item sk_first +
+        // u / k_tiles): every range holds at least k_tiles units (the tail has >= gridDim.x items),
+        // so an item is split between at most two CTAs, at the end of CTA c's range (k tiles
+        // [0, s), "consumer": adds the other part and runs the epilogue) and the start of CTA
+        // c + 1's ("producer": k tiles [s, k_tiles), writes its fp32 partial tile to slot c of
+        // sk_ws and raises its warps' flags). The kernel takes the tail only when every item is
+        // interior (else it runs all items data-parallel; the host launches gridDim.x <= SMs CTAs,
+        // one per SM, so every producer runs while its consumer waits).
+        const bool sk_on = p.sk_ws != nullptr && p.sk_first >= 0 && items - p.sk_first >= gridDim.x && CA::kOk &&
+                           CB::kOk && p.m % BM == 0 && p.n % BN == 0 && p.k % BK == 0;
+        const long long sk_end0 = sk_on ? p.sk_first : items;  // the data-parallel items
+        // tail units (< 2 * gridDim.x * k_tiles: 32-bit, the host checks) and this CTA's range
+        const int sk_units = static_cast<int>((items - sk_end0) * k_tiles);
+        const int u0 = static_cast<int>(static_cast<long long>(sk_units) * blockIdx.x / gridDim.x);
+        const int u1 = static_cast<int>(static_cast<long long>(sk_units) * (blockIdx.x + 1) / gridDim.x);
+        // The segment after (w, kb, ke) (w = items: none); w = -1: this CTA's first one.
+        auto next_seg = [&](long long w, int ke, long long& wn, int& kbn, int& ken) {
+            int u = u1;
+            if (w < sk_end0) {
+                wn = w < 0 ? blockIdx.x : w + gridDim.x;
+                if (wn < sk_end0) {
+                    kbn = 0;
+                    ken = k_tiles;
+                    return;
+                }
+                u = u0;
+            } else {
+                u = static_cast<int>(w - sk_end0) * k_tiles + ke;
+            }
+            if (u < u1) {
+                wn = sk_end0 + u / k_tiles;
+                kbn = u % k_tiles;
+                ken = min(k_tiles, kbn + (u1 - u));
+            } else {
+                wn = items;
+                kbn = 0;
+                ken = 0;
+            }
+        };
+
+        unsigned g = 0;         // interior k tiles of this CTA before the current segment
+        bool primed = false;    // the current segment's first kDist k tiles are already issued
         bool prev_inter = false;
-        long long w = blockIdx.x;
+        long long w = 0;
+        int kb = 0, ke = 0;
+        next_seg(-1, 0, w, kb, ke);
         long long z = 0;
         if (w < items) locate(w, z, m0, n0);
         while (w < items) {
-            const long long wn = w + gridDim.x;
-            long long zn = 0;
-            int mn = 0, nn = 0;
-            if (wn < items) locate(wn, zn, mn, nn);
+            // the next segment (found after this one's first k tiles: not live across them)
+            long long wn = items, zn = 0;
+            int kbn = 0, ken = 0, mn = 0, nn = 0;
+            auto find_next = [&]() {
+                next_seg(w, ke, wn, kbn, ken);
+                if (wn < items) locate(wn, zn, mn, nn);
+            };
+            const int len = ke - kb;  // k tiles of this segment
             if (!inside(m0, n0)) {
                 if (prev_inter) __syncthreads();  // every warp is done with the ring
-                batch_entry(z, false);            // ends with __syncthreads
+                batch_entry(z, false);            // ends with __syncthreads (edge items are whole)
                 prev_inter = false;
+                find_next();
             } else {
-                // the next item's first kDist k tiles go out under this item's last ones
-                const bool chain = wn < items && inside(mn, nn) && k_tiles >= kDist;
                 if (!primed) {
-                    point_copies(z, m0, n0);
+                    point_copies(z, m0, n0, kb);
 #pragma unroll
                     for (int s = 0; s < kDist; ++s) {
-                        if (s < k_tiles) {
+                        if (s < len) {
                             empty_wait(g + s);
                             copy_part((g + s) % Stages, 0, 1);
                             cp_async_mbar_arrive(full0 + 8u * ((g + s) % Stages));
@@ -955,12 +1024,12 @@ gemm_wmma(const GemmWmmaParams p) {
 #pragma unroll
                     for (int step = 0; step < kSteps; ++step) {
                         const int cur = step & 1;
-                        if (step == kSteps - 1 && kt + 1 < k_tiles) {
+                        if (step == kSteps - 1 && kt + 1 < len) {
                             mbar_wait(full0 + 8u * ((gt + 1) % Stages), ((gt + 1) / Stages) & 1u);
                         }
                         if (step + 1 < kSteps) {
                             load_frags(fa[cur ^ 1], fb[cur ^ 1], stage, (step + 1) * 16);
-                        } else if (kt + 1 < k_tiles) {
+                        } else if (kt + 1 < len) {
                             load_frags(fa[cur ^ 1], fb[cur ^ 1], (gt + 1) % Stages, 0);
                         }
                         if (step < kParts && issue) {
@@ -981,12 +1050,58 @@ gemm_wmma(const GemmWmmaParams p) {
                 // under which the next item's first k tiles go out (chain) or nothing; the copy
                 // cursor moves to the next item once, between the two loops (a branch inside the
                 // loop was if-converted: ~30 instructions of pointer math per k tile).
-                const int k_own = k_tiles > kDist ? k_tiles - kDist : 0;
+                const int k_own = len > kDist ? len - kDist : 0;
                 for (int kt = 0; kt < k_own; ++kt) k_tile(kt, true);
-                if (chain) point_copies(zn, mn, nn);
-                for (int kt = k_own; kt < k_tiles; ++kt) k_tile(kt, chain);
-                g += static_cast<unsigned>(k_tiles);
+                find_next();
+                // the next segment's first kDist k tiles go out under this segment's last ones
+                const bool chain = wn < items && inside(mn, nn) && len >= kDist && ken - kbn >= kDist;
+                if (chain) point_copies(zn, mn, nn, kbn);
+                for (int kt = k_own; kt < len; ++kt) k_tile(kt, chain);
+                g += static_cast<unsigned>(len);
                 primed = chain;
+
+                // Stream-k: a producer segment (k tiles [kb > 0, k_tiles)) hands its partial tile
+                // to the consumer, CTA blockIdx.x - 1, and has no epilogue; a consumer segment
+                // (k tiles [0, ke < k_tiles)) adds the producer's partial first. Per warp: its
+                // kMI x kNI fragments at 256-float strides (store/load_matrix_sync, so both sides
+                // use the same opaque accumulator layout), one flag per warp.
+                constexpr int kWarps = WarpsM * WarpsN;
+                if (kb > 0 || ke < k_tiles) {
+                    const long long slot = kb > 0 ? blockIdx.x - 1 : blockIdx.x;
+                    float* const part = p.sk_ws + ((slot * kWarps + warp) * (kMI * kNI)) * 256;
+                    unsigned* const flag = p.sk_flags + slot * kWarps + warp;
+                    if (kb > 0) {
+#pragma unroll
+                        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                            for (int j = 0; j < kNI; ++j)
+                                wm::store_matrix_sync(part + (i * kNI + j) * 256, acc[i][j], 16, wm::mem_row_major);
+                        __threadfence();  // this lane's partial stores before the flag
+                        __syncwarp();
+                        if (lane == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(1u) : "memory");
+                        prev_inter = true;
+                        w = wn;
+                        kb = kbn;
+                        ke = ken;
+                        z = zn;
+                        m0 = mn;
+                        n0 = nn;
+                        continue;
+                    }
+                    unsigned ready = 0;
+                    do {
+                        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(ready) : "l"(flag) : "memory");
+                    } while (ready == 0);
+#pragma unroll
+                    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                        for (int j = 0; j < kNI; ++j) {
+                            wm::fragment<wm::accumulator, 16, 16, 16, float> t;
+                            wm::load_matrix_sync(t, part + (i * kNI + j) * 256, 16, wm::mem_row_major);
+#pragma unroll
+                            for (int e = 0; e < t.num_elements; ++e) acc[i][j].x[e] += t.x[e];
+                        }
+                }
 
                 // Epilogue of this warp's kWM x kWN outputs, one 16 x 16 accumulator at a time
                 // through the warp's slab: lane l handles groups of 4 columns f = l and l + 32 of
@@ -996,6 +1111,49 @@ gemm_wmma(const GemmWmmaParams p) {
                 const TOut* const cm = static_cast<const TOut*>(p.c) + z * p.c_batch_stride;
                 TOut* const aux = static_cast<TOut*>(p.aux) + z * p.aux_batch_stride;
                 const int row0 = m0 + warp_m * kWM, col0 = n0 + warp_n * kWN;
+                if (plain_epi) {
+                    // out = alpha * acc only (no C, bias, aux or activation; 4-element vector
+                    // stores aligned): unrolled over the kMI x kNI accumulators, so each fragment is
+                    // picked at compile time (the runtime loop below selects it through a chain of
+                    // kMI * kNI compares and branches per fragment); each lane keeps one output row
+                    // pointer (row lane / 4 of a 16 x 16 block, columns (lane % 4) * 4 .. + 3; row
+                    // + 8 for its second group) plus compile-time column offsets. Software-pipelined:
+                    // fragment c + 1 goes through the slab before fragment c's values are scaled,
+                    // converted and stored, so the slab reads' latency overlaps the next staging.
+                    const int fr = lane >> 2, fc = (lane & 3) * 4;
+                    TOut* const o0 = out + static_cast<long long>(row0 + fr) * p.out_ld + (col0 + fc);
+                    const float* const s0 = wstage + fr * 16 + fc;
+                    float4 v[2];
+#pragma unroll
+                    for (int c = 0; c <= kMI * kNI; ++c) {
+                        float4 nv[2];
+                        if (c < kMI * kNI) {
+                            __syncwarp();  // the previous block's reads are done
+#pragma unroll
+                            for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                                for (int j = 0; j < kNI; ++j)
+                                    if (c == i * kNI + j) wm::store_matrix_sync(wstage, acc[i][j], 16, wm::mem_row_major);
+                            __syncwarp();
+                            nv[0] = *reinterpret_cast<const float4*>(s0);
+                            nv[1] = *reinterpret_cast<const float4*>(s0 + 128);
+                        }
+                        if (c > 0) {
+                            const int i = (c - 1) / kNI, j = (c - 1) % kNI;
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const float x[4] = {p.alpha * v[h].x, p.alpha * v[h].y, p.alpha * v[h].z,
+                                                    p.alpha * v[h].w};
+                                store4<TOut>(o0 + static_cast<long long>(i * 16 + h * 8) * p.out_ld + j * 16, true,
+                                             4, x);
+                            }
+                        }
+                        if (c < kMI * kNI) {
+                            v[0] = nv[0];
+                            v[1] = nv[1];
+                        }
+                    }
+                } else {
 #pragma unroll 1
                 for (int c = 0; c < kMI * kNI; ++c) {
                     __syncwarp();  // the previous block's reads are done
@@ -1036,9 +1194,12 @@ gemm_wmma(const GemmWmmaParams p) {
                         store4<TOut>(out + static_cast<long long>(row) * p.out_ld + col, out_vec, 4, x);
                     }
                 }
+                }
                 prev_inter = true;
             }
             w = wn;
+            kb = kbn;
+            ke = ken;
             z = zn;
             m0 = mn;
             n0 = nn;

@@ -31,7 +31,9 @@ pub struct WmmaTile {
     /// SM loops over the (batch entry, tile) items; interior items keep the mbarrier pipeline's
     /// phases across items, and the next item's first `stages - 2` k tiles are copied while the
     /// current item multiplies its last ones and runs its epilogue, which stages through a
-    /// per-warp 16 x 16 fp32 slab after the ring. Needs `mbarrier`.
+    /// per-warp 16 x 16 fp32 slab after the ring (unrolled for out = alpha * acc). Large problems
+    /// whose last wave is partial split their last items along k over all SMs (stream-k tail,
+    /// [`stream_k_plan`]). Needs `mbarrier`.
     pub persistent: bool,
 }
 
@@ -47,7 +49,10 @@ impl WmmaTile {
     /// one `__syncthreads` per tile and 3 stages (the session-7 default) gave 0.463x / 0.421x,
     /// 256 x 128 x 64 with mbarriers 0.509x, 128 x 128 x 64 (two blocks per SM) 0.477x. Persistent
     /// (.dev/w4, session 8: the next tile's fill under this tile's epilogue): 1.030x the
-    /// non-persistent kernel (paired median on 8 k = 4096 points + 8192^3; 0.996-1.056). Its ring
+    /// non-persistent kernel (paired median on 8 k = 4096 points + 8192^3; 0.996-1.056). The
+    /// unrolled plain epilogue and the stream-k tail (.dev/w5, session 8): 1.109x the persistent
+    /// kernel of d24874e (paired median on 9 target points, 1.080-1.134; vs cuBLAS median 0.550,
+    /// min 0.529 there, where d24874e gave 0.498 / 0.479). Its ring
     /// (up to 216 KiB + 8 KiB of epilogue slabs) needs sm_90's shared memory: other archs take [`LARGE`].
     pub const LARGE_SM90: WmmaTile =
         WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 4, double_buffer: true, mbarrier: true, persistent: true };
@@ -244,6 +249,58 @@ pub fn smem_of(tile: WmmaTile, a_row_major: bool, b_row_major: bool) -> u32 {
     .smem_bytes()
 }
 
+/// When a persistent WMMA launch splits its last items along k ("stream-k tail",
+/// kernels/gemm/wmma.cuh `Persistent`): `Off` never, `Auto` by [`stream_k_plan`]'s rule, `On`
+/// whenever the last wave is partial ($FERROATTN_GEMM_WMMA_STREAMK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamK {
+    Off,
+    Auto,
+    On,
+}
+
+/// The stream-k plan of a persistent launch: (CTAs, first tail item) or None (no tail).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamKPlan {
+    /// CTAs (one per SM at most): every CTA runs the same share of the work.
+    pub grid: u64,
+    /// Items 0 .. sk_first run whole (data-parallel, item w on CTA w % grid); the rest (grid plus
+    /// the partial last wave's items) are split into equal ranges of k tiles, one per CTA.
+    pub sk_first: u64,
+}
+
+/// Whole waves `Auto` needs before a stream-k tail. The tail's CTAs each walk their own range of
+/// k tiles (different items at different k offsets at once), so its operand tiles are shared
+/// less in L2 than the data-parallel raster's: with few waves the tail is a large share of the
+/// call. H200 (session 8, .dev/w5): 7.8-54 waves gained 0.5-4.5 % (paired, 9 points); 3.9 waves
+/// (512 items: 4096 x 4096 x 4096 / x 11008) lost ~5-8 % (estimated from two unpaired bench runs).
+pub const STREAM_K_MIN_WAVES: u64 = 7;
+
+/// Stream-k plan for `items` work items of `k_tiles` k tiles each on at most `cap` CTAs (pure).
+/// Without a tail the balanced grid (src/tuning/grid.rs) idles the SMs that a partial last wave
+/// leaves free: a CTA runs ceil(items / grid) items. With it every CTA runs items / cap items'
+/// worth of k tiles (+ one partial tile's hand-off). None when `mode` is Off, when the items fill
+/// whole waves (or one wave at most), or (Auto) when the last wave is >= 95 % full (the tail
+/// would save < 0.05 item-times per CTA) or fewer than [`STREAM_K_MIN_WAVES`] whole waves precede
+/// it; also None when the tail's k-tile units exceed i32 (the kernel counts them in 32 bits).
+/// Needs interior items only (checked by the caller).
+pub fn stream_k_plan(items: u64, k_tiles: u64, cap: u64, mode: StreamK) -> Option<StreamKPlan> {
+    let g = cap.max(1);
+    if mode == StreamK::Off || items <= g || k_tiles == 0 {
+        return None;
+    }
+    let (waves, r) = (items / g, items % g);
+    if r == 0 || (mode == StreamK::Auto && ((g - r) * 20 < g || waves < STREAM_K_MIN_WAVES)) {
+        return None;
+    }
+    let sk_first = (waves - 1) * g;
+    let units = (items - sk_first).checked_mul(k_tiles)?;
+    if units > i32::MAX as u64 {
+        return None;
+    }
+    Some(StreamKPlan { grid: g, sk_first })
+}
+
 /// The configuration for a validated problem: the copy vectors from the operands' alignment,
 /// the tile from `tile` (an override) or [`wmma_tile`].
 pub fn wmma_config(p: &GemmProblem, tile: Option<WmmaTile>, sm_count: u32, arch: Arch) -> GemmWmmaConfig {
@@ -323,6 +380,35 @@ pub fn wmma_production_configs(arch: Arch) -> Vec<GemmWmmaConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_k_plan_splits_the_last_wave_and_one_more() {
+        // 8192 x 14336 x 4096 bf16 on 132 SMs: 64 x 56 = 3584 items of 64 k tiles: 27 whole waves
+        // + 20; the tail is the last whole wave + the 20 (152 items), ~1.15 items per CTA.
+        let p = stream_k_plan(3584, 64, 132, StreamK::Auto).unwrap();
+        assert_eq!(p, StreamKPlan { grid: 132, sk_first: 26 * 132 });
+        assert!((3584 - p.sk_first) * 64 >= 132 * 64); // every CTA's range holds >= one item
+        // 7168 items: 54 waves + 40 (last wave 30 % full): a tail; 2752 = 20 x 132 + 112 (85 %): a tail
+        assert!(stream_k_plan(7168, 64, 132, StreamK::Auto).is_some());
+        assert!(stream_k_plan(2752, 64, 132, StreamK::Auto).is_some());
+        // 2634 = 19 x 132 + 126: the last wave 95.5 % full -> not worth it unless forced
+        assert_eq!(stream_k_plan(2634, 64, 132, StreamK::Auto), None);
+        assert!(stream_k_plan(2634, 64, 132, StreamK::On).is_some());
+        // whole waves, one wave or less, Off, zero k tiles, unit overflow
+        assert_eq!(stream_k_plan(2112, 64, 132, StreamK::On), None);
+        assert_eq!(stream_k_plan(132, 64, 132, StreamK::On), None);
+        assert_eq!(stream_k_plan(100, 64, 132, StreamK::On), None);
+        assert_eq!(stream_k_plan(3584, 64, 132, StreamK::Off), None);
+        assert_eq!(stream_k_plan(3584, 0, 132, StreamK::On), None);
+        assert_eq!(stream_k_plan(3584, 1 << 24, 132, StreamK::On), None);
+        // a small cap (tests force few CTAs): 20 items on 7 CTAs = 2 waves + 6 -> tail from item 7
+        assert_eq!(stream_k_plan(20, 5, 7, StreamK::On), Some(StreamKPlan { grid: 7, sk_first: 7 }));
+        // Auto needs 7 whole waves: 512 items (3 + 116) no, 1024 (7 + 100) yes; On ignores it
+        assert_eq!(stream_k_plan(512, 172, 132, StreamK::Auto), None);
+        assert!(stream_k_plan(512, 172, 132, StreamK::On).is_some());
+        assert_eq!(stream_k_plan(1024, 64, 132, StreamK::Auto), Some(StreamKPlan { grid: 132, sk_first: 6 * 132 }));
+        assert_eq!(stream_k_plan(20, 5, 7, StreamK::Auto), None);
+    }
 
     fn cfg(tile: WmmaTile, a_row: bool, b_row: bool) -> GemmWmmaConfig {
         GemmWmmaConfig {

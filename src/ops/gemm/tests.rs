@@ -255,10 +255,11 @@ fn params_mirror_the_kernel_header() {
         [
             "a", "b", "out", "c", "bias", "aux", "a_ld", "a_batch_stride", "b_ld", "b_batch_stride",
             "out_ld", "out_batch_stride", "c_ld", "c_batch_stride", "aux_ld", "aux_batch_stride",
-            "batch", "m", "n", "k", "tiles_m", "tiles_n", "alpha", "beta", "activation", "bias_f32"
+            "batch", "m", "n", "k", "tiles_m", "tiles_n", "alpha", "beta", "activation", "bias_f32", "group",
+            "sk_first", "sk_ws", "sk_flags"
         ]
     );
-    assert_eq!(std::mem::size_of::<GemmWmmaParams>(), 6 * 8 + 11 * 8 + 5 * 4 + 4 * 4 + 4);
+    assert_eq!(std::mem::size_of::<GemmWmmaParams>(), 6 * 8 + 11 * 8 + 5 * 4 + 4 * 4 + 4 + 3 * 8);
     crate::ops::test_support::check_layout_with_nvrtc::<GemmWmmaParams>("gemm/wmma.cuh", "ferroattn::GemmWmmaParams");
 }
 

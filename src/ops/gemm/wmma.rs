@@ -3,10 +3,14 @@
 
 use super::problem::GemmProblem;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{CudaResultExt, Result};
 use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
-use crate::tuning::gemm::{parse_tile, smem_of, wmma_config, wmma_production_configs, GemmWmmaConfig, WmmaTile};
+use crate::tuning::gemm::{
+    parse_tile, smem_of, stream_k_plan, wmma_config, wmma_production_configs, GemmWmmaConfig, StreamK, StreamKPlan,
+    WmmaTile,
+};
+use crate::tuning::grid::GridPolicy;
 use std::ffi::c_void;
 
 /// Mirror of `struct GemmWmmaParams` in kernels/gemm/wmma.cuh (change both together).
@@ -39,6 +43,13 @@ pub struct GemmWmmaParams {
     pub beta: f32,
     pub activation: i32,
     pub bias_f32: i32,
+    /// Tile rows per raster group ([`raster_group`]).
+    pub group: i32,
+    /// Stream-k tail of a persistent tile ([`StreamKPlan`]): first tail item, workspace of
+    /// grid x bm x bn fp32 partial tiles, grid x warps zeroed flags (NULL: no tail).
+    pub sk_first: i64,
+    pub sk_ws: *mut f32,
+    pub sk_flags: *mut u32,
 }
 
 impl_kernel_spec!(
@@ -85,7 +96,64 @@ pub fn params(p: &GemmProblem, config: &GemmWmmaConfig) -> GemmWmmaParams {
         beta: if p.c.is_some() { p.beta } else { 0.0 },
         activation: p.activation.code(),
         bias_f32: i32::from(matches!(p.bias, Some((_, DType::F32)))),
+        group: raster_group() as i32,
+        sk_first: 0,
+        sk_ws: std::ptr::null_mut(),
+        sk_flags: std::ptr::null_mut(),
     }
+}
+
+/// The environment variable that overrides the raster group (tuning experiments).
+pub const GROUP_ENV: &str = "FERROATTN_GEMM_WMMA_GROUP";
+
+/// Tile rows per raster group of the kernel's tile order (consecutive tiles walk the tile columns
+/// of `group` tile rows together, so the B tiles they share are reused in L2): 8, or
+/// $FERROATTN_GEMM_WMMA_GROUP (read per call) when it is an integer in 1..=4096 (anything else is
+/// ignored).
+pub fn raster_group() -> u32 {
+    parse_group(std::env::var(GROUP_ENV).ok().as_deref())
+}
+
+/// [`raster_group`]'s rule for one environment value (pure).
+fn parse_group(value: Option<&str>) -> u32 {
+    value.and_then(|v| v.trim().parse::<u32>().ok()).filter(|g| (1..=4096).contains(g)).unwrap_or(8)
+}
+
+/// The environment variable that selects the stream-k tail of persistent tiles: "0" / "off"
+/// never, "1" / "on" whenever the last wave is partial, unset / "auto" by [`stream_k_plan`]'s rule
+/// (anything else: auto). Read per call.
+pub const STREAMK_ENV: &str = "FERROATTN_GEMM_WMMA_STREAMK";
+
+fn stream_k_mode(value: Option<&str>) -> StreamK {
+    match value.map(str::trim) {
+        Some("0") | Some("off") => StreamK::Off,
+        Some("1") | Some("on") => StreamK::On,
+        _ => StreamK::Auto,
+    }
+}
+
+/// The stream-k plan of a persistent launch of `config` for `p` on `sms` SMs: only when every
+/// item is interior (m, n, k multiples of the tile, 16-byte copy vectors), over one CTA per SM
+/// (or $FERROATTN_PERSISTENT_GRID's integer cap, for tests), by $FERROATTN_GEMM_WMMA_STREAMK.
+pub fn stream_k(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Option<StreamKPlan> {
+    let t = config.tile;
+    if !t.persistent
+        || p.m % t.bm as i64 != 0
+        || p.n % t.bn as i64 != 0
+        || p.k % t.bk as i64 != 0
+        || config.vec_a != 8
+        || config.vec_b != 8
+    {
+        return None;
+    }
+    let mode = stream_k_mode(std::env::var(STREAMK_ENV).ok().as_deref());
+    let cap = match GridPolicy::parse(std::env::var(crate::ops::persistent::GRID_ENV).ok().as_deref()) {
+        Some(GridPolicy::Max(n)) => n.min(u64::from(sms)),
+        _ => u64::from(sms),
+    };
+    let (tm, tn) = config.tiles(p.m, p.n);
+    let items = tm.saturating_mul(tn).saturating_mul(p.batch.max(1) as u64);
+    stream_k_plan(items, (p.k / t.bk as i64) as u64, cap, mode)
 }
 
 /// Grid (tiles_m · tiles_n, min(batch, 65535)): the kernel loops over the batch in steps of
@@ -132,10 +200,13 @@ static KERNELS: KernelMap<GemmWmmaConfig> = KernelMap::new();
 
 /// Launch the WMMA kernel for a validated problem on `stream` (raw CUstream) of its device.
 /// Never synchronises; blocking only on the first call of a configuration (compile or load).
+/// A persistent tile with a stream-k tail ([`stream_k`]) runs on one CTA per SM with a
+/// stream-ordered workspace (grid x bm x bn fp32 + flags, allocated, zeroed and freed on
+/// `stream`); without workspace memory it runs without the tail.
 pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
     let sms = crate::device::sm_count(p.device)?;
     let config = wmma_config(p, tile_override(arch), sms, arch);
-    let shape = if config.tile.persistent { persistent_shape(p, &config, sms)? } else { launch_shape(p, &config) };
+    let mut shape = if config.tile.persistent { persistent_shape(p, &config, sms)? } else { launch_shape(p, &config) };
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;
     let mut prm = params(p, &config);
@@ -143,7 +214,58 @@ pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
         op: "ferroattn::gemm",
         work: crate::ops::work::gemm(p),
     };
+    if let Some(sk) = stream_k(p, &config, sms) {
+        // Workspace: grid partial tiles, then grid x warps flags (zeroed here, in stream order).
+        let tile_bytes = u64::from(config.tile.bm) * u64::from(config.tile.bn) * 4;
+        let flags_off = sk.grid * tile_bytes;
+        let flags = sk.grid * u64::from(config.tile.warps_m * config.tile.warps_n);
+        crate::device::bind(p.device)?;
+        // SAFETY: the body enqueues the flag memset and the kernel on `stream` only; the
+        // workspace is freed in stream order after them; `prm` as below.
+        let ran = unsafe {
+            crate::ops::gemm::sm90::splitk::with_workspace(p.device, (flags_off + flags * 4) as usize, stream, |ws| {
+                cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, flags as usize, stream as _)
+                    .result()
+                    .call("cuMemsetD32Async")?;
+                prm.sk_first = sk.sk_first as i64;
+                prm.sk_ws = ws as *mut f32;
+                prm.sk_flags = (ws + flags_off) as *mut u32;
+                shape.grid = (sk.grid as u32, 1, 1);
+                launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info)?;
+                Ok(true)
+            })?
+        };
+        if ran {
+            return Ok(());
+        }
+        // no workspace memory: run without the tail
+    }
     // SAFETY: `prm` mirrors GemmWmmaParams; the problem was validated (pointers non-NULL where
     // used, shapes and strides in range) and the caller keeps the tensors alive in stream order.
     unsafe { launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_group, stream_k_mode, StreamK};
+
+    #[test]
+    fn stream_k_mode_parses_the_environment_value() {
+        assert_eq!(stream_k_mode(None), StreamK::Auto);
+        assert_eq!(stream_k_mode(Some("auto")), StreamK::Auto);
+        assert_eq!(stream_k_mode(Some("0")), StreamK::Off);
+        assert_eq!(stream_k_mode(Some("off")), StreamK::Off);
+        assert_eq!(stream_k_mode(Some(" 1")), StreamK::On);
+        assert_eq!(stream_k_mode(Some("on")), StreamK::On);
+    }
+
+    #[test]
+    fn raster_group_is_8_unless_a_valid_override() {
+        assert_eq!(parse_group(None), 8);
+        assert_eq!(parse_group(Some("16")), 16);
+        assert_eq!(parse_group(Some(" 4 ")), 4);
+        assert_eq!(parse_group(Some("0")), 8);
+        assert_eq!(parse_group(Some("4097")), 8);
+        assert_eq!(parse_group(Some("x")), 8);
+    }
 }
