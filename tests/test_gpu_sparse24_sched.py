@@ -232,8 +232,10 @@ def test_gpu_stream_k_cuda_graph_capture(monkeypatch):
 
 def test_gpu_schedule_auto_choices(monkeypatch):
     """132-SM H200: 512 x 4096 x 4096 (64 tiles of 256 rows) and 256 x 4096 x 4096 (32: split-k before) run
-    the 128-row tile; 2048 x 11008 x 4096 (688 tiles), 8192 x 4096 x 4096 and 1024 x 4096 x 4096 whole
-    256-row tiles (stream-K only on request: "on" gives it); "256" restores the 256-row tile."""
+    the 128-row tile, and so do 1024 x 14336 x 4096 (448 tiles: 7 x 0.55 < 4 waves) and 512 x 11008 x 4096
+    (172: 3 x 0.55 < 2) by the wave rule; 2048 x 11008 x 4096 (688 tiles), 1024 x 11008 x 4096 (344),
+    8192 x 4096 x 4096 and 1024 x 4096 x 4096 whole 256-row tiles (stream-K only on request: "on" gives it);
+    "256" restores the 256-row tile."""
     _sm90()
     if _sms() != 132:
         pytest.skip("the expected choices are those of a 132-SM H200")
@@ -253,7 +255,8 @@ def test_gpu_schedule_auto_choices(monkeypatch):
 
     for rows, n, k, want in [(512, 4096, 4096, ", 128, 1>"), (256, 4096, 4096, ", 128, 1>"),
                              (2048, 11008, 4096, ", 256, 1>"), (8192, 4096, 4096, ", 256, 1>"),
-                             (1024, 4096, 4096, ", 256, 1>")]:
+                             (1024, 4096, 4096, ", 256, 1>"), (1024, 14336, 4096, ", 128, 1>"),
+                             (512, 11008, 4096, ", 128, 1>"), (1024, 11008, 4096, ", 256, 1>")]:
         cfg = launched(rows, n, k)
         assert len(cfg) == 1 and cfg[0].endswith(want), (rows, n, k, cfg)
     monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "on")

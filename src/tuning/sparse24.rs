@@ -597,6 +597,12 @@ pub const WGMMA_BM128_STAGE: f64 = 0.65;
 /// rows it measured no better than split-k (session 9: 64 x 11008 x 4096 0.979 / 0.982x, 64 x 14336 x 4096
 /// 1.012 / 1.004x of the 3- / 2-chunk split, bf16 / fp16), from 128 rows 1.17-1.53x; 65-127 rows not measured.
 pub const WGMMA_BM128_MIN_ROWS: u64 = 128;
+/// Stage-time of the 128-row tile relative to the 256-row one in the wave rule of `wgmma_schedule`
+/// (calls with more 128-row tiles than SMs): the 128-row tile wins where ceil(2 tiles / sms) x this <
+/// ceil(tiles / sms). 0.55 puts all seven shapes forced to the 128-row tile in session 9 on the measured
+/// side (wins: fp16 1024 x 14336 x 4096, 1.030x [1.021, 1.041]; losses: 1024 / 2048 / 4096 x 11008 x 4096,
+/// 8192 x 14336 x 4096, 1024 x 4096 x 11008, 256 x 11008 x 4096, 0.75-0.97x).
+pub const WGMMA_BM128_WAVE_STAGE: f64 = 0.55;
 pub const WGMMA_SK_HANDOFF: f64 = 3.0;
 
 /// Modelled critical path (stage-times) of the whole-tile schedule: ceil(tiles / sms) waves of
@@ -649,7 +655,10 @@ pub fn wgmma_stream_k_tail(tiles: u64, k_tiles: u64, sms: u64) -> (u64, f64) {
 /// twice the tiles still fit in one wave (2 tiles <= sms) and its modelled time (WGMMA_BM128_STAGE x
 /// k_tiles + UNIT_FILL) is below split-k's best (`wgmma_split_plan`, `wgmma_split_cost`) and the whole-tile
 /// one; else split-k
-/// where `wgmma_split_plan` says so (unchanged since session 8); else whole tiles. The auto rule never
+/// where `wgmma_split_plan` says so (unchanged since session 8); else, for calls with more 128-row tiles
+/// than SMs, the 128-row tile where its wave count x WGMMA_BM128_WAVE_STAGE is below the 256-row tile's
+/// (a partial last wave that the 128-row tile packs tighter: 1024 x 14336 x 4096, 448 tiles = 3.4 waves
+/// -> 7 x 0.55 = 3.85 < 4); else whole tiles. The auto rule never
 /// picks stream-K: on the H200 it measured slower than whole tiles on every shape tried (session 9,
 /// 0.79-0.96x; e.g. 2048 x 11008 x 4096 fp16 182.7 vs 174.6 us), so it stays opt-in.
 /// Measured (H200, session 9, GPU time, 5 paired rounds, bf16 / fp16, us, old schedule -> 128-row tile):
@@ -688,6 +697,16 @@ pub fn wgmma_schedule(
         if bm128 < other {
             return WgmmaSchedule::Bm128;
         }
+    }
+    let waves = |t: u64| t.div_ceil(sms) as f64;
+    if tile == TilePolicy::Auto
+        && split == SplitPolicy::Auto
+        && plan.is_none()
+        && rows >= WGMMA_BM128_MIN_ROWS
+        && 2 * tiles > sms
+        && waves(2 * tiles) * WGMMA_BM128_WAVE_STAGE < waves(tiles)
+    {
+        return WgmmaSchedule::Bm128;
     }
     match plan {
         Some(p) => WgmmaSchedule::Split(p),
@@ -1224,8 +1243,17 @@ mod tests {
         // never stream-K in auto (measured slower), whole tiles on the balanced grid elsewhere:
         // 2048 x 11008 x 4096 (688 tiles), 8192^3, 8192 x 14336 x 4096, 1024 x 4096 x 4096 (128 tiles),
         // 1024 x 4096 x 11008, 16384^3, 16384 x 14336 x 4096, 256 x 11008 x 4096 (86 tiles)
+        // the wave rule: 1024 x 14336 x 4096 (448 tiles: 7 x 0.55 < 4 waves; measured 1.030x forced) and
+        // 512 x 11008 x 4096 (172 tiles: 3 x 0.55 < 2) take the 128-row tile; 1024 x 11008 x 4096 (344
+        // tiles: 6 x 0.55 > 3; measured 0.933x forced) keeps whole tiles, as do the shapes below
+        assert_eq!(sched(448, 32, 1024, 14336), Bm128);
+        assert_eq!(sched(172, 32, 512, 11008), Bm128);
+        assert_eq!(sched(344, 32, 1024, 11008), Tiles);
+        assert_eq!(wgmma_schedule(448, 32, 1024, 14336, 132, auto, TilePolicy::Only256, sk_auto), Tiles);
+        assert_eq!(wgmma_schedule(448, 32, 1024, 14336, 132, SplitPolicy::Off, t_auto, sk_auto), Tiles);
         for (tiles, k_tiles, rows, n) in [
             (688u64, 32u64, 2048u64, 11008u64),
+            (1376, 32, 4096, 11008),
             (2048, 64, 8192, 8192),
             (3584, 32, 8192, 14336),
             (128, 32, 1024, 4096),
@@ -1263,7 +1291,8 @@ mod tests {
         );
         assert_eq!(wgmma_schedule(16, 32, 16, 4096, 132, auto, TilePolicy::Force128, StreamKPolicy::On), Bm128);
         // the forced tail: the partial wave or one wave more (all tiles when tiles <= sms); the auto
-        // rule: never stream-K, the 128-row tile only where 2 tiles <= sms
+        // rule: never stream-K, the 128-row tile only from 128 rows, where 2 tiles <= sms or the wave
+        // rule holds
         for tiles in 1..1500u64 {
             for k_tiles in [1u64, 2, 8, 32, 33, 86] {
                 let (tail, _) = wgmma_stream_k_tail(tiles, k_tiles, 132);
@@ -1276,7 +1305,13 @@ mod tests {
                 for rows in [64u64, 1024, 8192] {
                     match wgmma_schedule(tiles, k_tiles, rows, 4096, 132, auto, t_auto, sk_auto) {
                         StreamK { .. } => panic!("auto never picks stream-K"),
-                        Bm128 => assert!(2 * tiles <= 132 && rows >= 128, "{tiles} {rows}"),
+                        Bm128 => assert!(
+                            rows >= 128
+                                && (2 * tiles <= 132
+                                    || (2 * tiles).div_ceil(132) as f64 * WGMMA_BM128_WAVE_STAGE
+                                        < tiles.div_ceil(132) as f64),
+                            "{tiles} {rows}"
+                        ),
                         Tiles | Split(_) => {}
                     }
                 }
