@@ -8,7 +8,7 @@ Checked against the fp32 reference of act(x @ w.T + bias) with w the decompresse
 n / k (k_pad % 128 == 64), forced tails from one stage per CTA (most CTAs idle, an owner reading up to
 32 partials) to all tiles, bias (x's dtype / fp32) with every activation, fp16 / bf16, a NaN-poisoned out
 (every element written), run-to-run bitwise determinism, the auto rule's choices (launch records), and
-the environment switches $FERROATTN_WGMMA_SP_TILE ("auto" | "256" | "128") and
+the environment switches $FERROATTN_WGMMA_SP_TILE ("auto" | "256" | "128" | "band:H") and
 $FERROATTN_WGMMA_SP_STREAMK ("auto" | "off" | "on" | "dp:N"), read per call."""
 from __future__ import annotations
 
@@ -124,6 +124,72 @@ def test_gpu_bm128_bias_activation(monkeypatch, activation, bias_dtype, dtype):
     _check(y, x, w, bias, activation)
 
 
+# ---- the banded schedule (two launches: 256-row feature tiles, then the rest on the 128-row tile) ----------
+
+# (rows, n, k, head): feature tiles = ceil(n / 256); the tail launch covers w rows 256 head .. n - 1
+BAND_CASES = [
+    (300, 1000, 1000, 1),          # 4 feature tiles: tail 744 rows (n not a multiple of 128)
+    (1100, 1030, 4160, 2),         # 5: tail 518 rows, k_pad % 128 == 64
+    (130, 777, 4160, 3),           # 4: tail of 9 w rows (one 128-row tile, 119 rows padding)
+    (5, 513, 64, 1),               # 3: five tokens, one stage, tail 257 rows
+    (2048, 11008, 4096, 41),       # the auto choice at 2048 x 11008 x 4096: tail 512 rows = 64 tiles
+]
+
+
+def _whole_tiles(monkeypatch):
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
+    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+
+
+@pytest.mark.parametrize("rows,n,k,head", BAND_CASES)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_banded_matches_whole_tiles(monkeypatch, rows, n, k, head, dtype):
+    """FERROATTN_WGMMA_SP_TILE=band:H: two launches (the 256-row tile over features 0 .. 256 H - 1, the
+    128-row tile over the rest, its maps, out and bias offset); every element written (NaN-poisoned out),
+    close to the reference, deterministic and bitwise the whole-tile output (both tiles add k in the same
+    stage order per output)."""
+    _sm90()
+    from ferroattn import sparse24
+    w = _w(n, k, dtype, seed=rows + n)
+    t = sparse24.compress(w)
+    x = _x(rows, k, dtype)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", f"band:{head}")
+    got = {}
+    recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k)))
+    assert len(recs) == 2 and recs[0]["config"].endswith(", 256, 1>") and recs[1]["config"].endswith(", 128, 1>"), recs
+    out = got["y"]
+    _check(out, x, w)
+    assert torch.equal(out, _native_call(x, t, n, k))
+    _whole_tiles(monkeypatch)
+    assert torch.equal(out, _native_call(x, t, n, k))
+
+
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("bias_dtype", ["x", torch.float32])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gpu_banded_bias_activation_strided_x(monkeypatch, activation, bias_dtype, dtype):
+    """band:2 with a bias (x's dtype / fp32: the tail's bias pointer is offset by its element size) and
+    every activation, x a column slice of a wider tensor (row stride > k), through sparse24.matmul: bitwise
+    the whole-tile output, close to the reference."""
+    _sm90()
+    from ferroattn import sparse24
+    rows, n, k = 384, 1001, 1544
+    w = _w(n, k, dtype, seed=11)
+    t = sparse24.compress(w)
+    x = _x(rows, k + 136, dtype)[:, :k]
+    bias = torch.randn(n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
+    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "band:2")
+    got = {}
+    recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k, bias, NATIVE_ACT[activation])))
+    assert len(recs) == 2, recs
+    _check(got["y"], x, w, bias, activation)
+    y = sparse24.matmul(x, t, bias, activation, backend="sparse")
+    _whole_tiles(monkeypatch)
+    assert torch.equal(got["y"], _native_call(x, t, n, k, bias, NATIVE_ACT[activation]))
+    assert torch.equal(y, sparse24.matmul(x, t, bias, activation, backend="sparse"))
+
+
 # ---- the stream-K tail ----------------------------------------------------------------------------------
 
 def _tiles256(rows, n):
@@ -233,8 +299,9 @@ def test_gpu_stream_k_cuda_graph_capture(monkeypatch):
 def test_gpu_schedule_auto_choices(monkeypatch):
     """132-SM H200: 512 x 4096 x 4096 (64 tiles of 256 rows) and 256 x 4096 x 4096 (32: split-k before) run
     the 128-row tile, and so do 1024 x 14336 x 4096 (448 tiles: 7 x 0.55 < 4 waves) and 512 x 11008 x 4096
-    (172: 3 x 0.55 < 2) by the wave rule; 2048 x 11008 x 4096 (688 tiles), 1024 x 11008 x 4096 (344),
-    8192 x 4096 x 4096 and 1024 x 4096 x 4096 whole 256-row tiles (stream-K only on request: "on" gives it);
+    (172: 3 x 0.55 < 2) by the wave rule; 2048 x 11008 x 4096 (688 tiles = 5.2 waves) runs banded (41
+    feature tiles whole, then 64 128-row tiles); 1024 x 11008 x 4096 (344), 8192 x 4096 x 4096 and
+    1024 x 4096 x 4096 whole 256-row tiles (stream-K only on request: "on" gives it);
     "256" restores the 256-row tile."""
     _sm90()
     if _sms() != 132:
@@ -253,12 +320,12 @@ def test_gpu_schedule_auto_choices(monkeypatch):
             _check(got["y"], x, w)
         return [r["config"] for r in recs]
 
-    for rows, n, k, want in [(512, 4096, 4096, ", 128, 1>"), (256, 4096, 4096, ", 128, 1>"),
-                             (2048, 11008, 4096, ", 256, 1>"), (8192, 4096, 4096, ", 256, 1>"),
-                             (1024, 4096, 4096, ", 256, 1>"), (1024, 14336, 4096, ", 128, 1>"),
-                             (512, 11008, 4096, ", 128, 1>"), (1024, 11008, 4096, ", 256, 1>")]:
+    for rows, n, k, want in [(512, 4096, 4096, [", 128, 1>"]), (256, 4096, 4096, [", 128, 1>"]),
+                             (2048, 11008, 4096, [", 256, 1>", ", 128, 1>"]), (8192, 4096, 4096, [", 256, 1>"]),
+                             (1024, 4096, 4096, [", 256, 1>"]), (1024, 14336, 4096, [", 128, 1>"]),
+                             (512, 11008, 4096, [", 128, 1>"]), (1024, 11008, 4096, [", 256, 1>"])]:
         cfg = launched(rows, n, k)
-        assert len(cfg) == 1 and cfg[0].endswith(want), (rows, n, k, cfg)
+        assert len(cfg) == len(want) and all(c.endswith(e) for c, e in zip(cfg, want)), (rows, n, k, cfg)
     monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "on")
     cfg = launched(2048, 11008, 4096)
     assert len(cfg) == 1 and cfg[0].endswith(", 256, 4>"), cfg
@@ -268,7 +335,8 @@ def test_gpu_schedule_auto_choices(monkeypatch):
     assert len(cfg) == 1 and cfg[0].endswith(", 256, 1>"), cfg
 
 
-@pytest.mark.parametrize("var,value", [("FERROATTN_WGMMA_SP_TILE", "64"), ("FERROATTN_WGMMA_SP_STREAMK", "dp:x"),
+@pytest.mark.parametrize("var,value", [("FERROATTN_WGMMA_SP_TILE", "64"), ("FERROATTN_WGMMA_SP_TILE", "band:0"),
+                                       ("FERROATTN_WGMMA_SP_STREAMK", "dp:x"),
                                        ("FERROATTN_WGMMA_SP_STREAMK", "1")])
 def test_gpu_schedule_env_rejects_bad_value(monkeypatch, var, value):
     _sm90()

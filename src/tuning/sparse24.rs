@@ -527,6 +527,11 @@ pub enum WgmmaSchedule {
     Split(WgmmaSplit),
     /// One work unit per 128 x 128 tile (`wgmma_bm128_config`), balanced grid.
     Bm128,
+    /// Two launches on the stream: w rows 0 .. 256 `head_tiles` - 1 as whole 256 x 128 tiles (every
+    /// token tile), then the remaining w rows as whole 128 x 128 tiles (`wgmma_bm128_config`), each on
+    /// its balanced grid. Chosen where the 256-row tiles' last wave is mostly empty and the rest fits in
+    /// fewer, cheaper 128-row waves (`wgmma_banded_plan`).
+    Banded { head_tiles: u64 },
     /// Stream-K tail (`wgmma_stream_k_config`): the first `dp_tiles` 256 x 128 tiles run whole,
     /// CTA g taking g, g + grid, ...; the remaining tiles' 128-k stages are cut into `grid`
     /// contiguous, equal (+-1) ranges, one per CTA; a tile cut between CTAs is finished by the CTA
@@ -544,16 +549,23 @@ pub enum TilePolicy {
     Only256,
     /// 128 x 128 always ("128"; no split-k, no stream-K).
     Force128,
+    /// `WgmmaSchedule::Banded` with this many 256-row feature tiles first ("band:H"; clamped to the
+    /// call's 256-row feature tiles - 1; a call with a single one runs whole tiles).
+    Banded(u64),
 }
 
 /// Parse $FERROATTN_WGMMA_SP_TILE: unset / empty / "auto" -> Auto, "256" -> Only256, "128" ->
-/// Force128; anything else None (the caller raises an ArgumentError).
+/// Force128, "band:H" (H >= 1) -> Banded(H); anything else None (the caller raises an ArgumentError).
 pub fn parse_wgmma_tile(value: Option<&str>) -> Option<TilePolicy> {
     match value.map(str::trim) {
         None | Some("") | Some("auto") => Some(TilePolicy::Auto),
         Some("256") => Some(TilePolicy::Only256),
         Some("128") => Some(TilePolicy::Force128),
-        Some(_) => None,
+        Some(v) => v
+            .strip_prefix("band:")
+            .and_then(|h| h.trim().parse::<u64>().ok())
+            .filter(|&h| h >= 1)
+            .map(TilePolicy::Banded),
     }
 }
 
@@ -604,6 +616,35 @@ pub const WGMMA_BM128_MIN_ROWS: u64 = 128;
 /// 8192 x 14336 x 4096, 1024 x 4096 x 11008, 256 x 11008 x 4096, 0.75-0.97x).
 pub const WGMMA_BM128_WAVE_STAGE: f64 = 0.55;
 pub const WGMMA_SK_HANDOFF: f64 = 3.0;
+/// Extra cost (stage-times) of the banded schedule's second launch (kernel boundary: the first
+/// launch's tail drains, the second fills).
+pub const WGMMA_BAND_LAUNCH: f64 = 2.0;
+/// The banded schedule replaces whole tiles only where its modelled time is below this fraction of
+/// theirs (the 128-row stage ratio varies 0.54-0.68 between shapes: keep a margin).
+pub const WGMMA_BAND_MARGIN: f64 = 0.98;
+
+/// The banded schedule (`WgmmaSchedule::Banded`) of a call with `feature_tiles` 256-row feature tiles
+/// (ceil(n / 256)) x `row_tiles` token tiles, `k_tiles` stages on `sms` SMs, as (head_tiles, modelled
+/// cost in stage-times): the head_tiles in 1 .. feature_tiles - 1 that minimises ceil(head x row_tiles /
+/// sms) whole-tile waves + ceil(2 (feature_tiles - head) x row_tiles / sms) waves of the 128-row tile
+/// (WGMMA_BM128_STAGE x k_tiles + fill each) + WGMMA_BAND_LAUNCH; of equal costs the largest head (the
+/// fewest 128-row tiles). None when feature_tiles < 2.
+/// E.g. 2048 x 11008 x 4096 (43 x 16 tiles, 32 stages, 132 SMs): head 41 -> 656 tiles in 5 waves +
+/// 64 128-row tiles in one = 5 x 34 + 22.8 + 2 = 194.8 against 6 x 34 = 204 for whole tiles.
+pub fn wgmma_banded_plan(feature_tiles: u64, row_tiles: u64, k_tiles: u64, sms: u64) -> Option<(u64, f64)> {
+    let sms = sms.max(1);
+    let mut best: Option<(u64, f64)> = None;
+    for head in 1..feature_tiles {
+        let tail128 = 2 * (feature_tiles - head) * row_tiles;
+        let cost = wgmma_tiles_cost(head * row_tiles, k_tiles, sms)
+            + tail128.div_ceil(sms) as f64 * (WGMMA_BM128_STAGE * k_tiles as f64 + WGMMA_SPLIT_UNIT_FILL)
+            + WGMMA_BAND_LAUNCH;
+        if best.is_none_or(|(_, c)| cost <= c) {
+            best = Some((head, cost));
+        }
+    }
+    best
+}
 
 /// Modelled critical path (stage-times) of the whole-tile schedule: ceil(tiles / sms) waves of
 /// k_tiles stages + the per-unit fill / epilogue.
@@ -681,6 +722,12 @@ pub fn wgmma_schedule(
     if tile == TilePolicy::Force128 {
         return WgmmaSchedule::Bm128;
     }
+    let feature_tiles = n.div_ceil(256).max(1);
+    if let TilePolicy::Banded(h) = tile {
+        if feature_tiles >= 2 {
+            return WgmmaSchedule::Banded { head_tiles: h.min(feature_tiles - 1) };
+        }
+    }
     let sk = |dp: u64| WgmmaSchedule::StreamK { dp_tiles: dp, grid: sms };
     match stream_k {
         StreamKPolicy::On if tiles >= 1 => return sk(tiles - wgmma_stream_k_tail(tiles, k_tiles, sms).0),
@@ -707,6 +754,14 @@ pub fn wgmma_schedule(
         && waves(2 * tiles) * WGMMA_BM128_WAVE_STAGE < waves(tiles)
     {
         return WgmmaSchedule::Bm128;
+    }
+    if tile == TilePolicy::Auto && split == SplitPolicy::Auto && plan.is_none() && rows >= WGMMA_BM128_MIN_ROWS && tiles > sms {
+        let row_tiles = tiles / feature_tiles;
+        if let Some((head, cost)) = wgmma_banded_plan(feature_tiles, row_tiles, k_tiles, sms) {
+            if cost < WGMMA_BAND_MARGIN * wgmma_tiles_cost(tiles, k_tiles, sms) {
+                return WgmmaSchedule::Banded { head_tiles: head };
+            }
+        }
     }
     match plan {
         Some(p) => WgmmaSchedule::Split(p),
@@ -1251,9 +1306,24 @@ mod tests {
         assert_eq!(sched(344, 32, 1024, 11008), Tiles);
         assert_eq!(wgmma_schedule(448, 32, 1024, 14336, 132, auto, TilePolicy::Only256, sk_auto), Tiles);
         assert_eq!(wgmma_schedule(448, 32, 1024, 14336, 132, SplitPolicy::Off, t_auto, sk_auto), Tiles);
+        // the banded rule: 2048 x 11008 x 4096 (688 tiles = 5.2 waves): 41 feature tiles whole (656 tiles,
+        // 5 waves) + the last 512 w rows as 64 128-row tiles (one wave); 4096 x 11008 x 4096 (1376 tiles =
+        // 10.4 waves): 41 whole (1312, 10 waves) + 128 128-row tiles
+        let (head, cost) = wgmma_banded_plan(43, 16, 32, 132).unwrap();
+        assert_eq!(head, 41);
+        assert!((cost - 194.8).abs() < 1e-9, "{cost}");
+        assert_eq!(sched(688, 32, 2048, 11008), Banded { head_tiles: 41 });
+        assert_eq!(sched(1376, 32, 4096, 11008), Banded { head_tiles: 41 });
+        assert_eq!(wgmma_schedule(688, 32, 2048, 11008, 132, auto, TilePolicy::Only256, sk_auto), Tiles);
+        assert_eq!(wgmma_schedule(688, 32, 2048, 11008, 132, SplitPolicy::Off, t_auto, sk_auto), Tiles);
+        assert_eq!(wgmma_banded_plan(1, 16, 32, 132), None);
+        // forced: "band:H" clamps H to the feature tiles - 1; a single feature tile takes the auto rule
+        let band = |h, tiles, n| wgmma_schedule(tiles, 32, 1024, n, 132, auto, TilePolicy::Banded(h), sk_auto);
+        assert_eq!(band(3, 8 * 43, 11008), Banded { head_tiles: 3 });
+        assert_eq!(band(99, 8 * 43, 11008), Banded { head_tiles: 42 });
+        assert!(!matches!(band(1, 8, 200), Banded { .. }), "one feature tile: the auto rule");
         for (tiles, k_tiles, rows, n) in [
-            (688u64, 32u64, 2048u64, 11008u64),
-            (1376, 32, 4096, 11008),
+            (512u64, 32u64, 4096u64, 4096u64),
             (2048, 64, 8192, 8192),
             (3584, 32, 8192, 14336),
             (128, 32, 1024, 4096),
@@ -1312,6 +1382,7 @@ mod tests {
                                         < tiles.div_ceil(132) as f64),
                             "{tiles} {rows}"
                         ),
+                        Banded { head_tiles } => assert!(rows >= 128 && tiles > 132 && head_tiles >= 1, "{tiles} {rows}"),
                         Tiles | Split(_) => {}
                     }
                 }
@@ -1322,6 +1393,9 @@ mod tests {
         assert_eq!(parse_wgmma_tile(Some(" auto")), Some(TilePolicy::Auto));
         assert_eq!(parse_wgmma_tile(Some("256")), Some(TilePolicy::Only256));
         assert_eq!(parse_wgmma_tile(Some("128")), Some(TilePolicy::Force128));
+        assert_eq!(parse_wgmma_tile(Some("band:41")), Some(TilePolicy::Banded(41)));
+        assert_eq!(parse_wgmma_tile(Some("band:0")), None);
+        assert_eq!(parse_wgmma_tile(Some("band:x")), None);
         assert_eq!(parse_wgmma_tile(Some("64")), None);
         assert_eq!(parse_wgmma_stream_k(None), Some(StreamKPolicy::Auto));
         assert_eq!(parse_wgmma_stream_k(Some("")), Some(StreamKPolicy::Auto));

@@ -792,28 +792,7 @@ fn launch_wgmma(
         swizzle: Swizzle::B128,
     }
     .encode("x")?;
-    // values (m_pad, k_pad / 2): box (64, block_n, 1) = one stage's 128 logical k of block_n w
-    // rows (a last tile's rows past m_pad are zero fill).
-    let tma_values = Tiled {
-        dtype: p.dtype,
-        ptr: values.ptr,
-        dims: vec![k_pad / 2, m_pad, 1],
-        strides_bytes: vec![k_pad, round16(k_pad * m_pad)],
-        box_dims: vec![64, config.block_n, 1],
-        swizzle: Swizzle::B128,
-    }
-    .encode("values")?;
-    // meta as 4-byte words (m_pad / 16, k_pad / 2), box (64, block_n / 16, 1) = 2 units of the
-    // tile's 16-row groups, no swizzle. Encoded as float32: TMA copies the bits (src/tma.rs has no integer types).
-    let tma_meta = Tiled {
-        dtype: DType::F32,
-        ptr: meta.ptr,
-        dims: vec![k_pad / 2, m_pad / 16, 1],
-        strides_bytes: vec![2 * k_pad, round16(2 * k_pad * (m_pad / 16))],
-        box_dims: vec![64, config.block_n / 16, 1],
-        swizzle: Swizzle::None,
-    }
-    .encode("meta")?;
+    let (tma_values, tma_meta) = w_maps(p.dtype, values.ptr, meta.ptr, k_pad, m_pad, 0, config.block_n)?;
     let (row_tiles, n_tiles) = tile_grid(p, config.block_r, config.block_n)?;
     let tiles = row_tiles * n_tiles;
     prm.row_tiles = row_tiles as i32;
@@ -854,9 +833,108 @@ fn launch_wgmma(
             let plain = base;
             return launch_wgmma_tiles(p, &mut params, &plain, tiles, sms, info, stream);
         }
+        WgmmaSchedule::Banded { head_tiles } => {
+            return launch_wgmma_banded(p, &mut params, &config, values.ptr, meta.ptr, head_tiles, sms, info, stream);
+        }
         WgmmaSchedule::Bm128 | WgmmaSchedule::Tiles => {}
     }
     launch_wgmma_tiles(p, &mut params, &config, tiles, sms, info, stream)
+}
+
+/// The TMA maps of the compressed weight's w rows `row0 .. m_pad - 1` (`row0` a multiple of 128, so
+/// the 16-row metadata groups and the layout's 128-row padding stay aligned): values (m_pad - row0,
+/// k_pad / 2), box (64, block_n, 1) = one stage's 128 logical k of block_n w rows (rows past m_pad are
+/// zero fill), 128-byte swizzle; metadata as 4-byte words ((m_pad - row0) / 16, k_pad / 2), box (64,
+/// block_n / 16, 1), no swizzle, encoded as float32 (TMA copies the bits; src/tma.rs has no integer
+/// types). Layout: src/ops/sparse24/host.rs.
+fn w_maps(
+    dtype: DType,
+    values_ptr: u64,
+    meta_ptr: u64,
+    k_pad: u64,
+    m_pad: u64,
+    row0: u64,
+    block_n: u32,
+) -> Result<(TensorMap, TensorMap)> {
+    let round16 = |v: u64| v.div_ceil(16).max(1) * 16;
+    let rows = m_pad - row0;
+    let values = Tiled {
+        dtype,
+        ptr: values_ptr + row0 * k_pad,
+        dims: vec![k_pad / 2, rows, 1],
+        strides_bytes: vec![k_pad, round16(k_pad * rows)],
+        box_dims: vec![64, block_n, 1],
+        swizzle: Swizzle::B128,
+    }
+    .encode("values")?;
+    let meta = Tiled {
+        dtype: DType::F32,
+        ptr: meta_ptr + (row0 / 16) * 2 * k_pad,
+        dims: vec![k_pad / 2, rows / 16, 1],
+        strides_bytes: vec![2 * k_pad, round16(2 * k_pad * (rows / 16))],
+        box_dims: vec![64, block_n / 16, 1],
+        swizzle: Swizzle::None,
+    }
+    .encode("meta")?;
+    Ok((values, meta))
+}
+
+/// The banded schedule (`WgmmaSchedule::Banded`): the first `head_tiles` 256-row feature tiles as whole
+/// tiles of `head_cfg` (the production tile; `params` holds its maps), then w rows 256 head_tiles ..
+/// m_pad - 1 as a second launch of the 128-row tile on the same stream: its own maps (offset into
+/// values / meta), out and bias offset by those features, n and the layout cut to them. Each launch
+/// records its share of the call's work.
+#[allow(clippy::too_many_arguments)]
+fn launch_wgmma_banded(
+    p: &MatmulProblem,
+    params: &mut Sparse24WgmmaParams,
+    head_cfg: &Sparse24WgmmaConfig,
+    values_ptr: u64,
+    meta_ptr: u64,
+    head_tiles: u64,
+    sms: u64,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<()> {
+    let row0 = head_tiles * head_cfg.block_n as u64;
+    let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
+    let bias_bytes = |sub: &MatmulProblem| match p.bias_kind {
+        1 => (sub.n as usize * p.dtype.size_bytes()) as f64,
+        2 => (sub.n as usize * 4) as f64,
+        _ => 0.0,
+    };
+    // head: the production tile over features 0 .. row0 - 1 (every tile interior along w rows)
+    let head = MatmulProblem {
+        n: row0 as i64,
+        layout: Layout { m: row0 as usize, m_pad: row0 as usize, ..p.layout },
+        ..*p
+    };
+    let (row_tiles, _) = tile_grid(&head, head_cfg.block_r, head_cfg.block_n)?;
+    params.p.n_tiles = head_tiles as i32;
+    let head_info = LaunchInfo { op: info.op, work: work::sparse24_matmul(&head, bias_bytes(&head)) };
+    launch_wgmma_tiles(&head, params, head_cfg, row_tiles * head_tiles, sms, &head_info, stream)?;
+    // tail: features row0 .. n - 1 on the 128-row tile
+    let tail_cfg = wgmma_bm128_config(p.activation, p.dtype, head_cfg.arch);
+    let tail = MatmulProblem {
+        n: p.n - row0 as i64,
+        layout: Layout { m: p.layout.m - row0 as usize, m_pad: (m_pad - row0) as usize, ..p.layout },
+        ..*p
+    };
+    let (tma_values, tma_meta) = w_maps(p.dtype, values_ptr, meta_ptr, k_pad, m_pad, row0, tail_cfg.block_n)?;
+    let (row_tiles, n_tiles) = tile_grid(&tail, tail_cfg.block_r, tail_cfg.block_n)?;
+    let out_elem = p.dtype.size_bytes() as u64;
+    let bias_elem = if p.bias_kind == 2 { 4 } else { p.dtype.size_bytes() as u64 };
+    let mut prm = params.p;
+    prm.out = (prm.out as u64 + row0 * out_elem) as *mut c_void;
+    if !prm.bias.is_null() {
+        prm.bias = (prm.bias as u64 + row0 * bias_elem) as *const c_void;
+    }
+    prm.n = tail.n as i32;
+    prm.row_tiles = row_tiles as i32;
+    prm.n_tiles = n_tiles as i32;
+    let mut tail_params = Sparse24WgmmaParams { tma_values, tma_meta, p: prm, ..*params };
+    let tail_info = LaunchInfo { op: info.op, work: work::sparse24_matmul(&tail, bias_bytes(&tail)) };
+    launch_wgmma_tiles(&tail, &mut tail_params, &tail_cfg, row_tiles * n_tiles, sms, &tail_info, stream)
 }
 
 /// Whole tiles on the persistent grid (by default the fewest CTAs that keep ceil(tiles / SMs)
@@ -1081,12 +1159,13 @@ fn launch_wgmma_split_fused(
 }
 
 /// Which tile wgmma_sp may use: $FERROATTN_WGMMA_SP_TILE ("auto" or unset: `wgmma_schedule`'s rule;
-/// "256": the 256-row tile only; "128": the 128-row tile always). Read per call (same-process A/B).
+/// "256": the 256-row tile only; "128": the 128-row tile always; "band:H": the banded schedule with H
+/// 256-row feature tiles first). Read per call (same-process A/B).
 fn wgmma_tile_policy() -> Result<TilePolicy> {
     let v = std::env::var("FERROATTN_WGMMA_SP_TILE").ok();
     parse_wgmma_tile(v.as_deref()).ok_or_else(|| {
         let got = format!("{:?}", v.unwrap_or_default());
-        Error::argument("FERROATTN_WGMMA_SP_TILE", "\"auto\", \"256\", \"128\" or unset", got)
+        Error::argument("FERROATTN_WGMMA_SP_TILE", "\"auto\", \"256\", \"128\", \"band:H\" (H >= 1) or unset", got)
     })
 }
 
