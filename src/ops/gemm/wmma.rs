@@ -3,7 +3,7 @@
 
 use super::problem::GemmProblem;
 use crate::dtype::DType;
-use crate::error::{CudaResultExt, Result};
+use crate::error::{CudaResultExt, Error, Result};
 use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
 use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
 use crate::tuning::gemm::{
@@ -96,7 +96,7 @@ pub fn params(p: &GemmProblem, config: &GemmWmmaConfig) -> GemmWmmaParams {
         beta: if p.c.is_some() { p.beta } else { 0.0 },
         activation: p.activation.code(),
         bias_f32: i32::from(matches!(p.bias, Some((_, DType::F32)))),
-        group: raster_group() as i32,
+        group: DEFAULT_GROUP as i32,
         sk_first: 0,
         sk_ws: std::ptr::null_mut(),
         sk_flags: std::ptr::null_mut(),
@@ -106,36 +106,55 @@ pub fn params(p: &GemmProblem, config: &GemmWmmaConfig) -> GemmWmmaParams {
 /// The environment variable that overrides the raster group (tuning experiments).
 pub const GROUP_ENV: &str = "FERROATTN_GEMM_WMMA_GROUP";
 
+/// The raster group [`params`] writes; [`launch`] replaces it by [`raster_group`].
+pub const DEFAULT_GROUP: u32 = 8;
+
 /// Tile rows per raster group of the kernel's tile order (consecutive tiles walk the tile columns
-/// of `group` tile rows together, so the B tiles they share are reused in L2): 8, or
-/// $FERROATTN_GEMM_WMMA_GROUP (read per call) when it is an integer in 1..=4096 (anything else is
-/// ignored).
-pub fn raster_group() -> u32 {
-    parse_group(std::env::var(GROUP_ENV).ok().as_deref())
+/// of `group` tile rows together, so the B tiles they share are reused in L2): DEFAULT_GROUP, or
+/// $FERROATTN_GEMM_WMMA_GROUP (read per call), an integer in 1..=4096.
+///
+/// # Errors
+/// `ArgumentError` naming FERROATTN_GEMM_WMMA_GROUP for any other value.
+pub fn raster_group() -> Result<u32> {
+    let v = std::env::var(GROUP_ENV).ok();
+    parse_group(v.as_deref()).ok_or_else(|| {
+        Error::argument(GROUP_ENV, "an integer in 1..=4096 or unset", format!("{:?}", v.unwrap_or_default()))
+    })
 }
 
-/// [`raster_group`]'s rule for one environment value (pure).
-fn parse_group(value: Option<&str>) -> u32 {
-    value.and_then(|v| v.trim().parse::<u32>().ok()).filter(|g| (1..=4096).contains(g)).unwrap_or(8)
+/// [`raster_group`]'s rule for one environment value (pure): unset / empty -> DEFAULT_GROUP.
+fn parse_group(value: Option<&str>) -> Option<u32> {
+    match value.map(str::trim) {
+        None | Some("") => Some(DEFAULT_GROUP),
+        Some(v) => v.parse::<u32>().ok().filter(|g| (1..=4096).contains(g)),
+    }
 }
 
 /// The environment variable that selects the stream-k tail of persistent tiles: "0" / "off"
-/// never, "1" / "on" whenever the last wave is partial, unset / "auto" by [`stream_k_plan`]'s rule
-/// (anything else: auto). Read per call.
+/// never, "1" / "on" whenever the last wave is partial, unset / "" / "auto" by [`stream_k_plan`]'s
+/// rule; anything else raises an `ArgumentError` naming it. Read per call.
 pub const STREAMK_ENV: &str = "FERROATTN_GEMM_WMMA_STREAMK";
 
-fn stream_k_mode(value: Option<&str>) -> StreamK {
+fn stream_k_mode(value: Option<&str>) -> Option<StreamK> {
     match value.map(str::trim) {
-        Some("0") | Some("off") => StreamK::Off,
-        Some("1") | Some("on") => StreamK::On,
-        _ => StreamK::Auto,
+        None | Some("") | Some("auto") => Some(StreamK::Auto),
+        Some("0") | Some("off") => Some(StreamK::Off),
+        Some("1") | Some("on") => Some(StreamK::On),
+        Some(_) => None,
     }
 }
 
 /// The stream-k plan of a persistent launch of `config` for `p` on `sms` SMs: only when every
 /// item is interior (m, n, k multiples of the tile, 16-byte copy vectors), over one CTA per SM
 /// (or $FERROATTN_PERSISTENT_GRID's integer cap, for tests), by $FERROATTN_GEMM_WMMA_STREAMK.
-pub fn stream_k(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Option<StreamKPlan> {
+///
+/// # Errors
+/// `ArgumentError` naming FERROATTN_GEMM_WMMA_STREAMK for a value other than auto / 0 / off / 1 / on.
+pub fn stream_k(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Result<Option<StreamKPlan>> {
+    let v = std::env::var(STREAMK_ENV).ok();
+    let mode = stream_k_mode(v.as_deref()).ok_or_else(|| {
+        Error::argument(STREAMK_ENV, "\"auto\", \"0\", \"off\", \"1\", \"on\" or unset", format!("{:?}", v.unwrap_or_default()))
+    })?;
     let t = config.tile;
     if !t.persistent
         || p.m % t.bm as i64 != 0
@@ -144,16 +163,15 @@ pub fn stream_k(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Option<St
         || config.vec_a != 8
         || config.vec_b != 8
     {
-        return None;
+        return Ok(None);
     }
-    let mode = stream_k_mode(std::env::var(STREAMK_ENV).ok().as_deref());
     let cap = match GridPolicy::parse(std::env::var(crate::ops::persistent::GRID_ENV).ok().as_deref()) {
         Some(GridPolicy::Max(n)) => n.min(u64::from(sms)),
         _ => u64::from(sms),
     };
     let (tm, tn) = config.tiles(p.m, p.n);
     let items = tm.saturating_mul(tn).saturating_mul(p.batch.max(1) as u64);
-    stream_k_plan(items, (p.k / t.bk as i64) as u64, cap, mode)
+    Ok(stream_k_plan(items, (p.k / t.bk as i64) as u64, cap, mode))
 }
 
 /// Grid (tiles_m · tiles_n, min(batch, 65535)): the kernel loops over the batch in steps of
@@ -210,11 +228,12 @@ pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;
     let mut prm = params(p, &config);
+    prm.group = raster_group()? as i32;
     let info = LaunchInfo {
         op: "ferroattn::gemm",
         work: crate::ops::work::gemm(p),
     };
-    if let Some(sk) = stream_k(p, &config, sms) {
+    if let Some(sk) = stream_k(p, &config, sms)? {
         // Workspace: grid partial tiles, then grid x warps flags (zeroed here, in stream order).
         let tile_bytes = u64::from(config.tile.bm) * u64::from(config.tile.bn) * 4;
         let flags_off = sk.grid * tile_bytes;
@@ -251,21 +270,25 @@ mod tests {
 
     #[test]
     fn stream_k_mode_parses_the_environment_value() {
-        assert_eq!(stream_k_mode(None), StreamK::Auto);
-        assert_eq!(stream_k_mode(Some("auto")), StreamK::Auto);
-        assert_eq!(stream_k_mode(Some("0")), StreamK::Off);
-        assert_eq!(stream_k_mode(Some("off")), StreamK::Off);
-        assert_eq!(stream_k_mode(Some(" 1")), StreamK::On);
-        assert_eq!(stream_k_mode(Some("on")), StreamK::On);
+        assert_eq!(stream_k_mode(None), Some(StreamK::Auto));
+        assert_eq!(stream_k_mode(Some("")), Some(StreamK::Auto));
+        assert_eq!(stream_k_mode(Some("auto")), Some(StreamK::Auto));
+        assert_eq!(stream_k_mode(Some("0")), Some(StreamK::Off));
+        assert_eq!(stream_k_mode(Some("off")), Some(StreamK::Off));
+        assert_eq!(stream_k_mode(Some(" 1")), Some(StreamK::On));
+        assert_eq!(stream_k_mode(Some("on")), Some(StreamK::On));
+        assert_eq!(stream_k_mode(Some("2")), None);
+        assert_eq!(stream_k_mode(Some("yes")), None);
     }
 
     #[test]
-    fn raster_group_is_8_unless_a_valid_override() {
-        assert_eq!(parse_group(None), 8);
-        assert_eq!(parse_group(Some("16")), 16);
-        assert_eq!(parse_group(Some(" 4 ")), 4);
-        assert_eq!(parse_group(Some("0")), 8);
-        assert_eq!(parse_group(Some("4097")), 8);
-        assert_eq!(parse_group(Some("x")), 8);
+    fn raster_group_is_8_unless_set_and_bad_values_are_rejected() {
+        assert_eq!(parse_group(None), Some(8));
+        assert_eq!(parse_group(Some("")), Some(8));
+        assert_eq!(parse_group(Some("16")), Some(16));
+        assert_eq!(parse_group(Some(" 4 ")), Some(4));
+        assert_eq!(parse_group(Some("0")), None);
+        assert_eq!(parse_group(Some("4097")), None);
+        assert_eq!(parse_group(Some("x")), None);
     }
 }
