@@ -12,67 +12,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+
+from _sparse24_gpu import ACTS, BF16, DEV, FP16, NATIVE_ACT, launch_records, sm90 as _sm90
+from _sparse24_gpu import activations as _x, check as _check, native_call as _native_call, weight as _w
 
 pytestmark = pytest.mark.gpu
-
-BF16, FP16 = torch.bfloat16, torch.float16
-DEV = "cuda"
-ACTS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-        "silu": F.silu}
-
-
-def _sm90():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma_sp split-k needs an sm_90 device")
-
-
-def _w(n, k, dtype, seed=0):
-    from ferroattn import sparse24
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    return sparse24.prune(torch.randn(n, k, device=DEV, dtype=dtype, generator=g))
-
-
-def _x(rows, k, dtype, seed=1):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    return torch.randn(rows, k, device=DEV, dtype=dtype, generator=g)
-
-
-def _check(out, x, w, bias=None, activation=None):
-    from ferroattn.testing import assert_close_to_ref
-    b32 = None if bias is None else bias.float()
-    ref = ACTS[activation](F.linear(x.float(), w.float(), b32))
-    ref_lp = ACTS[activation](F.linear(x, w, None if bias is None else bias.to(x.dtype)))
-    assert out.dtype == x.dtype and out.shape == ref.shape
-    assert not bool(torch.isnan(out).any())
-    assert_close_to_ref(out.float(), ref, ref_lp.float(), factor=2.0)
-
-
-def _native_call(x, t, n, k, bias=None, activation="none", backend="wgmma_sp"):
-    """The native launcher into a NaN-poisoned out (so an unwritten element shows)."""
-    from ferroattn import _native
-    out = torch.full((x.shape[0], n), float("nan"), device=DEV, dtype=x.dtype)
-    _native.sparse24_matmul(x, t.values, t.meta, out, bias, n, k, activation, backend,
-                            torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
-    return out
 
 
 def _kernels(fn):
     """Short names of our kernels that `fn` launched (launch records of the native profiler)."""
-    from ferroattn import _native
-    torch.cuda.synchronize()
-    _native.profiler_drain()
-    _native.profiler_enable(True)
-    try:
-        fn()
-        torch.cuda.synchronize()
-    finally:
-        _native.profiler_enable(False)
-    return [r["kernel"] for r in _native.profiler_drain()]
-
-
-NATIVE_ACT = {None: "none", "relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "silu": "silu"}
+    return [r["kernel"] for r in launch_records(fn)]
 
 
 @pytest.mark.parametrize("splits", ["2", "3", "5", "7"])
