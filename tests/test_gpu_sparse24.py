@@ -237,6 +237,33 @@ def test_gpu_rejected_call_then_valid_call():
     _check(sparse24.matmul(x, t, backend="sparse"), x, w)
 
 
+@pytest.mark.parametrize("which", ["values", "meta"])
+def test_gpu_misaligned_compressed_views_are_rejected(which):
+    """A Sparse24Tensor whose values or meta is a view 2 bytes into a buffer (right shape, contiguous) is
+    an ArgumentError naming it in decompress, in matmul through dense (which decompresses) and through
+    the sparse kernels, and the next valid call is correct: the decompress kernel reads values 16 bytes at
+    a time, so the misaligned view was a misaligned-address fault that poisoned the CUDA context."""
+    from ferroattn import sparse24
+    from ferroattn.errors import ArgumentError
+    n, k = 512, 256
+    w = _w(n, k)
+    t = sparse24.compress(w)
+    src = getattr(t, which)
+    shifted = torch.empty(src.numel() + 1, device=DEV, dtype=src.dtype)[1:].view_as(src)
+    shifted.copy_(src)
+    bad = sparse24.Sparse24Tensor(shifted if which == "values" else t.values,
+                                  shifted if which == "meta" else t.meta, t.shape)
+    x = torch.randn(64, k, device=DEV, dtype=BF16)
+    with pytest.raises(ArgumentError, match=f"^{which}: .*16-byte aligned"):
+        sparse24.decompress(bad)
+    for backend in ("dense", "sparse"):
+        with pytest.raises(ArgumentError, match=f"^{which}: .*16-byte aligned"):
+            sparse24.matmul(x, bad, backend=backend)
+    torch.cuda.synchronize()
+    assert torch.equal(sparse24.decompress(t), w)
+    _check(sparse24.matmul(x, t, backend="sparse"), x, w)
+
+
 def test_gpu_cuda_graph_capture():
     from ferroattn import sparse24
     w = _w(512, 1024)

@@ -190,3 +190,13 @@ def test_wrong_last_dim_names_x_and_in_features(device, dtype, x_shape):
                        match=rf"^x: expected shape \(\.\.\., in_features\) with in_features = 8, "
                              rf"got shape {re.escape(str(tuple(x_shape)))}$"):
         m(x)
+
+
+def test_linear_rejects_bad_backend_at_construction():
+    """A backend other than auto / wmma / sm90 is an ArgumentError naming it when the module is built
+    (as a bad activation is), not silently accepted until a CUDA forward."""
+    from ferroattn.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="^backend: expected one of 'auto', 'wmma', 'sm90', got 'xx'"):
+        fnn.Linear(128, 96, backend="xx")
+    with pytest.raises(ArgumentError, match="^backend: "):
+        fnn.Linear.from_torch(torch.nn.Linear(8, 4), backend="tensor_cores")

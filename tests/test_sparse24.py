@@ -362,6 +362,25 @@ def test_dispatch_table_from_json(table, tmp_path):
         sparse24.set_dispatch_table({"sm_90": {"float16": {"4096": [[1, 1.0]]}}})
 
 
+@pytest.mark.parametrize("bad", [{"0,4096": [[16, 1.2]]}, {"-5,4096": [[16, 1.2]]}, {"4096,4096": [[16, float("nan")]]},
+                                 {"4096,4096": [[16, float("inf")]]}, {"4096,4096": [[16, 0.0]]},
+                                 {"4096,4096": [[-1, 1.2]]}])
+def test_dispatch_table_rejects_entries_that_break_auto(table, bad):
+    """A shape key with n or k < 1, a non-finite or non-positive speedup, or negative rows is an
+    ArgumentError naming `table`, and the table in use is unchanged (auto keeps working)."""
+    before = {a: {d: dict(s) for d, s in v.items()} for a, v in sparse24.DISPATCH_TABLE.items()}
+    with pytest.raises(ArgumentError, match="^table: expected"):
+        sparse24.set_dispatch_table({"sm_90": {"bfloat16": bad}})
+    assert sparse24.DISPATCH_TABLE == before
+    assert sparse24._decide("sm_90", "bfloat16", 4096, 4096, 64) in ("dense", "sparse")
+
+
+@pytest.mark.parametrize("rows,n,k,name", [(10, 0, 4096, "n"), (10, 4096, 0, "k"), (-1, 4096, 4096, "rows")])
+def test_choose_backend_rejects_bad_sizes(rows, n, k, name):
+    with pytest.raises(ArgumentError, match=f"^{name}: expected an integer >= "):
+        sparse24.choose_backend(rows, n, k, BF16, torch.device("cuda"), arch="sm_90")
+
+
 def test_prune_nan_payloads_tie(native):
     """Every NaN (any sign or payload) ranks equal, above inf: ties go to the lower index, in
     prune and in the kernels' rule (host reference)."""

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .errors import ArgumentError
 from .gemm import matmul
-from .ops.gemm import activate, public_activation
+from .ops.gemm import BACKENDS, activate, public_activation
 
 __all__ = ["Linear", "SparseLinear"]
 
@@ -44,7 +44,7 @@ class Linear(torch.nn.Linear):
     Args:
         in_features, out_features, bias, device, dtype: as ``torch.nn.Linear``.
         activation: None, "relu", "gelu" (erf), "gelu_tanh" or "silu" (ArgumentError otherwise).
-        backend: "auto", "wmma" or "sm90" (see :func:`ferroattn.matmul`).
+        backend: "auto", "wmma" or "sm90" (see :func:`ferroattn.matmul`; ArgumentError otherwise).
 
     Shapes: x (..., in_features) -> (..., out_features), x's dtype; a 1-D x (in_features,) gives
     (out_features,) as torch.nn.Linear. ArgumentError naming ``x`` and ``in_features`` (expected and
@@ -54,6 +54,8 @@ class Linear(torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  activation: Optional[str] = None, backend: str = "auto") -> None:
         public_activation(activation)  # ArgumentError naming `activation` before any allocation
+        if backend not in BACKENDS:
+            raise ArgumentError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.activation = activation
         self.backend = backend

@@ -427,7 +427,13 @@ def choose_backend(rows: int, n: int, k: int, dtype: torch.dtype, device: torch.
                    arch: Optional[str] = None) -> str:
     """"dense" or "sparse" for a call of ``rows`` rows against an (n, k) 2:4 weight (the rule of
     the module docstring). CPU and other non-CUDA devices: "dense". ``arch`` ("sm_90"): the
-    device's, when the caller knows it (default: asked from torch)."""
+    device's, when the caller knows it (default: asked from torch).
+
+    Raises:
+        ArgumentError: n or k < 1, or rows < 0."""
+    for name, v, low in (("rows", rows, 0), ("n", n, 1), ("k", k, 1)):
+        if int(v) < low:
+            raise ArgumentError(f"{name}: expected an integer >= {low}, got {v}")
     if device.type != "cuda":
         return "dense"
     arch = arch or _device_arch(device)
@@ -439,15 +445,24 @@ def choose_backend(rows: int, n: int, k: int, dtype: torch.dtype, device: torch.
 
 def set_dispatch_table(table: Mapping) -> None:
     """Replace :data:`DISPATCH_TABLE` (same nesting; keys of the shape dict may be "n,k" strings
-    or (n, k) tuples) and clear the decision cache. Raises ArgumentError for a malformed table."""
+    or (n, k) tuples) and clear the decision cache.
+
+    Raises:
+        ArgumentError: a malformed table: wrong nesting, n or k < 1, rows < 0, or a speedup that is
+            not a finite number > 0 (the table is left unchanged)."""
     new: dict = {}
     try:
         for arch, by_dtype in table.items():
             for dt, shapes in by_dtype.items():
                 for nk, pts in shapes.items():
                     n, k = (int(v) for v in (nk.split(",") if isinstance(nk, str) else nk))
-                    new.setdefault(str(arch), {}).setdefault(str(dt), {})[(n, k)] = tuple(
-                        (int(r), float(s)) for r, s in pts)
+                    if n < 1 or k < 1:
+                        raise ValueError(f"shape {nk!r}: n and k must be >= 1")
+                    entry = tuple((int(r), float(s)) for r, s in pts)
+                    for r, sp in entry:
+                        if r < 0 or not math.isfinite(sp) or sp <= 0:
+                            raise ValueError(f"shape {nk!r}: ({r}, {sp}) needs rows >= 0 and a finite speedup > 0")
+                    new.setdefault(str(arch), {}).setdefault(str(dt), {})[(n, k)] = entry
     except (AttributeError, TypeError, ValueError) as e:
         raise ArgumentError(f"table: expected {{arch: {{dtype: {{(n, k): [(rows, speedup), ...]}}}}}}, got an "
                             f"entry that does not fit ({type(e).__name__}: {e})") from None

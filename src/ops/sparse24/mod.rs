@@ -394,6 +394,10 @@ pub fn compress(
 ) -> Result<()> {
     let l = validate_compress(w, values, meta, Some(bad_groups), true)?;
     check_not_null("bad_groups", bad_groups)?;
+    // the kernel stores values 16 bytes at a time (and metadata as 4-byte words)
+    for (arg, t) in [("values", values), ("meta", meta)] {
+        check_aligned(arg, t, 16)?;
+    }
     let device = w.meta.device.id;
     crate::device::bind(device)?;
     // SAFETY: bad_groups is a validated int32 (1,) CUDA tensor of this device.
@@ -416,6 +420,11 @@ pub fn decompress(
     stream: u64,
 ) -> Result<()> {
     let l = validate_decompress(values, meta, out, true)?;
+    // the kernel loads values 16 bytes at a time (and metadata as 4-byte words): a misaligned view
+    // would be a misaligned-address fault, which poisons the CUDA context
+    for (arg, t) in [("values", values), ("meta", meta)] {
+        check_aligned(arg, t, 16)?;
+    }
     if l.m == 0 || l.k == 0 {
         return Ok(());
     }
@@ -455,7 +464,9 @@ unsafe fn host_slice_mut<'a>(t: &TensorView, len: usize) -> &'a mut [u16] {
     unsafe { std::slice::from_raw_parts_mut(t.ptr as *mut u16, len) }
 }
 
-fn check_host_aligned(arg: &str, t: &TensorView, bytes: u64) -> Result<()> {
+/// `t`'s data pointer is a multiple of `bytes` (the host reference reads u16 / u32 elements; the
+/// GPU kernels read values 16 bytes at a time, and TMA needs 16-byte aligned values / meta).
+fn check_aligned(arg: &str, t: &TensorView, bytes: u64) -> Result<()> {
     if !t.ptr.is_multiple_of(bytes) {
         return Err(Error::argument(
             arg,
@@ -476,7 +487,7 @@ pub fn compress_host(
     let l = validate_compress(w, values, meta, None, false)?;
     for (arg, t) in [("w", w), ("values", values), ("meta", meta)] {
         check_not_null(arg, t)?;
-        check_host_aligned(arg, t, 2)?;
+        check_aligned(arg, t, 2)?;
     }
     let nv = l.m_pad * l.k_pad / 2;
     let nm = l.m_pad * l.k_pad / 16;
@@ -509,7 +520,7 @@ pub fn decompress_host(values: &TensorView, meta: &TensorView, out: &TensorView)
     }
     for (arg, t) in [("values", values), ("meta", meta), ("out", out)] {
         check_not_null(arg, t)?;
-        check_host_aligned(arg, t, 2)?;
+        check_aligned(arg, t, 2)?;
     }
     let nv = l.m_pad * l.k_pad / 2;
     let nm = l.m_pad * l.k_pad / 16;
@@ -1309,13 +1320,7 @@ pub fn matmul(
         check_not_null(arg, t)?;
     }
     for (arg, t) in [("values", values), ("meta", meta)] {
-        if !t.ptr.is_multiple_of(16) {
-            return Err(Error::argument(
-                arg,
-                "a 16-byte aligned data pointer",
-                format!("address {:#x}", t.ptr),
-            ));
-        }
+        check_aligned(arg, t, 16)?;
     }
     if let Some(b) = bias {
         check_not_null("bias", b)?;

@@ -447,3 +447,19 @@ fn wgmma_kernels_compile_without_spills() {
     }
     crate::jit::precompile::check_spills(&reports).unwrap();
 }
+
+#[test]
+fn gpu_compress_and_decompress_reject_misaligned_values_and_meta() {
+    // the kernels move values 16 bytes at a time: a view 2 bytes off (e.g. a Sparse24Tensor built from
+    // a sliced buffer) must be an ArgumentError, not a misaligned-address fault that poisons the context
+    for (vptr, mptr, arg) in [(0x2000_0002u64, 0x3000_0000u64, "values"), (0x2000_0000, 0x3000_0002, "meta")] {
+        let (vs, ms) = sp(512, 256, DType::BF16);
+        let out = view(t(&[512, 256], DType::BF16), 0x1000_0000);
+        let r = decompress(&view(vs, vptr), &view(ms, mptr), &out, 0);
+        check_err(r, "Argument", arg, &["16-byte aligned", "address 0x"]);
+        let (vs, ms) = sp(512, 256, DType::BF16);
+        let bad = view(t(&[1], DType::I32), 0x4000_0000);
+        let r = compress(&out, &view(vs, vptr), &view(ms, mptr), &bad, false, 0);
+        check_err(r, "Argument", arg, &["16-byte aligned"]);
+    }
+}
