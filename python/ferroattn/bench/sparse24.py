@@ -623,7 +623,9 @@ def _int_arg(opt: str) -> Callable[[str], int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``bench sparse24``."""
-    parser.add_argument("--quick", action="store_true", help="a reduced grid (bf16, 7 shapes per set)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a reduced grid: bf16, square 4096 and 8192, m in 16, 256, 4096 with (n, k) "
+                             "(4096, 4096) and (11008, 4096) (8 points)")
     parser.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
     parser.add_argument("--dtypes", default=None, help="comma-separated subset of bf16,fp16")
     parser.add_argument("--shapes", default="all", help="all (default), square or llm")
