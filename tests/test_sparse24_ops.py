@@ -42,6 +42,32 @@ def test_fake_mode_cuda_and_public_matmul(any_native):
         assert y.shape == (5, 3, 48) and y.dtype == BF16 and y.device.type == "cuda"
 
 
+def test_decompress_fake_validates_like_the_real_call(any_native):
+    """The decompress op's fake rejects what the real call's Rust validation rejects (wrong or transposed
+    values / meta, wrong dtypes, negative sizes), naming the part, so traced and compiled code fails at trace
+    time too; a bool in Sparse24Tensor's shape is rejected."""
+    v, m = _weight(8, 64)
+    dec = torch.ops.ferroattn.sparse24_decompress
+    with pytest.raises(ArgumentError, match="^values: expected shape"):
+        dec(v[:, :-1], m, 8, 64)
+    with pytest.raises(ArgumentError, match="^meta: expected shape"):
+        dec(v, m[:-1], 8, 64)
+    with pytest.raises(ArgumentError, match="^values: expected shape"):
+        dec(v, m, 200, 64)
+    with pytest.raises(ArgumentError, match="^shape: expected"):
+        dec(v, m, -1, 64)
+    with pytest.raises(DTypeError, match="^values: "):
+        dec(v.float(), m, 8, 64)
+    with pytest.raises(DTypeError, match="^meta: "):
+        dec(v, m.to(torch.int32), 8, 64)
+    vt = torch.empty(v.shape[1], v.shape[0], dtype=BF16, device="meta").t()
+    with pytest.raises(ArgumentError, match="^values: expected a contiguous"):
+        dec(vt, m, 8, 64)
+    assert dec(v, m, 8, 64).shape == (8, 64)
+    with pytest.raises(ArgumentError, match="^shape: "):
+        sparse24.Sparse24Tensor(v, m, (True, 64))
+
+
 def test_fake_runs_the_rust_validation(any_native):
     v, m = _weight(8, 64)
     x = torch.empty(4, 64, dtype=BF16, device="meta")

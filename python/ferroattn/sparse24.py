@@ -126,29 +126,20 @@ class Sparse24Tensor:
             raise TypeError(f"values, meta: expected torch.Tensor, got {type(values).__name__}, "
                             f"{type(meta).__name__}")
         try:
+            bools = any(isinstance(s, bool) for s in shape)
             shape = tuple(operator.index(s) for s in shape)
         except TypeError:
             raise TypeError(f"shape: expected a sequence of two ints (m, k), got {type(shape).__name__} "
                             f"{shape!r}") from None
-        if len(shape) != 2 or min(shape) < 1:
-            raise ArgumentError(f"shape: expected (m, k) with m, k >= 1, got {shape}")
+        if len(shape) != 2 or min(shape) < 1 or bools:
+            raise ArgumentError(f"shape: expected (m, k) with integers m, k >= 1, got {shape}")
         if dtype is None:
-            if values.dtype not in _HALF:
-                raise DTypeError(f"values: expected dtype torch.float16 or torch.bfloat16, got {values.dtype}")
             dtype = values.dtype
         elif dtype not in _HALF:
             raise DTypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
         elif values.dtype != dtype:
             raise DTypeError(f"values: expected dtype {dtype} (the dtype argument), got {values.dtype}")
-        if meta.dtype != torch.int16:
-            raise DTypeError(f"meta: expected dtype torch.int16, got {meta.dtype}")
-        lay = _layout(*shape)
-        if tuple(values.shape) != tuple(lay["values_shape"]):
-            raise ArgumentError(f"values: expected shape {tuple(lay['values_shape'])} for a {shape} matrix, "
-                                f"got {tuple(values.shape)}")
-        if tuple(meta.shape) != tuple(lay["meta_shape"]):
-            raise ArgumentError(f"meta: expected shape {tuple(lay['meta_shape'])} for a {shape} matrix, "
-                                f"got {tuple(meta.shape)}")
+        _ops.check_compressed(values, meta, *shape)
         if meta.device != values.device:
             raise DeviceError(f"meta: expected values' device {values.device}, got {meta.device}")
         self.values, self.meta, self.shape, self.dtype = values, meta, shape, dtype

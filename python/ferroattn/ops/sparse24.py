@@ -35,19 +35,42 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
+from ..errors import ArgumentError, DTypeError
 from ._eager import plain_eager as _plain_eager
 from ._to_native import as_int as _as_int
 from ._to_native import launch as _launch
 from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
 
-__all__ = ["sparse24_linear", "linear", "sparse24_decompress", "run_compress", "run_decompress",
+__all__ = ["sparse24_linear", "linear", "sparse24_decompress", "run_compress", "run_decompress", "check_compressed",
            "sparse24_linear_flops", "NATIVE_ACTIVATIONS", "KERNEL_BACKENDS"]
 
 #: activation names of the native launcher (kernels/common/activation.cuh codes 0..4)
 NATIVE_ACTIVATIONS = ("none", "relu", "gelu_erf", "gelu_tanh", "silu")
 #: backend names of ``_native.sparse24_matmul``
 KERNEL_BACKENDS = ("auto", "mma_sp", "wgmma_sp")
+
+
+def check_compressed(values: Tensor, meta: Tensor, m: int, k: int) -> None:
+    """Check that ``values`` / ``meta`` can hold an (m, k) 2:4 matrix (metadata only, no data read): values
+    fp16 / bf16 of ``_native.sparse24_layout(m, k)["values_shape"]``, meta int16 of its "meta_shape".
+
+    Raises:
+        ArgumentError: m or k < 0, or a shape that does not match the layout.
+        DTypeError: values not fp16 / bf16, or meta not int16."""
+    if m < 0 or k < 0:
+        raise ArgumentError(f"shape: expected (m, k) with m, k >= 0, got {(m, k)}")
+    if values.dtype not in (torch.float16, torch.bfloat16):
+        raise DTypeError(f"values: expected dtype torch.float16 or torch.bfloat16, got {values.dtype}")
+    if meta.dtype != torch.int16:
+        raise DTypeError(f"meta: expected dtype torch.int16, got {meta.dtype}")
+    lay = _native.sparse24_layout(int(m), int(k))
+    if tuple(values.shape) != tuple(lay["values_shape"]):
+        raise ArgumentError(f"values: expected shape {tuple(lay['values_shape'])} for a {(m, k)} matrix, "
+                            f"got {tuple(values.shape)}")
+    if tuple(meta.shape) != tuple(lay["meta_shape"]):
+        raise ArgumentError(f"meta: expected shape {tuple(lay['meta_shape'])} for a {(m, k)} matrix, "
+                            f"got {tuple(meta.shape)}")
 
 
 def _check_meta(x, values, meta, out, bias, n, k, activation) -> None:
@@ -98,6 +121,12 @@ def sparse24_decompress(values: Tensor, meta: Tensor, m: int, k: int) -> Tensor:
 
 @sparse24_decompress.register_fake
 def _sparse24_decompress_fake(values, meta, m, k):
+    # what the Rust validation of the real call checks, so a traced / compiled call fails where the
+    # eager one would (shapes, dtypes, contiguity), not only when it runs
+    check_compressed(values, meta, m, k)
+    for name, t in (("values", values), ("meta", meta)):
+        if not t.is_contiguous():
+            raise ArgumentError(f"{name}: expected a contiguous tensor, got strides {tuple(t.stride())}")
     return values.new_empty((m, k))
 
 
