@@ -86,3 +86,15 @@ class FakeGpu:
 
     def fn(self, host_ms: float, gpu_ms: float, tag: str = "call") -> Callable[[], None]:
         return lambda: self.kernel(host_ms, gpu_ms, tag)
+
+
+def small_gemm_point():
+    """A ``bench gemm`` point (bf16 "square" matmul, m, n, k = 8, 16, 32) and two CPU input sets
+    (a, b = w.T, bias) for ``measure_point`` under a simulated timer: (point, sets)."""
+    import torch
+    m, n, k = 8, 16, 32
+    w = torch.randn(n, k).to(torch.bfloat16)
+    sets = [(torch.randn(m, k).to(torch.bfloat16), w.T, torch.randn(n).to(torch.bfloat16)) for _ in range(2)]
+    p = {"dtype": "bf16", "suite": "square", "kind": "matmul", "activation": None, "m": m, "n": n, "k": k,
+         "flops": 2.0 * m * n * k}
+    return p, sets

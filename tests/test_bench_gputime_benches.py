@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from _bench_fakes import FakeGpu
+from _bench_fakes import FakeGpu, small_gemm_point
 from ferroattn import sparse24
 from ferroattn.bench import gemm as gbench
 from ferroattn.bench import sparse24 as sbench
@@ -205,11 +205,7 @@ def _gemm_setup(monkeypatch, gpu, sync=None):
     monkeypatch.setattr(gbench, "_ours_fn", lambda p, b: tag(b, orig_ours(p, b)))
     monkeypatch.setattr(timing, "bench_gpu", call_bench)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    m, n, k = 8, 16, 32
-    w = torch.randn(n, k).to(torch.bfloat16)
-    sets = [(torch.randn(m, k).to(torch.bfloat16), w.T, torch.randn(n).to(torch.bfloat16)) for _ in range(2)]
-    p = {"dtype": "bf16", "suite": "square", "kind": "matmul", "activation": None, "m": m, "n": n, "k": k,
-         "flops": 2.0 * m * n * k}
+    p, sets = small_gemm_point()
     return p, sets
 
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from _bench_fakes import small_gemm_point
 from ferroattn.bench import gemm as bench
 
 
@@ -218,11 +219,7 @@ def test_measure_point_paired_ratio_cancels_drift(monkeypatch):
 
     monkeypatch.setattr(bench.timing, "bench_gpu", drifting_bench)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    m, n, k = 8, 16, 32
-    w = torch.randn(n, k).to(torch.bfloat16)
-    sets = [(torch.randn(m, k).to(torch.bfloat16), w.T, torch.randn(n).to(torch.bfloat16)) for _ in range(2)]
-    p = {"dtype": "bf16", "suite": "square", "kind": "matmul", "activation": None, "m": m, "n": n, "k": k,
-         "flops": 2.0 * m * n * k}
+    p, sets = small_gemm_point()
     bench.measure_point(p, sets, ["wmma", "sm90", "auto"], ["wmma"], 1.0, 100.0, 25.0, rounds=5)
     # order: per round peer, wmma, auto, then reversed; 100 / 25 ms per function split over 10 windows
     assert [x[0] for x in windows] == [bench.PEER, "wmma", "auto", "auto", "wmma", bench.PEER] * 5
@@ -236,7 +233,7 @@ def test_measure_point_paired_ratio_cancels_drift(monkeypatch):
         assert r["ratio_ci"] == pytest.approx([goal, goal]) and r["ratio_ci_level"] == pytest.approx(0.9375)
         assert len(r["ms_rounds"]) == 5 and all(len(wi) == 2 for wi in r["ms_windows"])
         assert r["ms"] == pytest.approx(sorted(r["ms_rounds"])[2]) and not r["suspect"]
-        assert r["tflops"] == pytest.approx(2.0 * m * n * k / (r["ms"] * 1e-3) / 1e12)
+        assert r["tflops"] == pytest.approx(p["flops"] / (r["ms"] * 1e-3) / 1e12)
     assert max(p["peer"]["ms_rounds"]) / min(p["peer"]["ms_rounds"]) > 1.5    # the clock did drift
     # what the old sequential method would have reported here: peer then wmma, one 125 ms window each
     clock["t"] = 0.0
