@@ -11,8 +11,10 @@
 // byte-identical, .dev/bwd_dkdv/README.md "K2"); the forms below that look odd keep it so.
 // Iteration it of a block: query head head_k*group + it / per_head, query tile
 // m_first + it % per_head (GQA heads of the kv head in a fixed order, no atomics for dK/dV).
-// Causal masks are bottom-right aligned: query i sees key j iff j <= i + diag,
-// diag = seqlen_k - seqlen_q, so the first query tile holds row max(0, n0 - diag).
+// The query tiles are those holding a row that sees a key of the block, by the variant's rule
+// (attention/variant.cuh RowKeys): all without a mask; causal (bottom-right: query i sees key j
+// iff j <= i + diag, diag = seqlen_k - seqlen_q) starts at the tile holding row
+// max(0, n0 - diag); a local window also ends after the last row whose window reaches the block.
 // Layouts: attention/bwd_params.cuh, attention/params.cuh (padded: batch stride; varlen: the
 // sequence's first row, cu_seqlens clamped as in the forward). Offsets in elements, 64-bit.
 // Constraints: T is __half or __nv_bfloat16; shared-memory tiles are XOR-swizzled in 16-byte
@@ -25,6 +27,7 @@
 #include "common/swizzle.cuh"
 #include "attention/bwd_params.cuh"
 #include "attention/fwd_sm80.cuh"
+#include "attention/variant.cuh"
 
 namespace ferroattn {
 namespace attn_bwd_detail {
@@ -114,7 +117,7 @@ struct DkdvBlock {
     int n0, rows_k;
     int head_dim;   // the real head dim (params.fwd.head_dim <= HeadDim)
     int group;      // query heads per kv head
-    int diag;       // query i sees keys j <= i + diag (causal)
+    int diag;       // seqlen_k - seqlen_q (bottom-right alignment)
     int m_first;    // first query tile that sees the key tile
     int per_head;   // query tiles per query head
     int n_iter;
@@ -122,10 +125,10 @@ struct DkdvBlock {
 
 // Fills b for this block (grid (ceil(max_seqlen_k / BlockN), num_heads_k, batch)); false when
 // the key tile starts past seqlen_k (the block has nothing to do; b is then partly set).
-template <int BlockM, int BlockN, bool IsCausal>
+template <int BlockM, int BlockN, class V>
 __device__ __forceinline__ bool dkdv_block(const AttnFwdParams& fp, DkdvBlock& b) {
     b.head_k = blockIdx.y;
-    b.batch = blockIdx.z;
+    b.batch = blockIdx.z + fp.batch_offset;
     b.sq = bwd_seq(fp, b.batch);
     b.seqlen_q = b.sq.seqlen_q;
     b.seqlen_k = b.sq.seqlen_k;
@@ -135,12 +138,19 @@ __device__ __forceinline__ bool dkdv_block(const AttnFwdParams& fp, DkdvBlock& b
     b.head_dim = fp.head_dim;
     b.group = fp.num_heads / fp.num_heads_k;
     b.diag = b.seqlen_k - b.seqlen_q;
-    const int m_tiles = (b.seqlen_q + BlockM - 1) / BlockM;
-    b.m_first = IsCausal
-        ? static_cast<int>(min(static_cast<long long>(m_tiles),
-                               max(0LL, static_cast<long long>(b.n0) - b.diag) / BlockM))
-        : 0;
-    b.per_head = m_tiles - b.m_first;
+    int m_tiles = (b.seqlen_q + BlockM - 1) / BlockM;
+    b.m_first = 0;
+    if constexpr (V::kMasked) {
+        // Rows that see a key of [n0, n0 + rows_k): [first_row(n0), last_row_plus1(last key)).
+        const attn_variant::RowKeys<V> rk(fp, b.seqlen_q, b.seqlen_k);
+        b.m_first = static_cast<int>(min(static_cast<long long>(m_tiles),
+                                         max(0LL, rk.first_row(b.n0)) / BlockM));
+        if constexpr (V::kLocal) {
+            const long long r1 = rk.last_row_plus1(b.n0 + b.rows_k - 1, b.seqlen_q);
+            m_tiles = r1 <= 0 ? 0 : static_cast<int>((r1 + BlockM - 1) / BlockM);
+        }
+    }
+    b.per_head = max(0, m_tiles - b.m_first);
     b.n_iter = b.per_head * b.group;
     return true;
 }

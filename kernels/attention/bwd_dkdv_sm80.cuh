@@ -41,7 +41,11 @@
 //   NumWarps warps per block; NumWarps and BlockM/16 divide one another (dQ work split).
 //   Stages   >= 1 buffers of (Q, dO, LSE, D) query tiles; tile it+Stages-1 is fetched while tile
 //            it is computed. Stages == 1 (small shared memory GPUs) loads, then computes.
-//   IsCausal bottom-right causal mask.
+//   V        the variant (attention/variant.cuh): the mask bounds the query tiles of a key
+//            block (bwd_dkdv_block.cuh) and the pairs of a tile; softcap and ALiBi modify each
+//            recomputed score (the ALiBi slope follows the GQA loop's query head); with softcap
+//            dS takes the factor 1 − tanh², recovered from P (ScoreMod::dcap_from_p). Sinks
+//            need nothing here (the forward's LSE includes them).
 //   WithDK / WithDV   compute and write dK / dV (at least one). WithDQ: add dS K to dq_accum.
 //            dS (and the V tile product dP) is computed only with WithDK or WithDQ.
 //   T        __half or __nv_bfloat16; lse, softmax_d and dq_accum are fp32.
@@ -154,12 +158,12 @@ __device__ __forceinline__ void zero_frags(float (&acc)[A][B][4]) {
 
 namespace ferroattn {
 
-template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V,
           bool WithDK, bool WithDV, bool WithDQ, typename T>
 __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) {
     if constexpr (attn_bwd_dkdv_sm80_wide<HeadDim, WithDK, WithDV>()) {
         // HeadDim 256 with dK and dV: the single-pass wide kernel (bwd_dkdv_wide_sm80.cuh).
-        attn_bwd_detail::dkdv_wide<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal, WithDQ, T>(params);
+        attn_bwd_detail::dkdv_wide<HeadDim, BlockM, BlockN, NumWarps, Stages, V, WithDQ, T>(params);
     } else {
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
@@ -235,7 +239,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     const int t = lane % 4;
 
     attn_bwd_detail::DkdvBlock blk;
-    if (!attn_bwd_detail::dkdv_block<BlockM, BlockN, IsCausal>(fp, blk)) return;   // past seqlen_k
+    if (!attn_bwd_detail::dkdv_block<BlockM, BlockN, V>(fp, blk)) return;   // past seqlen_k
     // The block's fields as the kernel's locals, which its lambdas capture one by one (as
     // before bwd_dkdv_block.cuh: using blk.* in the body changes the SASS).
     const attn_bwd_detail::BwdSeq& sq = blk.sq;
@@ -246,6 +250,8 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
         attn_bwd_detail::store_dkdv_zero<BlockN, HeadDim, kThreads, WithDK, WithDV, T>(params, blk, tid);
         return;
     }
+    const attn_variant::RowKeys<V> rk(fp, seqlen_q, blk.seqlen_k);
+    attn_variant::ScoreMod<V> smod(fp, head_k * group, batch, seqlen_q, blk.seqlen_k);
 
     // ---- K and V tiles (once per block), then the first query tiles ----
     attn_bwd_detail::load_kv_tiles<BlockN, HeadDim, kThreads>(fp, blk, sK, sV, tid);
@@ -554,9 +560,11 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
         const float* lse_s = sLse + slot * BlockM;
         const float* d_s = sD + slot * BlockM;
         // Masking needed: key tail, query tail, or a causal pair not seen inside the tile.
+        if constexpr (V::kAlibi) smod.set_head(fp, hq, batch);
+        // Masking needed: key tail, query tail, or a pair the variant hides inside the tile.
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
-                               (IsCausal && m_start + diag < n0 + BlockN - 1);
-        const int causal_off = n0 - m_start - diag;   // query q sees key k iff q >= k + causal_off
+                               !rk.tile_full(m_start, BlockM, n0, BlockN);
+        const int causal_off = n0 - m_start - diag;   // causal: query q sees key k iff q >= k + causal_off
         const int ds_elem = kDsBufs == 2 ? (it & 1) * (BlockN * BlockM) : 0;   // this tile's dS^T
 
 #pragma unroll 1
@@ -567,7 +575,8 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             attn_bwd_detail::zero_frags(acc_s);
             gemm_nt(acc_s, 0u, offQ + q_sub);
             // Mask: key row kr keeps query columns [lo, hi) of the tile: hi = rows_q (0 for a
-            // key past seqlen_k), lo = kr + causal_off (causal) or 0. Relative to this thread's
+            // key past seqlen_k), lo = kr + causal_off (causal) or 0; a local window bounds both
+            // by the rows that see key n0 + kr (variant.cuh RowKeys). Relative to this thread's
             // first column in the step (sub*kSubM + 2t), element (nt, e) is column nt*8 + (e&1).
             int lo[MT][2], hi[MT][2];
 #pragma unroll
@@ -577,7 +586,14 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                     const int kr = key0 + mt * 16 + g + 8 * h;
                     const int q0 = sub * kSubM + 2 * t;
                     hi[mt][h] = (kr < rows_k ? rows_q : 0) - q0;
-                    lo[mt][h] = IsCausal ? kr + causal_off - q0 : -q0;
+                    lo[mt][h] = V::kCausal ? kr + causal_off - q0 : -q0;
+                    if constexpr (V::kLocal) {
+                        const long long first = rk.first_row(n0 + kr) - m_start;
+                        const long long last = rk.last_row_plus1(n0 + kr, seqlen_q) - m_start;
+                        lo[mt][h] = static_cast<int>(min(max(first, 0LL), static_cast<long long>(BlockM))) - q0;
+                        hi[mt][h] = min(hi[mt][h],
+                                        static_cast<int>(min(max(last, 0LL), static_cast<long long>(BlockM))) - q0);
+                    }
                 }
 #pragma unroll
             for (int nt = 0; nt < NQ; ++nt) {
@@ -588,7 +604,11 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        float p = exp2_fast(fmaf(acc_s[mt][nt][e], scale_log2, (e & 1) ? -l1 : -l0));
+                        float sv = acc_s[mt][nt][e];
+                        if constexpr (V::kSoftcap || V::kAlibi)
+                            sv = smod.apply(sv, m_start + sub * kSubM + nt * 8 + 2 * t + (e & 1),
+                                            n0 + key0 + mt * 16 + g + 8 * (e >> 1));
+                        float p = exp2_fast(fmaf(sv, scale_log2, (e & 1) ? -l1 : -l0));
                         if (need_mask) {
                             const int c = nt * 8 + (e & 1);
                             p = (c >= lo[mt][e >> 1] && c < hi[mt][e >> 1]) ? p : 0.f;
@@ -606,11 +626,23 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
 #pragma unroll
                 for (int nt = 0; nt < NQ; ++nt) {
                     const float2 dd = *reinterpret_cast<const float2*>(d_s + sub * kSubM + nt * 8 + 2 * t);
+                    float2 l2 = make_float2(0.f, 0.f);
+                    if constexpr (V::kSoftcap) {
+                        l2 = *reinterpret_cast<const float2*>(lse_s + sub * kSubM + nt * 8 + 2 * t);
+                        l2.x *= kLog2e;
+                        l2.y *= kLog2e;
+                    }
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            acc_p[mt][nt][e] = acc_s[mt][nt][e] * (acc_p[mt][nt][e] - ((e & 1) ? dd.y : dd.x));
+                        for (int e = 0; e < 4; ++e) {
+                            float ds = acc_s[mt][nt][e] * (acc_p[mt][nt][e] - ((e & 1) ? dd.y : dd.x));
+                            if constexpr (V::kSoftcap)   // d(c·tanh(x/c)): dS · (1 − tanh²)
+                                ds *= smod.dcap_from_p(acc_s[mt][nt][e], (e & 1) ? l2.y : l2.x,
+                                                       m_start + sub * kSubM + nt * 8 + 2 * t + (e & 1),
+                                                       n0 + key0 + mt * 16 + g + 8 * (e >> 1));
+                            acc_p[mt][nt][e] = ds;
+                        }
                 }
                 // ---- dK += dS^T Q_sub ----
                 if constexpr (WithDK) gemm_tn(acc_dk, acc_p, offQ + q_sub);
@@ -622,7 +654,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                         for (int h = 0; h < 2; ++h) {
                             int r = key0 + mt * 16 + g + 8 * h;
                             int tq = t;
-                            if constexpr (kStage && IsCausal && HeadDim == 128) {
+                            if constexpr (kStage && (V::kMasked || V::kSoftcap || V::kAlibi) && HeadDim == 128) {
                                 // Rows / lanes from a volatile %tid read: the NQ x 2 store offsets
                                 // are not held through the loop (the causal staged d128 kernel spills
                                 // 32 bytes otherwise).

@@ -91,7 +91,7 @@ __host__ __device__ constexpr int attn_bwd_dkdv_wide_smem_bytes() {
 
 namespace attn_bwd_detail {
 
-template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V,
           bool WithDQ, typename T>
 __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
     static_assert(BlockM == 64 && BlockN == 64 && NumWarps == 8,
@@ -156,17 +156,19 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
     const int t = lane % 4;
 
     DkdvBlock blk;
-    if (!dkdv_block<BlockM, BlockN, IsCausal>(fp, blk)) return;   // past seqlen_k
+    if (!dkdv_block<BlockM, BlockN, V>(fp, blk)) return;   // past seqlen_k
     // The block's fields as the kernel's locals, which its lambdas capture one by one (as
     // before bwd_dkdv_block.cuh: using blk.* in the body changes the SASS).
     const BwdSeq& sq = blk.sq;
     const int head_k = blk.head_k, batch = blk.batch, seqlen_q = blk.seqlen_q, n0 = blk.n0;
-    const int rows_k = blk.rows_k, head_dim = blk.head_dim, group = blk.group, diag = blk.diag;
+    const int rows_k = blk.rows_k, head_dim = blk.head_dim, group = blk.group;
     const int m_first = blk.m_first, per_head = blk.per_head, n_iter = blk.n_iter;
     if (n_iter <= 0) {
         store_dkdv_zero<BlockN, HeadDim, kThreads, true, true, T>(params, blk, tid);
         return;
     }
+    const attn_variant::RowKeys<V> rk(fp, seqlen_q, blk.seqlen_k);
+    attn_variant::ScoreMod<V> smod(fp, head_k * group, batch, seqlen_q, blk.seqlen_k);
 
     // ---- K and V tiles (once per block), then the first query tiles ----
     load_kv_tiles<BlockN, HeadDim, kThreads>(fp, blk, sK, sV, tid);
@@ -233,9 +235,9 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
         const int rows_q = min(BlockM, seqlen_q - m_start);
         const unsigned offQ = kOffQ + slot * kTileQ;
         const unsigned offDO = kOffDO + slot * kTileQ;
+        if constexpr (V::kAlibi) smod.set_head(fp, head_k * group + it / per_head, batch);
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
-                               (IsCausal && m_start + diag < n0 + BlockN - 1);
-        const int causal_off = n0 - m_start - diag;   // query q sees key k iff q >= k + causal_off
+                               !rk.tile_full(m_start, BlockM, n0, BlockN);
 
         const float* lse_s = reinterpret_cast<const float*>(smem_raw + kOffLse) + slot * BlockM;
         const float* d_s = reinterpret_cast<const float*>(smem_raw + kOffD) + slot * BlockM;
@@ -290,15 +292,22 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int h = e >> 1;
-                    float p = exp2_fast(fmaf(acc_s[nt][e], scale_log2, -lse2[h]));
+                    const int r = sw_q + g + 8 * h;
+                    const int c = sw_k + nt * 8 + 2 * t + (e & 1);
+                    float sv = acc_s[nt][e];
+                    float dcap = 1.f;
+                    if constexpr (V::kSoftcap || V::kAlibi) sv = smod.apply(sv, m_start + r, n0 + c, dcap);
+                    float p = exp2_fast(fmaf(sv, scale_log2, -lse2[h]));
                     if (need_mask) {
-                        const int r = sw_q + g + 8 * h;
-                        const int c = sw_k + nt * 8 + 2 * t + (e & 1);
-                        const bool ok = r < rows_q && c < rows_k && (!IsCausal || r >= c + causal_off);
+                        // The variant's rule (variant.cuh RowKeys) on absolute positions.
+                        const bool ok = r < rows_q && c < rows_k &&
+                                        (!V::kMasked || (n0 + c < rk.hi(m_start + r) && n0 + c >= rk.lo(m_start + r)));
                         p = ok ? p : 0.f;
                     }
                     acc_s[nt][e] = p;
-                    acc_p[nt][e] = p * (acc_p[nt][e] - dd[h]);
+                    float ds = p * (acc_p[nt][e] - dd[h]);
+                    if constexpr (V::kSoftcap) ds *= dcap;   // d(c·tanh(x/c)): dS · (1 − tanh²)
+                    acc_p[nt][e] = ds;
                 }
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {

@@ -35,7 +35,8 @@
 //   Stages   >= 1: ring of Stages shared-memory slots, each one K tile and one V tile. With
 //            Stages >= 2, tile j+Stages-1 is fetched at the top of tile j (one barrier per
 //            tile); with 1 stage, tile j is fetched after every warp is done with tile j−1.
-//   IsCausal bottom-right causal mask.
+//   V        the variant (attention/variant.cuh): mask, softcap, ALiBi (sinks need nothing
+//            here: the forward's LSE includes them, and their gradient is formed on the host).
 //   T        __half or __nv_bfloat16 (q, k, v, dout, dq); lse, softmax_d fp32.
 // Shared memory: Q and dO tiles (swizzled; the Q tile is reused to stage dQ for 16-byte
 // stores), then the K/V ring, all XOR-swizzled 16-byte chunks (common/swizzle.cuh):
@@ -47,9 +48,11 @@
 // forward) feeding the S and dP mma; dS is formed in the S registers and repacked straight
 // into the A operand of dS·K, whose B operand is K read again with ldmatrix.trans (the
 // forward's V pattern).
-// Work per block: ceil(n_end / BlockN) key tiles, n_end = seqlen_k, or for causal
-// min(seqlen_k, m_start + rows + seqlen_k − seqlen_q); only tiles crossing the diagonal or the
-// key tail are masked.
+// Work per block: the key tiles holding keys [n_begin, n_end) that some row of the tile sees
+// (variant.cuh RowKeys, as in the forward); only tiles crossing the window's edges or the key
+// tail are masked. Softcap: dS is multiplied by 1 − tanh² of the capped score (the derivative
+// of c·tanh(x/c), the scale applied with the rest of dQ). Batch entries from blockIdx.z +
+// params.fwd.batch_offset.
 //
 // PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans),
 // cp.async.cg (16 B, src-size zero fill), cp.async.commit_group/wait_group, ex2.approx.
@@ -69,8 +72,7 @@ __host__ __device__ constexpr int attn_bwd_dq_sm80_smem_bytes() {
     return (2 * BlockM * HeadDim + 2 * Stages * BlockN * HeadDim) * 2;
 }
 
-template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
-          typename T>
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V, typename T>
 __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdParams params) {
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
@@ -105,11 +107,11 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
     const int g = lane / 4;
     const int t = lane % 4;
 
-    const int m_block = IsCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
-                                 : static_cast<int>(blockIdx.x);
+    const int m_block = V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                                   : static_cast<int>(blockIdx.x);
     const int head = blockIdx.y;
-    const int batch = blockIdx.z;
     const AttnFwdParams& fp = params.fwd;
+    const int batch = blockIdx.z + fp.batch_offset;
     const attn_detail::SeqCoords sc = attn_detail::seq_coords(fp, head, batch);
     const int seqlen_q = sc.seqlen_q;
     const int seqlen_k = sc.seqlen_k;
@@ -119,13 +121,13 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
 
     const int head_dim = fp.head_dim;
     const int rows_q = min(seqlen_q - m_start, BlockM);
-    const int diag = seqlen_k - seqlen_q;   // row i sees keys j <= i + diag (causal)
+    // The variant's key range per row (attention/variant.cuh); keys this tile can see:
+    // [n_begin, n_end).
+    const attn_variant::RowKeys<V> rk(fp, seqlen_q, seqlen_k);
+    const int n_end = rk.end(m_start + rows_q);
+    const int n_begin = rk.begin(m_start);
 
-    // Keys this tile can see: [0, n_end).
-    int n_end = seqlen_k;
-    if (IsCausal) n_end = min(n_end, m_start + rows_q + diag);
-
-    if (n_end <= 0) {
+    if (n_end <= n_begin) {
         // No row of this tile sees a key: dQ = 0.
         T* gdq = static_cast<T*>(params.dq) + bo.dq_off
                + static_cast<long long>(m_start) * params.dq_row_stride;
@@ -140,7 +142,9 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
         }
         return;
     }
+    // Key tiles j_first .. n_blocks - 1 (absolute indices; slot j % Stages).
     const int n_blocks = (n_end + BlockN - 1) / BlockN;
+    const int j_first = V::kLocal ? n_begin / BlockN : 0;
 
     const T* gK = static_cast<const T*>(fp.k) + sc.k_off;
     const T* gV = static_cast<const T*>(fp.v) + sc.v_off;
@@ -155,20 +159,21 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
             head_dim, tid);
     };
 
-    // Prologue. Commit group s holds K/V tile s (group 0 also Q and dO); from tile 1 on, the
-    // iteration of tile j commits tile j − 1 + Stages, so tile i is always group i.
+    // Prologue. Commit group s holds K/V tile j_first + s (group 0 also Q and dO); from the
+    // second tile on, the iteration of tile j commits tile j − 1 + Stages.
     attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(
         sQ, static_cast<const T*>(fp.q) + sc.q_off, m_start, rows_q, fp.q_row_stride, head_dim, tid);
     attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(
         sDO, static_cast<const T*>(params.dout) + bo.do_off, m_start, rows_q, params.do_row_stride,
         head_dim, tid);
-    load_kv(0);
+    load_kv(j_first);
     cp_async_commit();
 #pragma unroll
     for (int s = 1; s < Stages; ++s) {
-        if (s < n_blocks) load_kv(s);
+        if (j_first + s < n_blocks) load_kv(j_first + s);
         cp_async_commit();
     }
+    const attn_variant::ScoreMod<V> smod(fp, head, batch, seqlen_q, seqlen_k);
 
     const int warp_row0 = warp * kWarpM;   // first tile row of this warp
     // LSE (scaled to base 2) and D of this thread's 2·MT rows; rows past the sequence get
@@ -214,16 +219,16 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
     constexpr unsigned kDoOffset = BlockM * kRowBytes;            // sDO - sQ in bytes
     constexpr unsigned kVOffset = Stages * BlockN * kRowBytes;    // sV - sK in bytes
 
-    for (int j = 0; j < n_blocks; ++j) {
+    for (int j = j_first; j < n_blocks; ++j) {
         if constexpr (Stages >= 2) {
             cp_async_wait<Stages - 2>();
             __syncthreads();   // tile j visible; every warp is done with tile j-1
-            if (j >= 1) {
+            if (j > j_first) {
                 if (j - 1 + Stages < n_blocks) load_kv(j - 1 + Stages);
                 cp_async_commit();
             }
         } else {
-            if (j >= 1) {
+            if (j > j_first) {
                 __syncthreads();   // every warp is done with tile j-1 (the only slot)
                 load_kv(j);
                 cp_async_commit();
@@ -268,9 +273,11 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
         }
 
         // ---- P (recomputed, masked) and dS = P ∘ (dP − D), into acc_s ----
+        // Softcap and ALiBi modify the score first (variant.cuh); with softcap dS also takes
+        // the factor 1 − tanh² of the cap (the scale is applied in the epilogue).
         const int n_start = j * BlockN;
         const bool need_mask = (n_start + BlockN > seqlen_k) ||
-                               (IsCausal && n_start + BlockN - 1 > m_start + diag);
+                               !rk.tile_full(m_start, BlockM, n_start, BlockN);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -278,15 +285,21 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
                 const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
                 const float l2 = lse2[mt][h];
                 const float dv = dval[mt][h];
-                const int limit = IsCausal ? min(seqlen_k, row + diag + 1) : seqlen_k;
-                const int lim = need_mask ? limit - n_start - 2 * t : BlockN;   // keep key nt*8+e iff < lim
+                const int c0 = n_start + 2 * t;
+                const int lim = need_mask ? rk.hi(row) - c0 : BlockN;   // keep key nt*8+e iff in [lo, lim)
+                const int lo = rk.lo(row) - c0;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        float p = exp2_fast(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -l2));
-                        if (nt * 8 + e >= lim) p = 0.f;
-                        acc_s[mt][nt][2 * h + e] = p * (acc_dp[mt][nt][2 * h + e] - dv);
+                        float sc_ = acc_s[mt][nt][2 * h + e];
+                        float dcap = 1.f;
+                        if constexpr (V::kSoftcap || V::kAlibi) sc_ = smod.apply(sc_, row, c0 + nt * 8 + e, dcap);
+                        float p = exp2_fast(fmaf(sc_, scale_log2, -l2));
+                        if (nt * 8 + e >= lim || (V::kLocal && need_mask && nt * 8 + e < lo)) p = 0.f;
+                        float ds = p * (acc_dp[mt][nt][2 * h + e] - dv);
+                        if constexpr (V::kSoftcap) ds *= dcap;
+                        acc_s[mt][nt][2 * h + e] = ds;
                     }
             }
 

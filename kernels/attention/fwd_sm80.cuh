@@ -1,6 +1,6 @@
 // ferroattn — attention forward, sm80 family (mma.sync + ldmatrix + cp.async).
 //
-// What: O = softmax(scale * Q K^T [+ causal mask]) V and LSE = logsumexp(scale * Q K^T) per
+// What: O = softmax(scale * Q K^T [+ variant]) V and LSE = logsumexp(scale * Q K^T) per
 // query row (natural log, fp32), FlashAttention-2 semantics: online softmax (FA2 Alg. 1) in
 // base 2 with log2(e) folded into params.softmax_scale_log2, fp32 accumulation, O normalised
 // once at the end. Causal masks are bottom-right aligned: row i sees key j iff
@@ -30,7 +30,9 @@
 //   Stages   >= 1: K tiles and V tiles each have a ring of Stages shared-memory slots. V
 //            tile j+Stages is fetched as soon as P V_j is done; K tile j+Stages as soon as
 //            Q K_j^T is done (or, when the tile is split into sub-blocks, after the tile).
-//   IsCausal bottom-right causal mask.
+//   V        the variant (attention/variant.cuh: AttnVariant<Mask, Softcap, Alibi, Sinks>):
+//            mask (none, bottom-right causal, local window), softcap, ALiBi, sinks; its
+//            run-time part comes in params.
 //   T        __half or __nv_bfloat16 (q, k, v, o); lse is fp32.
 // Shared memory: Q tile (swizzled, reused to stage O for 16-byte stores), K ring, V ring, all
 // XOR-swizzled 16-byte chunks (common/swizzle.cuh): ldmatrix and cp.async are conflict-free.
@@ -42,8 +44,13 @@
 // 32-byte static shared table (128 B with alignment; only kLean kernels have it, on top of the
 // dynamic formula) and are re-read per tile. The production configurations compile without
 // spills for sm_80 and sm_90a (bench/NOTES.md).
-// Work per block: ceil(n_end / BlockN) K/V tiles, n_end = seqlen_k, or for causal
-// min(seqlen_k, m_start + BlockM + seqlen_k - seqlen_q); the diagonal/tail tiles are masked.
+// Work per block: the K/V tiles holding the keys [n_begin, n_end) that some row of the tile
+// sees (variant.cuh RowKeys: [0, seqlen_k) without a mask, causal cuts n_end to
+// m_start + BlockM + seqlen_k - seqlen_q, a local window also raises n_begin); tiles no row sees
+// fully are skipped, tiles on the window's edges and the key tail are masked. Softcap and ALiBi
+// modify each score before the mask; sinks start each row's online softmax (variant.cuh).
+// Batch entries from blockIdx.z + params.batch_offset (the host splits batches above the grid's
+// z limit into several launches).
 //
 // PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans),
 // cp.async.cg (16 B, src-size zero fill), cp.async.commit_group/wait_group, ex2.approx.
@@ -53,6 +60,7 @@
 #include "common/ptx.cuh"
 #include "common/swizzle.cuh"
 #include "attention/params.cuh"
+#include "attention/variant.cuh"
 
 namespace ferroattn {
 
@@ -205,8 +213,7 @@ __device__ __forceinline__ SeqCoords seq_coords(const AttnFwdParams& p, int head
 
 }  // namespace attn_detail
 
-template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, bool IsCausal,
-          typename T>
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V, typename T>
 __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdParams params) {
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
@@ -256,10 +263,10 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     const int g = lane / 4;
     const int t = lane % 4;
 
-    const int m_block = IsCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
-                                 : static_cast<int>(blockIdx.x);
+    const int m_block = V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                                   : static_cast<int>(blockIdx.x);
     const int head = blockIdx.y;
-    const int batch = blockIdx.z;
+    const int batch = blockIdx.z + params.batch_offset;
     const attn_detail::SeqCoords sc = attn_detail::seq_coords(params, head, batch);
     const int seqlen_q = sc.seqlen_q;
     const int seqlen_k = sc.seqlen_k;
@@ -268,14 +275,14 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
 
     const int head_dim = params.head_dim;
     const int rows_q = min(seqlen_q - m_start, BlockM);
-    const int diag = seqlen_k - seqlen_q;   // row i sees keys j <= i + diag (causal)
+    // The variant's key range per row (attention/variant.cuh); keys this tile can see:
+    // [n_begin, n_end) (rows past seqlen_q only widen it).
+    const attn_variant::RowKeys<V> rk(params, seqlen_q, seqlen_k);
+    const int n_end = rk.end(m_start + BlockM);
+    const int n_begin = rk.begin(m_start);
 
-    // Keys this tile can see: [0, n_end).
-    int n_end = seqlen_k;
-    if (IsCausal) n_end = min(n_end, m_start + BlockM + diag);
-
-    if (n_end <= 0) {
-        // No row of this tile sees a key: O = 0, LSE = +inf.
+    if (n_end <= n_begin) {
+        // No row of this tile sees a key: O = 0, LSE = +inf (with sinks: the sink's logit).
         T* gO = static_cast<T*>(params.o) + sc.o_off
               + static_cast<long long>(m_start) * params.o_row_stride;
         float* gLse = params.lse + sc.lse_off + m_start;
@@ -288,10 +295,14 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                                           + c * 8) = make_uint4(0u, 0u, 0u, 0u);
             }
         }
-        for (int r = tid; r < rows_q; r += kThreads) gLse[r] = FERROATTN_INF;
+        float empty_lse = FERROATTN_INF;
+        if constexpr (V::kSinks) empty_lse = params.sinks[head];
+        for (int r = tid; r < rows_q; r += kThreads) gLse[r] = empty_lse;
         return;
     }
+    // K/V tiles j_first .. n_blocks - 1 (absolute tile indices; slot j % Stages).
     const int n_blocks = (n_end + BlockN - 1) / BlockN;
+    const int j_first = V::kLocal ? n_begin / BlockN : 0;
 
     // K/V tile loads. kLean (accumulators near the register limit): no 64-bit slice pointer
     // stays live through the main loop; thread 0 stores the K and V slice pointers (and the
@@ -343,15 +354,15 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     attn_detail::load_tile_async<BlockM, HeadDim, kThreads>(
         sQ, static_cast<const T*>(params.q) + sc.q_off, m_start, rows_q, params.q_row_stride,
         head_dim, tid);
-    load_k(0);
+    load_k(j_first);
     cp_async_commit();
-    load_v(0);
+    load_v(j_first);
     cp_async_commit();
 #pragma unroll
     for (int s = 1; s < Stages; ++s) {
-        if (s < n_blocks) load_k(s);
+        if (j_first + s < n_blocks) load_k(j_first + s);
         cp_async_commit();
-        if (s < n_blocks) load_v(s);
+        if (j_first + s < n_blocks) load_v(j_first + s);
         cp_async_commit();
     }
 
@@ -367,7 +378,15 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
         }
         row_max[mt][0] = row_max[mt][1] = -FERROATTN_INF;
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
+        if constexpr (V::kSinks) {
+            // The sink joins the softmax as a column of raw score sink_raw and no value: the
+            // running max starts there with a running sum of exp(0) = 1 (on one lane per row).
+            const float sink = attn_variant::sink_raw(params, head);
+            row_max[mt][0] = row_max[mt][1] = sink;
+            row_sum[mt][0] = row_sum[mt][1] = (lane % 4 == 0) ? 1.f : 0.f;
+        }
     }
+    const attn_variant::ScoreMod<V> smod(params, head, batch, seqlen_q, seqlen_k);
     const float scale_log2 = params.softmax_scale_log2;
     const int warp_row0 = warp * kWarpM;   // first tile row of this warp
     constexpr unsigned kRowBytes = HeadDim * 2;
@@ -393,7 +412,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                             (lane / 8) % 2)
         : LdsmCols<kChunks>(smem_u32(sK) + (lane % 16) * kRowBytes, lane, lane / 16);
 
-    for (int j = 0; j < n_blocks; ++j) {
+    for (int j = j_first; j < n_blocks; ++j) {
         const int slot = j % Stages;
         cp_async_wait<2 * Stages - 2>();
         __syncthreads();   // K_j visible; every warp is done with P V_{j-1}
@@ -476,23 +495,40 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                 }
             }
 
-            // ---- mask (key tail, causal) ----
             const int n_start = j * BlockN + sub * kSubN;
+            // ---- score modification (softcap, ALiBi) ----
+            if constexpr (V::kSoftcap || V::kAlibi) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e)
+                                acc_s[mt][nt][2 * h + e] = smod.apply(acc_s[mt][nt][2 * h + e], row,
+                                                                      n_start + nt * 8 + 2 * t + e);
+                    }
+            }
+            // ---- mask (key tail, the variant's window) ----
             const bool need_mask = (n_start + kSubN > seqlen_k) ||
-                                   (IsCausal && n_start + kSubN - 1 > m_start + diag);
+                                   !rk.tile_full(m_start, BlockM, n_start, kSubN);
             if (need_mask) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
-                        const int limit = IsCausal ? min(seqlen_k, row + diag + 1) : seqlen_k;
-                        const int lim = limit - n_start - 2 * t;   // keep key nt*8+e iff < lim
+                        const int c0 = n_start + 2 * t;
+                        const int lim = rk.hi(row) - c0;   // keep key nt*8+e iff in [lo, lim)
+                        const int lo = rk.lo(row) - c0;
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                             for (int e = 0; e < 2; ++e) {
-                                if (nt * 8 + e >= lim) acc_s[mt][nt][2 * h + e] = -FERROATTN_INF;
+                                const int c = nt * 8 + e;
+                                if (c >= lim || (V::kLocal && c < lo)) acc_s[mt][nt][2 * h + e] = -FERROATTN_INF;
                             }
                     }
             }
@@ -584,7 +620,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
         gO = static_cast<T*>(params.o) + sc.o_off + static_cast<long long>(m_start) * params.o_row_stride;
         gLse = params.lse + sc.lse_off + m_start;
     }
-    const float scale = params.softmax_scale;
+    const float scale = params.raw_scale;   // LSE = max_raw * raw_scale + log(sum)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

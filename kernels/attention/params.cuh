@@ -10,6 +10,9 @@
 //            sequence i occupies rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) of q.
 // Strides are in elements; the last dim of every tensor has stride 1.
 // All strides and offsets are 64-bit: an index may pass 2^31.
+// softmax_scale_log2 is raw_scale * log2(e): the factor of the raw scores inside exp2 (the
+// softcap variant moves the scale inside tanh, attention/variant.cuh); softmax_scale stays the
+// caller's scale (the backward's dQ and dK factor).
 #pragma once
 
 struct AttnFwdParams {
@@ -37,4 +40,16 @@ struct AttnFwdParams {
     float softmax_scale_log2;   // softmax_scale * log2(e), for exp2
     int total_q;         // varlen: rows of q/o (cu_seqlens_q values are clamped to [0, total_q])
     int total_k;         // varlen: rows of k/v (cu_seqlens_k values are clamped to [0, total_k])
+
+    // The run-time part of the variant (attention/variant.cuh); unused fields are 0 / nullptr.
+    const float* __restrict__ alibi_slopes;   // ALiBi: (b, h) or (h,) fp32, row stride alibi_batch_stride
+    const float* __restrict__ sinks;          // sinks: (h,) fp32 logits
+    int window_left;     // local: row i sees keys >= i + diag - window_left (unbounded: >= every length)
+    int window_right;    // local: row i sees keys <= i + diag + window_right (unbounded: likewise)
+    float softcap;       // softcap c > 0
+    float softcap_in;    // softmax_scale / c
+    float raw_scale;     // softmax_scale, or 1 with softcap: LSE = max_raw * raw_scale + log(sum)
+    float raw_scale_inv; // 1 / raw_scale: ALiBi slopes and sinks into raw score units
+    int alibi_batch_stride;   // h for (b, h) slopes, 0 for (h,)
+    int batch_offset;    // batch entry of blockIdx.z == 0 (launches of > 65535 batch entries are split)
 };

@@ -23,6 +23,9 @@ use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig};
 use std::ffi::c_void;
 
+pub mod variant;
+pub use variant::{AttnVariant, MaskKind, VariantKind};
+
 /// Mirror of `struct AttnFwdParams` in kernels/attention/params.cuh (change both together).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +63,28 @@ pub struct AttnFwdParams {
     pub softmax_scale_log2: f32,
     pub total_q: i32,
     pub total_k: i32,
+
+    pub alibi_slopes: *const f32,
+    pub sinks: *const f32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
+    pub softcap_in: f32,
+    pub raw_scale: f32,
+    pub raw_scale_inv: f32,
+    pub alibi_batch_stride: i32,
+    pub batch_offset: i32,
+}
+
+/// Batch entries of one launch: the grid's z limit. Larger batches launch in slices
+/// (`AttnFwdParams::batch_offset`), so no user ever sees the limit.
+pub(crate) const MAX_BATCH_PER_LAUNCH: i64 = 65535;
+
+/// The batch slices of `batch` entries, as (offset, count) with count <= MAX_BATCH_PER_LAUNCH.
+pub(crate) fn batch_slices(batch: i64) -> impl Iterator<Item = (i32, u32)> {
+    (0..batch)
+        .step_by(MAX_BATCH_PER_LAUNCH as usize)
+        .map(move |b0| (b0 as i32, (batch - b0).min(MAX_BATCH_PER_LAUNCH) as u32))
 }
 
 impl_kernel_spec!(
@@ -333,9 +358,7 @@ pub fn validate(
         }
         (b, s_q, s_k, s_q)
     };
-    if batch > 65535 {
-        return Err(Error::argument("q", "a batch size of at most 65535", batch));
-    }
+    check_i32("q", "a batch size", batch)?;
     let (name_q, name_k) = if varlen { ("max_seqlen_q", "max_seqlen_k") } else { ("q", "k") };
     check_i32(name_q, "a sequence length", seqlen_q)?;
     check_i32(name_k, "a sequence length", seqlen_k)?;
@@ -402,6 +425,7 @@ pub fn params(
     cu_seqlens_q: Option<&TensorView>,
     cu_seqlens_k: Option<&TensorView>,
     softmax_scale: f32,
+    variant: &AttnVariant<&TensorView>,
 ) -> AttnFwdParams {
     let bsh = |t: &TensorView| batch_row_head_strides(p.varlen, &t.meta);
     let (qb, qr, qh) = bsh(q);
@@ -410,7 +434,7 @@ pub fn params(
     let (ob, or, oh) = bsh(out);
     let ls = &lse.meta.strides;
     let (lse_batch_stride, lse_head_stride) = if p.varlen { (0, ls[0]) } else { (ls[0], ls[1]) };
-    AttnFwdParams {
+    let mut prm = AttnFwdParams {
         q: q.ptr as *const c_void,
         k: k.ptr as *const c_void,
         v: v.ptr as *const c_void,
@@ -443,16 +467,29 @@ pub fn params(
         // varlen only (validated to fit in i32: cu_seqlens are int32)
         total_q: if p.varlen { q.meta.shape[0] as i32 } else { 0 },
         total_k: if p.varlen { k.meta.shape[0] as i32 } else { 0 },
-    }
+        alibi_slopes: std::ptr::null(),
+        sinks: std::ptr::null(),
+        window_left: 0,
+        window_right: 0,
+        softcap: 0.0,
+        softcap_in: 0.0,
+        raw_scale: softmax_scale,
+        raw_scale_inv: 1.0,
+        alibi_batch_stride: 0,
+        batch_offset: 0,
+    };
+    variant.fill_params(&mut prm);
+    prm
 }
 
-/// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config.
+/// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config
+/// (the launch slices the batch: `batch_slices`).
 pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
     LaunchShape {
         grid: (
             (p.seqlen_q as u64).div_ceil(config.block_m as u64) as u32,
             p.heads as u32,
-            p.batch as u32,
+            p.batch.min(MAX_BATCH_PER_LAUNCH) as u32,
         ),
         block: (config.threads(), 1, 1),
         dynamic_smem_bytes: config.smem_bytes(),
@@ -476,7 +513,7 @@ pub fn attn_fwd(
     max_seqlen_q: i64,
     max_seqlen_k: i64,
     softmax_scale: f32,
-    causal: bool,
+    variant: &AttnVariant<&TensorView>,
     stream: u64,
 ) -> Result<()> {
     let p = validate(
@@ -490,6 +527,7 @@ pub fn attn_fwd(
         max_seqlen_q,
         max_seqlen_k,
     )?;
+    let kind = variant.metas().validate(&p, &q.meta)?;
     if !softmax_scale.is_finite() {
         return Err(Error::argument("softmax_scale", "a finite number", softmax_scale));
     }
@@ -498,6 +536,11 @@ pub fn attn_fwd(
     }
     for (arg, t) in [("q", q), ("k", k), ("v", v), ("out", out), ("softmax_lse", lse)] {
         check_not_null(arg, t)?;
+    }
+    for (arg, t) in [("alibi_slopes", variant.alibi_slopes), ("sinks", variant.sinks)] {
+        if let Some(t) = t {
+            check_not_null(arg, t)?;
+        }
     }
     for (arg, t) in [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)] {
         if let Some(t) = t {
@@ -508,28 +551,24 @@ pub fn attn_fwd(
         check_tile_layout(arg, t)?;
     }
     let arch = crate::device::arch(p.device)?;
-    let config = fwd_config(p.head_dim as u32, causal, p.dtype, arch);
-    let shape = launch_shape(&p, &config);
+    let config = fwd_config(p.head_dim as u32, kind, p.dtype, arch);
+    let mut shape = launch_shape(&p, &config);
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;
-    let mut prm = params(
-        &p,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        softmax_scale,
-    );
-    let info = LaunchInfo {
-        op: "ferroattn::attn_fwd",
-        work: AttnSizes::new(&p, &q.meta, &k.meta).fwd(causal),
-    };
-    // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
-    // in stream order (torch's caching allocator does).
-    unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info) }
+    let mut prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, variant);
+    let sizes = AttnSizes::new(&p, &q.meta, &k.meta);
+    for (offset, count) in batch_slices(p.batch) {
+        prm.batch_offset = offset;
+        shape.grid.2 = count;
+        let info = LaunchInfo {
+            op: "ferroattn::attn_fwd",
+            work: sizes.slice(count as u64).fwd(variant.window()),
+        };
+        // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
+        // in stream order (torch's caching allocator does).
+        unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info)? }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@
 //! q, k, v, cu_seqlens and max_seqlen are checked by the forward's `validate` (same errors).
 
 use super::attention::{
-    batch_row_head_strides, check_dense, check_tile_layout, params as fwd_params,
-    validate as fwd_validate, AttnFwdParams, Problem,
+    batch_row_head_strides, batch_slices, check_dense, check_tile_layout, params as fwd_params,
+    validate as fwd_validate, AttnFwdParams, AttnVariant, Problem, MAX_BATCH_PER_LAUNCH,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -189,6 +189,8 @@ pub fn needs_launch(p: &Problem) -> bool {
 }
 
 /// The launches of `plan` for problem `p`, in order; kernels with an empty grid are left out.
+/// The grid's z covers at most MAX_BATCH_PER_LAUNCH batch entries (the launch slices larger
+/// batches).
 pub fn launch_shapes(p: &Problem, plan: &[AttnBwdConfig]) -> Vec<(AttnBwdConfig, LaunchShape)> {
     let dim = |x: u64| u32::try_from(x).unwrap_or(u32::MAX); // too large: LaunchShape::check fails
     plan.iter()
@@ -198,7 +200,7 @@ pub fn launch_shapes(p: &Problem, plan: &[AttnBwdConfig]) -> Vec<(AttnBwdConfig,
                 p.seqlen_k as u64,
                 p.heads as u64,
                 p.heads_k as u64,
-                p.batch as u64,
+                p.batch.min(MAX_BATCH_PER_LAUNCH) as u64,
             );
             (x > 0 && y > 0 && z > 0).then(|| {
                 (
@@ -251,6 +253,7 @@ pub fn params(
     t: &BwdTensors<'_>,
     dq_accum: Option<&TensorView>,
     softmax_scale: f32,
+    variant: &AttnVariant<&TensorView>,
 ) -> AttnBwdParams {
     let fwd = fwd_params(
         p,
@@ -262,6 +265,7 @@ pub fn params(
         t.cu_seqlens_q,
         t.cu_seqlens_k,
         softmax_scale,
+        variant,
     );
     let bsh = |t: &TensorView| batch_row_head_strides(p.varlen, &t.meta);
     let (dob, dor, doh) = bsh(t.dout);
@@ -351,7 +355,7 @@ pub fn attn_bwd(
     max_seqlen_q: i64,
     max_seqlen_k: i64,
     softmax_scale: f32,
-    causal: bool,
+    variant: &AttnVariant<&TensorView>,
     deterministic: bool,
     stream: u64,
 ) -> Result<()> {
@@ -376,6 +380,7 @@ pub fn attn_bwd(
         max_seqlen_k,
         Some(&grads),
     )?;
+    let kind = variant.metas().validate(&p, &t.q.meta)?;
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
         return Err(Error::argument(
             "softmax_scale",
@@ -387,8 +392,11 @@ pub fn attn_bwd(
         return Ok(());
     }
     check_views(t, deterministic)?;
+    if let Some(a) = variant.alibi_slopes {
+        check_not_null("alibi_slopes", a)?;
+    }
     let arch = crate::device::arch(p.device)?;
-    let plan = bwd_plan(p.head_dim as u32, causal, deterministic, p.dtype, arch);
+    let plan = bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch);
     let launches = launch_shapes(&p, &plan);
     // Everything that can fail before the first launch: grid limits, compile / module load.
     let mut kernels = Vec::with_capacity(launches.len());
@@ -396,16 +404,20 @@ pub fn attn_bwd(
         shape.check()?;
         kernels.push(KERNELS.get(config, p.device)?);
     }
-    let mut prm = params(&p, t, t.workspace(deterministic), softmax_scale);
+    let mut prm = params(&p, t, t.workspace(deterministic), softmax_scale, variant);
     let sizes = AttnSizes::new(&p, &t.q.meta, &t.k.meta);
     for ((config, shape), kernel) in launches.iter().zip(kernels) {
-        let info = LaunchInfo {
-            op: "ferroattn::attn_bwd",
-            work: sizes.bwd(config.kind, causal, deterministic),
-        };
-        // SAFETY: `prm` mirrors the kernels' AttnBwdParams; the caller keeps the tensors alive
-        // in stream order (torch's caching allocator does).
-        unsafe { launch(kernel, p.device, shape, stream, &mut prm, &info)? };
+        for (offset, count) in batch_slices(p.batch) {
+            prm.fwd.batch_offset = offset;
+            let shape = LaunchShape { grid: (shape.grid.0, shape.grid.1, count), ..*shape };
+            let info = LaunchInfo {
+                op: "ferroattn::attn_bwd",
+                work: sizes.slice(count as u64).bwd(config.kind, variant.window(), deterministic),
+            };
+            // SAFETY: `prm` mirrors the kernels' AttnBwdParams; the caller keeps the tensors
+            // alive in stream order (torch's caching allocator does).
+            unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info)? };
+        }
     }
     Ok(())
 }

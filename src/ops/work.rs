@@ -22,21 +22,11 @@ use crate::ops::attention::Problem;
 use crate::tensor::TensorMeta;
 use crate::tuning::attention_bwd::BwdKind;
 
-/// (query, key) pairs of one (batch, head) that are not masked: s_q·s_k, or with the
-/// bottom-right causal mask (flash_attn >= 2.1) query row i (0-based) sees the keys
-/// j <= i + s_k − s_q, i.e. clamp(i + s_k − s_q + 1, 0, s_k) keys.
-pub fn visible_pairs(s_q: u64, s_k: u64, causal: bool) -> u128 {
-    let (s_q, s_k) = (s_q as u128, s_k as u128);
-    if !causal {
-        return s_q * s_k;
-    }
-    if s_q == 0 || s_k == 0 {
-        return 0;
-    }
-    // Row i sees t = i + s_k − s_q + 1 keys for t = s_k − s_q + 1 ..= s_k (never more than s_k:
-    // the last row sees all), rows with t <= 0 none: the sum of t over lo ..= s_k, lo >= 1.
-    let lo = if s_q > s_k { 1 } else { s_k - s_q + 1 };
-    (s_k * (s_k + 1) - (lo - 1) * lo) / 2
+pub use crate::ops::attention::variant::{visible_pairs, Window};
+
+/// The window of a plain (`false`) or causal (`true`) call.
+pub fn causal_window(causal: bool) -> Window {
+    (None, causal.then_some(0))
 }
 
 /// The sizes of one attention call that the counts need (from a validated problem).
@@ -89,16 +79,27 @@ impl AttnSizes {
         }
     }
 
-    /// Unmasked (query, key) pairs over every (batch, query head).
-    pub fn pairs(&self, causal: bool) -> f64 {
+    /// The sizes of `count` of the batch entries (one launch of a sliced batch: the rows
+    /// scale with the entries; varlen rows by the average sequence).
+    pub fn slice(&self, count: u64) -> AttnSizes {
+        if count >= self.batch {
+            return *self;
+        }
+        let part = |rows: u64| (rows as u128 * count as u128 / self.batch.max(1) as u128) as u64;
+        AttnSizes { batch: count, rows_q: part(self.rows_q), rows_k: part(self.rows_k), ..*self }
+    }
+
+    /// Unmasked (query, key) pairs over every (batch, query head) under `window`
+    /// (`variant::visible_pairs`).
+    pub fn pairs(&self, window: Window) -> f64 {
         (self.batch as u128
             * self.heads as u128
-            * visible_pairs(self.seqlen_q, self.seqlen_k, causal)) as f64
+            * visible_pairs(self.seqlen_q, self.seqlen_k, window)) as f64
     }
 
     /// FLOPs of `products` tensor-core products over the unmasked pairs: 2·products·pairs·d.
-    fn product_flops(&self, products: u64, causal: bool) -> f64 {
-        2.0 * products as f64 * self.pairs(causal) * self.head_dim as f64
+    fn product_flops(&self, products: u64, window: Window) -> f64 {
+        2.0 * products as f64 * self.pairs(window) * self.head_dim as f64
     }
 
     /// Bytes of a tensor shaped like q (q, out, dout, dq).
@@ -140,9 +141,9 @@ impl AttnSizes {
 
     /// The forward kernel: S = QKᵀ and O = PV (4·pairs·d FLOPs); reads q, k, v, writes out
     /// and softmax_lse.
-    pub fn fwd(&self, causal: bool) -> Work {
+    pub fn fwd(&self, window: Window) -> Work {
         let bytes = 2.0 * self.q_like() + 2.0 * self.kv_like() + self.row_stat();
-        self.work(self.product_flops(2, causal), bytes)
+        self.work(self.product_flops(2, window), bytes)
     }
 
     /// One backward kernel of `tuning::attention_bwd::bwd_plan` (`deterministic`: the plan
@@ -152,7 +153,7 @@ impl AttnSizes {
     ///   softmax_lse, softmax_d (with dK or dQ), writes dk, dv, dq_accum as enabled.
     /// - Dq: S, dP, dQ; reads q, k, v, dout, softmax_lse, softmax_d, writes dq.
     /// - ConvertDq: 0 FLOPs; reads dq_accum, writes dq.
-    pub fn bwd(&self, kind: BwdKind, causal: bool, deterministic: bool) -> Work {
+    pub fn bwd(&self, kind: BwdKind, window: Window, deterministic: bool) -> Work {
         let inputs = 2.0 * self.q_like() + 2.0 * self.kv_like() + self.row_stat(); // q, dout, k, v, lse
         match kind {
             BwdKind::Preprocess => {
@@ -167,10 +168,10 @@ impl AttnSizes {
                 bytes += if dk { self.kv_like() } else { 0.0 };
                 bytes += if dv { self.kv_like() } else { 0.0 };
                 bytes += if dq { self.accum() } else { 0.0 };
-                self.work(self.product_flops(products, causal), bytes)
+                self.work(self.product_flops(products, window), bytes)
             }
             BwdKind::Dq => self.work(
-                self.product_flops(3, causal),
+                self.product_flops(3, window),
                 inputs + self.row_stat() + self.q_like(),
             ),
             BwdKind::ConvertDq => self.work(0.0, self.accum() + self.q_like()),
@@ -233,6 +234,7 @@ mod tests {
     use crate::jit::Arch;
     use crate::ops::test_support::t;
     use crate::tuning::attention_bwd::bwd_plan;
+    use crate::ops::attention::VariantKind;
 
     fn brute_force(s_q: u64, s_k: u64) -> u128 {
         let mut n = 0;
@@ -251,11 +253,11 @@ mod tests {
         for s_q in 0..40 {
             for s_k in 0..40 {
                 assert_eq!(
-                    visible_pairs(s_q, s_k, true),
+                    visible_pairs(s_q, s_k, causal_window(true)),
                     brute_force(s_q, s_k),
                     "s_q {s_q} s_k {s_k}"
                 );
-                assert_eq!(visible_pairs(s_q, s_k, false), (s_q * s_k) as u128);
+                assert_eq!(visible_pairs(s_q, s_k, causal_window(false)), (s_q * s_k) as u128);
             }
         }
         for (s_q, s_k) in [
@@ -267,17 +269,17 @@ mod tests {
             (513, 2048),
         ] {
             assert_eq!(
-                visible_pairs(s_q, s_k, true),
+                visible_pairs(s_q, s_k, causal_window(true)),
                 brute_force(s_q, s_k),
                 "s_q {s_q} s_k {s_k}"
             );
         }
         // s_q = s_k = s: s(s+1)/2; a 2^31-long sequence does not overflow
-        assert_eq!(visible_pairs(4096, 4096, true), 4096 * 4097 / 2);
+        assert_eq!(visible_pairs(4096, 4096, causal_window(true)), 4096 * 4097 / 2);
         let s = 1u64 << 31;
-        assert_eq!(visible_pairs(s, s, true), (s as u128) * (s as u128 + 1) / 2);
+        assert_eq!(visible_pairs(s, s, causal_window(true)), (s as u128) * (s as u128 + 1) / 2);
         // a single query row (decode) sees every key
-        assert_eq!(visible_pairs(1, 777, true), 777);
+        assert_eq!(visible_pairs(1, 777, causal_window(true)), 777);
     }
 
     fn padded(b: i64, sq: i64, sk: i64, h: i64, hk: i64, d: i64) -> AttnSizes {
@@ -300,11 +302,11 @@ mod tests {
     #[test]
     fn forward_counts() {
         let s = padded(2, 1024, 1024, 8, 2, 128);
-        let w = s.fwd(true);
+        let w = s.fwd(causal_window(true));
         let pairs = 2.0 * 8.0 * (1024.0 * 1025.0 / 2.0);
         assert_eq!(w.flops, 4.0 * pairs * 128.0);
         assert_eq!(
-            s.fwd(false).flops,
+            s.fwd(causal_window(false)).flops,
             4.0 * 2.0 * 8.0 * 1024.0 * 1024.0 * 128.0
         );
         // q, out (8 heads) + k, v (2 heads, GQA) in bf16 + lse fp32
@@ -315,9 +317,9 @@ mod tests {
     }
 
     fn plan_flops(s: &AttnSizes, hd: u32, causal: bool, deterministic: bool) -> f64 {
-        bwd_plan(hd, causal, deterministic, DType::BF16, Arch::Sm90a)
+        bwd_plan(hd, VariantKind::from_causal(causal), deterministic, DType::BF16, Arch::Sm90a)
             .iter()
-            .map(|c| s.bwd(c.kind, causal, deterministic).flops)
+            .map(|c| s.bwd(c.kind, causal_window(causal), deterministic).flops)
             .sum()
     }
 
@@ -326,19 +328,19 @@ mod tests {
         for (sq, sk) in [(1024, 1024), (113, 1025), (1025, 97), (1, 1)] {
             for causal in [false, true] {
                 let s = padded(3, sq, sk, 4, 4, 64);
-                let fwd = s.fwd(causal).flops;
+                let fwd = s.fwd(causal_window(causal)).flops;
                 // default: S, dP, dV, dK, dQ in one kernel = 2.5x the forward's two products
                 assert_eq!(plan_flops(&s, 64, causal, false), 2.5 * fwd);
                 // deterministic: dkdv (S, dP, dV, dK) + dq kernel (S, dP, dQ) = 7 products
                 assert_eq!(plan_flops(&s, 64, causal, true), 3.5 * fwd);
                 let s = padded(3, sq, sk, 4, 2, 256);
-                let fwd = s.fwd(causal).flops;
+                let fwd = s.fwd(causal_window(causal)).flops;
                 // d256 on sm_90a: the single-pass wide kernel, as d <= 128
                 assert_eq!(plan_flops(&s, 256, causal, false), 2.5 * fwd);
                 assert_eq!(plan_flops(&s, 256, causal, true), 3.5 * fwd);
                 // d > 128 split (d160..224): (S, dV) + (S, dP, dK, dQ) = 6 products
                 let s = padded(3, sq, sk, 4, 2, 192);
-                let fwd = s.fwd(causal).flops;
+                let fwd = s.fwd(causal_window(causal)).flops;
                 assert_eq!(plan_flops(&s, 192, causal, false), 3.0 * fwd);
                 // deterministic split: (S, dV) + (S, dP, dK) + (S, dP, dQ) = 8 products
                 assert_eq!(plan_flops(&s, 192, causal, true), 4.0 * fwd);
@@ -349,20 +351,20 @@ mod tests {
     #[test]
     fn backward_kernel_counts() {
         let s = padded(2, 100, 300, 6, 3, 64);
-        let (pairs, d) = (s.pairs(true), 64.0);
+        let (pairs, d) = (s.pairs(causal_window(true)), 64.0);
         let q = 2.0 * 100.0 * 6.0 * 64.0 * 2.0;
         let kv = 2.0 * 300.0 * 3.0 * 64.0 * 2.0;
         let stat = 2.0 * 100.0 * 6.0 * 4.0;
         let acc = 2.0 * 100.0 * 6.0 * 64.0 * 4.0;
-        let dkdv = |dk, dv, dq| s.bwd(BwdKind::DkDv { dk, dv, dq }, true, false);
+        let dkdv = |dk, dv, dq| s.bwd(BwdKind::DkDv { dk, dv, dq }, causal_window(true), false);
         assert_eq!(dkdv(true, true, true).flops, 10.0 * pairs * d);
         assert_eq!(dkdv(false, true, false).flops, 4.0 * pairs * d);
         assert_eq!(dkdv(true, false, true).flops, 8.0 * pairs * d);
         assert_eq!(dkdv(true, true, false).flops, 8.0 * pairs * d);
         assert_eq!(dkdv(true, false, false).flops, 6.0 * pairs * d);
-        assert_eq!(s.bwd(BwdKind::Dq, true, true).flops, 6.0 * pairs * d);
-        assert_eq!(s.bwd(BwdKind::Preprocess, true, false).flops, 0.0);
-        assert_eq!(s.bwd(BwdKind::ConvertDq, true, false).flops, 0.0);
+        assert_eq!(s.bwd(BwdKind::Dq, causal_window(true), true).flops, 6.0 * pairs * d);
+        assert_eq!(s.bwd(BwdKind::Preprocess, causal_window(true), false).flops, 0.0);
+        assert_eq!(s.bwd(BwdKind::ConvertDq, causal_window(true), false).flops, 0.0);
         // bytes: inputs q, dout, k, v, lse (+ D with dS); outputs as enabled
         assert_eq!(
             dkdv(true, true, true).bytes,
@@ -373,15 +375,15 @@ mod tests {
             2.0 * q + 2.0 * kv + stat + kv
         );
         assert_eq!(
-            s.bwd(BwdKind::Dq, true, true).bytes,
+            s.bwd(BwdKind::Dq, causal_window(true), true).bytes,
             3.0 * q + 2.0 * kv + 2.0 * stat
         );
         assert_eq!(
-            s.bwd(BwdKind::Preprocess, true, false).bytes,
+            s.bwd(BwdKind::Preprocess, causal_window(true), false).bytes,
             2.0 * q + stat + acc
         );
-        assert_eq!(s.bwd(BwdKind::Preprocess, true, true).bytes, 2.0 * q + stat);
-        assert_eq!(s.bwd(BwdKind::ConvertDq, true, false).bytes, acc + q);
+        assert_eq!(s.bwd(BwdKind::Preprocess, causal_window(true), true).bytes, 2.0 * q + stat);
+        assert_eq!(s.bwd(BwdKind::ConvertDq, causal_window(true), false).bytes, acc + q);
     }
 
     #[test]
@@ -405,11 +407,11 @@ mod tests {
             (s.rows_q, s.rows_k, s.seqlen_q, s.seqlen_k),
             (301, 600, 100, 200)
         );
-        let w = s.fwd(true);
+        let w = s.fwd(causal_window(true));
         assert!(!w.exact);
         assert_eq!(
             w.flops,
-            4.0 * 3.0 * 4.0 * visible_pairs(100, 200, true) as f64 * 64.0
+            4.0 * 3.0 * 4.0 * visible_pairs(100, 200, causal_window(true)) as f64 * 64.0
         );
         let bytes =
             2.0 * 301.0 * 4.0 * 64.0 * 2.0 + 2.0 * 600.0 * 2.0 * 64.0 * 2.0 + 301.0 * 4.0 * 4.0;
@@ -418,6 +420,6 @@ mod tests {
             bytes + 2.0 * 4.0 * 4.0,
             "plus both cu_seqlens (batch + 1 int32 each)"
         );
-        assert!(!s.bwd(BwdKind::ConvertDq, true, false).exact);
+        assert!(!s.bwd(BwdKind::ConvertDq, causal_window(true), false).exact);
     }
 }

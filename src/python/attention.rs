@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::ops::attention as op;
 use crate::tensor::TensorMeta;
 use pyo3::prelude::*;
+use super::variant::{check as check_variant, views, VariantArg};
 
 /// `TensorMeta` as the .pyi defines it.
 pub(super) type MetaTuple = (Vec<i64>, Vec<i64>, String, (i32, i32));
@@ -40,10 +41,12 @@ fn attn_fwd_check(
     cu_seqlens_k: Option<MetaTuple>,
     max_seqlen_q: i64,
     max_seqlen_k: i64,
+    variant: VariantArg<'_>,
 ) -> Result<()> {
     let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
-    op::validate(
+    let variant = variant.metas()?;
+    let p = op::validate(
         &q,
         &k,
         &v,
@@ -54,6 +57,7 @@ fn attn_fwd_check(
         max_seqlen_q,
         max_seqlen_k,
     )?;
+    check_variant(&variant, &p, &q)?;
     Ok(())
 }
 
@@ -109,11 +113,13 @@ fn attn_fwd(
     max_seqlen_q: i64,
     max_seqlen_k: i64,
     softmax_scale: f64,
-    causal: bool,
+    variant: VariantArg<'_>,
     stream: &Bound<'_, PyAny>,
 ) -> Result<()> {
     let stream = stream_handle(stream)?;
     let (q, k, v) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
+    let variant = variant.import()?;
+    let variant = views(&variant);
     let (o, lse) = (import_writable(out, "out")?, import_writable(softmax_lse, "softmax_lse")?);
     let (cq, ck) = import_cu(cu_seqlens_q, cu_seqlens_k)?;
     let (qv, kv, vv, ov, lv) = (&q.view, &k.view, &v.view, &o.view, &lse.view);
@@ -131,7 +137,7 @@ fn attn_fwd(
             max_seqlen_q,
             max_seqlen_k,
             softmax_scale as f32,
-            causal,
+            &variant,
             stream,
         )
     })

@@ -4,6 +4,7 @@ use super::attention::{cu_metas, import_cu, import_opt, meta, meta_of, stream_ha
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::attention_bwd as op;
+use super::variant::{check as check_variant, views, VariantArg};
 use pyo3::prelude::*;
 
 /// Validate attention-backward arguments from metadata alone (same checks and errors as attn_bwd).
@@ -20,7 +21,9 @@ fn attn_bwd_check(
     cu_seqlens_k: Option<MetaTuple>,
     max_seqlen_q: i64,
     max_seqlen_k: i64,
+    variant: VariantArg<'_>,
 ) -> Result<()> {
+    let variant = variant.metas()?;
     let (dout, q, k, v, out) = (
         meta("dout", dout)?,
         meta("q", q)?,
@@ -30,7 +33,7 @@ fn attn_bwd_check(
     );
     let lse = meta_of("softmax_lse", softmax_lse, "float32")?;
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
-    op::validate(
+    let p = op::validate(
         &dout,
         &q,
         &k,
@@ -43,6 +46,7 @@ fn attn_bwd_check(
         max_seqlen_k,
         None,
     )?;
+    check_variant(&variant, &p, &q)?;
     Ok(())
 }
 
@@ -68,11 +72,13 @@ fn attn_bwd(
     max_seqlen_q: i64,
     max_seqlen_k: i64,
     softmax_scale: f64,
-    causal: bool,
+    variant: VariantArg<'_>,
     deterministic: bool,
     stream: &Bound<'_, PyAny>,
 ) -> Result<()> {
     let stream = stream_handle(stream)?;
+    let variant = variant.import()?;
+    let variant = views(&variant);
     let (dout, q, k, v) = (
         import(dout, "dout")?,
         import(q, "q")?,
@@ -110,7 +116,7 @@ fn attn_bwd(
             max_seqlen_q,
             max_seqlen_k,
             softmax_scale as f32,
-            causal,
+            &variant,
             deterministic,
             stream,
         )

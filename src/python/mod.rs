@@ -10,6 +10,7 @@ mod gemm;
 mod jit;
 mod profiler;
 mod sparse24;
+mod variant;
 
 use pyo3::prelude::*;
 

@@ -5,9 +5,10 @@
 
 use crate::dtype::DType;
 use crate::jit::Arch;
+use crate::ops::attention::variant::{MaskKind, VariantKind};
 
 /// One specialisation of the sm80-family attention forward kernel
-/// (`ferroattn::attn_fwd_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal, T>` in
+/// (`ferroattn::attn_fwd_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V, T>` in
 /// kernels/attention/fwd_sm80.cuh). It is the single source of truth for that kernel's
 /// template arguments, launch shape and cache key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,7 +21,8 @@ pub struct AttnFwdConfig {
     pub num_warps: u32,
     /// cp.async pipeline depth for K and V tiles.
     pub stages: u32,
-    pub causal: bool,
+    /// The variant's compile-time part (kernels/attention/variant.cuh).
+    pub variant: VariantKind,
     pub dtype: DType,
     pub arch: Arch,
 }
@@ -38,7 +40,7 @@ impl AttnFwdConfig {
             self.block_n,
             self.num_warps,
             self.stages,
-            self.causal,
+            self.variant.cuda_type(),
             self.dtype.cuda_type()
         )
     }
@@ -67,8 +69,8 @@ pub fn kernel_head_dim(head_dim: u32) -> u32 {
 /// 4 warps of 16 rows (O would not fit in registers at 32 rows), one K/V stage from d = 192 so
 /// that 2-3 blocks share an SM. Every tile fits the 163 KiB an A100 block may use.
 /// Measured on H200 against SDPA-flash: bench/NOTES.md.
-pub fn fwd_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
-    let _ = causal;
+pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
+    let _ = variant;
     match head_dim {
         0..=32 => (128, 128, 4, 2),
         33..=64 => (128, 128, 4, 2),
@@ -79,11 +81,11 @@ pub fn fwd_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
 }
 
 /// The configuration one attention-forward call runs with.
-pub fn fwd_config(head_dim: u32, causal: bool, dtype: DType, arch: Arch) -> AttnFwdConfig {
+pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch) -> AttnFwdConfig {
     let hd = kernel_head_dim(head_dim);
-    let (block_m, block_n, num_warps, stages) = fwd_tile(hd, causal);
+    let (block_m, block_n, num_warps, stages) = fwd_tile(hd, variant);
     let mut config =
-        AttnFwdConfig { head_dim: hd, block_m, block_n, num_warps, stages, causal, dtype, arch };
+        AttnFwdConfig { head_dim: hd, block_m, block_n, num_warps, stages, variant, dtype, arch };
     // GPUs with less shared memory per block (sm_86/89: 99 KiB) get a shallower K/V pipeline.
     while config.smem_bytes() > arch.max_smem_per_block() && config.stages > 1 {
         config.stages -= 1;
@@ -91,19 +93,44 @@ pub fn fwd_config(head_dim: u32, causal: bool, dtype: DType, arch: Arch) -> Attn
     config
 }
 
-/// The (kernel head dim, causal, dtype) points that production configurations are built for:
-/// every multiple of 32 in [32, 256], both mask modes, both 16-bit dtypes, in that nesting.
-pub fn production_points() -> impl Iterator<Item = (u32, bool, DType)> {
+/// The variants production configurations are built for: plain and causal, and what the model
+/// families of transformers use: a causal local window (Mistral, Qwen2, Gemma-2/3, Cohere2,
+/// GPT-OSS), softcap with and without it (Gemma-2), sinks with and without it (GPT-OSS), a
+/// two-sided window (ModernBERT, bidirectional), ALiBi causal and not. Other combinations
+/// compile on first use.
+pub fn production_variants() -> [VariantKind; 10] {
+    let (plain, causal) = (VariantKind::PLAIN, VariantKind::CAUSAL);
+    let local = VariantKind { mask: MaskKind::Local, ..plain };
+    [
+        plain,
+        causal,
+        local,
+        VariantKind { softcap: true, ..causal },
+        VariantKind { softcap: true, ..local },
+        VariantKind { sinks: true, ..causal },
+        VariantKind { sinks: true, ..local },
+        VariantKind { alibi: true, ..plain },
+        VariantKind { alibi: true, ..causal },
+        VariantKind { softcap: true, ..plain },
+    ]
+}
+
+/// The (kernel head dim, variant, dtype) points that production configurations are built for:
+/// every multiple of 32 in [32, 256] with plain and causal, the other production variants at
+/// the head dims models use (64, 128, 256), both 16-bit dtypes, in that nesting.
+pub fn production_points() -> impl Iterator<Item = (u32, VariantKind, DType)> {
     (32..=256).step_by(32).flat_map(|hd| {
-        [false, true]
+        production_variants()
             .into_iter()
-            .flat_map(move |causal| [DType::F16, DType::BF16].into_iter().map(move |dtype| (hd, causal, dtype)))
+            .filter(move |v| [VariantKind::PLAIN, VariantKind::CAUSAL].contains(v) || matches!(hd, 64 | 128 | 256))
+            .flat_map(move |v| [DType::F16, DType::BF16].into_iter().map(move |dtype| (hd, v, dtype)))
     })
 }
 
-/// Every configuration `fwd_config` can return for `arch`: what `precompile` builds.
+/// Every configuration `fwd_config` can return for `arch` at the production points: what
+/// `precompile` builds.
 pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
-    production_points().map(|(hd, causal, dtype)| fwd_config(hd, causal, dtype, arch)).collect()
+    production_points().map(|(hd, v, dtype)| fwd_config(hd, v, dtype, arch)).collect()
 }
 
 #[cfg(test)]
@@ -125,11 +152,15 @@ pub(crate) mod tests {
     #[test]
     fn production_points_cover_the_grid_once() {
         let points: Vec<_> = production_points().collect();
-        assert_eq!(points.len(), 8 * 2 * 2);
-        assert_eq!(points[0], (32, false, DType::F16));
-        assert_eq!(points[1], (32, false, DType::BF16));
-        assert_eq!(points[2], (32, true, DType::F16));
-        assert_eq!(points[31], (256, true, DType::BF16));
+        assert_eq!(points.len(), 8 * 2 * 2 + 3 * 8 * 2);
+        assert_eq!(points[0], (32, VariantKind::PLAIN, DType::F16));
+        assert_eq!(points[1], (32, VariantKind::PLAIN, DType::BF16));
+        assert_eq!(points[2], (32, VariantKind::CAUSAL, DType::F16));
+        let last = VariantKind { softcap: true, ..VariantKind::PLAIN };
+        assert_eq!(*points.last().unwrap(), (256, last, DType::BF16));
+        for (i, a) in points.iter().enumerate() {
+            assert!(!points[i + 1..].contains(a), "{a:?} twice");
+        }
     }
 
     #[test]
@@ -148,10 +179,10 @@ pub(crate) mod tests {
         assert_eq!(kernel_head_dim(32), 32);
         assert_eq!(kernel_head_dim(40), 64);
         assert_eq!(kernel_head_dim(256), 256);
-        let c = fwd_config(72, true, DType::BF16, Arch::Sm90a);
+        let c = fwd_config(72, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a);
         assert_eq!(c.head_dim, 96);
-        assert!(c.causal);
+        assert!(c.variant.causal());
         assert!(c.name_expression().starts_with("ferroattn::attn_fwd_sm80<96, "));
-        assert!(c.name_expression().ends_with(", true, __nv_bfloat16>"));
+        assert!(c.name_expression().ends_with(", ferroattn::AttnVariant<1, false, false, false>, __nv_bfloat16>"));
     }
 }

@@ -11,6 +11,7 @@
 
 use crate::dtype::DType;
 use crate::jit::Arch;
+use crate::ops::attention::variant::VariantKind;
 use crate::tuning::attention::{kernel_head_dim, production_points};
 
 /// Which backward kernel.
@@ -19,11 +20,11 @@ pub enum BwdKind {
     /// `ferroattn::attn_bwd_preprocess<HeadDim, BlockM, T>`: softmax_d = rowsum(dout ∘ out),
     /// zeroes dq_accum (when not null). Grid (ceil(seqlen_q / block_m), num_heads, batch).
     Preprocess,
-    /// `ferroattn::attn_bwd_dkdv_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal,
+    /// `ferroattn::attn_bwd_dkdv_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V,
     /// WithDK, WithDV, WithDQ, T>`: dK and/or dV of one key tile (and, WithDQ, dS·K added to
     /// dq_accum with atomics). Grid (ceil(seqlen_k / block_n), num_heads_k, batch).
     DkDv { dk: bool, dv: bool, dq: bool },
-    /// `ferroattn::attn_bwd_dq_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, IsCausal, T>`:
+    /// `ferroattn::attn_bwd_dq_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V, T>`:
     /// dQ of one query tile, written directly (deterministic path).
     /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
     Dq,
@@ -45,7 +46,9 @@ pub struct AttnBwdConfig {
     pub num_warps: u32,
     /// cp.async pipeline depth (query tiles for DkDv, key tiles for Dq); 0 when unused.
     pub stages: u32,
-    pub causal: bool,
+    /// The variant's compile-time part (`VariantKind::for_backward`; unused, PLAIN, for the
+    /// elementwise kernels).
+    pub variant: VariantKind,
     pub dtype: DType,
     pub arch: Arch,
 }
@@ -74,7 +77,7 @@ impl AttnBwdConfig {
     pub fn name_expression(&self) -> String {
         let t = self.dtype.cuda_type();
         let (hd, bm, bn, nw, st, c) =
-            (self.head_dim, self.block_m, self.block_n, self.num_warps, self.stages, self.causal);
+            (self.head_dim, self.block_m, self.block_n, self.num_warps, self.stages, self.variant.cuda_type());
         match self.kind {
             BwdKind::Preprocess | BwdKind::ConvertDq => {
                 format!("{}<{hd}, {bm}, {t}>", self.kernel())
@@ -161,8 +164,8 @@ const ELEMENTWISE_WARPS: u32 = 8;
 /// block_n / num_warps keys (16 or 32 rows of the mma) and keeps their dK and dV accumulators
 /// in registers. Larger key tiles halve the dq_accum atomics per FLOP (the dQ part dominated
 /// the first version). Measured on H200 against SDPA-flash: bench/NOTES.md ("Backward").
-pub fn dkdv_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
-    let _ = causal;
+pub fn dkdv_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
+    let _ = variant;
     match head_dim {
         0..=64 => (64, 128, 4, 2),
         65..=96 => (64, 128, 8, 2),
@@ -200,8 +203,8 @@ pub fn dkdv_split(head_dim: u32, arch: Arch) -> bool {
 /// K/V shared-memory reads per FLOP), one above. d > 224 takes a single K/V stage so that two
 /// blocks fit in an SM's shared memory. Measured on H200 (b·s = 16k, bf16; bench/NOTES.md
 /// "Backward — dQ / preprocess").
-pub fn dq_tile(head_dim: u32, causal: bool) -> (u32, u32, u32, u32) {
-    let _ = causal;
+pub fn dq_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
+    let _ = variant;
     match head_dim {
         0..=32 => (128, 64, 4, 2),
         33..=96 => (128, 32, 4, 2),
@@ -232,8 +235,9 @@ fn fit(mut c: AttnBwdConfig) -> AttnBwdConfig {
 }
 
 /// The kernels of one backward call, in launch order.
-pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, arch: Arch) -> Vec<AttnBwdConfig> {
+pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype: DType, arch: Arch) -> Vec<AttnBwdConfig> {
     let hd = kernel_head_dim(head_dim);
+    let variant = variant.for_backward();
     let elementwise = |kind| AttnBwdConfig {
         kind,
         head_dim: hd,
@@ -241,14 +245,14 @@ pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, 
         block_n: 0,
         num_warps: ELEMENTWISE_WARPS,
         stages: 0,
-        causal: false,
+        variant: VariantKind::PLAIN,
         dtype,
         arch,
     };
     let tiled = |kind, (block_m, block_n, num_warps, stages): (u32, u32, u32, u32)| {
-        fit(AttnBwdConfig { kind, head_dim: hd, block_m, block_n, num_warps, stages, causal, dtype, arch })
+        fit(AttnBwdConfig { kind, head_dim: hd, block_m, block_n, num_warps, stages, variant, dtype, arch })
     };
-    let dkdv = |dk, dv, dq| tiled(BwdKind::DkDv { dk, dv, dq }, dkdv_tile(hd, causal));
+    let dkdv = |dk, dv, dq| tiled(BwdKind::DkDv { dk, dv, dq }, dkdv_tile(hd, variant));
     let dq_atomic = !deterministic;
     let mut plan = vec![elementwise(BwdKind::Preprocess)];
     if dkdv_wide(hd, arch) {
@@ -260,7 +264,7 @@ pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, 
         plan.push(dkdv(true, true, dq_atomic));
     }
     if deterministic {
-        plan.push(tiled(BwdKind::Dq, dq_tile(hd, causal)));
+        plan.push(tiled(BwdKind::Dq, dq_tile(hd, variant)));
     } else {
         plan.push(elementwise(BwdKind::ConvertDq));
     }
@@ -270,9 +274,9 @@ pub fn bwd_plan(head_dim: u32, causal: bool, deterministic: bool, dtype: DType, 
 /// Every configuration `bwd_plan` can return for `arch`: what `precompile` builds.
 pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
-    for (hd, causal, dtype) in production_points() {
+    for (hd, variant, dtype) in production_points() {
         for deterministic in [false, true] {
-            for c in bwd_plan(hd, causal, deterministic, dtype, arch) {
+            for c in bwd_plan(hd, variant, deterministic, dtype, arch) {
                 if !out.contains(&c) {
                     out.push(c);
                 }
@@ -307,7 +311,7 @@ mod tests {
     #[test]
     fn sm90a_dq_kernels_stage_the_reductions_at_d64_and_d128() {
         for (d, want) in [(64u32, 115_712u32), (128, 197_632)] {
-            let c = bwd_plan(d, false, false, DType::BF16, Arch::Sm90a)[1];
+            let c = bwd_plan(d, VariantKind::from_causal(false), false, DType::BF16, Arch::Sm90a)[1];
             assert!(c.dq_staged(), "{c:?}");
             let (bm, bn, st) = (c.block_m, c.block_n, c.stages);
             assert_eq!((bm, bn, st), (64, 128, 2), "tile changed: recheck the staging and these sizes");
@@ -316,12 +320,12 @@ mod tests {
             assert_eq!(c.smem_bytes(), want);
         }
         // d64 keeps two blocks per SM (228 KiB, 1 KiB reserved per block)
-        assert!(2 * (bwd_plan(64, true, false, DType::F16, Arch::Sm90a)[1].smem_bytes() + 1024) <= 228 * 1024);
+        assert!(2 * (bwd_plan(64, VariantKind::from_causal(true), false, DType::F16, Arch::Sm90a)[1].smem_bytes() + 1024) <= 228 * 1024);
         for c in [
-            bwd_plan(128, false, true, DType::BF16, Arch::Sm90a)[1], // no dQ (deterministic)
-            bwd_plan(128, false, false, DType::BF16, Arch::Sm80)[1],
-            bwd_plan(96, false, false, DType::BF16, Arch::Sm90a)[1],
-            bwd_plan(256, false, false, DType::BF16, Arch::Sm90a)[2],
+            bwd_plan(128, VariantKind::from_causal(false), true, DType::BF16, Arch::Sm90a)[1], // no dQ (deterministic)
+            bwd_plan(128, VariantKind::from_causal(false), false, DType::BF16, Arch::Sm80)[1],
+            bwd_plan(96, VariantKind::from_causal(false), false, DType::BF16, Arch::Sm90a)[1],
+            bwd_plan(256, VariantKind::from_causal(false), false, DType::BF16, Arch::Sm90a)[2],
         ] {
             assert!(!c.dq_staged(), "{c:?}");
         }
@@ -329,14 +333,14 @@ mod tests {
 
     #[test]
     fn plans_have_the_documented_shape() {
-        let p = bwd_plan(128, true, false, DType::BF16, Arch::Sm90a);
+        let p = bwd_plan(128, VariantKind::from_causal(true), false, DType::BF16, Arch::Sm90a);
         assert_eq!(p.len(), 3);
         assert_eq!(p[0].kind, BwdKind::Preprocess);
         assert_eq!(p[1].kind, BwdKind::DkDv { dk: true, dv: true, dq: true });
         assert_eq!(p[2].kind, BwdKind::ConvertDq);
         assert!(p.iter().any(|c| c.uses_dq_accum()));
         // d256 on 99 KiB GPUs: split (the wide kernel needs 147 968 B)
-        let p = bwd_plan(256, false, true, DType::F16, Arch::Sm86);
+        let p = bwd_plan(256, VariantKind::from_causal(false), true, DType::F16, Arch::Sm86);
         let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
         assert_eq!(
             kinds,
@@ -350,7 +354,7 @@ mod tests {
         assert!(!p.iter().any(|c| c.uses_dq_accum()));
         assert_eq!(
             p[1].name_expression(),
-            format!("ferroattn::attn_bwd_dkdv_sm80<256, {}, {}, {}, {}, false, false, true, false, __half>",
+            format!("ferroattn::attn_bwd_dkdv_sm80<256, {}, {}, {}, {}, ferroattn::AttnVariant<0, false, false, false>, false, true, false, __half>",
                 p[1].block_m, p[1].block_n, p[1].num_warps, p[1].stages)
         );
         assert_eq!(p[0].name_expression(), "ferroattn::attn_bwd_preprocess<256, 64, __half>");
@@ -360,7 +364,7 @@ mod tests {
     fn d256_runs_the_wide_kernel_where_it_fits() {
         for arch in Arch::ALL {
             for det in [false, true] {
-                let p = bwd_plan(256, true, det, DType::BF16, arch);
+                let p = bwd_plan(256, VariantKind::from_causal(true), det, DType::BF16, arch);
                 let wide = arch.max_smem_per_block() >= 163 * 1024;
                 assert_eq!(dkdv_wide(256, arch), wide, "{arch:?}");
                 if !wide {
@@ -382,14 +386,14 @@ mod tests {
                 assert!(c.smem_bytes() <= arch.max_smem_per_block());
                 assert_eq!(
                     c.name_expression(),
-                    format!("ferroattn::attn_bwd_dkdv_sm80<256, 64, 64, 8, {st}, true, true, true, {}, __nv_bfloat16>", !det)
+                    format!("ferroattn::attn_bwd_dkdv_sm80<256, 64, 64, 8, {st}, ferroattn::AttnVariant<1, false, false, false>, true, true, {}, __nv_bfloat16>", !det)
                 );
             }
         }
-        assert_eq!(bwd_plan(256, false, false, DType::F16, Arch::Sm90a)[1].smem_bytes(), 230_400);
-        assert_eq!(bwd_plan(256, false, false, DType::F16, Arch::Sm80)[1].smem_bytes(), 147_968);
+        assert_eq!(bwd_plan(256, VariantKind::from_causal(false), false, DType::F16, Arch::Sm90a)[1].smem_bytes(), 230_400);
+        assert_eq!(bwd_plan(256, VariantKind::from_causal(false), false, DType::F16, Arch::Sm80)[1].smem_bytes(), 147_968);
         // d160..224 keep the split everywhere
-        assert!(bwd_plan(224, false, false, DType::F16, Arch::Sm90a).iter().all(|c| !c.is_wide()));
+        assert!(bwd_plan(224, VariantKind::from_causal(false), false, DType::F16, Arch::Sm90a).iter().all(|c| !c.is_wide()));
         assert!(dkdv_split(224, Arch::Sm90a) && !dkdv_split(256, Arch::Sm90a) && dkdv_split(256, Arch::Sm89));
     }
 }

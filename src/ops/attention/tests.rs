@@ -1,3 +1,4 @@
+use crate::ops::attention::{AttnVariant, VariantKind};
 use super::*;
 use crate::tensor::Device;
 
@@ -66,7 +67,7 @@ fn expect_err(c: &Call, kind: &str, arg: &str, parts: &[&str]) {
 #[test]
 fn params_layout_matches_header() {
     use std::mem::{align_of, offset_of, size_of};
-    // 7 pointers, 14 long long, 6 int, 2 float, 2 int, in declaration order (params.cuh).
+    // 7 pointers, 14 long long, 6 int, 2 float, 2 int, then the variant, in declaration order (params.cuh).
     assert_eq!(offset_of!(AttnFwdParams, q), 0);
     assert_eq!(offset_of!(AttnFwdParams, cu_seqlens_k), 48);
     assert_eq!(offset_of!(AttnFwdParams, q_batch_stride), 56);
@@ -77,13 +78,19 @@ fn params_layout_matches_header() {
     assert_eq!(offset_of!(AttnFwdParams, softmax_scale_log2), 196);
     assert_eq!(offset_of!(AttnFwdParams, total_q), 200);
     assert_eq!(offset_of!(AttnFwdParams, total_k), 204);
-    assert_eq!(size_of::<AttnFwdParams>(), 208);
+    // the variant's run-time part: 2 pointers, then 8 four-byte fields
+    assert_eq!(offset_of!(AttnFwdParams, alibi_slopes), 208);
+    assert_eq!(offset_of!(AttnFwdParams, sinks), 216);
+    assert_eq!(offset_of!(AttnFwdParams, window_left), 224);
+    assert_eq!(offset_of!(AttnFwdParams, raw_scale_inv), 244);
+    assert_eq!(offset_of!(AttnFwdParams, batch_offset), 252);
+    assert_eq!(size_of::<AttnFwdParams>(), 256);
     assert_eq!(align_of::<AttnFwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
     let names = header_fields("attention/params.cuh", "AttnFwdParams");
-    assert_eq!(names.len(), 31, "{names:?}");
+    assert_eq!(names.len(), 41, "{names:?}");
     assert_eq!(names.first(), Some(&"q"));
-    assert_eq!(names.last(), Some(&"total_k"));
+    assert_eq!(names.last(), Some(&"batch_offset"));
 }
 
 #[test]
@@ -203,8 +210,9 @@ fn shape_errors() {
     let mut c = Call::varlen(2, 10, 10, 3, 3, 64);
     c.lse = Some(t(&[2, 3, 5], DType::F32));
     expect_err(&c, "Argument", "softmax_lse", &["(3, 10) (heads, total_q)"]);
+    // batches beyond the grid's z limit are valid (the launch slices them)
     let c = Call::padded(70000, 4, 4, 2, 2, 64);
-    expect_err(&c, "Argument", "q", &["65535", "70000"]);
+    assert_eq!(c.run().unwrap().batch, 70000);
 }
 
 #[test]
@@ -270,7 +278,7 @@ fn launch_shape_and_params() {
     let arch = Arch::Sm80;
     let c = Call::padded(3, 200, 50, 8, 2, 80);
     let p = c.run().unwrap();
-    let cfg = fwd_config(80, true, DType::F16, arch);
+    let cfg = fwd_config(80, VariantKind::from_causal(true), DType::F16, arch);
     assert_eq!(cfg.head_dim, 96);
     let s = launch_shape(&p, &cfg);
     assert_eq!(s.grid, (200u32.div_ceil(cfg.block_m), 8, 3));
@@ -287,7 +295,7 @@ fn launch_shape_and_params() {
         view(c.out.as_ref().unwrap(), 0x4000),
         view(c.lse.as_ref().unwrap(), 0x5000),
     );
-    let prm = params(&p, &q, &k, &v, &o, &l, None, None, 0.125);
+    let prm = params(&p, &q, &k, &v, &o, &l, None, None, 0.125, &AttnVariant::causal(false));
     assert_eq!(prm.q as u64, 0x1000);
     assert_eq!(prm.o as u64, 0x4000);
     assert!(prm.cu_seqlens_q.is_null());
@@ -324,7 +332,7 @@ fn launch_shape_and_params() {
         view(c.cq.as_ref().unwrap(), 6),
         view(c.ck.as_ref().unwrap(), 7),
     );
-    let prm = params(&p, &q, &k, &v, &o, &l, Some(&cq), Some(&ck), 1.0);
+    let prm = params(&p, &q, &k, &v, &o, &l, Some(&cq), Some(&ck), 1.0, &AttnVariant::causal(false));
     assert_eq!(
         (prm.q_batch_stride, prm.q_row_stride, prm.q_head_stride),
         (0, 4 * 64, 64)
@@ -348,7 +356,7 @@ fn attn_fwd_without_gpu_fails_cleanly_after_validation() {
         view(c.out.as_ref().unwrap()),
         view(c.lse.as_ref().unwrap()),
     );
-    let r = attn_fwd(&q, &k, &v, &o, &l, None, None, 4, 4, 0.125, false, 0);
+    let r = attn_fwd(&q, &k, &v, &o, &l, None, None, 4, 4, 0.125, &AttnVariant::causal(false), 0);
     if !crate::device::cuda_available() {
         assert!(matches!(r, Err(Error::NoDevice(_))), "{r:?}");
     }
@@ -356,7 +364,7 @@ fn attn_fwd_without_gpu_fails_cleanly_after_validation() {
     let mut bad = q.clone();
     bad.meta.dtype = DType::F32;
     assert!(matches!(
-        attn_fwd(&bad, &k, &v, &o, &l, None, None, 4, 4, 0.125, false, 0),
+        attn_fwd(&bad, &k, &v, &o, &l, None, None, 4, 4, 0.125, &AttnVariant::causal(false), 0),
         Err(Error::DType { .. })
     ));
     // empty input: no device needed at all
@@ -368,7 +376,7 @@ fn attn_fwd_without_gpu_fails_cleanly_after_validation() {
         view(e.out.as_ref().unwrap()),
         view(e.lse.as_ref().unwrap()),
     );
-    attn_fwd(&q, &k, &v, &o, &l, None, None, 4, 4, 0.125, false, 0).unwrap();
+    attn_fwd(&q, &k, &v, &o, &l, None, None, 4, 4, 0.125, &AttnVariant::causal(false), 0).unwrap();
 }
 
 #[test]
@@ -378,7 +386,7 @@ fn production_specs_cover_fwd_config() {
         for d in (8..=256).step_by(8) {
             for causal in [false, true] {
                 for dtype in [DType::F16, DType::BF16] {
-                    let cfg = fwd_config(d, causal, dtype, arch);
+                    let cfg = fwd_config(d, VariantKind::from_causal(causal), dtype, arch);
                     assert!(specs.contains(&cfg), "{cfg:?} not precompiled");
                     assert!(cfg.head_dim >= d && cfg.head_dim.is_multiple_of(32));
                     assert!(
@@ -393,11 +401,11 @@ fn production_specs_cover_fwd_config() {
             .iter()
             .all(|s| s.header() == "attention/fwd_sm80.cuh" && s.arch == arch));
     }
-    let cfg = fwd_config(64, true, DType::BF16, Arch::Sm90a);
+    let cfg = fwd_config(64, VariantKind::from_causal(true), DType::BF16, Arch::Sm90a);
     assert_eq!(
         KernelSpec::name_expression(&cfg),
         format!(
-            "ferroattn::attn_fwd_sm80<64, {}, {}, {}, {}, true, __nv_bfloat16>",
+            "ferroattn::attn_fwd_sm80<64, {}, {}, {}, {}, ferroattn::AttnVariant<1, false, false, false>, __nv_bfloat16>",
             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.stages
         )
     );

@@ -1,3 +1,4 @@
+use crate::ops::attention::{AttnVariant, VariantKind};
 use super::*;
 use crate::tensor::Device;
 use crate::tuning::attention_bwd::BwdKind;
@@ -142,7 +143,7 @@ impl Call {
             self.mq,
             self.mk,
             scale,
-            true,
+            &AttnVariant::causal(true),
             self.deterministic,
             0,
         )
@@ -178,22 +179,22 @@ fn varlen_2x10() -> Call {
 #[test]
 fn params_layout_matches_header() {
     use std::mem::{align_of, offset_of, size_of};
-    // AttnFwdParams (208 bytes), 6 pointers, 15 long long, in declaration order (bwd_params.cuh).
+    // AttnFwdParams (256 bytes), 6 pointers, 15 long long, in declaration order (bwd_params.cuh).
     assert_eq!(offset_of!(AttnBwdParams, fwd), 0);
-    assert_eq!(size_of::<AttnFwdParams>(), 208);
-    assert_eq!(offset_of!(AttnBwdParams, dout), 208);
-    assert_eq!(offset_of!(AttnBwdParams, dq), 216);
-    assert_eq!(offset_of!(AttnBwdParams, dk), 224);
-    assert_eq!(offset_of!(AttnBwdParams, dv), 232);
-    assert_eq!(offset_of!(AttnBwdParams, softmax_d), 240);
-    assert_eq!(offset_of!(AttnBwdParams, dq_accum), 248);
-    assert_eq!(offset_of!(AttnBwdParams, do_batch_stride), 256);
-    assert_eq!(offset_of!(AttnBwdParams, dq_batch_stride), 256 + 3 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dk_batch_stride), 256 + 6 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dv_batch_stride), 256 + 9 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dqa_batch_stride), 256 + 12 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dqa_head_stride), 256 + 14 * 8);
-    assert_eq!(size_of::<AttnBwdParams>(), 376);
+    assert_eq!(size_of::<AttnFwdParams>(), 256);
+    assert_eq!(offset_of!(AttnBwdParams, dout), 256);
+    assert_eq!(offset_of!(AttnBwdParams, dq), 264);
+    assert_eq!(offset_of!(AttnBwdParams, dk), 272);
+    assert_eq!(offset_of!(AttnBwdParams, dv), 280);
+    assert_eq!(offset_of!(AttnBwdParams, softmax_d), 288);
+    assert_eq!(offset_of!(AttnBwdParams, dq_accum), 296);
+    assert_eq!(offset_of!(AttnBwdParams, do_batch_stride), 304);
+    assert_eq!(offset_of!(AttnBwdParams, dq_batch_stride), 304 + 3 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dk_batch_stride), 304 + 6 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dv_batch_stride), 304 + 9 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dqa_batch_stride), 304 + 12 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dqa_head_stride), 304 + 14 * 8);
+    assert_eq!(size_of::<AttnBwdParams>(), 424);
     assert_eq!(align_of::<AttnBwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
     let names = header_fields("attention/bwd_params.cuh", "AttnBwdParams");
@@ -411,7 +412,7 @@ fn plan_launch_shapes() {
     let c = Call::padded(3, 200, 50, 8, 2, 80);
     let p = c.run().unwrap();
     for deterministic in [false, true] {
-        let plan = bwd_plan(80, true, deterministic, DType::F16, Arch::Sm80);
+        let plan = bwd_plan(80, VariantKind::from_causal(true), deterministic, DType::F16, Arch::Sm80);
         let shapes = launch_shapes(&p, &plan);
         assert_eq!(shapes.len(), plan.len());
         for ((cfg, s), planned) in shapes.iter().zip(&plan) {
@@ -430,7 +431,7 @@ fn plan_launch_shapes() {
     // seqlen_q == 0: only the dK/dV kernels run (they write dk = dv = 0)
     let p = Call::padded(2, 0, 70, 4, 2, 256).run().unwrap();
     assert!(needs_launch(&p));
-    let plan = bwd_plan(256, false, false, DType::BF16, Arch::Sm90a);
+    let plan = bwd_plan(256, VariantKind::from_causal(false), false, DType::BF16, Arch::Sm90a);
     let kinds: Vec<_> = launch_shapes(&p, &plan)
         .iter()
         .map(|(c, _)| c.kind)
@@ -447,7 +448,7 @@ fn plan_launch_shapes() {
     // seqlen_k == 0: dQ side only (dq = 0 from the convert or dq kernel)
     let p = Call::padded(2, 9, 0, 4, 2, 64).run().unwrap();
     for det in [false, true] {
-        let plan = bwd_plan(64, false, det, DType::F16, Arch::Sm80);
+        let plan = bwd_plan(64, VariantKind::from_causal(false), det, DType::F16, Arch::Sm80);
         let shapes = launch_shapes(&p, &plan);
         assert!(shapes
             .iter()
@@ -461,13 +462,13 @@ fn plan_launch_shapes() {
     ] {
         assert!(!needs_launch(&p));
         for arch in [Arch::Sm80, Arch::Sm90a, Arch::Sm86] {
-            assert!(launch_shapes(&p, &bwd_plan(64, true, false, DType::F16, arch)).is_empty());
+            assert!(launch_shapes(&p, &bwd_plan(64, VariantKind::from_causal(true), false, DType::F16, arch)).is_empty());
         }
     }
     // a grid beyond the driver's limits is caught by LaunchShape::check
     let mut p = Call::padded(1, 4, 4, 2, 2, 64).run().unwrap();
     p.seqlen_q = (i64::from(i32::MAX) + 1) * 64;
-    let shapes = launch_shapes(&p, &bwd_plan(64, false, false, DType::F16, Arch::Sm80));
+    let shapes = launch_shapes(&p, &bwd_plan(64, VariantKind::from_causal(false), false, DType::F16, Arch::Sm80));
     assert!(shapes.iter().any(|(_, s)| s.check().is_err()));
 }
 
@@ -489,7 +490,7 @@ fn params_values() {
     let views = c.views();
     let tensors = c.tensors(&views);
     assert!(tensors.dq_accum.is_some() && tensors.cu_seqlens_q.is_none());
-    let prm = params(&p, &tensors, tensors.workspace(false), 0.125);
+    let prm = params(&p, &tensors, tensors.workspace(false), 0.125, &AttnVariant::causal(false));
     assert_eq!(prm.fwd.q as u64, views[1].ptr);
     assert_eq!(
         prm.fwd.o as u64, views[4].ptr,
@@ -533,7 +534,7 @@ fn params_values() {
         [q_strides, q_strides, k_strides, k_strides, q_strides]
     );
     // deterministic: no workspace
-    let prm = params(&p, &tensors, tensors.workspace(true), 0.125);
+    let prm = params(&p, &tensors, tensors.workspace(true), 0.125, &AttnVariant::causal(false));
     assert!(prm.dq_accum.is_null());
     assert_eq!(grad_strides(&prm)[4], (0, 0, 0));
 
@@ -545,7 +546,7 @@ fn params_values() {
     let views = c.views();
     let tensors = c.tensors(&views);
     assert!(tensors.dq_accum.is_some() && tensors.cu_seqlens_k.is_some());
-    let prm = params(&p, &tensors, tensors.workspace(false), 1.0);
+    let prm = params(&p, &tensors, tensors.workspace(false), 1.0, &AttnVariant::causal(false));
     let [do_s, _, dk_s, _, dqa_s] = grad_strides(&prm);
     assert_eq!(
         [do_s, dk_s, dqa_s],
@@ -651,7 +652,7 @@ fn production_specs_cover_bwd_plan() {
             for causal in [false, true] {
                 for deterministic in [false, true] {
                     for dtype in [DType::F16, DType::BF16] {
-                        for cfg in bwd_plan(d, causal, deterministic, dtype, arch) {
+                        for cfg in bwd_plan(d, VariantKind::from_causal(causal), deterministic, dtype, arch) {
                             assert!(specs.contains(&cfg), "{cfg:?} not precompiled");
                             assert!(cfg.smem_bytes() <= arch.max_smem_per_block());
                         }
@@ -661,12 +662,12 @@ fn production_specs_cover_bwd_plan() {
         }
         assert!(specs.iter().all(|s| s.arch == arch));
     }
-    let cfg = bwd_plan(64, true, false, DType::BF16, Arch::Sm90a)[1];
+    let cfg = bwd_plan(64, VariantKind::from_causal(true), false, DType::BF16, Arch::Sm90a)[1];
     assert_eq!(KernelSpec::header(&cfg), "attention/bwd_dkdv_sm80.cuh");
     assert_eq!(KernelSpec::kernel(&cfg), "ferroattn::attn_bwd_dkdv_sm80");
     assert_eq!(KernelSpec::dynamic_smem_bytes(&cfg), cfg.smem_bytes());
     assert_eq!(KernelSpec::name_expression(&cfg), cfg.name_expression());
     assert!(cfg
         .name_expression()
-        .ends_with(", true, true, true, true, __nv_bfloat16>"));
+        .ends_with(", ferroattn::AttnVariant<1, false, false, false>, true, true, true, __nv_bfloat16>"));
 }
