@@ -38,15 +38,18 @@ FA_SIGNATURES = {
 @pytest.mark.parametrize("name", sorted(FA_SIGNATURES))
 def test_signature_parity(name):
     params = list(inspect.signature(getattr(ferroattn, name)).parameters.values())
-    got = [(p.name, p.default) for p in params]
-    assert got == FA_SIGNATURES[name]
-    assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    positional = [p for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert [(p.name, p.default) for p in positional] == FA_SIGNATURES[name]
+    # beyond flash_attn 2: the attention sinks, keyword-only after flash_attn's parameters
+    extra = [(p.name, p.default, p.kind) for p in params[len(positional):]]
+    want = [] if name == "flash_attn_with_kvcache" else [("s_aux", None, inspect.Parameter.KEYWORD_ONLY)]
+    assert extra == want
 
 
 def test_transformers_introspection_sees_the_named_parameters():
     # transformers passes these only when they are named parameters of flash_attn_varlen_func
     names = inspect.signature(ferroattn.flash_attn_varlen_func).parameters
-    for p in ("dropout_p", "window_size", "deterministic", "softcap", "max_seqlen_q", "max_seqlen_k"):
+    for p in ("dropout_p", "window_size", "deterministic", "softcap", "max_seqlen_q", "max_seqlen_k", "s_aux"):
         assert p in names
 
 

@@ -11,8 +11,16 @@ Argument normalisation, exactly as flash_attn 2.8 does it (flash_attn_interface.
 - a tensor whose last dim is not contiguous (``stride(-1) != 1``) is copied; any other view (slices
   of packed qkv, transposed layouts) is passed as is, and ``out`` keeps q's stride order;
 - ``causal`` is turned off when ``seqlen_q == 1`` (``max_seqlen_q == 1`` in varlen): it is a no-op;
-- ``window_size``: a side >= ``seqlen_k`` (``max_seqlen_k`` in varlen) becomes -1; ``causal``
-  forces right = 0; ``(left < 0, right == 0)`` means causal.
+- ``window_size``: a side >= ``seqlen_k`` (``max_seqlen_k`` in varlen), or any negative side,
+  becomes -1 (unbounded); ``causal`` forces right = 0; ``(left < 0, right == 0)`` means causal
+  (:meth:`ferroattn.ops.variant.AttnVariant.from_flash_attn`).
+
+Variants (flash_attn 2.8 semantics; one value, :class:`ferroattn.ops.variant.AttnVariant`): local
+window, ``softcap > 0`` (score = softcap · tanh(score / softcap)), ``alibi_slopes`` (fp32 (h,) or
+(b, h): score −= slope · |i + s_k − s_q − j|), and, beyond flash_attn 2, attention sinks through the
+keyword-only ``s_aux`` (one logit per query head, (h,), that joins every row's softmax and carries
+no value; differentiable: its gradient is returned when it requires grad; transformers passes
+GPT-OSS's sinks under this name).
 
 Training: every function except ``flash_attn_with_kvcache`` is differentiable. Gradients flow to
 q, k and v (or to the packed ``qkv`` / ``kv`` through the views taken of it) and come back in the
@@ -28,8 +36,7 @@ the gradients) raises torch's RuntimeError (no formula); ``torch.func.grad`` / `
 raise FerroattnError (a RuntimeError) naming ferroattn and the input.
 
 Not implemented yet, and never silently ignored (``NotImplementedError`` naming the argument):
-``dropout_p > 0``, a window other than the full or causal one, ``softcap != 0``,
-``alibi_slopes``, ``block_table`` (paged KV) and ``flash_attn_with_kvcache``.
+``dropout_p > 0``, ``block_table`` (paged KV) and ``flash_attn_with_kvcache``.
 
 Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (subclasses of
 ``RuntimeError``, like flash_attn's checks), naming the argument, expected and actual value.
@@ -41,8 +48,10 @@ Checked here, before any normalisation (so messages show the values the user pas
 - ``softmax_scale`` is None or a real number (not a bool) finite in fp32 (a symbolic float under
   torch.compile is not read); ``causal`` and ``deterministic`` bools (also numpy bool, the ints
   0/1, None = False); ``dropout_p`` and ``softcap`` real numbers (not bools), ``dropout_p`` in
-  [0, 1); ``return_attn_probs`` anything with a truth value (as flash_attn); ``window_size`` a
-  pair of ints; varlen ``max_seqlen_q/k`` ints >= 0 (``operator.index``; not bools or tensors).
+  [0, 1), ``softcap`` finite and >= 0; ``return_attn_probs`` anything with a truth value (as
+  flash_attn); ``window_size`` a pair of ints; ``alibi_slopes`` and ``s_aux`` None or tensors (their
+  dtype, device and shape are checked by the op's validation); varlen ``max_seqlen_q/k`` ints >= 0
+  (``operator.index``; not bools or tensors).
   A one-element tensor whose value cannot be read (meta) is an ArgumentError, not torch's error.
 The custom op's Rust validation checks everything else (dtypes, devices, strides, shapes); when
 the head dim is padded or a last dim copied, it runs first on the caller's tensors (metadata
@@ -65,6 +74,7 @@ from .errors import ArgumentError, DTypeError, FerroattnError
 from .ops.attention import check_fwd_meta as _check_fwd_meta
 from .ops.attention import check_softmax_scale as _check_scale_value
 from .ops.attention import run_attn_fwd as _attn_fwd_op
+from .ops.variant import AttnVariant
 
 __all__ = [
     "flash_attn_func",
@@ -177,17 +187,23 @@ def _check_return_flag(flag, name: str) -> bool:
         raise ArgumentError(f"{name}: expected a bool, got {flag!r}") from None
 
 
-def _check_softcap(softcap) -> None:
-    """``softcap`` must be a real number (None counts as 0; ArgumentError otherwise, e.g. a
-    string, a bool or a tensor whose value cannot be read); a non-zero value raises
-    NotImplementedError (softcapping is not implemented)."""
+def _check_softcap(softcap) -> float:
+    """``softcap`` as a float: a real number, finite and >= 0 (None counts as 0 = no softcapping).
+    ArgumentError otherwise (a string, a bool, nan, inf, a negative value -- flash_attn would
+    silently run without softcapping -- or a tensor whose value cannot be read)."""
     if softcap is None:
-        return
+        return 0.0
     value = _as_float(softcap, "softcap")
-    if value != value:  # nan: not a cap value at all, so an argument error, not "not implemented"
-        raise ArgumentError(f"softcap: expected a real number (0 = no softcapping), got {softcap!r}")
-    if value != 0.0:
-        raise _not_implemented(f"softcap={softcap} (logit softcapping)")
+    if not (value >= 0.0 and value != float("inf")):  # also false for nan
+        raise ArgumentError(f"softcap: expected a finite number >= 0 (0 = no softcapping), got {softcap!r}")
+    return value
+
+
+def _check_optional_tensor(t, name: str) -> None:
+    """``alibi_slopes`` / ``s_aux``: None or a tensor (DTypeError otherwise); the op validates its
+    dtype, device and shape."""
+    if t is not None and not isinstance(t, Tensor):
+        raise DTypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}")
 
 
 def _check_causal(causal) -> bool:
@@ -265,34 +281,7 @@ def _reject_functorch_reverse(q: Tensor, k: Tensor, v: Tensor) -> None:
                 f"tracked by a torch.func grad transform")
 
 
-def _normalise_causal_window(causal: bool, window_size: Tuple[int, int], seqlen_q: int,
-                             seqlen_k: int) -> bool:
-    """flash_attn's window/causal normalisation. Returns the effective ``causal`` flag, or raises
-    NotImplementedError for a real local window (anything but full or causal attention)."""
-    left, right = window_size
-    if left >= seqlen_k:
-        left = -1
-    if right >= seqlen_k:
-        right = -1
-    if seqlen_q == 1:  # causal is a no-op for a single query row (no ALiBi here)
-        causal = False
-    if causal:
-        right = 0
-    if left < 0 and right < 0:
-        return False
-    if left < 0 and right == 0:
-        return True
-    raise _not_implemented(
-        f"window_size={tuple(window_size)} (local / sliding-window attention; only (-1, -1), or "
-        f"sides >= seqlen_k ({seqlen_k}) that normalise to -1, are supported)"
-    )
-
-
-def _check_supported(softcap: float, alibi_slopes: Optional[Tensor],
-                     block_table: Optional[Tensor] = None) -> None:
-    _check_softcap(softcap)
-    if alibi_slopes is not None:
-        raise _not_implemented("alibi_slopes (ALiBi bias)")
+def _check_supported(block_table: Optional[Tensor] = None) -> None:
     if block_table is not None:
         raise _not_implemented("block_table (paged KV cache)")
 
@@ -301,7 +290,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                dropout_p: float, softmax_scale: Optional[float], causal: bool,
                window_size: Sequence[int], softcap: float, alibi_slopes: Optional[Tensor],
-               deterministic: bool, return_attn_probs: bool, block_table: Optional[Tensor] = None) -> _Out:
+               deterministic: bool, return_attn_probs: bool, block_table: Optional[Tensor] = None,
+               s_aux: Optional[Tensor] = None) -> _Out:
     """Shared body of every function: check the arguments, normalise as flash_attn, call the
     custom op (whose Rust validation checks dtypes, devices, strides and the remaining shapes).
     Every step on q/k/v (the padding, the copy of a non-contiguous last dim, the slice of the
@@ -310,7 +300,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     head_dim = _check_tensors(q, k, v, varlen)
     _reject_functorch_reverse(q, k, v)
     _check_dropout(dropout_p)
-    _check_supported(softcap, alibi_slopes, block_table)
+    _check_supported(block_table)
+    softcap = _check_softcap(softcap)
+    _check_optional_tensor(alibi_slopes, "alibi_slopes")
+    _check_optional_tensor(s_aux, "s_aux")
     softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
     causal = _check_causal(causal)
     deterministic = _check_flag(deterministic, "deterministic")
@@ -321,7 +314,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
         max_seqlen_k = _check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     else:  # padded: the lengths come from the shapes (b, s, h, d)
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
-    causal = _normalise_causal_window(causal, window_size, max_seqlen_q, max_seqlen_k)
+    variant = AttnVariant.from_flash_attn(causal, window_size, softcap, alibi_slopes, s_aux, max_seqlen_q,
+                                          max_seqlen_k)
     pad = (8 - head_dim % 8) % 8
     if ((pad or any(x.stride(-1) != 1 for x in (q, k, v))) and q.device.type != "cpu"
             and not torch.compiler.is_compiling()):
@@ -330,13 +324,13 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
         # caller's tensors itself; under torch.compile the op's fake impl validates at trace
         # time; a CPU q is left to the op (which rejects it: DeviceError; CPU emulations of the
         # native module in tests/ run there).
-        _check_fwd_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, head_dim + pad)
+        _check_fwd_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, head_dim + pad, variant)
     if pad:  # the padded copies are contiguous
         q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
     else:
         q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    softmax_scale, causal, deterministic)
+                                    softmax_scale, variant, deterministic)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -346,7 +340,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *, s_aux=None):
     """Attention over padded batches, flash_attn 2.x ``flash_attn_func``.
 
     Args:
@@ -360,8 +354,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         causal: bool (numpy bool, 0/1 accepted): bottom-right aligned causal mask (row i sees
             keys j <= i + s_k - s_q); rows that see no key (s_q > s_k) give output 0. Turned off
             when s_q == 1.
-        window_size: (left, right), a pair of ints; only (-1, -1) (or sides >= s_k) is supported.
-        softcap: must be 0.0. alibi_slopes: must be None.
+        window_size: (left, right), a pair of ints: row i sees keys
+            [i + s_k − s_q − left, i + s_k − s_q + right]; -1 (or any negative side, or a side
+            >= s_k) = unbounded; combined with causal (right = 0). Key tiles wholly outside the
+            window are skipped: the cost follows the visible pairs.
+        softcap: a finite number >= 0; > 0 caps the scores: softcap · tanh(score / softcap),
+            with the exact backward.
+        alibi_slopes: None, or fp32 (h,) or (b, h) on q's device: score −= slope · |i + s_k − s_q − j|
+            (causal or not).
+        s_aux: keyword-only, None or a float tensor (h,) on q's device: attention-sink logits
+            (one per query head, joining every row's softmax with no value; computed in fp32;
+            gets a gradient when it requires grad). Not a flash_attn 2 argument.
         deterministic: bool (as causal): True makes the backward bitwise reproducible (no
             atomics); False (default) lets dQ accumulate with fp32 atomics. No effect on the
             forward, which is always deterministic.
@@ -376,42 +379,42 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     shapes and dtypes (with GQA, dk/dv sum over each kv head's query heads; rows that see no key
     get dq = 0). The gradient of ``softmax_lse`` is ignored, as in flash_attn.
 
-    Raises: DTypeError (dtypes; q/k/v not tensors), DeviceError, ArgumentError (shapes, head
-    dims, the scalar arguments above) (ferroattn.errors, all RuntimeError); NotImplementedError
-    for the unsupported arguments above. The backward raises the same classes (from the
+    Raises: DTypeError (dtypes; q/k/v, alibi_slopes, s_aux not tensors), DeviceError, ArgumentError
+    (shapes, head dims, the scalar arguments above, alibi_slopes / s_aux dtype or shape)
+    (ferroattn.errors, all RuntimeError); NotImplementedError for dropout_p > 0. The backward raises the same classes (from the
     validation of ``ferroattn::attn_bwd``) only for inputs the forward already rejects.
     """
     return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
-                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs, s_aux=s_aux)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *, s_aux=None):
     """:func:`flash_attn_func` with packed ``qkv`` (b, s, 3, h, d) (no GQA). q, k, v are the views
     ``qkv[:, :, 0]``, ``qkv[:, :, 1]``, ``qkv[:, :, 2]`` (no copy). Returns as flash_attn_func;
     the gradient reaches ``qkv`` through the views ((b, s, 3, h, d), qkv's dtype)."""
     q, k, v = _unpack(qkv, "qkv", 3, 2, "(batch, seqlen, 3, heads, head_dim)")
     return _attention(q, k, v, None, None, 0, 0,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs)
+                      deterministic, return_attn_probs, s_aux=s_aux)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *, s_aux=None):
     """:func:`flash_attn_func` with packed ``kv`` (b, s_k, 2, h_k, d); q (b, s_q, h, d).
     Returns as flash_attn_func; gradients reach q and ``kv`` (through its views)."""
     k, v = _unpack(kv, "kv", 2, 2, "(batch, seqlen_k, 2, heads_k, head_dim)")
     return _attention(q, k, v, None, None, 0, 0, dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs)
+                      return_attn_probs, s_aux=s_aux)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None):
+                           return_attn_probs=False, block_table=None, *, s_aux=None):
     """Attention over variable-length sequences packed along dim 0, flash_attn 2.x
     ``flash_attn_varlen_func``.
 
@@ -440,31 +443,31 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs, block_table)
+                      return_attn_probs, block_table, s_aux=s_aux)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
                                      causal=False, window_size=(-1, -1), softcap=0.0,
-                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, s_aux=None):
     """:func:`flash_attn_varlen_func` with packed ``qkv`` (total, 3, h, d) and one ``cu_seqlens``
     (b + 1,) int32 / ``max_seqlen`` for q and k. Returns as flash_attn_varlen_func; the gradient
     reaches ``qkv`` through the views ``qkv[:, 0]``, ``qkv[:, 1]``, ``qkv[:, 2]``."""
     q, k, v = _unpack(qkv, "qkv", 3, 1, "(total, 3, heads, head_dim)")
     return _attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs)
+                      deterministic, return_attn_probs, s_aux=s_aux)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     dropout_p=0.0, softmax_scale=None, causal=False,
                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                    deterministic=False, return_attn_probs=False):
+                                    deterministic=False, return_attn_probs=False, *, s_aux=None):
     """:func:`flash_attn_varlen_func` with packed ``kv`` (total_k, 2, h_k, d); q (total_q, h, d).
     Returns as flash_attn_varlen_func; gradients reach q and ``kv`` (through its views)."""
     k, v = _unpack(kv, "kv", 2, 1, "(total_k, 2, heads_k, head_dim)")
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs)
+                      deterministic, return_attn_probs, s_aux=s_aux)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

@@ -30,8 +30,10 @@ pub(super) fn cu_metas(cu_seqlens_q: Option<MetaTuple>, cu_seqlens_k: Option<Met
     Ok((meta_opt("cu_seqlens_q", cu_seqlens_q)?, meta_opt("cu_seqlens_k", cu_seqlens_k)?))
 }
 
-/// Validate attention-forward arguments from metadata alone (same checks and errors as attn_fwd).
+/// Validate attention-forward arguments from metadata alone (same checks and errors as attn_fwd);
+/// `variant` None = the plain call.
 #[pyfunction]
+#[pyo3(signature = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant=None))]
 #[allow(clippy::too_many_arguments)]
 fn attn_fwd_check(
     q: MetaTuple,
@@ -41,11 +43,11 @@ fn attn_fwd_check(
     cu_seqlens_k: Option<MetaTuple>,
     max_seqlen_q: i64,
     max_seqlen_k: i64,
-    variant: VariantArg<'_>,
+    variant: Option<VariantArg<'_>>,
 ) -> Result<()> {
     let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
-    let variant = variant.metas()?;
+    let variant = variant.map(|v| v.metas()).transpose()?.unwrap_or_default();
     let p = op::validate(
         &q,
         &k,
@@ -143,7 +145,16 @@ fn attn_fwd(
     })
 }
 
+/// (query, key) pairs of one (batch, head) that a call shows (ops::attention::variant::visible_pairs):
+/// the flash_attn window (-1 = unbounded side), `causal` forcing right = 0.
+#[pyfunction]
+fn attn_visible_pairs(seqlen_q: u64, seqlen_k: u64, causal: bool, window_left: i64, window_right: i64) -> u128 {
+    let v = op::AttnVariant::<()> { causal, window_left, window_right, ..Default::default() };
+    op::variant::visible_pairs(seqlen_q, seqlen_k, v.window())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(attn_visible_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(attn_fwd_check, m)?)?;
     m.add_function(wrap_pyfunction!(attn_fwd, m)?)?;
     Ok(())

@@ -7,8 +7,10 @@ use crate::ops::attention_bwd as op;
 use super::variant::{check as check_variant, views, VariantArg};
 use pyo3::prelude::*;
 
-/// Validate attention-backward arguments from metadata alone (same checks and errors as attn_bwd).
+/// Validate attention-backward arguments from metadata alone (same checks and errors as attn_bwd);
+/// `variant` None = the plain call.
 #[pyfunction]
+#[pyo3(signature = (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant=None))]
 #[allow(clippy::too_many_arguments)]
 fn attn_bwd_check(
     dout: MetaTuple,
@@ -21,9 +23,9 @@ fn attn_bwd_check(
     cu_seqlens_k: Option<MetaTuple>,
     max_seqlen_q: i64,
     max_seqlen_k: i64,
-    variant: VariantArg<'_>,
+    variant: Option<VariantArg<'_>>,
 ) -> Result<()> {
-    let variant = variant.metas()?;
+    let variant = variant.map(|v| v.metas()).transpose()?.unwrap_or_default();
     let (dout, q, k, v, out) = (
         meta("dout", dout)?,
         meta("q", q)?,

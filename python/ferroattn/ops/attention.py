@@ -41,10 +41,12 @@ from ._to_native import launch as _launch
 from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
 from ._to_native import tile_aligned as _tile_aligned
+from .variant import AttnVariant, sink_grad
+from .variant import visible_pairs as visible_pairs
 
 __all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "check_varlen_values", "tensor_meta",
            "attn_fwd_flops", "causal_pairs", "lse_shape", "rank_error", "positive_scale", "check_softmax_scale",
-           "scale_is_zero", "check_fwd_meta"]
+           "scale_is_zero", "check_fwd_meta", "visible_pairs", "AttnVariant"]
 
 #: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
 #: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
@@ -56,12 +58,14 @@ CHECK_CU_SEQLENS_VALUES: bool = os.environ.get("FERROATTN_CHECK_CU_SEQLENS", "1"
 # ---------------------------------------------------------------------------------------------
 # metadata for the Rust validation
 # ---------------------------------------------------------------------------------------------
-def _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+def _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                variant: Optional[AttnVariant] = None) -> None:
     """``_native.attn_fwd_check`` on metadata: the Rust validation, no data touched."""
     _native.attn_fwd_check(
         tensor_meta(q), tensor_meta(k), tensor_meta(v),
         tensor_meta(cu_seqlens_q), tensor_meta(cu_seqlens_k),
         _as_int(max_seqlen_q), _as_int(max_seqlen_k),
+        None if variant is None else variant.for_check(),
     )
 
 
@@ -203,7 +207,8 @@ def _normalised_meta(t: Tensor, head_dim: int):
 
 
 def check_fwd_meta(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                   max_seqlen_q: int, max_seqlen_k: int, head_dim: int) -> None:
+                   max_seqlen_q: int, max_seqlen_k: int, head_dim: int,
+                   variant: Optional[AttnVariant] = None) -> None:
     """The Rust validation of the forward (``_native.attn_fwd_check``, the op's own rules) on the
     caller's q, k, v *before* the flash_attn functions pad the head dim to ``head_dim`` or copy a
     non-contiguous last dim: run on the metadata of the tensors the op will receive
@@ -214,7 +219,8 @@ def check_fwd_meta(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tenso
     metas = [_normalised_meta(t, head_dim) for t in tensors]
     try:
         _native.attn_fwd_check(metas[0], metas[1], metas[2], tensor_meta(cu_seqlens_q), tensor_meta(cu_seqlens_k),
-                               _as_int(max_seqlen_q), _as_int(max_seqlen_k))
+                               _as_int(max_seqlen_q), _as_int(max_seqlen_k),
+                               None if variant is None else variant.for_check())
     except Exception as e:
         message = str(e)
         renamed = message
@@ -259,8 +265,13 @@ def _attn_fwd_impl(
     softmax_scale: float,
     causal: bool,
     deterministic: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """Attention forward, ``softmax(softmax_scale · q kᵀ [+ bottom-right causal mask]) v``.
+    """Attention forward, ``softmax(softmax_scale · q kᵀ [+ variant]) v``.
 
     Args (flash_attn layout; ``d`` must already be a multiple of 8, the flash_attn wrappers pad):
         q: (b, s_q, h, d) padded, or (total_q, h, d) varlen; fp16 or bf16, CUDA, stride(-1) == 1.
@@ -274,11 +285,15 @@ def _attn_fwd_impl(
         causal: bottom-right aligned causal mask (row i sees keys j <= i + s_k - s_q).
         deterministic: no effect on the forward (always bitwise reproducible); saved for the
             backward, where True selects the kernels without atomics.
+        window_left, window_right, softcap, alibi_slopes, sinks: the rest of the variant
+            (:class:`ferroattn.ops.variant.AttnVariant`: local window sides, −1 = unbounded;
+            logit softcap, 0 = off; fp32 ALiBi slopes (h,) or (b, h); fp32 sink logits (h,)).
 
     Returns:
         out: ``torch.empty_like(q)`` (q's shape, dtype and stride order), fully written.
-        softmax_lse: fp32 natural-log logsumexp of the scaled scores per row, (b, h, s_q) padded
-            or (h, total_q) varlen; +inf for a row that sees no key (its output is 0).
+        softmax_lse: fp32 natural-log logsumexp of the scaled (softcapped, biased) scores per
+            row, sinks included, (b, h, s_q) padded or (h, total_q) varlen; +inf for a row that
+            sees no key and has no sink (its output is 0).
 
     Raises: the ferroattn.errors classes from the Rust validation (DTypeError, DeviceError,
     ArgumentError, ...), ArgumentError from :func:`check_cu_seqlens_values`, CUDA/NVRTC errors;
@@ -294,12 +309,13 @@ def _attn_fwd_impl(
     out = torch.empty_like(q)
     softmax_lse = torch.empty(lse_shape_, dtype=torch.float32, device=q.device)
     check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
     q, softmax_scale = positive_scale(q, softmax_scale)
     q, k, v = _tile_aligned(q), _tile_aligned(k), _tile_aligned(v)
     # A BufferError (a tensor on another GPU) becomes the Rust validation's error (e.g. DeviceError naming k).
     _launch(_native.attn_fwd, q.device, (q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k),
-            (max_seqlen_q, max_seqlen_k, softmax_scale, causal),
-            lambda: _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+            (max_seqlen_q, max_seqlen_k, softmax_scale, variant.for_native()),
+            lambda: _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant))
     return out, softmax_lse
 
 
@@ -308,7 +324,7 @@ attn_fwd = torch.library.custom_op("ferroattn::attn_fwd", mutates_args=())(_attn
 
 def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                  cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                 softmax_scale: float, causal: bool, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+                 softmax_scale: float, variant: AttnVariant, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
     """``attn_fwd`` as the flash_attn functions call it: through the op (the dispatcher) whenever
     anything may watch or transform the call -- torch.compile tracing, a dispatch mode
     (FlopCounterMode, FakeTensorMode, ...), the profiler (which names the op), functorch
@@ -326,19 +342,21 @@ def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
             and torch._C._len_torch_dispatch_stack() == 0
             and not torch.autograd.profiler._is_profiler_enabled
             and not torch._C._are_functorch_transforms_active()
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                  or (variant.sinks is not None and variant.sinks.requires_grad)))):
         return _attn_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              softmax_scale, causal, deterministic)
-    return attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                    deterministic)
+                              softmax_scale, variant.causal, deterministic, *variant.op_args())
+    return attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, variant.causal,
+                    deterministic, *variant.op_args())
 
 
 @attn_fwd.register_fake
 def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   deterministic=False):
+                   deterministic=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     _reject_forward_ad("ferroattn::attn_fwd", (("q", q), ("k", k), ("v", v)))
     # Same validation as the real op, from metadata (works for fake and meta tensors).
-    _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
+    _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant)
     lse_shape_ = lse_shape(q, cu_seqlens_q)
     if lse_shape_ is None:
         raise rank_error(q, cu_seqlens_q)
@@ -354,11 +372,13 @@ def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 def _setup_context(ctx, inputs, output) -> None:
     """Saves what the backward recomputes P from (FlashAttention-2 §3.2): q, k, v, the forward's
     out and softmax_lse (O(b·h·s) extra, no s×s buffer), the cu_seqlens tensors, and the scalars."""
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic = inputs
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic,
+     window_left, window_right, softcap, alibi_slopes, sinks) = inputs
     out, softmax_lse = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
     ctx.max_seqlen_q, ctx.max_seqlen_k = max_seqlen_q, max_seqlen_k
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    ctx.window, ctx.softcap = (window_left, window_right), softcap
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -366,15 +386,19 @@ def _backward(ctx, grad_out, grad_lse):
     by torch.compile); None for the non-differentiable arguments. ``grad_lse`` is ignored, as
     flash_attn ignores it: the LSE output is treated as a constant (a loss on softmax_lse alone
     gives zero gradients)."""
-    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
     # forward-over-reverse (a dual grad_out): attn_bwd has no jvp formula either
     _reject_forward_ad("ferroattn::attn_bwd", (("dout", grad_out),))
     dq, dk, dv = torch.ops.ferroattn.attn_bwd(
         grad_out, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
-        ctx.softmax_scale, ctx.causal, ctx.deterministic)
+        ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window[0], ctx.window[1], ctx.softcap,
+        alibi_slopes, sinks)
     need = ctx.needs_input_grad
+    dsinks = None
+    if sinks is not None and need[14]:
+        dsinks = sink_grad(sinks, softmax_lse, out, grad_out, cu_seqlens_q)
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-            None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None, dsinks)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -385,16 +409,15 @@ attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------------------------------------
 def causal_pairs(seqlen_q: int, seqlen_k: int) -> int:
     """Number of visible (i, j) pairs under the bottom-right causal mask (row i sees keys
-    j <= i + seqlen_k - seqlen_q): ``T(s_k) - T(max(0, s_k - s_q))`` with ``T(n) = n (n + 1) / 2``.
+    j <= i + seqlen_k - seqlen_q): :func:`visible_pairs` with ``causal=True``.
     E.g. s_q = 2, s_k = 5 -> 4 + 5 = 9; s_q = 5, s_k = 2 -> 0 + 0 + 0 + 1 + 2 = 3."""
-    hidden = max(0, seqlen_k - seqlen_q)
-    return seqlen_k * (seqlen_k + 1) // 2 - hidden * (hidden + 1) // 2
+    return visible_pairs(seqlen_q, seqlen_k, True)
 
 
-def _pairs(seqlen_q, seqlen_k, causal: bool):
+def _pairs(seqlen_q, seqlen_k, causal: bool, window=(-1, -1)):
     if seqlen_q <= 0 or seqlen_k <= 0:
         return 0
-    return causal_pairs(seqlen_q, seqlen_k) if causal else seqlen_q * seqlen_k
+    return visible_pairs(seqlen_q, seqlen_k, causal, window)
 
 
 def _seqlens(cu: Tensor) -> Optional[Sequence[int]]:
@@ -405,21 +428,24 @@ def _seqlens(cu: Tensor) -> Optional[Sequence[int]]:
 
 
 def attn_fwd_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                   causal, deterministic=False, *args, out_val=None, **kwargs) -> int:
+                   causal, deterministic=False, window_left=-1, window_right=-1, *args, out_val=None,
+                   **kwargs) -> int:
     """FLOPs of one ``attn_fwd`` call: 2 matmuls (q kᵀ and p v) of 2·d FLOPs per visible (i, j)
     pair and head, i.e. ``4 · b · h · s_q · s_k · d`` without a mask; with ``causal`` only the
-    visible pairs of the bottom-right mask count (:func:`causal_pairs`). Varlen sums over the
+    visible pairs of the bottom-right mask and the local window count (:func:`visible_pairs`;
+    softcap, ALiBi and sinks do not change the count). Varlen sums over the
     sequences when the cu_seqlens values are readable (real tensors), else assumes every
     sequence has the max lengths. ``d`` is the head dim the op sees (padded to a multiple of 8)."""
     h, d = q.shape[-2], q.shape[-1]
+    window = (window_left, window_right)
     if cu_seqlens_q is None:
-        pairs = q.shape[0] * _pairs(q.shape[1], k.shape[1], causal)
+        pairs = q.shape[0] * _pairs(q.shape[1], k.shape[1], causal, window)
     else:
         lens_q, lens_k = _seqlens(cu_seqlens_q), _seqlens(cu_seqlens_k)
         if lens_q is not None and lens_k is not None and len(lens_q) == len(lens_k):
-            pairs = sum(_pairs(a, b, causal) for a, b in zip(lens_q, lens_k))
+            pairs = sum(_pairs(a, b, causal, window) for a, b in zip(lens_q, lens_k))
         else:
-            pairs = (cu_seqlens_q.shape[0] - 1) * _pairs(max_seqlen_q, max_seqlen_k, causal)
+            pairs = (cu_seqlens_q.shape[0] - 1) * _pairs(max_seqlen_q, max_seqlen_k, causal, window)
     return 4 * h * d * pairs
 
 

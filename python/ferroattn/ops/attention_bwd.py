@@ -40,16 +40,19 @@ from .. import _native
 from ._to_native import as_int, launch, reject_forward_ad, tensor_meta, tile_aligned
 from .attention import (attn_fwd_flops, check_softmax_scale, check_varlen_values, lse_shape, positive_scale,
                         rank_error, scale_is_zero)
+from .variant import AttnVariant
 
 __all__ = ["attn_bwd", "attn_bwd_flops"]
 
 
-def _check_meta(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+def _check_meta(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                variant: Optional[AttnVariant] = None) -> None:
     """``_native.attn_bwd_check`` on metadata: the Rust validation, no data touched."""
     _native.attn_bwd_check(
         tensor_meta(dout), tensor_meta(q), tensor_meta(k), tensor_meta(v), tensor_meta(out),
         tensor_meta(softmax_lse), tensor_meta(cu_seqlens_q), tensor_meta(cu_seqlens_k),
         as_int(max_seqlen_q), as_int(max_seqlen_k),
+        None if variant is None else variant.for_check(),
     )
 
 
@@ -81,6 +84,11 @@ def _attn_bwd_impl(
     softmax_scale: float,
     causal: bool,
     deterministic: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of attention, ``(dq, dk, dv)`` for ``out = softmax(softmax_scale · q kᵀ [+ mask]) v``.
 
@@ -100,6 +108,9 @@ def _attn_bwd_impl(
             ``deterministic`` are ``bool`` in the op's schema: the dispatcher converts an int
             (e.g. 2 -> True) before this code runs, so such a value cannot be rejected here (the
             flash_attn functions reject it before calling the op).
+        window_left, window_right, softcap, alibi_slopes, sinks: the forward's variant
+            (:class:`ferroattn.ops.variant.AttnVariant`). The sinks' own gradient is not formed
+            here (the forward's autograd formula adds it: :func:`ferroattn.ops.variant.sink_grad`).
 
     Returns:
         dq: q's shape and dtype (``empty_like(q)``: q's stride order when q is dense, else
@@ -135,11 +146,12 @@ def _attn_bwd_impl(
     q_run, scale_run = positive_scale(q, softmax_scale)
     q_run, k_run, v_run = tile_aligned(q_run), tile_aligned(k), tile_aligned(v)
     dout, out = tile_aligned(dout), tile_aligned(out)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
     launch(_native.attn_bwd, q.device,
            (dout, q_run, k_run, v_run, out, softmax_lse, dq, dk, dv, softmax_d, dq_accum, cu_seqlens_q, cu_seqlens_k),
-           (max_seqlen_q, max_seqlen_k, scale_run, causal, deterministic),
+           (max_seqlen_q, max_seqlen_k, scale_run, variant.for_native(), deterministic),
            lambda: _check_meta(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
-                               max_seqlen_q, max_seqlen_k))
+                               max_seqlen_q, max_seqlen_k, variant))
     if scale_is_zero(softmax_scale):
         dq.zero_()  # the scores do not depend on q (0 in fp32): its gradient is 0
     elif softmax_scale < 0.0:
@@ -152,11 +164,13 @@ attn_bwd = torch.library.custom_op("ferroattn::attn_bwd", mutates_args=())(_attn
 
 @attn_bwd.register_fake
 def _attn_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, deterministic):
+                   softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0,
+                   alibi_slopes=None, sinks=None):
     reject_forward_ad("ferroattn::attn_bwd", (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)))
     # Same validation as the real op, from metadata, on the layouts the real op hands to Rust.
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
     _check_meta(_readable(dout), q, k, v, out, softmax_lse.contiguous(), cu_seqlens_q, cu_seqlens_k,
-                max_seqlen_q, max_seqlen_k)
+                max_seqlen_q, max_seqlen_k, variant)
     if lse_shape(q, cu_seqlens_q) is None:
         raise rank_error(q, cu_seqlens_q)
     check_softmax_scale(softmax_scale)
@@ -164,12 +178,13 @@ def _attn_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, 
 
 
 def attn_bwd_flops(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, deterministic=False, *args, out_val=None, **kwargs) -> int:
+                   softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1, *args,
+                   out_val=None, **kwargs) -> int:
     """FLOPs of one ``attn_bwd`` call: 2.5 × the forward's (:func:`ferroattn.ops.attention.attn_fwd_flops`)
     -- five matmuls per visible (i, j) pair and head (recomputed S = q kᵀ, dV = Pᵀ dO, dP = dO vᵀ,
     dQ = dS k, dK = dSᵀ q) against the forward's two, FlashAttention-2's convention (§4.1)."""
     return attn_fwd_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                          causal) * 5 // 2
+                          causal, deterministic, window_left, window_right) * 5 // 2
 
 
 register_flop_formula(torch.ops.ferroattn.attn_bwd, get_raw=True)(attn_bwd_flops)
