@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
         const int slot = j % Stages;
         cp_async_wait<2 * Stages - 2>();
         __syncthreads();   // K_j visible; every warp is done with P V_{j-1}
-        if (j >= 1) {
+        if (j > j_first) {
             if (j - 1 + Stages < n_blocks) load_v(j - 1 + Stages);
             cp_async_commit();
         }
