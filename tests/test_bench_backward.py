@@ -28,7 +28,7 @@ def test_bwd_flops_are_2_5_and_3_5_times_forward(s_q, s_k, causal):
     f = report.fwd_flops(2, 4, s_q, s_k, 64, causal)
     assert report.bwd_flops(2, 4, s_q, s_k, 64, causal) == pytest.approx(2.5 * f)
     assert report.fwd_bwd_flops(2, 4, s_q, s_k, 64, causal) == pytest.approx(3.5 * f)
-    assert report.bwd_flops(1, 16, 16384, 16384, 128, True) == 2.5 * 2 * 16 * 16384 ** 2 * 128
+    assert report.bwd_flops(1, 16, 16384, 16384, 128, True) == 2.5 * 4 * 16 * (16384 * 16385 // 2) * 128
     with pytest.raises(ValueError, match="d"):
         report.bwd_flops(1, 1, 4, 4, -8, False)
 

@@ -18,14 +18,14 @@ from _scripts import load_script as _load_script
 
 def test_fwd_flops_full_and_causal():
     assert report.fwd_flops(2, 16, 1024, 1024, 128, False) == 4 * 2 * 16 * 1024 * 1024 * 128
-    assert report.fwd_flops(2, 16, 1024, 1024, 128, True) == 2 * 2 * 16 * 1024 * 1024 * 128
+    # causal with s_q == s_k: the s (s + 1) / 2 visible pairs, the diagonal included
+    assert report.fwd_flops(2, 16, 1024, 1024, 128, True) == 4 * 2 * 16 * (1024 * 1025 // 2) * 128
 
 
 @pytest.mark.parametrize("s_q, s_k", [(3, 7), (7, 3), (1, 5), (5, 1), (4, 4)])
 def test_fwd_flops_causal_counts_visible_bottom_right_pairs(s_q, s_k):
     visible = sum(1 for i in range(s_q) for j in range(s_k) if j <= i + s_k - s_q)
-    expect = 4 * 1 * 1 * visible * 8 if s_q != s_k else 2 * s_q * s_k * 8
-    assert report.fwd_flops(1, 1, s_q, s_k, 8, True) == expect
+    assert report.fwd_flops(1, 1, s_q, s_k, 8, True) == 4 * visible * 8
 
 
 def test_fwd_flops_rejects_negative():

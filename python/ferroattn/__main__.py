@@ -15,7 +15,10 @@ Commands
     1 when a check fails, 3 when a requirement (GPU, torch, model files) is missing.
 ``bench attention [--quick] [--out DIR]``
     The attention benchmark (see :mod:`ferroattn.bench`); ``--backward [--deterministic]`` times
-    the backward (alone, and forward + backward) instead (:mod:`ferroattn.bench.attention_bwd`).
+    the backward (alone, and forward + backward) instead (:mod:`ferroattn.bench.attention_bwd`);
+    ``--variants [LIST]`` runs the variant grid instead (window, softcap, ALiBi, dropout, sinks vs
+    ours plain, FlexAttention and SDPA; with ``--backward`` also the backward:
+    :mod:`ferroattn.bench.variants`).
 ``bench gemm [--quick] [--out DIR] [--dtypes bf16,fp16] [--backends wmma,sm90,auto]``
     Dense GEMM: ``ferroattn.matmul`` per backend vs ``torch.matmul`` (cuBLAS), square and LLM
     shapes, plus matmul + bias + activation vs torch's unfused equivalent
@@ -267,6 +270,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "training":
         from ferroattn.bench import training  # noqa: PLC0415
         return training.main_from_args(args)
+    if getattr(args, "variants", None) is not None:
+        from ferroattn.bench import variants  # noqa: PLC0415
+        return variants.main_from_args(args)
     if getattr(args, "backward", False):
         from ferroattn.bench import attention_bwd  # noqa: PLC0415
         return attention_bwd.main_from_args(args)
@@ -357,16 +363,24 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--head-dims", type=_arg_type(parse_int_list, "--head-dims"), default=None,
                     help="subset of 64,128,256")
     pa.add_argument("--seqlens", type=_arg_type(parse_int_list, "--seqlens"), default=None,
-                    help="subset of 512,1024,2048,4096,8192,16384")
+                    help="subset of 512,1024,2048,4096,8192,16384 (with --variants: any lengths)")
     pa.add_argument("--rep-ms", type=float, default=None, help="timing budget per measurement (ms)")
     pa.add_argument("--time-budget-s", type=float, default=None,
                     help="stop measuring new grid points after this many seconds (rest recorded as skipped)")
     pa.add_argument("--peers", default=None,
-                    help="SDPA backends to compare against (default flash,cudnn,efficient; with --backward flash,cudnn)")
+                    help="SDPA backends to compare against (default flash,cudnn,efficient; with --backward "
+                         "flash,cudnn; with --variants also flex = FlexAttention: default "
+                         "flex,flash,cudnn,efficient)")
     pa.add_argument("--backward", action="store_true",
                     help="time the backward alone and forward+backward (FLOPs 2.5x / 3.5x forward)")
     pa.add_argument("--deterministic", action="store_true",
                     help="with --backward: our deterministic backward (no atomics)")
+    pa.add_argument("--variants", nargs="?", const="all", default=None, metavar="LIST",
+                    help="run the variant grid instead (b 1, h 32, d 128, causal, bf16, seqlen 8192,32768 or "
+                         "--seqlens): ours with each variant vs ours plain (overhead), FlexAttention "
+                         "(torch.compile) and SDPA where it can express the variant; LIST: comma-separated "
+                         "from plain,window,softcap,alibi,dropout,sinks (default all); with --backward also "
+                         "the backward")
     pa.set_defaults(func=cmd_bench)
 
     pt = bsub.add_parser("training", help="Llama-3.2-1B-config training: ferroattn vs sdpa (and eager), "

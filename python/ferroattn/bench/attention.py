@@ -5,15 +5,17 @@ Grid (FlashAttention-3 paper, forward): 16k tokens per batch (batch = 16384 / se
 16k; causal and not; bf16 and fp16. ``--quick``: d 64/128/256 at seqlen 1k and 8k, bf16 only.
 
 For every point: ours and each peer timed with :func:`timing.bench_gpu` (median) on rotating
-copies of the inputs, TFLOP/s from :func:`report.fwd_flops`, ratio ours/peer, % of the measured
-bf16 matmul ceiling, and ``max_abs_diff`` between our output and the first peer that ran (a
-guard against fast-but-wrong). A peer that cannot run a point is recorded as null with the
+copies of the inputs, TFLOP/s from :func:`report.fwd_flops` (visible pairs), ratio ours/peer,
+% of the measured bf16 matmul ceiling, and ``max_abs_diff`` between our output and the first
+peer that ran (a guard against fast-but-wrong). A peer that cannot run a point is recorded as null with the
 reason. Also: the host-side cost of one small call (:mod:`.hostcost`).
 
 Writes the raw JSON (:func:`report.write_json`) into ``--out`` (default ``bench/results``),
 prints the table, then the summary lines. Exit 0 when every point was measured for ours,
 1 when ours failed somewhere (the JSON is written anyway), 3 without a CUDA GPU.
-``--backward`` runs :mod:`.attention_bwd` instead (same grid, backward timings).
+``--backward`` runs :mod:`.attention_bwd` instead (same grid, backward timings); ``--variants``
+runs :mod:`.variants` instead (window, softcap, ALiBi, dropout, sinks against plain, FlexAttention
+and SDPA; with ``--backward`` also the backward).
 """
 from __future__ import annotations
 
@@ -187,7 +189,7 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             "meta": meta,
             "config": {"quick": quick, "tokens": TOKENS, "hidden": 2048, "rep_ms": rep, "warmup_ms": warm,
                        "timing": timing.method_name(), "peers": list(peer_names),
-                       "flops": "4*b*h*s^2*d forward, half when causal",
+                       "flops": report.FLOPS_RULE,
                        "time_budget_s": time_budget_s, "elapsed_s": time.monotonic() - t_start},
             "partial": partial,
             "ceilings": ceil,
@@ -240,18 +242,23 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
     return final, code
 
 
+SDPA_PEERS = ("flash", "cudnn", "efficient", "math")
+
+
 def check_args(prog: str, args: argparse.Namespace, default_peers: Sequence[str],
-               grid_fn: Callable[..., Any]) -> tuple[int | None, list[str], list[str] | None]:
-    """What ``bench attention`` (forward: this module's grid; ``--backward``: attention_bwd's) checks
-    before it runs: --peers names (default ``default_peers``), then --dtypes / --head-dims /
-    --seqlens through ``grid_fn`` (before touching the GPU), then torch importable and a CUDA GPU.
-    Messages go to stderr, prefixed ``prog``. Returns (exit code: 2 bad arguments, 3 cannot run,
-    None to go on; peer names; dtypes or None for the default)."""
+               grid_fn: Callable[..., Any], known_peers: Sequence[str] = SDPA_PEERS
+               ) -> tuple[int | None, list[str], list[str] | None]:
+    """What ``bench attention`` (forward: this module's grid; ``--backward``: attention_bwd's;
+    ``--variants``: :mod:`.variants`') checks before it runs: --peers names among ``known_peers``
+    (default ``default_peers``), then --dtypes / --head-dims / --seqlens through ``grid_fn`` (before
+    touching the GPU), then torch importable and a CUDA GPU. Messages go to stderr, prefixed
+    ``prog``. Returns (exit code: 2 bad arguments, 3 cannot run, None to go on; peer names; dtypes
+    or None for the default)."""
     peers_text = args.peers if args.peers is not None else ",".join(default_peers)
     peer_names = [x.strip() for x in peers_text.split(",") if x.strip()]
-    bad = [x for x in peer_names if x not in ("flash", "cudnn", "efficient", "math")]
+    bad = [x for x in peer_names if x not in known_peers]
     if bad or not peer_names:
-        print(f"{prog}: --peers: expected names from flash,cudnn,efficient,math, got {bad or peers_text!r}",
+        print(f"{prog}: --peers: expected names from {','.join(known_peers)}, got {bad or peers_text!r}",
               file=sys.stderr)
         return 2, peer_names, None
     dtypes = [x.strip() for x in args.dtypes.split(",")] if args.dtypes else None
@@ -260,6 +267,9 @@ def check_args(prog: str, args: argparse.Namespace, default_peers: Sequence[str]
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2, peer_names, dtypes
+    except ImportError as e:           # the FLOP count needs torch and the native extension
+        print(f"{prog}: cannot run: {e}", file=sys.stderr)
+        return 3, peer_names, dtypes
     try:
         import torch
     except ImportError as e:

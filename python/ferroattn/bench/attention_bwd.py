@@ -14,7 +14,7 @@ the same method for every implementation:
   ``torch.autograd.grad(out, (q, k, v), dout)``.
 
 FLOPs (DESIGN §5): backward = 2.5 x forward, forward + backward = 3.5 x forward, forward counted
-as the forward benchmark does (4·b·h·s²·d, half when causal): :func:`report.bwd_flops`,
+as the forward benchmark does (4·b·h·d per visible query-key pair): :func:`report.bwd_flops`,
 :func:`report.fwd_bwd_flops`. Implementations: ours = ``ferroattn.flash_attn_func`` on
 (b, s, h, d) leaves (``deterministic`` from ``--deterministic``), peers = SDPA restricted to one
 backend on (b, h, s, d) leaves (each its natural contiguous layout; dout likewise). Timing:
@@ -243,8 +243,7 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
                        "method": {"bwd": "forward once per input set outside the timed region; timed: "
                                          "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)",
                                   "fwd_bwd": "timed: out = attention(q, k, v); torch.autograd.grad(out, (q, k, v), dout)"},
-                       "flops": "forward 4*b*h*s^2*d (half when causal); backward 2.5x forward; "
-                                "forward+backward 3.5x forward",
+                       "flops": report.FLOPS_RULE + "; backward 2.5x forward; forward+backward 3.5x forward",
                        "time_budget_s": time_budget_s, "elapsed_s": time.monotonic() - t_start},
             "partial": partial,
             "ceilings": ceil,

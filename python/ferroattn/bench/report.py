@@ -1,12 +1,13 @@
 """FLOP formulas, run metadata, summary statistics, the printed table and the raw JSON of a
-benchmark run (forward grid and backward grid). Pure Python (no torch needed except in
+benchmark run (forward grid, backward grid, variant grid). Pure Python (no torch needed except in
 :func:`run_metadata`), so it is tested on CPU with synthetic numbers.
 
 A grid point (one dict per shape) holds::
 
     {"dtype": "bf16", "causal": bool, "head_dim": d, "heads": h, "seqlen": s, "batch": b,
      "flops": float,                          # FLOPs of what is timed (fwd_flops; the backward
-                                              # benchmark: bwd_flops or fwd_bwd_flops)
+                                              # benchmark: bwd_flops or fwd_bwd_flops), counted
+                                              # over the visible (query, key) pairs
      "ours": {"ms", "tflops", "pct_ceiling"} | None, "ours_error": str | None,
      "peers": {name: {"ms", "tflops"} | None}, "peer_errors": {name: reason},
      "ratio": {name: ours_tflops / peer_tflops | None},
@@ -26,20 +27,30 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 
-def fwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float:
-    """Attention forward FLOPs: 4*b*h*s_q*s_k*d (two matmuls of 2*s_q*s_k*d each), half when
-    causal with s_q == s_k (the FlashAttention convention); for causal with s_q != s_k the
-    visible (bottom-right aligned) query-key pairs are counted instead."""
+def visible_pairs(s_q: int, s_k: int, causal: bool = False, window_size: Sequence[int] = (-1, -1)) -> int:
+    """The (query, key) pairs of one (batch, head) that the causal / window mask leaves visible:
+    :func:`ferroattn.ops.attention.visible_pairs` (the one count; the launch recorder's FLOPs use
+    the same). Needs torch and the native extension (imported on first use)."""
+    from ferroattn.ops.attention import visible_pairs as _visible_pairs
+    return int(_visible_pairs(int(s_q), int(s_k), bool(causal), tuple(int(w) for w in window_size)))
+
+
+def fwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
+              window_size: Sequence[int] = (-1, -1)) -> float:
+    """Attention forward FLOPs: two matmuls (q kᵀ and p v) of 2·d FLOPs per visible (query, key)
+    pair and head, i.e. 4·b·h·d·:func:`visible_pairs` -- 4·b·h·s_q·s_k·d without a mask; causal
+    with s_q == s_k counts s·(s + 1)/2 pairs (the diagonal included: 1/s above the "half" of the
+    FlashAttention papers); a local window counts only the pairs inside it. Softcap, ALiBi and
+    sinks do not change the count."""
     for name, v in (("b", b), ("h", h), ("s_q", s_q), ("s_k", s_k), ("d", d)):
         if v < 0:
             raise ValueError(f"{name}: expected >= 0, got {v}")
-    if not causal:
-        return 4.0 * b * h * s_q * s_k * d
-    if s_q == s_k:
-        return 2.0 * b * h * s_q * s_k * d
-    off = s_k - s_q
-    pairs = sum(min(s_k, max(0, i + off + 1)) for i in range(s_q))
-    return 4.0 * b * h * pairs * d
+    return 4.0 * b * h * d * visible_pairs(s_q, s_k, causal, window_size)
+
+
+#: How the benchmarks count FLOPs (for the raw JSON's config).
+FLOPS_RULE = ("forward 4*b*h*d*visible_pairs(s_q, s_k, causal, window_size) "
+              "(ferroattn.ops.attention.visible_pairs; causal with s_q == s_k: s*(s+1)/2 pairs)")
 
 
 #: Backward FLOPs per forward FLOP (FlashAttention convention: the backward runs 5 matmuls of the
@@ -48,14 +59,16 @@ BWD_FACTOR = 2.5
 FWD_BWD_FACTOR = 1.0 + BWD_FACTOR
 
 
-def bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float:
-    """Attention backward FLOPs (dQ, dK, dV): 2.5 x :func:`fwd_flops` (same visible-pair rule)."""
-    return BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal)
+def bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
+              window_size: Sequence[int] = (-1, -1)) -> float:
+    """Attention backward FLOPs (dQ, dK, dV): 2.5 x :func:`fwd_flops` (same visible pairs)."""
+    return BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal, window_size)
 
 
-def fwd_bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float:
+def fwd_bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
+                  window_size: Sequence[int] = (-1, -1)) -> float:
     """Forward + backward FLOPs: 3.5 x :func:`fwd_flops`."""
-    return FWD_BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal)
+    return FWD_BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal, window_size)
 
 
 def tflops(flops: float, ms: float | None) -> float | None:
@@ -328,6 +341,158 @@ def format_per_config(summary: dict, peers: Sequence[str]) -> str:
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+# ---- variant benchmark -------------------------------------------------------------------
+
+def variant_overhead(ratio: dict, visible_fraction: float, target: float | None) -> dict:
+    """A variant's overhead against plain (same kernel, seqlen and mode) from the paired time
+    ratio ``ratio`` (:func:`timing.paired_ratio` of ms_variant over ms_plain): the cost per
+    visible pair ``cost_ratio = time_ratio / visible_fraction`` (``visible_fraction`` = the
+    variant's visible pairs over plain's; 1 unless the variant masks pairs), ``overhead =
+    cost_ratio - 1`` (= TF/s plain / TF/s variant - 1) with the interval of the paired ratio, and
+    ``ok`` = overhead <= ``target`` (None without a target)."""
+    f = float(visible_fraction)
+    if not f > 0:
+        raise ValueError(f"visible_fraction: expected > 0, got {visible_fraction!r}")
+    lo, hi = ratio["ratio_ci"]
+    cost = ratio["ratio"] / f
+    return {"time_ratio": ratio["ratio"], "time_ratio_ci": [lo, hi], "time_ratio_rounds": ratio["ratio_rounds"],
+            "visible_fraction": f, "cost_ratio": cost, "overhead": cost - 1.0,
+            "overhead_ci": [lo / f - 1.0, hi / f - 1.0], "target": target,
+            "ok": None if target is None else bool(cost - 1.0 <= target)}
+
+
+def variant_label(p: dict) -> str:
+    dtype = p.get("dtype", "bf16")
+    return f"{p['variant']} {p['mode']} s={p['seqlen']}" + ("" if dtype == "bf16" else f" {dtype}")
+
+
+def _first_line(text: str | None, n: int = 160) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= n else line[: n - 3] + "..."
+
+
+def summarize_variants(points: Iterable[dict], peers: Sequence[str] = ()) -> dict:
+    """Summary of a variant-benchmark run (points of :func:`ferroattn.bench.variants.grid`, measured):
+
+    - ``overhead``: one row per variant point with an overhead (label, overhead, interval,
+      target, ok); ``target``: n checked / ok, the labels over target, ``met`` (None when nothing
+      was checked) and ``complete`` (every non-plain point has an overhead);
+    - ``not_measured``: every non-plain point without an overhead and why (ours rejects the
+      variant, failed, was skipped, or plain was not measured);
+    - ``window``: per window point its visible fraction, time ratio and cost ratio against plain;
+    - ``per_peer``: median / minimum ratio ours/peer (TF/s) over the points where both ran, and
+      per mode; ``max_abs_diff``: the largest guard value per peer;
+    - counts: points, measured (ours), unsupported by ours, ours failed, skipped."""
+    pts = list(points)
+    overhead, not_measured, window = [], [], []
+    for p in pts:
+        o = p.get("overhead")
+        if o is not None:
+            overhead.append({"label": variant_label(p), "variant": p["variant"], "mode": p["mode"],
+                             "seqlen": p["seqlen"], "overhead": o["overhead"], "overhead_ci": o["overhead_ci"],
+                             "target": o["target"], "ok": o["ok"]})
+            if p["variant"] == "window" or p.get("visible_fraction", 1.0) != 1.0:
+                window.append({"label": variant_label(p), "visible_fraction": o["visible_fraction"],
+                               "time_ratio": o["time_ratio"], "cost_ratio": o["cost_ratio"]})
+        elif p["variant"] != "plain":
+            why = (p.get("skipped") or p.get("ours_unsupported") or p.get("ours_error")
+                   or ("plain not measured" if p.get("ours") else "not measured"))
+            not_measured.append({"label": variant_label(p), "reason": why})
+    checked = [r for r in overhead if r["ok"] is not None]
+    failed = [r["label"] for r in checked if not r["ok"]]
+    names = list(peers) or sorted({k for p in pts for k in p.get("peers", {})})
+    per_peer, diffs = {}, {}
+    for name in names:
+        rs = [(p["mode"], p["ratio"][name]) for p in pts if (p.get("ratio") or {}).get(name) is not None]
+        by_mode = {}
+        for mode in sorted({m for m, _ in rs}):
+            vals = [r for m, r in rs if m == mode]
+            by_mode[mode] = {"median_ratio": _median(vals), "min_ratio": min(vals), "n": len(vals)}
+        vals = [r for _, r in rs]
+        per_peer[name] = {"median_ratio": _median(vals), "min_ratio": min(vals) if vals else None, "n": len(vals),
+                          "modes": by_mode}
+        ds = [p["max_abs_diff"][name] for p in pts
+              if isinstance((p.get("max_abs_diff") or {}).get(name), (int, float))]
+        diffs[name] = max(ds) if ds else None
+    return {
+        "overhead": overhead,
+        "target": {"n_checked": len(checked), "n_ok": len(checked) - len(failed), "failed": failed,
+                   "met": None if not checked else not failed, "complete": not not_measured},
+        "not_measured": not_measured,
+        "window": window,
+        "per_peer": per_peer,
+        "max_abs_diff": diffs,
+        "n_points": len(pts),
+        "n_measured": sum(1 for p in pts if p.get("ours")),
+        "n_unsupported": sum(1 for p in pts if p.get("ours_unsupported")),
+        "n_ours_failed": sum(1 for p in pts if p.get("ours_error")),
+        "n_skipped": sum(1 for p in pts if p.get("skipped")),
+    }
+
+
+def format_variants_table(points: Sequence[dict], peers: Sequence[str]) -> str:
+    """One row per variant point: visible %, TF/s of ours and each peer, ratio ours/peer,
+    overhead against plain (with its target) and the largest max|diff| over the peers. Ours:
+    "n/i" = the variant is not implemented (null with the reason in the JSON)."""
+    cols = ["mode", "variant", "seqlen", "vis%", "ours TF/s"] + [f"{p} TF/s" for p in peers] + \
+        [f"x{p}" for p in peers] + ["overhead", "target", "max|diff|"]
+    rows = []
+    for p in points:
+        head = [p["mode"], p["variant"], str(p["seqlen"]), _f(100.0 * p["visible_fraction"], ".1f")
+                if p.get("visible_fraction") is not None else "—"]
+        if p.get("skipped"):
+            rows.append(head + ["skipped"] + [""] * (2 * len(peers) + 3))
+            continue
+        ours = p.get("ours") or {}
+        row = head + [_f(ours.get("tflops"), ".1f") if ours else ("n/i" if p.get("ours_unsupported") else "ERR")]
+        for name in peers:
+            pr = (p.get("peers") or {}).get(name)
+            row.append(_f(pr["tflops"], ".1f") if pr else "n/a")
+        for name in peers:
+            row.append(_f((p.get("ratio") or {}).get(name), ".2f"))
+        o = p.get("overhead")
+        row.append("" if p["variant"] == "plain" else ("—" if o is None else f"{100.0 * o['overhead']:+.1f}%"))
+        tgt = p.get("target")
+        row.append("" if tgt is None else f"<={100.0 * tgt:.0f}%" + ("" if o is None or o["ok"] else " OVER"))
+        ds = [x for x in (p.get("max_abs_diff") or {}).values() if isinstance(x, (int, float))]
+        row.append(_f(max(ds) if ds else None, ".1e"))
+        rows.append(row)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def format_variants_summary(summary: dict) -> str:
+    """The summary lines of a variant-benchmark run (from :func:`summarize_variants`); the last
+    line is the verdict on the overhead targets."""
+    lines = []
+    for w in summary["window"]:
+        lines.append(f"{w['label']}: {100.0 * w['visible_fraction']:.1f}% of plain's visible pairs in "
+                     f"{100.0 * w['time_ratio']:.1f}% of its time (cost per visible pair {w['cost_ratio']:.2f}x)")
+    for name, v in summary["per_peer"].items():
+        modes = "; ".join(f"{m} median {_f(r['median_ratio'], '.3f')}, min {_f(r['min_ratio'], '.3f')}"
+                          for m, r in v["modes"].items())
+        lines.append(f"ours/{name}: {modes or 'no common points'} ({v['n']} points); largest max|diff| "
+                     f"{_f(summary['max_abs_diff'].get(name), '.1e')}")
+    for r in summary["overhead"]:
+        if r["target"] is not None:
+            lo, hi = r["overhead_ci"]
+            lines.append(f"overhead {r['label']}: {100.0 * r['overhead']:+.1f}% (paired interval "
+                         f"{100.0 * lo:+.1f}% .. {100.0 * hi:+.1f}%), target <= {100.0 * r['target']:.0f}%: "
+                         f"{'ok' if r['ok'] else 'OVER'}")
+    for r in summary["not_measured"]:
+        lines.append(f"not measured: {r['label']}: {_first_line(r['reason'])}")
+    lines.append(f"points: {summary['n_points']}, measured {summary['n_measured']}, not implemented by ours "
+                 f"{summary['n_unsupported']}, ours failed {summary['n_ours_failed']}, skipped {summary['n_skipped']}")
+    t = summary["target"]
+    verdict = {True: "MET", False: "NOT MET", None: "not measured"}[t["met"]]
+    lines.append(f"variant overhead targets (vs ours plain, per visible pair): {verdict}, {t['n_ok']}/{t['n_checked']} "
+                 f"within target" + ("" if t["complete"] else f", not measured: {len(summary['not_measured'])}")
+                 + (f"; over: {', '.join(t['failed'])}" if t["failed"] else ""))
     return "\n".join(lines)
 
 
