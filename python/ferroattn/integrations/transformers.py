@@ -19,6 +19,32 @@ and pads the output back; packed sequences (``cu_seq_lens_q/k`` + ``max_length_q
 ``position_ids`` restarting inside a batch of 1) run varlen without a mask; otherwise
 :func:`flash_attn_func`. Returns ``(attn_output (b, s_q, h, d), None)``.
 
+Per-model options reach the kernels exactly as transformers' ``_flash_attention_forward`` (v5.17)
+passes them to flash_attn:
+
+- ``is_causal`` kwarg, else ``module.is_causal`` -> ``causal`` (encoders such as BERT and
+  ModernBERT are non-causal);
+- ``scaling`` -> ``softmax_scale`` (Granite's ``attention_multiplier``, Gemma's
+  ``query_pre_attn_scalar``, GPT-2's per-layer scaling all arrive here);
+- ``sliding_window=w`` -> ``window_size=(w - 1, w - 1)``, only when the key length (k/v's padded
+  length, past tokens included) exceeds ``w``; with ``causal`` flash_attn makes the right side 0,
+  so a query sees itself and the ``w - 1`` keys before it (Mistral, Qwen2/3, Starcoder2, Phi-3,
+  Gemma-2/3, Cohere2, GPT-OSS); non-causal it is the symmetric band ``|i - j| <= w - 1``
+  (ModernBERT passes ``local_attention // 2 + 1``);
+- ``softcap`` (Gemma-2's ``attn_logit_softcapping``; None -> 0.0, off);
+- ``s_aux`` (attention sinks, GPT-OSS's ``sinks``: one logit per query head in the softmax
+  denominator) -> ``s_aux=``, in the activations' dtype as transformers casts it (a no-op in a
+  bf16 model; the gradient flows back to the parameter); a flash_attn function without an
+  ``s_aux`` parameter raises NotImplementedError rather than drop the sinks;
+- ``dropout`` (the model passes its attention dropout in train mode, 0.0 in eval) -> ``dropout_p``;
+- ``deterministic`` (ModernBERT's ``deterministic_flash_attn``) as below;
+- a value head dim smaller than the query's (MLA) is zero-padded up to it and the output cropped.
+
+A Llama-4 chunked-attention layer whose keys span more than one chunk raises NotImplementedError
+(transformers refuses it for flash attention too). No architecture passes ALiBi slopes to an
+attention function in transformers 5.17 (Bloom, MPT and Falcon add ALiBi in their own eager
+code), so there is no ALiBi kwarg to map.
+
 Training: every step (transpose, dtype cast, unpadding gather, the flash_attn call, ``pad_input``)
 is differentiable, so ``loss.backward()`` through a model using ``"ferroattn"`` reaches q, k, v and
 the projections; padded positions get zero gradient. ``deterministic`` follows transformers'
@@ -27,6 +53,8 @@ FlashAttention rule: the ``deterministic`` kwarg when given, else the environmen
 """
 from __future__ import annotations
 
+import inspect
+import logging
 import os
 from typing import Optional, Tuple
 
@@ -43,16 +71,23 @@ __all__ = ["NAME", "register", "ferroattn_attention_forward"]
 #: The attn_implementation name (contains no "flash" on purpose).
 NAME = "ferroattn"
 
+_log = logging.getLogger(__name__)
+_WARNED = set()
+
 
 def _target_dtype(query: Tensor, module: torch.nn.Module) -> Optional[torch.dtype]:
     """fp32 activations (e.g. layer norms kept in fp32, PEFT) are cast to the autocast dtype if
-    autocast is on, else to the dtype of the module's first Linear weight (transformers' rule);
-    None when no cast is needed."""
+    autocast is on, else to the config's dtype for a quantized model, else to the dtype of the
+    module's first half-precision Linear weight (transformers' rule); None when no cast is needed."""
     if query.dtype != torch.float32:
         return None
     device_type = query.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "_is_quantized"):  # quantized weights: the config's dtype
+        dtype = getattr(config, "dtype", None)
+        return dtype if dtype in (torch.float16, torch.bfloat16) else None
     for layer in module.modules():
         if isinstance(layer, torch.nn.Linear) and layer.weight.dtype in (torch.float16, torch.bfloat16):
             return layer.weight.dtype
@@ -118,6 +153,45 @@ def _deterministic(flag) -> bool:
     return os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
 
 
+def _accepts(fn, name: str) -> bool:
+    """Whether ``fn`` declares a parameter ``name`` (transformers passes a flash_attn option only
+    when the function's signature names it); remembered per function."""
+    key = (fn, name)
+    got = _ACCEPTS.get(key)
+    if got is None:
+        try:
+            got = name in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            got = False
+        _ACCEPTS[key] = got
+    return got
+
+
+_ACCEPTS = {}
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        _log.warning(message)
+
+
+def _check_chunked(module: torch.nn.Module, kv_len: int) -> None:
+    """A chunked-attention layer (Llama-4: ``config.layer_types[layer_idx] == "chunked_attention"``)
+    whose keys span more than ``config.attention_chunk_size`` needs a block-diagonal causal mask
+    that neither the 2-D padding mask nor a window can express: NotImplementedError, as
+    transformers refuses it for flash attention, rather than silently attending across chunks."""
+    config = getattr(module, "config", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    types = getattr(config, "layer_types", None)
+    idx = getattr(module, "layer_idx", None)
+    if chunk and types and isinstance(idx, int) and 0 <= idx < len(types) and types[idx] == "chunked_attention" \
+            and kv_len > chunk:
+        raise NotImplementedError(
+            f"ferroattn: chunked attention (attention_chunk_size={chunk}) over {kv_len} keys is not "
+            f"implemented; use attn_implementation='sdpa' for this model")
+
+
 def _check_mask(mask: Tensor, batch: int, kv_len: int) -> None:
     """A 2-D (batch, s_k) padding mask must match q's batch size and have at most ``kv_len``
     columns (k/v longer than the mask are sliced to it, the static-cache rule). Checked before
@@ -148,45 +222,60 @@ def ferroattn_attention_forward(
     scaling: Optional[float] = None,
     sliding_window: Optional[int] = None,
     softcap: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    s_aux: Optional[Tensor] = None,
     **kwargs,
 ) -> Tuple[Tensor, None]:
     """transformers attention function (AttentionInterface contract, transformers 5.x).
 
     Args:
-        module: the attention layer (reads ``is_causal``).
-        query: (b, h, s_q, d); key, value: (b, h_k, s_k, d) (GQA: not repeated), fp16/bf16 CUDA
-            (fp32 is cast as transformers' FA2 integration does).
+        module: the attention layer (reads ``is_causal``; ``config`` for the fp32 cast rule).
+        query: (b, h, s_q, d); key: (b, h_k, s_k, d); value: (b, h_k, s_k, d_v), d_v <= d
+            (GQA: not repeated), fp16/bf16 CUDA (fp32 is cast as transformers' FA2 integration
+            does). d_v < d (MLA) is zero-padded to d and the output cropped back to d_v.
         attention_mask: None (no padding) or bool/int (b, s_k) padding mask from
             ``flash_attention_mask`` (1 = real token). Left padding is assumed when
             1 < s_q < s_k, as transformers does. k/v longer than the mask (a static cache) are
             sliced to its length. ArgumentError for a mask that is not 2-D (register the mask
             function with :func:`register`), whose batch size is not q's, or that is longer
             than s_k.
-        dropout: attention dropout probability (must be 0.0 for now).
+        dropout: attention dropout probability -> ``dropout_p`` (the models pass 0.0 in eval).
         scaling: softmax scale (None -> d ** -0.5).
-        sliding_window: window size; when s_k > sliding_window it becomes window_size
-            (sliding_window - 1, sliding_window - 1), which raises NotImplementedError for now.
-        softcap: logit softcapping (None/0 = off; > 0 raises NotImplementedError for now).
-        kwargs: ``is_causal`` (overrides module.is_causal), ``position_ids`` (b, s),
-            ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/``max_length_k`` (packed input),
-            ``deterministic`` (bool or None: backward without atomics; None -> the environment
-            variable ``FLASH_ATTENTION_DETERMINISTIC=1``); anything else is ignored.
+        sliding_window: window size w; when s_k > w it becomes window_size (w - 1, w - 1)
+            (causal: the query and the w - 1 keys before it; non-causal: |i - j| <= w - 1);
+            None, or s_k <= w: no window.
+        softcap: logit softcapping (None -> 0.0, off).
+        is_causal: overrides ``module.is_causal`` when not None.
+        s_aux: None, or the (h,) attention-sink logits (one per query head) -> ``s_aux=``, cast
+            to query's dtype (transformers' rule).
+        kwargs: ``position_ids`` (b, s), ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/
+            ``max_length_k`` (packed input), ``deterministic`` (bool or None: backward without
+            atomics; None -> the environment variable ``FLASH_ATTENTION_DETERMINISTIC=1``),
+            ``output_attentions`` (warned about once: no weights are returned); anything else is
+            ignored.
 
     Returns:
-        ``(attn_output, None)``: attn_output (b, s_q, h, d) in the compute dtype.
+        ``(attn_output, None)``: attn_output (b, s_q, h, d_v) in the compute dtype.
 
-    Raises: ArgumentError (zero-sized query, bad attention_mask); otherwise as
+    Raises: ArgumentError (zero-sized query, bad attention_mask); NotImplementedError for an
+    option the installed kernels do not support yet; otherwise as
     :func:`ferroattn.flash_attn_func` / :func:`ferroattn.flash_attn_varlen_func`.
     """
+    if kwargs.get("output_attentions", False):
+        _warn_once("output_attentions", "ferroattn does not return attention weights "
+                   "(output_attentions=True); use attn_implementation='eager' to get them.")
     if any(dim == 0 for dim in query.shape):
         raise ArgumentError(f"query: expected no zero dimension, got shape {tuple(query.shape)}")
     batch, q_len = query.shape[0], query.shape[2]
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (b, s, h, d) views
+    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
+    if v_head_dim < head_dim:  # MLA: flash_attn needs one head dim; pad v, crop the output
+        v = torch.nn.functional.pad(v, [0, head_dim - v_head_dim])
     target = _target_dtype(q, module)
     if target is not None:
         q, k, v = q.to(target), k.to(target), v.to(target)
 
-    is_causal = kwargs.get("is_causal")
+    _check_chunked(module, k.shape[1])
     causal = bool(module.is_causal if is_causal is None else is_causal)
     window = (-1, -1)
     if sliding_window is not None and k.shape[1] > sliding_window:
@@ -194,6 +283,11 @@ def ferroattn_attention_forward(
     fa_kwargs = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
                      softcap=softcap if softcap is not None else 0.0,
                      deterministic=_deterministic(kwargs.get("deterministic")))
+    if s_aux is not None:  # in the activations' dtype, as transformers passes it to flash_attn
+        fa_kwargs["s_aux"] = s_aux.to(query.dtype)
+
+    def crop(out: Tensor) -> Tensor:
+        return out[..., :v_head_dim] if v_head_dim < head_dim else out
 
     if attention_mask is not None:
         _check_mask(attention_mask, batch, k.shape[1])
@@ -212,9 +306,10 @@ def ferroattn_attention_forward(
         else:  # left padding: the last q_len mask columns belong to the queries
             indices_q, cu_q, max_q = _unpad_plan(attention_mask, mask[:, -q_len:], ("q", q_len))
         q_unpad = q.reshape(-1, *q.shape[2:])[indices_q]
-        out_unpad = flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k, **fa_kwargs)
+        out_unpad = _call(flash_attn_varlen_func, q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k,
+                          **fa_kwargs)
         out = pad_input(out_unpad, indices_q, batch, q_len)
-        return out, None
+        return crop(out), None
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
@@ -228,12 +323,19 @@ def ferroattn_attention_forward(
                 _PACKED_CU.put(position_ids, (cu_q, max_q))
             cu_k, max_k = cu_q, max_q
         cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
-        out = flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
-                                     v.reshape(-1, *v.shape[2:]), cu_q, cu_k, int(max_q), int(max_k),
-                                     **fa_kwargs)
-        return out.view(batch, q_len, *out.shape[1:]), None
+        out = _call(flash_attn_varlen_func, q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
+                    v.reshape(-1, *v.shape[2:]), cu_q, cu_k, int(max_q), int(max_k), **fa_kwargs)
+        return crop(out.view(batch, q_len, *out.shape[1:])), None
 
-    return flash_attn_func(q, k, v, **fa_kwargs), None
+    return crop(_call(flash_attn_func, q, k, v, **fa_kwargs)), None
+
+
+def _call(fn, *args, **fa_kwargs) -> Tensor:
+    """``fn(*args, **fa_kwargs)``; ``s_aux`` only goes to a function that declares it (otherwise
+    NotImplementedError, never a silent drop of the sinks)."""
+    if "s_aux" in fa_kwargs and not _accepts(fn, "s_aux"):
+        raise NotImplementedError("ferroattn: s_aux (attention sinks) is not implemented yet")
+    return fn(*args, **fa_kwargs)
 
 
 def register() -> None:
