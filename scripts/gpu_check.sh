@@ -14,12 +14,16 @@
 #   after precompile, or the notebooks pay the JIT compilation), train (`bench training`:
 #   Llama-3.2-1B-config training ferroattn vs sdpa, step-0 gradients vs fp32, attention peak
 #   memory at 16k), bench (`bench attention`, forward), bench_bwd (`bench attention --backward`),
-#   bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, memcheck and
+#   bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, fa2
+#   (flash-attention's own tests/test_flash_attn.py run against ferroattn through .fa2suite/run.sh,
+#   a deterministic sample of FA2_CORE / FA2_REST cases per test function; opt-in: runs only when
+#   named in GPU_CHECK_STAGES, and needs .fa2suite carried, made here by
+#   `scripts/fa2suite.sh FA2_GIT_DIR`), memcheck and
 #   racecheck (scripts/sanitize_attention.py, scripts/sanitize_attention_bwd.py, then
 #   scripts/sanitize_gemm.py, the last without a kernel filter, under compute-sanitizer). Every stage has a cap and the
 #   whole run a budget: a stage that would start with < 20 s left is skipped and recorded as
-#   such; notebooks and the bench stages size themselves to what is left after keeping time for
-#   the selected stages after them.
+#   such; notebooks, the bench stages and fa2 size themselves to what is left after keeping time
+#   for the selected stages after them.
 # and finally scripts/gpu_check_summary.py, which writes $OUT/gpu_check.json and prints the
 # summary table LAST.
 #
@@ -28,6 +32,9 @@
 # selected, so it need not be named). The usual split, two calls of <= 560 s each:
 #     GPU_CHECK_STAGES=info,precompile,warm,demo,profile,bench,pytest bash scripts/gpu_check.sh
 #     GPU_CHECK_STAGES=info,train,bench_bwd,memcheck,racecheck bash scripts/gpu_check.sh
+# and flash-attention's suite (carry .fa2suite, made by scripts/fa2suite.sh; precompile first so
+# the suite does not pay the JIT compilation):
+#     GPU_CHECK_STAGES=info,precompile,fa2 bash scripts/gpu_check.sh
 # Each call is self-contained (fresh kernel cache, its own $OUT and gpu_check.json);
 # `scripts/gpu_check_summary.py --merge A/gpu_check.json B/gpu_check.json --out DIR` joins two.
 #
@@ -39,6 +46,9 @@
 #   attention_*.json     the raw forward-benchmark JSON
 #   attention_bwd_*.json the raw backward-benchmark JSON
 #   training_*.json      the training comparison (losses, gradient errors, memory)
+#   fa2_summary.json     flash-attention's suite: per test function and surface (core / rest)
+#                        passed/failed/skipped, top failure messages (its junit XML and log are
+#                        logs/fa2.xml and logs/fa2_suite.log in logs.tar.gz)
 #   notebooks.tar.gz     notebooks/*.ipynb as executed (outputs and plots; a failed one up to its
 #                        error); per-notebook PASS/FAIL and times in logs/notebooks.json
 #   gpu_check.json       the summary: device, driver, torch, commit, date, stage exit codes and
@@ -48,7 +58,8 @@
 # Environment knobs: OUT (default ./out), PYTHON (default python3), GPU_CHECK_BUDGET_S (total
 # seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
 # TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
-# PYTEST_TARGETS (pytest stage: test paths, default "tests"), NOTEBOOKS (notebook paths for the notebooks
+# PYTEST_TARGETS (pytest stage: test paths, default "tests"), FA2_CORE / FA2_REST (fa2 stage: cases
+# sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), NOTEBOOKS (notebook paths for the notebooks
 # stage, default all), SANITIZE_SCRIPTS (the sanitizer stages' scripts, default all three),
 # GPU_CHECK_KERNEL_CACHE (kernel cache dir, default a fresh one under /tmp/gpu_check; a dir outside it
 # survives into the next call on a still-warm machine), BENCH_GEMM_ARGS / BENCH_SPARSE24_ARGS, SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_* and attn_bwd_* kernels;
@@ -66,16 +77,17 @@ SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
 FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
-ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd bench_gemm bench_sparse24 pytest memcheck racecheck"
+ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
+OPT_IN_STAGES="fa2"              # run only when named in GPU_CHECK_STAGES (not part of "all")
 STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
-# Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd) keeps free for each
-# selected stage after it.
+# Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd, bench_gemm,
+# bench_sparse24, fa2) keeps free for each selected stage after it.
 declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=90 [notebooks]=400 [train]=180
-                [bench]=200 [bench_bwd]=330 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [memcheck]=150
-                [racecheck]=180)
-declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [memcheck]=100
-                 [racecheck]=80)
+                [bench]=200 [bench_bwd]=330 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [fa2]=240
+                [memcheck]=150 [racecheck]=180)
+declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [fa2]=120
+                 [memcheck]=100 [racecheck]=80)
 
 # Under the sanitizer: FERROATTN_LINEINFO=1 (kernels compiled with -lineinfo, so reports name
 # source lines) and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own cudaMalloc, so an
@@ -163,6 +175,41 @@ do_train() {
     "$PY" -m ferroattn bench training --out "$OUT" "${minilm[@]}" ${TRAIN_ARGS:-}
 }
 
+do_fa2() {  # do_fa2 LIMIT: flash-attention's tests/test_flash_attn.py through .fa2suite/run.sh
+    # The suite gets LIMIT - 30 s; then pytest is interrupted (SIGINT: it still writes the junit
+    # XML of the cases run so far) and run.sh summarises what ran. Exit code: 124 when the budget
+    # ran out (the summary covers the cases that ran), run.sh's when pytest did not finish
+    # normally (2 interrupted, 3-5 internal/usage/collection errors), else 1 when a case inside the
+    # core surface failed and 0 otherwise: cases outside it (features not implemented yet) are
+    # counted in fa2_summary.json / gpu_check.json, not in the exit code.
+    local budget=$(( $1 - 30 )) rc core_failed res="$OUT/fa2"
+    [ "$budget" -lt 30 ] && budget=30
+    if [ ! -f .fa2suite/run.sh ] || [ ! -f .fa2suite/test_flash_attn.py ]; then
+        echo "no .fa2suite/run.sh + .fa2suite/test_flash_attn.py: make it on the development machine with"
+        echo "scripts/fa2suite.sh FA2_GIT_DIR and carry .fa2suite"
+        return 2
+    fi
+    python3 -c 'import einops' 2>/dev/null || echo "warning: einops not importable (flash-attention's tests import it)"
+    rm -rf "$res" "$OUT/fa2_summary.json"
+    echo "fa2: FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40}, pytest budget ${budget} s"
+    FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40} timeout -s INT -k 20 "$budget" bash .fa2suite/run.sh "$res"
+    rc=$?
+    # at most 8 files come back: the summary at the top level, the XML and the log in logs.tar.gz
+    [ -f "$res/fa2_summary.json" ] && cp -f "$res/fa2_summary.json" "$OUT/fa2_summary.json"
+    [ -f "$res/fa2.xml" ] && cp -f "$res/fa2.xml" "$WORK/logs/fa2.xml"
+    [ -f "$res/fa2.log" ] && cp -f "$res/fa2.log" "$WORK/logs/fa2_suite.log"
+    [ -f "$res/fa2.log" ] && tail -n 5 "$res/fa2.log"
+    [ -f "$res/fa2_summary.json" ] && python3 -c 'import json, sys; print("fa2 totals:", json.load(open(sys.argv[1]))["total"])' "$res/fa2_summary.json"
+    printf '{"rc": %s, "fa2_core": %s, "fa2_rest": %s, "budget_s": %s}\n' "$rc" "${FA2_CORE:-40}" "${FA2_REST:-40}" \
+        "$budget" > "$WORK/logs/fa2_meta.json"
+    rm -rf "$res"
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then return "$rc"; fi
+    [ -f "$OUT/fa2_summary.json" ] || { echo "fa2: no fa2_summary.json"; return 2; }
+    core_failed=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["total"].get("core_failed", 0))' \
+                  "$OUT/fa2_summary.json") || return 2
+    [ "$core_failed" = 0 ]
+}
+
 sanitize_one() {  # sanitize_one TOOL SCRIPT [FILTER]: run SCRIPT under compute-sanitizer TOOL
     local tool=$1 script=$2 rc
     local FILTER=${3-$FILTER}
@@ -198,7 +245,10 @@ do_sanitize() {
 }
 
 selected() {  # selected NAME: is stage NAME in GPU_CHECK_STAGES (install: whenever anything is)?
-    [ "$STAGES" = all ] && return 0
+    if [ "$STAGES" = all ]; then
+        case " $OPT_IN_STAGES " in *" $1 "*) return 1 ;; esac
+        return 0
+    fi
     [ "$1" = install ] && return 0
     case ",$STAGES," in *",$1,"*) return 0 ;; esac
     return 1
@@ -321,6 +371,8 @@ if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$li
 if selected bench_gemm; then lim=$(elastic_limit bench_gemm); stage bench_gemm "$lim" bash "$SELF" __fn bench_gemm "$lim"; fi
 if selected bench_sparse24; then lim=$(elastic_limit bench_sparse24); stage bench_sparse24 "$lim" bash "$SELF" __fn bench_sparse24 "$lim"; fi
 stage pytest "${CAP[pytest]}" env FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" ${PYTEST_TARGETS:-tests}
+# flash-attention's suite: min(cap, what is left after keeping time for the selected stages after it)
+if selected fa2; then lim=$(elastic_limit fa2); stage fa2 "$lim" bash "$SELF" __fn fa2 "$lim"; fi
 stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck
 stage racecheck "${CAP[racecheck]}" bash "$SELF" __fn sanitize racecheck
 

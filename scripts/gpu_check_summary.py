@@ -13,6 +13,8 @@ Inputs (all optional; a missing one is reported as such, never a crash):
   OUT/attention_*.json            the newest raw forward-benchmark JSON
   OUT/attention_bwd_*.json        the newest raw backward-benchmark JSON (`bench attention --backward`)
   OUT/training_*.json             the newest training comparison (`bench training`)
+  OUT/fa2_summary.json            flash-attention's suite (fa2 stage; .fa2suite/summarize.py's JSON)
+  WORK/logs/fa2_meta.json         the fa2 stage's sample sizes, budget and run.sh exit code
 
 The memcheck/racecheck logs hold two sanitizer runs (scripts/sanitize_attention.py and
 scripts/sanitize_attention_bwd.py): their error counts and case counts are summed, and kept per
@@ -171,6 +173,24 @@ def training_summary(name: str, res: dict) -> dict:
     return out
 
 
+def fa2_summary(res: dict, meta: dict | None) -> dict:
+    """The gpu_check view of flash-attention's suite: totals per surface (core = flash_attn's old
+    surface, rest = dropout/ALiBi/window/softcap/kvcache/paged), the test functions with failures
+    ("name [surface]") and their most common messages."""
+    total = res.get("total") or {}
+    surfaces: dict[str, dict[str, int]] = {}
+    for key, n in total.items():
+        surf, _, state = key.partition("_")
+        surfaces.setdefault(surf, {"passed": 0, "failed": 0, "skipped": 0})[state] = int(n)
+    failing = sorted(f"{k.split('|')[0]} [{k.partition('|')[2]}]" for k, c in (res.get("per_test") or {}).items()
+                     if (c or {}).get("failed"))
+    top = {fn: [[m, n] for m, n in (msgs or [])[:2]] for fn, msgs in (res.get("top_failures") or {}).items()}
+    out: dict[str, Any] = {"surfaces": surfaces, "failing_tests": failing, "top_failures": top}
+    if meta:
+        out.update({k: meta.get(k) for k in ("fa2_core", "fa2_rest", "budget_s", "rc")})
+    return out
+
+
 def _version(dist: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -232,6 +252,9 @@ def build_summary(work: Path, out: Path, elapsed: int | None = None, stages_sele
     train_file, train = newest_json(out, "training")
     if train:
         summary["train"] = training_summary(train_file, train)
+    fa2 = _read_json(out / "fa2_summary.json")
+    if isinstance(fa2, dict):
+        summary["fa2"] = fa2_summary(fa2, _read_json(work / "logs" / "fa2_meta.json"))
     summary["ok"] = bool(stages) and all(s["rc"] == 0 for s in stages)
     return summary
 
@@ -323,6 +346,7 @@ def format_summary(s: dict) -> str:
             lines.append("host cost per small call: " + ", ".join(parts))
     lines += format_bench_bwd(s.get("bench_bwd"))
     lines += format_train(s.get("train"))
+    lines += format_fa2(s.get("fa2"))
     lines.append(f"overall: {'OK' if s['ok'] else 'NOT OK'} in {s.get('elapsed_s')} s")
     return "\n".join(lines)
 
@@ -380,6 +404,19 @@ def format_train(t: dict | None) -> list[str]:
     ms = t.get("median_step_ms") or {}
     lines.append("train verdict: " + verdict(t.get("ok"))
                  + (" | median step " + ", ".join(f"{k} {_f(v, '.1f')} ms" for k, v in ms.items()) if ms else ""))
+    return lines
+
+
+def format_fa2(f: dict | None) -> list[str]:
+    if not f:
+        return []
+    parts = [f"{surf} " + ", ".join(f"{c.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
+             for surf, c in sorted((f.get("surfaces") or {}).items())]
+    sample = f" (FA2_CORE={f['fa2_core']}, FA2_REST={f['fa2_rest']})" if f.get("fa2_core") is not None else ""
+    lines = [f"fa2 suite{sample}: " + ("; ".join(parts) if parts else "no cases")]
+    failing = f.get("failing_tests") or []
+    if failing:
+        lines.append(f"fa2 failing tests ({len(failing)}): " + ", ".join(failing[:8]) + (" ..." if len(failing) > 8 else ""))
     return lines
 
 

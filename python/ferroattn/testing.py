@@ -1,15 +1,27 @@
 """Reference attention in plain torch, with flash_attn's semantics, for tests.
 
-Layout is flash_attn's (sequence before heads). Semantics (reference/api-contracts.md §1.2):
-- bottom-right causal: query row i sees key j when j <= i + s_k - s_q;
-- window_size (left, right): row i sees keys in [i + s_k - s_q - left, i + s_k - s_q + right],
-  -1 = unbounded, sides >= s_k become -1, causal forces right = 0 (flash_attn's normalisation);
-- softcap > 0: score = softcap · tanh(score · scale / softcap); ALiBi: score -= slope·|i + s_k - s_q - j|;
+Layout is flash_attn's (sequence before heads). Semantics (reference/api-contracts.md §1.2), in
+the order they apply to the scores of query row i and key column j:
+- scores s = scale · q_i · k_j (scale = ``softmax_scale``, None -> d ** -0.5);
+- softcap c > 0: s = c · tanh(s / c) (i.e. c · tanh(q·k · scale / c));
+- ALiBi: s -= slope · |i + s_k - s_q - j| (slope per head, or per batch entry and head);
+- visibility: bottom-right causal: row i sees key j when j <= i + s_k - s_q;
+  window_size (left, right): row i sees keys in [i + s_k - s_q - left, i + s_k - s_q + right],
+  normalised as flash_attn does: sides >= s_k become -1 (unbounded), causal forces right = 0,
+  then a side left at -1 while the other is set becomes s_k (in varlen mode flash_attn uses
+  ``max_seqlen_k`` for the s_k of this normalisation, and each sequence's own s_q/s_k for the
+  diagonal; see :func:`attention_varlen_ref`);
+- sinks (``s_aux``, one learnable logit per query head, finite): the softmax of a row runs over
+  [s_row..., s_aux[h]]; the sink column carries no value and is dropped from the probabilities,
+  so it only joins the denominator (and the LSE). The sink is not scaled, softcapped or biased;
+- dropout (``dropout_mask``, True = kept, and ``dropout_p``): applied after the softmax
+  normalisation, out = (P · mask / (1 - p)) · V; the LSE is unaffected (flash_attn's reference);
 - GQA: query head i reads kv head i // (h / h_k) (contiguous groups, like repeat_interleave);
-- a row that sees no key: output 0, LSE +inf.
+- a row that sees no key: output 0, LSE +inf (with sinks: output 0, LSE = s_aux[h]).
 
 The references are differentiable (plain torch ops; rows that see no key have finite, zero
-gradients), so ``torch.autograd.grad`` through them gives reference gradients for the backward.
+gradients), so ``torch.autograd.grad`` through them gives reference gradients for the backward,
+including the gradient of ``s_aux`` (:func:`attention_grads_ref`).
 
 ``upcast=True`` computes in ``reference_dtype`` (fp32 by default, fp64 possible): the reference.
 ``upcast=False`` computes the same formula in the input dtype (fp16/bf16): the low-precision
@@ -17,7 +29,9 @@ baseline ``ref_lp``. The pass rule (DESIGN §5, flash-attention's own) is
 ``max|out - ref| <= 2 · max|ref_lp - ref| + 1e-5`` (:func:`assert_close_to_ref`).
 
 Sources: T. Dao, "FlashAttention-2", 2023 (semantics of the outputs out and LSE);
-flash_attn 2.8 API (masking conventions).
+flash_attn 2.8 API (masking conventions, the window normalisation of flash_api.cpp, dropout as in
+its tests' reference); O. Press et al., "Train Short, Test Long" (ALiBi), 2022; G. Xiao et al.,
+"Efficient Streaming Language Models with Attention Sinks", 2024 (sinks as a softmax column).
 """
 from __future__ import annotations
 
@@ -27,13 +41,14 @@ import torch
 from torch import Tensor
 
 __all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "max_abs_diff", "assert_close_to_ref",
-           "random_cu_seqlens", "attention_grads_ref"]
+           "random_cu_seqlens", "attention_grads_ref", "normalise_window"]
 
 
-def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
-                 window_size: Sequence[int] = (-1, -1), device=None) -> Tensor:
-    """bool (seqlen_q, seqlen_k): True where query row i may attend key j (flash_attn rules above,
-    including its window normalisation)."""
+def normalise_window(window_size: Sequence[int], seqlen_k: int, causal: bool = False) -> Tuple[int, int]:
+    """flash_attn's normalisation of ``window_size`` (flash_api.cpp): a side >= ``seqlen_k``
+    becomes -1, ``causal`` forces right = 0, then a side at -1 while the other is >= 0 becomes
+    ``seqlen_k``. Returns ``(left, right)``; (-1, -1) means no window (full or, with right = 0
+    and left = -1 before the last step, causal)."""
     left, right = (int(w) for w in window_size)
     if left >= seqlen_k:
         left = -1
@@ -45,6 +60,22 @@ def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
         left = seqlen_k
     if left >= 0 and right < 0:
         right = seqlen_k
+    return left, right
+
+
+def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
+                 window_size: Sequence[int] = (-1, -1), device=None, *,
+                 window_seqlen_k: Optional[int] = None) -> Tensor:
+    """bool (seqlen_q, seqlen_k): True where query row i may attend key j (flash_attn rules above,
+    including its window normalisation).
+
+    Args:
+        seqlen_q, seqlen_k: the sequence's lengths (they place the bottom-right diagonal).
+        causal, window_size: flash_attn semantics (module docstring).
+        window_seqlen_k: the s_k that :func:`normalise_window` uses (None -> ``seqlen_k``; in
+            varlen mode flash_attn normalises with ``max_seqlen_k``).
+    """
+    left, right = normalise_window(window_size, seqlen_k if window_seqlen_k is None else window_seqlen_k, causal)
     row = torch.arange(seqlen_q, device=device)[:, None]
     col = torch.arange(seqlen_k, device=device)[None, :]
     diag = row + seqlen_k - seqlen_q
@@ -56,31 +87,62 @@ def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
     return visible
 
 
+def _check_dropout_args(dropout_p: float, dropout_mask: Optional[Tensor]) -> float:
+    """The dropout arguments must come together: ``dropout_mask`` with 0 < dropout_p < 1, or
+    neither (dropout_p = 0). Returns the scale 1 / (1 - p) (1 without dropout)."""
+    p = float(dropout_p)
+    if dropout_mask is None:
+        if p != 0.0:
+            raise ValueError(f"dropout_p={p} needs a dropout_mask (the kept positions); the reference does not draw one")
+        return 1.0
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"dropout_mask needs dropout_p in (0, 1) (its 1 / (1 - p) scaling), got {dropout_p!r}")
+    if dropout_mask.dtype != torch.bool:
+        raise ValueError(f"dropout_mask: expected a bool tensor (True = kept), got {dropout_mask.dtype}")
+    return 1.0 / (1.0 - p)
+
+
 def attention_ref(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                   softmax_scale: Optional[float] = None, window_size: Sequence[int] = (-1, -1),
                   softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, upcast: bool = True,
-                  reference_dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+                  reference_dtype: torch.dtype = torch.float32, *, s_aux: Optional[Tensor] = None,
+                  dropout_p: float = 0.0, dropout_mask: Optional[Tensor] = None,
+                  window_seqlen_k: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """Reference attention over padded batches.
 
     Args:
         q: (b, s_q, h, d), any float dtype, any device.
-        k: (b, s_k, h_k, d), h % h_k == 0.
+        k: (b, s_k, h_k, d), h % h_k == 0, q's device.
         v: (b, s_k, h_k, d_v).
-        causal, window_size, softcap: flash_attn semantics (module docstring).
-        softmax_scale: None -> d ** -0.5.
-        alibi_slopes: None, (h,) or (b, h) fp32.
+        causal: bool; bottom-right aligned.
+        softmax_scale: float or None (-> d ** -0.5).
+        window_size: (left, right) ints, -1 = unbounded (flash_attn's normalisation).
+        softcap: float; > 0 caps the scaled scores at ±softcap (c · tanh(s / c)); 0 = off.
+        alibi_slopes: None, or a float tensor (h,) (one slope per head) or (b, h) (per batch entry
+            and head); fp32 in flash_attn's API.
         upcast: True -> compute in ``reference_dtype``; False -> in q's dtype (baseline ref_lp).
         reference_dtype: torch.float32 or torch.float64.
+        s_aux: None, or a float tensor (h,): one sink logit per query head (any float dtype; cast
+            to the compute dtype), finite. Differentiable when it requires grad.
+        dropout_p: float in (0, 1) with ``dropout_mask`` (the kept values are scaled by
+            1 / (1 - p)); 0.0 without one.
+        dropout_mask: None, or bool (b, h, S_q, S_k) with S_q >= s_q and S_k >= s_k (True = kept;
+            entries [:, :, :s_q, :s_k] are used, so a mask of flash_attn's S_dmask shape
+            (b, h, round128(s_q), round128(s_k)) can be passed whole), on q's device.
+        window_seqlen_k: the s_k of the window normalisation (None -> s_k; the varlen reference
+            passes max_seqlen_k).
 
     Returns:
         out: (b, s_q, h, d_v) in ``reference_dtype`` (upcast) or q's dtype; 0 for rows that see no key.
-        lse: fp32 (b, h, s_q), natural-log logsumexp of the scaled (masked, softcapped) scores;
-            +inf for rows that see no key.
+        lse: fp32 (b, h, s_q), natural-log logsumexp of the scaled (softcapped, biased, masked)
+            scores and the sink (when ``s_aux`` is given); +inf for rows that see no key without
+            sinks (``s_aux[h]`` with sinks). Dropout does not change it.
     """
     b, s_q, h, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     if h % h_k != 0:
         raise ValueError(f"k: expected h_k dividing h = {h}, got h_k = {h_k}")
+    drop_scale = _check_dropout_args(dropout_p, dropout_mask)
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     cdt = reference_dtype if upcast else q.dtype
     qc, kc, vc = q.to(cdt), k.to(cdt), v.to(cdt)
@@ -93,19 +155,38 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     else:
         scores = scores * scale
     if alibi_slopes is not None:
+        if tuple(alibi_slopes.shape) not in ((h,), (b, h)):
+            raise ValueError(f"alibi_slopes: expected shape ({h},) or ({b}, {h}), got {tuple(alibi_slopes.shape)}")
         slopes = alibi_slopes.to(cdt).reshape(-1 if alibi_slopes.dim() == 2 else 1, h, 1, 1)
         rows = torch.arange(s_q, device=q.device)[:, None]
         cols = torch.arange(s_k, device=q.device)[None, :]
         dist = (rows + s_k - s_q - cols).abs().to(cdt)
         scores = scores - slopes * dist
-    visible = visible_mask(s_q, s_k, causal, window_size, device=q.device)
+    visible = visible_mask(s_q, s_k, causal, window_size, device=q.device, window_seqlen_k=window_seqlen_k)
     scores = scores.masked_fill(~visible, float("-inf"))
     empty_row = ~visible.any(dim=-1)  # (s_q,)
-    lse = torch.logsumexp(scores.to(torch.float32 if cdt != torch.float64 else cdt), dim=-1)
-    lse = lse.masked_fill(empty_row, float("inf")).to(torch.float32)
-    # A row that sees no key: softmax of a row of -inf is NaN, and so would be its gradient. Take the
-    # softmax of a finite placeholder row and zero it instead: output 0, every gradient finite (0).
-    probs = torch.softmax(scores.masked_fill(empty_row[:, None], 0.0), dim=-1).masked_fill(empty_row[:, None], 0.0)
+    lse_dt = torch.float32 if cdt != torch.float64 else cdt
+    if s_aux is not None:
+        if tuple(s_aux.shape) != (h,):
+            raise ValueError(f"s_aux: expected shape ({h},) (one sink logit per query head), got {tuple(s_aux.shape)}")
+        sink = s_aux.to(cdt).reshape(1, h, 1, 1).expand(b, h, s_q, 1)
+        full = torch.cat([scores, sink], dim=-1)
+        lse = torch.logsumexp(full.to(lse_dt), dim=-1).to(torch.float32)
+        # the sink column is finite, so every row (also one that sees no key) has a finite softmax
+        probs = torch.softmax(full, dim=-1)[..., :s_k]
+    else:
+        lse = torch.logsumexp(scores.to(lse_dt), dim=-1)
+        lse = lse.masked_fill(empty_row, float("inf")).to(torch.float32)
+        # A row that sees no key: softmax of a row of -inf is NaN, and so would be its gradient. Take
+        # the softmax of a finite placeholder row and zero it instead: output 0, every gradient finite (0).
+        probs = torch.softmax(scores.masked_fill(empty_row[:, None], 0.0), dim=-1).masked_fill(empty_row[:, None], 0.0)
+    if dropout_mask is not None:
+        if (dropout_mask.dim() != 4 or dropout_mask.shape[0] != b or dropout_mask.shape[1] != h
+                or dropout_mask.shape[2] < s_q or dropout_mask.shape[3] < s_k):
+            raise ValueError(f"dropout_mask: expected shape ({b}, {h}, >= {s_q}, >= {s_k}), "
+                             f"got {tuple(dropout_mask.shape)}")
+        keep = dropout_mask[:, :, :s_q, :s_k].to(q.device)
+        probs = probs.masked_fill(~keep, 0.0) * drop_scale
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vc)
     return out, lse
 
@@ -114,26 +195,43 @@ def attention_varlen_ref(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
                          causal: bool = False, softmax_scale: Optional[float] = None,
                          window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
                          alibi_slopes: Optional[Tensor] = None, upcast: bool = True,
-                         reference_dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+                         reference_dtype: torch.dtype = torch.float32, *, s_aux: Optional[Tensor] = None,
+                         dropout_p: float = 0.0, dropout_mask: Optional[Tensor] = None,
+                         max_seqlen_k: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """Reference attention over packed variable-length sequences (one :func:`attention_ref` per
-    sequence; causal/window are aligned bottom-right per sequence).
+    sequence; causal/window/ALiBi are aligned bottom-right per sequence, with the sequence's own
+    s_q and s_k).
 
     Args:
         q: (total_q, h, d); k: (total_k, h_k, d); v: (total_k, h_k, d_v).
         cu_seqlens_q, cu_seqlens_k: int (b + 1,) prefix sums; sequence i is rows
             cu[i]:cu[i+1] (may be empty).
-        alibi_slopes: None, (h,) or (b, h). Other arguments as :func:`attention_ref`.
+        alibi_slopes: None, (h,) or (b, h) float (entry i of a (b, h) tensor for sequence i).
+        s_aux: None or (h,) float: one sink logit per query head, shared by every sequence.
+        dropout_p, dropout_mask: as :func:`attention_ref`; the mask is bool (b, h, S_q, S_k) with
+            S_q >= max s_q and S_k >= max s_k, sequence i using ``dropout_mask[i, :, :s_q_i, :s_k_i]``
+            (flash_attn's varlen S_dmask: (b, h, round128(max_seqlen_q), round128(max_seqlen_k))).
+        max_seqlen_k: the ``max_seqlen_k`` of the call; flash_attn normalises ``window_size`` with
+            it, not with each sequence's s_k (a side >= max_seqlen_k becomes -1, a side left at -1
+            while the other is set becomes max_seqlen_k). None -> the largest k length in
+            ``cu_seqlens_k`` (what callers usually pass).
+        Other arguments as :func:`attention_ref`.
 
     Returns:
         out: (total_q, h, d_v) (rows outside every sequence are 0); lse: fp32 (h, total_q)
-        (+inf for rows that see no key or lie outside every sequence).
+        (+inf for rows that see no key or lie outside every sequence; with sinks, s_aux[h] for
+        rows of a sequence that see no key, +inf outside every sequence).
     """
     cq = [int(x) for x in cu_seqlens_q.tolist()]
     ck = [int(x) for x in cu_seqlens_k.tolist()]
+    if max_seqlen_k is None:
+        max_seqlen_k = max((ck[i + 1] - ck[i] for i in range(len(ck) - 1)), default=0)
+    _check_dropout_args(dropout_p, dropout_mask)
     total_q, h = q.shape[0], q.shape[1]
     dtype = (reference_dtype if upcast else q.dtype)
-    out = torch.zeros(total_q, h, v.shape[-1], dtype=dtype, device=q.device)
-    lse = torch.full((h, total_q), float("inf"), dtype=torch.float32, device=q.device)
+    outs: List[Tensor] = []
+    lses: List[Tensor] = []
+    cursor = 0
     for i in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]
         if q1 == q0:
@@ -141,17 +239,29 @@ def attention_varlen_ref(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
         slopes = None
         if alibi_slopes is not None:
             slopes = alibi_slopes[i] if alibi_slopes.dim() == 2 else alibi_slopes
+        mask = None if dropout_mask is None else dropout_mask[i:i + 1]
         o, l = attention_ref(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale,
-                             window_size, softcap, slopes, upcast, reference_dtype)
-        out[q0:q1] = o[0]
-        lse[:, q0:q1] = l[0]
+                             window_size, softcap, slopes, upcast, reference_dtype, s_aux=s_aux,
+                             dropout_p=dropout_p, dropout_mask=mask, window_seqlen_k=max_seqlen_k)
+        if q0 > cursor:  # rows between sequences (not part of any): 0 / +inf
+            outs.append(torch.zeros(q0 - cursor, h, v.shape[-1], dtype=dtype, device=q.device))
+            lses.append(torch.full((h, q0 - cursor), float("inf"), dtype=torch.float32, device=q.device))
+        outs.append(o[0].to(dtype))
+        lses.append(l[0])
+        cursor = q1
+    if total_q > cursor:
+        outs.append(torch.zeros(total_q - cursor, h, v.shape[-1], dtype=dtype, device=q.device))
+        lses.append(torch.full((h, total_q - cursor), float("inf"), dtype=torch.float32, device=q.device))
+    # concatenated, not written into a preallocated buffer: autograd sees every sequence's output
+    out = torch.cat(outs, dim=0) if outs else torch.zeros(0, h, v.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.cat(lses, dim=1) if lses else torch.zeros(h, 0, dtype=torch.float32, device=q.device)
     return out, lse
 
 
 def max_abs_diff(a: Tensor, b: Tensor) -> float:
     """max |a - b| in fp64; positions where both are equal (including equal infinities) count 0;
     NaN anywhere in ``a`` or ``b`` gives NaN."""
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    a64, b64 = a.detach().to(torch.float64), b.detach().to(torch.float64)
     if a64.numel() == 0:
         return 0.0
     diff = (a64 - b64).abs()
@@ -190,28 +300,37 @@ def random_cu_seqlens(lengths: List[int], device=None) -> Tensor:
 def attention_grads_ref(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, causal: bool = False,
                         softmax_scale: Optional[float] = None, cu_seqlens_q: Optional[Tensor] = None,
                         cu_seqlens_k: Optional[Tensor] = None, upcast: bool = True,
-                        reference_dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor, Tensor]:
-    """Reference gradients ``(dq, dk, dv)`` of attention for the output gradient ``dout``, by
-    autograd through :func:`attention_ref` (padded; ``cu_seqlens_q is None``) or
-    :func:`attention_varlen_ref` (varlen).
+                        reference_dtype: torch.dtype = torch.float32, *,
+                        window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
+                        alibi_slopes: Optional[Tensor] = None, s_aux: Optional[Tensor] = None,
+                        dropout_p: float = 0.0, dropout_mask: Optional[Tensor] = None,
+                        max_seqlen_k: Optional[int] = None) -> Tuple[Tensor, ...]:
+    """Reference gradients ``(dq, dk, dv)`` (and ``ds_aux`` with sinks) of attention for the output
+    gradient ``dout``, by autograd through :func:`attention_ref` (padded; ``cu_seqlens_q is None``)
+    or :func:`attention_varlen_ref` (varlen).
 
-    Args: q, k, v, causal, softmax_scale, cu_seqlens_q/k, upcast, reference_dtype as the forward
-    references (any strides; they are detached first); dout: the output's shape, any float dtype
+    Args: q, k, v, causal, softmax_scale, cu_seqlens_q/k, upcast, reference_dtype, window_size,
+    softcap, alibi_slopes (not differentiated), s_aux, dropout_p, dropout_mask and (varlen)
+    max_seqlen_k as the forward references (q/k/v/s_aux may have any strides; they are detached
+    first); dout: the output's shape ((b, s_q, h, d_v) or (total_q, h, d_v)), any float dtype
     (cast to the compute dtype).
 
-    Returns: dq, dk, dv with q's / k's / v's shapes, in ``reference_dtype`` (upcast) or the input
-    dtype (upcast=False: the low-precision baseline of the pass rule, factor 3 for gradients).
-    Rows that see no key get dq = 0; GQA dk/dv are summed over each group (autograd through
-    repeat_interleave)."""
+    Returns: ``(dq, dk, dv)`` with q's / k's / v's shapes, in ``reference_dtype`` (upcast) or the
+    input dtype (upcast=False: the low-precision baseline of the pass rule, factor 3 for
+    gradients); with ``s_aux`` given, ``(dq, dk, dv, ds_aux)``, ds_aux (h,) in the same dtype:
+    ds_aux[h] = -sum over rows of head h of exp(s_aux[h] - lse_row) · sum_d(dout · out) (also with
+    dropout). Rows that see no key get dq = 0; GQA dk/dv are summed over each group (autograd
+    through repeat_interleave)."""
     cdt = reference_dtype if upcast else q.dtype
     q_, k_, v_ = (x.detach().to(cdt).requires_grad_(True) for x in (q, k, v))
+    s_ = None if s_aux is None else s_aux.detach().to(cdt).requires_grad_(True)
+    kw = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+              alibi_slopes=alibi_slopes, upcast=upcast, reference_dtype=reference_dtype, s_aux=s_,
+              dropout_p=dropout_p, dropout_mask=dropout_mask)
     if cu_seqlens_q is None:
-        out, _ = attention_ref(q_, k_, v_, causal=causal, softmax_scale=softmax_scale, upcast=upcast,
-                               reference_dtype=reference_dtype)
+        out, _ = attention_ref(q_, k_, v_, **kw)
     else:
-        out, _ = attention_varlen_ref(q_, k_, v_, cu_seqlens_q, cu_seqlens_k, causal=causal,
-                                      softmax_scale=softmax_scale, upcast=upcast, reference_dtype=reference_dtype)
-    dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), dout.to(out.dtype), allow_unused=True)
-    zeros = torch.zeros_like
-    return (dq if dq is not None else zeros(q_), dk if dk is not None else zeros(k_),
-            dv if dv is not None else zeros(v_))
+        out, _ = attention_varlen_ref(q_, k_, v_, cu_seqlens_q, cu_seqlens_k, max_seqlen_k=max_seqlen_k, **kw)
+    inputs = (q_, k_, v_) if s_ is None else (q_, k_, v_, s_)
+    grads = torch.autograd.grad(out, inputs, dout.to(out.dtype), allow_unused=True)
+    return tuple(g if g is not None else torch.zeros_like(x) for g, x in zip(grads, inputs))
