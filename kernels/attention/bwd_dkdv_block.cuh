@@ -128,7 +128,7 @@ struct DkdvBlock {
 template <int BlockM, int BlockN, class V>
 __device__ __forceinline__ bool dkdv_block(const AttnFwdParams& fp, DkdvBlock& b) {
     b.head_k = blockIdx.y;
-    b.batch = blockIdx.z + fp.batch_offset;
+    b.batch = blockIdx.z;
     b.sq = bwd_seq(fp, b.batch);
     b.seqlen_q = b.sq.seqlen_q;
     b.seqlen_k = b.sq.seqlen_k;
@@ -150,7 +150,7 @@ __device__ __forceinline__ bool dkdv_block(const AttnFwdParams& fp, DkdvBlock& b
             m_tiles = r1 <= 0 ? 0 : static_cast<int>((r1 + BlockM - 1) / BlockM);
         }
     }
-    b.per_head = max(0, m_tiles - b.m_first);
+    b.per_head = V::kLocal ? max(0, m_tiles - b.m_first) : m_tiles - b.m_first;
     b.n_iter = b.per_head * b.group;
     return true;
 }

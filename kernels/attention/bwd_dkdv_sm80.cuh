@@ -563,7 +563,8 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
         if constexpr (V::kAlibi) smod.set_head(fp, hq, batch);
         // Masking needed: key tail, query tail, or a pair the variant hides inside the tile.
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
-                               !rk.tile_full(m_start, BlockM, n0, BlockN);
+                               (V::kCausal && m_start + diag < n0 + BlockN - 1) ||
+                               (V::kLocal && !rk.tile_full(m_start, BlockM, n0, BlockN));
         const int causal_off = n0 - m_start - diag;   // causal: query q sees key k iff q >= k + causal_off
         const int ds_elem = kDsBufs == 2 ? (it & 1) * (BlockN * BlockM) : 0;   // this tile's dS^T
 

@@ -237,7 +237,8 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
         const unsigned offDO = kOffDO + slot * kTileQ;
         if constexpr (V::kAlibi) smod.set_head(fp, head_k * group + it / per_head, batch);
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
-                               !rk.tile_full(m_start, BlockM, n0, BlockN);
+                               (V::kCausal && m_start + blk.diag < n0 + BlockN - 1) ||
+                               (V::kLocal && !rk.tile_full(m_start, BlockM, n0, BlockN));
 
         const float* lse_s = reinterpret_cast<const float*>(smem_raw + kOffLse) + slot * BlockM;
         const float* d_s = reinterpret_cast<const float*>(smem_raw + kOffD) + slot * BlockM;

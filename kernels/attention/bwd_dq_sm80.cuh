@@ -51,8 +51,7 @@
 // Work per block: the key tiles holding keys [n_begin, n_end) that some row of the tile sees
 // (variant.cuh RowKeys, as in the forward); only tiles crossing the window's edges or the key
 // tail are masked. Softcap: dS is multiplied by 1 − tanh² of the capped score (the derivative
-// of c·tanh(x/c), the scale applied with the rest of dQ). Batch entries from blockIdx.z +
-// params.fwd.batch_offset.
+// of c·tanh(x/c), the scale applied with the rest of dQ).
 //
 // PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans),
 // cp.async.cg (16 B, src-size zero fill), cp.async.commit_group/wait_group, ex2.approx.
@@ -111,7 +110,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
                                    : static_cast<int>(blockIdx.x);
     const int head = blockIdx.y;
     const AttnFwdParams& fp = params.fwd;
-    const int batch = blockIdx.z + fp.batch_offset;
+    const int batch = blockIdx.z;
     const attn_detail::SeqCoords sc = attn_detail::seq_coords(fp, head, batch);
     const int seqlen_q = sc.seqlen_q;
     const int seqlen_k = sc.seqlen_k;

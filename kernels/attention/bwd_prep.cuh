@@ -42,9 +42,7 @@ namespace ferroattn {
 
 namespace attn_bwd_detail {
 
-// The rows of one elementwise block: block (blockIdx.x, head blockIdx.y, batch blockIdx.z +
-// params.fwd.batch_offset)
-// covers query rows [m_start, m_start + rows_q) of its sequence.
+// The rows of one elementwise block: block (blockIdx.x, head blockIdx.y, batch blockIdx.z) covers query rows [m_start, m_start + rows_q) of its sequence.
 struct RowBlock {
     attn_detail::SeqCoords sc;
     BwdQueryOffsets bo;
@@ -59,7 +57,7 @@ __device__ __forceinline__ bool row_block(const AttnBwdParams& params, RowBlock&
     static_assert(BlockM % 64 == 0, "BlockM must be a multiple of 64");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
     const int head = blockIdx.y;
-    const int batch = blockIdx.z + params.fwd.batch_offset;
+    const int batch = blockIdx.z;
     rb.sc = attn_detail::seq_coords(params.fwd, head, batch);
     rb.m_start = blockIdx.x * BlockM;
     if (rb.m_start >= rb.sc.seqlen_q) return false;

@@ -49,8 +49,7 @@
 // m_start + BlockM + seqlen_k - seqlen_q, a local window also raises n_begin); tiles no row sees
 // fully are skipped, tiles on the window's edges and the key tail are masked. Softcap and ALiBi
 // modify each score before the mask; sinks start each row's online softmax (variant.cuh).
-// Batch entries from blockIdx.z + params.batch_offset (the host splits batches above the grid's
-// z limit into several launches).
+
 //
 // PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans),
 // cp.async.cg (16 B, src-size zero fill), cp.async.commit_group/wait_group, ex2.approx.
@@ -266,7 +265,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     const int m_block = V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
                                    : static_cast<int>(blockIdx.x);
     const int head = blockIdx.y;
-    const int batch = blockIdx.z + params.batch_offset;
+    const int batch = blockIdx.z;
     const attn_detail::SeqCoords sc = attn_detail::seq_coords(params, head, batch);
     const int seqlen_q = sc.seqlen_q;
     const int seqlen_k = sc.seqlen_k;

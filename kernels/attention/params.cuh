@@ -51,5 +51,4 @@ struct AttnFwdParams {
     float raw_scale;     // softmax_scale, or 1 with softcap: LSE = max_raw * raw_scale + log(sum)
     float raw_scale_inv; // 1 / raw_scale: ALiBi slopes and sinks into raw score units
     int alibi_batch_stride;   // h for (b, h) slopes, 0 for (h,)
-    int batch_offset;    // batch entry of blockIdx.z == 0 (launches of > 65535 batch entries are split)
 };

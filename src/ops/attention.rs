@@ -73,18 +73,6 @@ pub struct AttnFwdParams {
     pub raw_scale: f32,
     pub raw_scale_inv: f32,
     pub alibi_batch_stride: i32,
-    pub batch_offset: i32,
-}
-
-/// Batch entries of one launch: the grid's z limit. Larger batches launch in slices
-/// (`AttnFwdParams::batch_offset`), so no user ever sees the limit.
-pub(crate) const MAX_BATCH_PER_LAUNCH: i64 = 65535;
-
-/// The batch slices of `batch` entries, as (offset, count) with count <= MAX_BATCH_PER_LAUNCH.
-pub(crate) fn batch_slices(batch: i64) -> impl Iterator<Item = (i32, u32)> {
-    (0..batch)
-        .step_by(MAX_BATCH_PER_LAUNCH as usize)
-        .map(move |b0| (b0 as i32, (batch - b0).min(MAX_BATCH_PER_LAUNCH) as u32))
 }
 
 impl_kernel_spec!(
@@ -358,7 +346,9 @@ pub fn validate(
         }
         (b, s_q, s_k, s_q)
     };
-    check_i32("q", "a batch size", batch)?;
+    if batch > 65535 {
+        return Err(Error::argument("q", "a batch size of at most 65535", batch));
+    }
     let (name_q, name_k) = if varlen { ("max_seqlen_q", "max_seqlen_k") } else { ("q", "k") };
     check_i32(name_q, "a sequence length", seqlen_q)?;
     check_i32(name_k, "a sequence length", seqlen_k)?;
@@ -476,20 +466,18 @@ pub fn params(
         raw_scale: softmax_scale,
         raw_scale_inv: 1.0,
         alibi_batch_stride: 0,
-        batch_offset: 0,
     };
     variant.fill_params(&mut prm);
     prm
 }
 
-/// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config
-/// (the launch slices the batch: `batch_slices`).
+/// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config.
 pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
     LaunchShape {
         grid: (
             (p.seqlen_q as u64).div_ceil(config.block_m as u64) as u32,
             p.heads as u32,
-            p.batch.min(MAX_BATCH_PER_LAUNCH) as u32,
+            p.batch as u32,
         ),
         block: (config.threads(), 1, 1),
         dynamic_smem_bytes: config.smem_bytes(),
@@ -552,23 +540,17 @@ pub fn attn_fwd(
     }
     let arch = crate::device::arch(p.device)?;
     let config = fwd_config(p.head_dim as u32, kind, p.dtype, arch);
-    let mut shape = launch_shape(&p, &config);
+    let shape = launch_shape(&p, &config);
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;
     let mut prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, variant);
-    let sizes = AttnSizes::new(&p, &q.meta, &k.meta);
-    for (offset, count) in batch_slices(p.batch) {
-        prm.batch_offset = offset;
-        shape.grid.2 = count;
-        let info = LaunchInfo {
-            op: "ferroattn::attn_fwd",
-            work: sizes.slice(count as u64).fwd(variant.window()),
-        };
-        // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
-        // in stream order (torch's caching allocator does).
-        unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info)? }
-    }
-    Ok(())
+    let info = LaunchInfo {
+        op: "ferroattn::attn_fwd",
+        work: AttnSizes::new(&p, &q.meta, &k.meta).fwd(variant.window()),
+    };
+    // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
+    // in stream order (torch's caching allocator does).
+    unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info) }
 }
 
 #[cfg(test)]

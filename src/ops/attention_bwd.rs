@@ -11,8 +11,8 @@
 //! q, k, v, cu_seqlens and max_seqlen are checked by the forward's `validate` (same errors).
 
 use super::attention::{
-    batch_row_head_strides, batch_slices, check_dense, check_tile_layout, params as fwd_params,
-    validate as fwd_validate, AttnFwdParams, AttnVariant, Problem, MAX_BATCH_PER_LAUNCH,
+    batch_row_head_strides, check_dense, check_tile_layout, params as fwd_params,
+    validate as fwd_validate, AttnFwdParams, AttnVariant, Problem,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -189,8 +189,6 @@ pub fn needs_launch(p: &Problem) -> bool {
 }
 
 /// The launches of `plan` for problem `p`, in order; kernels with an empty grid are left out.
-/// The grid's z covers at most MAX_BATCH_PER_LAUNCH batch entries (the launch slices larger
-/// batches).
 pub fn launch_shapes(p: &Problem, plan: &[AttnBwdConfig]) -> Vec<(AttnBwdConfig, LaunchShape)> {
     let dim = |x: u64| u32::try_from(x).unwrap_or(u32::MAX); // too large: LaunchShape::check fails
     plan.iter()
@@ -200,7 +198,7 @@ pub fn launch_shapes(p: &Problem, plan: &[AttnBwdConfig]) -> Vec<(AttnBwdConfig,
                 p.seqlen_k as u64,
                 p.heads as u64,
                 p.heads_k as u64,
-                p.batch.min(MAX_BATCH_PER_LAUNCH) as u64,
+                p.batch as u64,
             );
             (x > 0 && y > 0 && z > 0).then(|| {
                 (
@@ -407,17 +405,13 @@ pub fn attn_bwd(
     let mut prm = params(&p, t, t.workspace(deterministic), softmax_scale, variant);
     let sizes = AttnSizes::new(&p, &t.q.meta, &t.k.meta);
     for ((config, shape), kernel) in launches.iter().zip(kernels) {
-        for (offset, count) in batch_slices(p.batch) {
-            prm.fwd.batch_offset = offset;
-            let shape = LaunchShape { grid: (shape.grid.0, shape.grid.1, count), ..*shape };
-            let info = LaunchInfo {
-                op: "ferroattn::attn_bwd",
-                work: sizes.slice(count as u64).bwd(config.kind, variant.window(), deterministic),
-            };
-            // SAFETY: `prm` mirrors the kernels' AttnBwdParams; the caller keeps the tensors
-            // alive in stream order (torch's caching allocator does).
-            unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info)? };
-        }
+        let info = LaunchInfo {
+            op: "ferroattn::attn_bwd",
+            work: sizes.bwd(config.kind, variant.window(), deterministic),
+        };
+        // SAFETY: `prm` mirrors the kernels' AttnBwdParams; the caller keeps the tensors alive
+        // in stream order (torch's caching allocator does).
+        unsafe { launch(kernel, p.device, shape, stream, &mut prm, &info)? };
     }
     Ok(())
 }

@@ -79,16 +79,6 @@ impl AttnSizes {
         }
     }
 
-    /// The sizes of `count` of the batch entries (one launch of a sliced batch: the rows
-    /// scale with the entries; varlen rows by the average sequence).
-    pub fn slice(&self, count: u64) -> AttnSizes {
-        if count >= self.batch {
-            return *self;
-        }
-        let part = |rows: u64| (rows as u128 * count as u128 / self.batch.max(1) as u128) as u64;
-        AttnSizes { batch: count, rows_q: part(self.rows_q), rows_k: part(self.rows_k), ..*self }
-    }
-
     /// Unmasked (query, key) pairs over every (batch, query head) under `window`
     /// (`variant::visible_pairs`).
     pub fn pairs(&self, window: Window) -> f64 {

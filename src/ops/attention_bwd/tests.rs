@@ -671,3 +671,24 @@ fn production_specs_cover_bwd_plan() {
         .name_expression()
         .ends_with(", ferroattn::AttnVariant<1, false, false, false>, true, true, true, __nv_bfloat16>"));
 }
+
+/// The causal dK/dV kernels at d 128 (dQ staged on sm_90a) and d 224 compile without spills
+/// (`precompile --check-spills` covers them too; this runs them alone:
+/// `cargo test --release -- --ignored causal_dkdv_kernels_do_not_spill`).
+#[test]
+#[ignore]
+fn causal_dkdv_kernels_do_not_spill() {
+    if crate::jit::nvrtc::tests::toolchain().is_none() {
+        return;
+    }
+    let mut specs = Vec::new();
+    for (hd, arch) in [(128, Arch::Sm90a), (128, Arch::Sm80), (224, Arch::Sm80)] {
+        for c in bwd_plan(hd, VariantKind::CAUSAL, false, DType::BF16, arch) {
+            if matches!(c.kind, crate::tuning::attention_bwd::BwdKind::DkDv { .. }) {
+                specs.push(c);
+            }
+        }
+    }
+    let reports = crate::jit::precompile::precompile(&specs).unwrap();
+    crate::jit::precompile::check_spills(&reports).unwrap();
+}
