@@ -64,7 +64,8 @@ class AttnVariant:
                         alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], seqlen_q: int,
                         seqlen_k: int) -> "AttnVariant":
         """flash_attn 2.8's normalisation of already type-checked arguments: a window side
-        >= ``seqlen_k`` (``max_seqlen_k`` in varlen), or negative, becomes −1; ``causal`` is dropped when
+        >= ``seqlen_k`` (``max_seqlen_k`` in varlen), or negative, becomes −1; the unset side of
+        a one-sided window becomes ``seqlen_k``; ``causal`` is dropped when
         ``seqlen_q == 1`` and there is no ALiBi (a no-op then); causal forces right = 0; a window
         of (−1, 0) is the causal mask. ``sinks`` of another float dtype are cast to fp32
         (differentiably)."""
@@ -79,6 +80,12 @@ class AttnVariant:
             right = 0
         if left < 0 and right == 0:
             causal, right = True, -1
+        # flash_attn fills the unset side of a one-sided window with seqlen_k (not unbounded):
+        # it matters when s_q > s_k (early rows then see fewer keys, or none)
+        elif left < 0 and right >= 0:
+            left = seqlen_k
+        elif left >= 0 and right < 0:
+            right = seqlen_k
         if sinks is not None and sinks.dtype != torch.float32 and sinks.is_floating_point():
             sinks = sinks.float()
         return cls(bool(causal), int(left), int(right), float(softcap or 0.0), alibi_slopes, sinks)
