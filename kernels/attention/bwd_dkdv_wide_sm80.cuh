@@ -239,6 +239,7 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
                                (V::kCausal && m_start + blk.diag < n0 + BlockN - 1) ||
                                (V::kLocal && !rk.tile_full(m_start, BlockM, n0, BlockN));
+        const int causal_off = n0 - m_start - blk.diag;   // causal: query q sees key k iff q >= k + causal_off
 
         const float* lse_s = reinterpret_cast<const float*>(smem_raw + kOffLse) + slot * BlockM;
         const float* d_s = reinterpret_cast<const float*>(smem_raw + kOffD) + slot * BlockM;
@@ -301,8 +302,8 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
                     float p = exp2_fast(fmaf(sv, scale_log2, -lse2[h]));
                     if (need_mask) {
                         // The variant's rule (variant.cuh RowKeys) on absolute positions.
-                        const bool ok = r < rows_q && c < rows_k &&
-                                        (!V::kMasked || (n0 + c < rk.hi(m_start + r) && n0 + c >= rk.lo(m_start + r)));
+                        const bool ok = r < rows_q && c < rows_k && (!V::kCausal || r >= c + causal_off) &&
+                                        (!V::kLocal || (n0 + c < rk.hi(m_start + r) && n0 + c >= rk.lo(m_start + r)));
                         p = ok ? p : 0.f;
                     }
                     acc_s[nt][e] = p;

@@ -672,7 +672,7 @@ fn production_specs_cover_bwd_plan() {
         .ends_with(", ferroattn::AttnVariant<1, false, false, false>, true, true, true, __nv_bfloat16>"));
 }
 
-/// The causal dK/dV kernels at d 128 (dQ staged on sm_90a) and d 224 compile without spills
+/// The causal dK/dV kernels at d 128 (dQ staged on sm_90a), d 224 and d 256 (wide) compile without spills
 /// (`precompile --check-spills` covers them too; this runs them alone:
 /// `cargo test --release -- --ignored causal_dkdv_kernels_do_not_spill`).
 #[test]
@@ -682,10 +682,12 @@ fn causal_dkdv_kernels_do_not_spill() {
         return;
     }
     let mut specs = Vec::new();
-    for (hd, arch) in [(128, Arch::Sm90a), (128, Arch::Sm80), (224, Arch::Sm80)] {
-        for c in bwd_plan(hd, VariantKind::CAUSAL, false, DType::BF16, arch) {
-            if matches!(c.kind, crate::tuning::attention_bwd::BwdKind::DkDv { .. }) {
-                specs.push(c);
+    for (hd, arch) in [(128, Arch::Sm90a), (128, Arch::Sm80), (224, Arch::Sm80), (256, Arch::Sm90a)] {
+        for det in [false, true] {
+            for c in bwd_plan(hd, VariantKind::CAUSAL, det, DType::BF16, arch) {
+                if matches!(c.kind, crate::tuning::attention_bwd::BwdKind::DkDv { .. }) && !specs.contains(&c) {
+                    specs.push(c);
+                }
             }
         }
     }
