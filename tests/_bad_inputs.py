@@ -41,15 +41,25 @@ def env(mode: str):
         yield Env(mode)
 
 
+def _split(base: dict, over: dict):
+    """(positional arguments, keyword arguments): ``over`` replaces entries of ``base``; its other
+    keys (``window_size``, ``softcap``, ``alibi_slopes``, ``s_aux``, ...) become keywords."""
+    a = dict(base)
+    kw = {n: x for n, x in over.items() if n not in base}
+    a.update({n: x for n, x in over.items() if n in base})
+    return list(a.values()), kw
+
+
 def padded(e: Env, causal=True, **over):
-    a = dict(q=e.t(2, 5, 6, 32), k=e.t(2, 7, 2, 32), v=e.t(2, 7, 2, 32))
-    a.update(over)
-    return lambda: flash_attn_func(a["q"], a["k"], a["v"], causal=causal)
+    """The valid padded call (b 2, s_q 5, s_k 7, h 6, h_k 2, d 32) with ``over`` applied: q, k, v
+    replace the tensors, any other key is passed to flash_attn_func as a keyword."""
+    args, kw = _split(dict(q=e.t(2, 5, 6, 32), k=e.t(2, 7, 2, 32), v=e.t(2, 7, 2, 32)), over)
+    return lambda: flash_attn_func(*args, causal=causal, **kw)
 
 
 def varlen(e: Env, **over):
-    a = dict(q=e.t(9, 6, 32), k=e.t(11, 2, 32), v=e.t(11, 2, 32), cu_seqlens_q=e.cu([0, 4, 9]),
-             cu_seqlens_k=e.cu([0, 5, 11]), max_seqlen_q=5, max_seqlen_k=6)
-    a.update(over)
-    return lambda: flash_attn_varlen_func(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
-                                          a["max_seqlen_q"], a["max_seqlen_k"], causal=True)
+    """The valid varlen call (2 sequences, h 6, h_k 2, d 32) with ``over`` applied as in :func:`padded`."""
+    args, kw = _split(dict(q=e.t(9, 6, 32), k=e.t(11, 2, 32), v=e.t(11, 2, 32), cu_seqlens_q=e.cu([0, 4, 9]),
+                           cu_seqlens_k=e.cu([0, 5, 11]), max_seqlen_q=5, max_seqlen_k=6), over)
+    kw.setdefault("causal", True)
+    return lambda: flash_attn_varlen_func(*args, **kw)

@@ -28,6 +28,7 @@ from ferroattn.flash_attn_interface import flash_attn_func, flash_attn_varlen_fu
 from ferroattn.ops import attention as fwd_mod
 from ferroattn.ops import attention_bwd as bwd_mod
 from ferroattn.ops._to_native import tensor_meta
+from ferroattn.ops.variant import AttnVariant
 
 from test_adversarial import _FAKE_PTR, fake_cuda, fake_cuda_versioned, no_driver
 from test_backward import _EmulatedNative, _grads_formula
@@ -332,7 +333,7 @@ def test_cpu_varlen_backward_value_checks():
         BWD(q, q, k, k, q, lse, good_q, good_k, 5, 6, 0.1, False, True)
 
 
-@pytest.mark.parametrize("case", ["gqa_7_of_3", "huge_seqlen", "huge_batch", "lse_other_call"])
+@pytest.mark.parametrize("case", ["gqa_7_of_3", "huge_seqlen", "huge_batch", "huge_heads", "lse_other_call"])
 def test_bwd_bad_shapes_on_meta(case):
     if case == "gqa_7_of_3":
         args, name = _bwd_args(q=_meta(2, 5, 7, 32), dout=_meta(2, 5, 7, 32), out=_meta(2, 5, 7, 32),
@@ -343,16 +344,62 @@ def test_bwd_bad_shapes_on_meta(case):
         args, name = _bwd_args(q=_meta(1, s, 1, 32), dout=_meta(1, s, 1, 32), out=_meta(1, s, 1, 32),
                                k=_meta(1, 7, 1, 32), v=_meta(1, 7, 1, 32),
                                softmax_lse=_meta(1, 1, s, dtype=F32)), "q"
-    elif case == "huge_batch":
+    elif case == "huge_batch":  # the grid's z limit (the kernels take no batch offset)
         b = 65536
         args, name = _bwd_args(q=_meta(b, 1, 1, 32), dout=_meta(b, 1, 1, 32), out=_meta(b, 1, 1, 32),
                                k=_meta(b, 1, 1, 32), v=_meta(b, 1, 1, 32),
                                softmax_lse=_meta(b, 1, 1, dtype=F32)), "q"
+    elif case == "huge_heads":
+        h = 65536
+        args, name = _bwd_args(q=_meta(1, 1, h, 32), dout=_meta(1, 1, h, 32), out=_meta(1, 1, h, 32),
+                               k=_meta(1, 1, 1, 32), v=_meta(1, 1, 1, 32),
+                               softmax_lse=_meta(1, h, 1, dtype=F32)), "q"
     else:  # out / lse of a call with another s_q
         args, name = _bwd_args(out=_meta(2, 6, 4, 32), softmax_lse=_meta(2, 4, 6, dtype=F32)), "softmax_lse|out"
     with pytest.raises(errors.ArgumentError, match=rf"^({name})\b"):
         BWD(*args)
     BWD(*_bwd_args())
+
+
+def test_bwd_batch_65535_is_valid():
+    """The largest batch in the backward: valid on meta, padded and varlen, with and without a
+    variant; one more is rejected naming q (also with a variant)."""
+    b = 65535
+    args = _bwd_args(q=_meta(b, 1, 1, 32), dout=_meta(b, 1, 1, 32), out=_meta(b, 1, 1, 32), k=_meta(b, 2, 1, 32),
+                     v=_meta(b, 2, 1, 32), softmax_lse=_meta(b, 1, 1, dtype=F32))
+    dq, dk, dv = BWD(*args)
+    assert dq.shape == (b, 1, 1, 32) and dk.shape == dv.shape == (b, 2, 1, 32)
+    slopes = _meta(b, 1, dtype=F32)
+    dq, dk, dv = BWD(*args[:-2], True, True, 1, 0, 2.0, slopes, _meta(1, dtype=F32))
+    assert dq.shape == (b, 1, 1, 32)
+    cu = torch.empty(b + 1, dtype=I32, device="meta")
+    q, k = _meta(b, 1, 32), _meta(2 * b, 1, 32)
+    dq, dk, dv = BWD(q, q, k, k, q, _meta(1, b, dtype=F32), cu, cu, 1, 2, 0.1, True, False)
+    assert dq.shape == q.shape and dk.shape == k.shape
+    b = 65536
+    args = _bwd_args(q=_meta(b, 1, 1, 32), dout=_meta(b, 1, 1, 32), out=_meta(b, 1, 1, 32), k=_meta(b, 2, 1, 32),
+                     v=_meta(b, 2, 1, 32), softmax_lse=_meta(b, 1, 1, dtype=F32))
+    with pytest.raises(errors.ArgumentError, match=r"^q: expected a batch size of at most 65535, got 65536"):
+        BWD(*args[:-2], True, True, 1, 0, 2.0, _meta(b, 1, dtype=F32), None)
+
+
+@pytest.mark.parametrize("extra,exc,name", [
+    ((-2, -1, 0.0, None, None), errors.ArgumentError, "window_size"),
+    ((-1, -1, float("inf"), None, None), errors.ArgumentError, "softcap"),
+    ((-1, -1, 0.0, "alibi_shape", None), errors.ArgumentError, "alibi_slopes"),
+    ((-1, -1, 0.0, "alibi_dtype", None), errors.DTypeError, "alibi_slopes"),
+    ((-1, -1, 0.0, None, "sinks_shape"), errors.ArgumentError, "sinks"),
+    ((-1, -1, 0.0, None, "sinks_dtype"), errors.DTypeError, "sinks"),
+])
+def test_bwd_op_rejects_a_bad_variant(extra, exc, name):
+    """attn_bwd validates the variant it is given like the forward (a direct caller may pass one
+    the forward never saw)."""
+    tensors = {"alibi_shape": _meta(3, dtype=F32), "alibi_dtype": _meta(4, dtype=FP16),
+               "sinks_shape": _meta(2, 4, dtype=F32), "sinks_dtype": _meta(4)}
+    extra = tuple(tensors.get(x, x) if isinstance(x, str) else x for x in extra)
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        BWD(*_bwd_args(), *extra)
+    BWD(*_bwd_args(), 2, 1, 1.0, _meta(2, 4, dtype=F32), _meta(4, dtype=F32))  # a valid variant works
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +462,7 @@ def _native_bwd_args(**over):
              dv=lambda: fake_cuda((2, 7, 2, 64), ptr=_p(8)),
              softmax_d=lambda: fake_cuda((2, 4, 5), "float32", ptr=_p(9)),
              dq_accum=lambda: fake_cuda((2, 5, 4, 64), "float32", ptr=_p(10)), cu_seqlens_q=None,
-             cu_seqlens_k=None, max_seqlen_q=5, max_seqlen_k=7, softmax_scale=0.125, causal=False,
+             cu_seqlens_k=None, max_seqlen_q=5, max_seqlen_k=7, softmax_scale=0.125, variant=AttnVariant(),
              deterministic=False, stream=0)
     a.update(over)
     return {k: (v() if callable(v) else v) for k, v in a.items()}
@@ -483,6 +530,48 @@ def test_native_attn_bwd_rejects(case):
     assert contains in msg, msg
     assert isinstance(info.value, errors.FerroattnError) and isinstance(info.value, (ValueError, TypeError))
     _valid_backward_succeeds()
+
+
+def _variant_caps(**fields):
+    """An AttnVariant whose tensor fields are capsule factories (called here)."""
+    import dataclasses
+    return dataclasses.replace(AttnVariant(), **{n: (f() if callable(f) else f) for n, f in fields.items()})
+
+
+NATIVE_BWD_VARIANT_CASES = {
+    "left_-2": (errors.ArgumentError, "window_size", "(-2, 0)", dict(window_left=-2, window_right=0)),
+    "softcap_nan": (errors.ArgumentError, "softcap", "NaN", dict(softcap=float("nan"))),
+    "alibi_shape": (errors.ArgumentError, "alibi_slopes", "(4, 2)",
+                    dict(alibi_slopes=lambda: fake_cuda((4, 2), "float32", ptr=_p(11)))),
+    "alibi_dtype": (errors.DTypeError, "alibi_slopes", "bfloat16",
+                    dict(alibi_slopes=lambda: fake_cuda((4,), "bfloat16", ptr=_p(11)))),
+    "alibi_cpu": (errors.DeviceError, "alibi_slopes", "cpu",
+                  dict(alibi_slopes=lambda: fake_cuda((4,), "float32", ptr=_p(11), device=(1, 0)))),
+    "sinks_shape": (errors.ArgumentError, "sinks", "(5,)", dict(sinks=lambda: fake_cuda((5,), "float32", ptr=_p(12)))),
+    "sinks_dtype": (errors.DTypeError, "sinks", "float16", dict(sinks=lambda: fake_cuda((4,), "float16", ptr=_p(12)))),
+    "sinks_not_dlpack": (TypeError, "sinks", "DLPack", dict(sinks=[0.0] * 4)),
+}
+
+
+@pytest.mark.parametrize("case", list(NATIVE_BWD_VARIANT_CASES))
+def test_native_attn_bwd_rejects_a_bad_variant(case):
+    exc, name, contains, fields = NATIVE_BWD_VARIANT_CASES[case]
+    with pytest.raises(exc) as info:
+        _native.attn_bwd(**_native_bwd_args(variant=lambda: _variant_caps(**fields)))
+    msg = str(info.value)
+    assert re.match(rf"{name}\b", msg), msg
+    assert contains in msg, msg
+    _valid_backward_succeeds()
+
+
+@no_driver
+@pytest.mark.parametrize("fields", [dict(causal=True), dict(window_left=4, window_right=1), dict(softcap=2.0),
+                                    dict(alibi_slopes=lambda: fake_cuda((2, 4), "float32", ptr=_p(11))),
+                                    dict(sinks=lambda: fake_cuda((4,), "float32", ptr=_p(12)))],
+                         ids=["causal", "window", "softcap", "alibi", "sinks"])
+def test_native_attn_bwd_valid_variants_reach_the_device(fields):
+    with pytest.raises(errors.NoDeviceError):
+        _native.attn_bwd(**_native_bwd_args(variant=lambda: _variant_caps(**fields)))
 
 
 @pytest.mark.parametrize("value", [1, "yes", None, 0.0])

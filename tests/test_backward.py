@@ -26,6 +26,7 @@ from ferroattn.flash_attn_interface import (
 from ferroattn.ops import attention as fwd_mod
 from ferroattn.ops import attention_bwd as bwd_mod
 from ferroattn.ops._to_native import tensor_meta
+from ferroattn.ops.variant import AttnVariant
 from ferroattn.testing import attention_grads_ref, attention_ref, attention_varlen_ref, random_cu_seqlens
 
 BF16, FP16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
@@ -156,9 +157,11 @@ def test_real_bwd_on_cpu_tensors_raises_device_error():
 
 
 @pytest.mark.parametrize("arg,pos,value", [("softmax_scale", 10, "x"), ("causal", 11, "x"),
-                                           ("deterministic", 12, "x"), ("max_seqlen_q", 8, 1.5)])
+                                           ("deterministic", 12, "x"), ("max_seqlen_q", 8, 1.5),
+                                           ("window_left", 13, 1.5), ("window_right", 14, "x"),
+                                           ("softcap", 15, "x"), ("alibi_slopes", 16, 3), ("sinks", 17, [1.0])])
 def test_bwd_schema_errors_name_the_argument(arg, pos, value):
-    args = list(_bwd_args().values()) + [0.1, False, False]
+    args = list(_bwd_args().values()) + [0.1, False, False, -1, -1, 0.0, None, None]
     args[pos] = value
     with pytest.raises(RuntimeError, match=arg):
         BWD(*args)
@@ -382,25 +385,76 @@ def _as_cuda_meta(t):
     return None if m is None else (m[0], m[1], m[2], (2, 0))
 
 
-def _grads_formula(q, k, v, dout, causal, scale):
-    """dq, dk, dv of padded attention in fp64 by the closed form the kernels implement
-    (FlashAttention-2 §3.2): P = softmax(s·q kᵀ), dV = Pᵀ dO, dP = dO vᵀ, D = rowsum(dO ∘ O),
-    dS = P ∘ (dP − D), dQ = s·dS k, dK = s·dSᵀ q; GQA sums dK, dV over each group. No autograd
-    (it runs inside the custom op, below the autograd dispatch key)."""
+def _variant_visible(s_q, s_k, causal, window=(-1, -1)):
+    """bool (s_q, s_k): the keys a row sees under an already normalised variant, as the kernels
+    read it (ferroattn.ops.variant: [i + s_k − s_q − left, i + s_k − s_q + right], −1 = an
+    unbounded side, causal forcing right = 0)."""
+    left, right = window
+    if causal:
+        right = 0
+    row = torch.arange(s_q)[:, None]
+    col = torch.arange(s_k)[None, :]
+    diag = row + s_k - s_q
+    visible = torch.ones(s_q, s_k, dtype=torch.bool)
+    if right >= 0:
+        visible &= col <= diag + right
+    if left >= 0:
+        visible &= col >= diag - left
+    return visible
+
+
+def _variant_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0, alibi=None, sinks=None):
+    """Padded attention in fp64 as the kernels compute it (ferroattn.ops.variant semantics):
+    returns (out, lse, p, tanh) with p (b, h, s_q, s_k) the probabilities (sink column dropped),
+    tanh the softcap's tanh(s / c) (None without softcap). GQA by repeat_interleave."""
     f = torch.float64
+    q, k, v = (x.to(f) for x in (q, k, v))
+    b, s_q, h, _ = q.shape
+    s_k = k.shape[1]
+    group = h // k.shape[2]
+    kr, vr = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kr) * scale
+    tanh = None
+    if softcap > 0:
+        tanh = torch.tanh(scores / softcap)
+        scores = softcap * tanh
+    if alibi is not None:
+        slopes = alibi.to(f).reshape(-1 if alibi.dim() == 2 else 1, h, 1, 1)
+        dist = (torch.arange(s_q)[:, None] + s_k - s_q - torch.arange(s_k)[None, :]).abs().to(f)
+        scores = scores - slopes * dist
+    visible = _variant_visible(s_q, s_k, causal, window)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    empty = ~visible.any(-1)
+    if sinks is not None:
+        sink = sinks.to(f).reshape(1, h, 1, 1).expand(b, h, s_q, 1)
+        full = torch.cat([scores, sink], dim=-1)
+        lse = torch.logsumexp(full, dim=-1)
+        p = torch.exp(scores - lse[..., None])
+    else:
+        lse = torch.logsumexp(scores, dim=-1).masked_fill(empty, float("inf"))
+        p = torch.softmax(scores.masked_fill(empty[:, None], 0.0), -1).masked_fill(empty[:, None], 0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vr)
+    return out, lse, p, tanh
+
+
+def _grads_formula(q, k, v, dout, causal, scale, *, window=(-1, -1), softcap=0.0, alibi=None, sinks=None):
+    """dq, dk, dv of padded attention in fp64 by the closed form the kernels implement
+    (FlashAttention-2 §3.2): P = softmax(S) (S = s·q kᵀ, softcapped, minus the ALiBi bias, masked;
+    the sink logit joins the denominator only), dV = Pᵀ dO, dP = dO vᵀ, D = rowsum(dO ∘ O),
+    dS = P ∘ (dP − D) (times 1 − tanh² with softcap), dQ = s·dS k, dK = s·dSᵀ q; GQA sums dK, dV
+    over each group. No autograd (it runs inside the custom op, below the autograd dispatch key).
+    The variant arguments are the normalised ones the native launchers receive."""
+    f = torch.float64
+    out, _, p, tanh = _variant_forward(q, k, v, causal, scale, window, softcap, alibi, sinks)
     q, k, v, dout = (x.to(f) for x in (q, k, v, dout))
     group = q.shape[2] // k.shape[2]
     kr, vr = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, kr) * scale
-    visible = ferroattn.testing.visible_mask(q.shape[1], k.shape[1], causal)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    empty = ~visible.any(-1)
-    p = torch.softmax(scores.masked_fill(empty[:, None], 0.0), -1).masked_fill(empty[:, None], 0.0)
-    o = torch.einsum("bhqk,bkhd->bqhd", p, vr)
     dv = torch.einsum("bhqk,bqhd->bkhd", p, dout)
     dp = torch.einsum("bqhd,bkhd->bhqk", dout, vr)
-    delta = (dout * o).sum(-1).transpose(1, 2)[..., None]  # (b, h, s_q, 1)
+    delta = (dout * out).sum(-1).transpose(1, 2)[..., None]  # (b, h, s_q, 1)
     ds = p * (dp - delta)
+    if tanh is not None:
+        ds = ds * (1 - tanh * tanh)
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, kr) * scale
     dk = torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     b, s_k, h_k, d = k.shape
@@ -419,36 +473,95 @@ def test_grads_formula_matches_autograd_reference():
             assert torch.allclose(g, r, atol=1e-10)
 
 
+@pytest.mark.parametrize("causal,window,softcap,alibi,sinks", [
+    (False, (2, 1), 0.0, None, None), (True, (3, 0), 0.0, None, None), (False, (-1, -1), 1.5, None, None),
+    (False, (-1, -1), 0.0, "h", None), (True, (-1, -1), 0.0, "bh", None), (True, (-1, -1), 0.0, None, "sinks"),
+    (False, (1, 2), 2.0, "bh", "sinks"), (False, (1, -1), 0.0, None, "sinks"), (False, (-1, 2), 0.5, "h", None),
+])
+def test_variant_formula_matches_autograd_reference(causal, window, softcap, alibi, sinks):
+    """The emulation's closed form (given the normalised window, as the launchers are) against
+    ferroattn.testing (autograd through the reference, given the caller's window), s_q > s_k
+    included (rows that see no key)."""
+    torch.manual_seed(8)
+    for sq, sk in ((5, 7), (7, 6), (6, 6), (8, 3)):
+        q, k, v = torch.randn(2, sq, 6, 16), torch.randn(2, sk, 2, 16), torch.randn(2, sk, 2, 16)
+        dout = torch.randn(2, sq, 6, 16)
+        slopes = {None: None, "h": torch.rand(6), "bh": torch.rand(2, 6)}[alibi]
+        s_aux = torch.randn(6) if sinks else None
+        kw = dict(window_size=window, softcap=softcap, alibi_slopes=slopes, s_aux=s_aux)
+        ref = attention_grads_ref(q, k, v, dout, causal, 0.3, reference_dtype=torch.float64, **kw)
+        nv = AttnVariant.from_flash_attn(causal, window, softcap, slopes, None, sq, sk)
+        window_n = (nv.window_left, nv.window_right)
+        got = _grads_formula(q, k, v, dout, nv.causal, 0.3, window=window_n, softcap=softcap, alibi=slopes,
+                             sinks=s_aux)
+        for g, r in zip(got, ref[:3]):
+            assert torch.allclose(g, r, atol=1e-10)
+        o, lse, _, _ = _variant_forward(q, k, v, nv.causal, 0.3, window_n, softcap, slopes, s_aux)
+        o_ref, lse_ref = attention_ref(q, k, v, causal, 0.3, reference_dtype=torch.float64, **kw)
+        assert torch.allclose(o, o_ref, atol=1e-10) and torch.equal(torch.isinf(lse), torch.isinf(lse_ref))
+        assert torch.allclose(lse.float().nan_to_num(posinf=0), lse_ref.nan_to_num(posinf=0), atol=1e-5)
+
+
+def _cuda_variant(variant):
+    """The variant with its tensors described as CUDA metadata (for the real metadata checks)."""
+    import dataclasses
+    return dataclasses.replace(variant, alibi_slopes=_as_cuda_meta(variant.alibi_slopes),
+                               sinks=_as_cuda_meta(variant.sinks))
+
+
 class _EmulatedNative:
-    """Stands in for ferroattn._native: attn_fwd / attn_bwd run the real metadata validation,
-    check what the Python layer hands over (positive scale, workspaces, layouts), then compute the
-    result with the fp64 references and write it like the kernels (varlen: only rows inside a
-    sequence)."""
+    """Stands in for ferroattn._native: attn_fwd / attn_bwd run the real metadata validation
+    (variant included), check what the Python layer hands over (positive scale, workspaces,
+    layouts, the variant with detached fp32 tensors), then compute the result with the fp64
+    closed forms and write it like the kernels (varlen: only rows inside a sequence). ``calls``
+    records ("fwd", scale) / ("bwd", scale, deterministic), ``variants`` the variant of each call."""
 
     def __init__(self):
         self.calls = []
+        self.variants = []
 
     def __getattr__(self, name):
         return getattr(_native, name)
 
-    def attn_fwd(self, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, stream):
-        _native.attn_fwd_check(*map(_as_cuda_meta, (q, k, v, cu_q, cu_k)), max_q, max_k)
+    def _check_variant(self, variant):
+        assert isinstance(variant, AttnVariant)
+        for t in (variant.alibi_slopes, variant.sinks):
+            assert t is None or (t.dtype == F32 and not t.requires_grad)
+        self.variants.append(variant)
+
+    @staticmethod
+    def _kw(variant, i=None):
+        """The closed forms' variant arguments (sequence i of a varlen call: its ALiBi row)."""
+        alibi = variant.alibi_slopes
+        if alibi is not None and i is not None and alibi.dim() == 2:
+            alibi = alibi[i]
+        return dict(window=(variant.window_left, variant.window_right), softcap=variant.softcap, alibi=alibi,
+                    sinks=variant.sinks)
+
+    def attn_fwd(self, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, variant, stream):
+        _native.attn_fwd_check(*map(_as_cuda_meta, (q, k, v, cu_q, cu_k)), max_q, max_k, _cuda_variant(variant))
         assert scale > 0 and stream == 0 and not q.requires_grad
+        self._check_variant(variant)
         self.calls.append(("fwd", scale))
-        f64 = torch.float64
         if cu_q is None:
-            o, l = attention_ref(q, k, v, causal, scale, reference_dtype=f64)
+            o, l, _, _ = _variant_forward(q, k, v, variant.causal, scale, **self._kw(variant))
             out.copy_(o.to(out.dtype))
             lse.copy_(l)
-        else:
-            o, l = attention_varlen_ref(q, k, v, cu_q, cu_k, causal, scale, reference_dtype=f64)
-            n = int(cu_q[-1])
-            out[:n] = o[:n].to(out.dtype)
-            lse[:, :n] = l[:, :n]
+            return
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        for i in range(len(cq) - 1):
+            (q0, q1), (k0, k1) = cq[i:i + 2], ck[i:i + 2]
+            if q1 == q0:
+                continue
+            o, l, _, _ = _variant_forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], variant.causal, scale,
+                                          **self._kw(variant, i))
+            out[q0:q1] = o[0].to(out.dtype)
+            lse[:, q0:q1] = l[0]
 
     def attn_bwd(self, dout, q, k, v, out, lse, dq, dk, dv, softmax_d, dq_accum, cu_q, cu_k, max_q, max_k,
-                 scale, causal, deterministic, stream):
-        _native.attn_bwd_check(*map(_as_cuda_meta, (dout, q, k, v, out, lse, cu_q, cu_k)), max_q, max_k)
+                 scale, variant, deterministic, stream):
+        _native.attn_bwd_check(*map(_as_cuda_meta, (dout, q, k, v, out, lse, cu_q, cu_k)), max_q, max_k,
+                               _cuda_variant(variant))
         assert scale > 0 and stream == 0
         assert dout.stride(-1) == 1 and lse.is_contiguous()
         assert softmax_d.dtype == F32 and softmax_d.shape == lse.shape and softmax_d.is_contiguous()
@@ -460,9 +573,10 @@ class _EmulatedNative:
             assert g.shape == x.shape and g.dtype == x.dtype and g.stride(-1) == 1
         if cu_q is not None:  # varlen: the Python layer zero-fills, the kernels skip unused rows
             assert all(torch.all(g == 0) for g in (dq, dk, dv))
+        self._check_variant(variant)
         self.calls.append(("bwd", scale, deterministic))
         if cu_q is None:
-            for g, r in zip((dq, dk, dv), _grads_formula(q, k, v, dout, causal, scale)):
+            for g, r in zip((dq, dk, dv), _grads_formula(q, k, v, dout, variant.causal, scale, **self._kw(variant))):
                 g.copy_(r.to(g.dtype))
             return
         cq, ck = cu_q.tolist(), cu_k.tolist()
@@ -470,7 +584,8 @@ class _EmulatedNative:
             (q0, q1), (k0, k1) = cq[i:i + 2], ck[i:i + 2]
             if q1 == q0 and k1 == k0:
                 continue
-            grads = _grads_formula(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1], causal, scale)
+            grads = _grads_formula(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1], variant.causal,
+                                   scale, **self._kw(variant, i))
             for g, r, (a, z) in zip((dq, dk, dv), grads, ((q0, q1), (k0, k1), (k0, k1))):
                 g[a:z] = r[0].to(g.dtype)
 
@@ -511,6 +626,117 @@ def test_emulated_padded_gqa_grads(emulated, d, causal, deterministic):
     assert [c[0] for c in emulated.calls] == ["fwd", "bwd"] and emulated.calls[1][2] is deterministic
     if causal:  # s_q > s_k: the first two rows see no key
         assert torch.all(q.grad[:, :2] == 0)
+
+
+_VARIANTS = {
+    "window": dict(window_size=(2, 1)),
+    "window_left_only": dict(window_size=(1, -1), s_aux=F32),   # right side bounded at s_k (flash_attn)
+    "causal_window": dict(causal=True, window_size=(3, 5)),
+    "softcap": dict(softcap=1.5),
+    "alibi_h": dict(alibi_slopes="h"),
+    "alibi_bh_causal": dict(causal=True, alibi_slopes="bh"),
+    "sinks_causal": dict(causal=True, s_aux=F32),
+    "sinks_bf16": dict(s_aux=BF16),
+    "everything": dict(causal=True, window_size=(2, 0), softcap=3.0, alibi_slopes="bh", s_aux=F32),
+}
+
+
+def _variant_kwargs(name, b, h):
+    """The flash_attn keyword arguments of ``_VARIANTS[name]`` with its tensors made: ALiBi slopes
+    (h,) or (b, h) fp32 in [0.1, 1), sinks (h,) that require grad."""
+    kw = dict(_VARIANTS[name])
+    if "alibi_slopes" in kw:
+        shape = (h,) if kw["alibi_slopes"] == "h" else (b, h)
+        kw["alibi_slopes"] = 0.1 + 0.9 * torch.rand(shape)
+    if "s_aux" in kw:
+        kw["s_aux"] = torch.randn(h).to(kw["s_aux"]).requires_grad_(True)
+    return kw
+
+
+def _ref_kwargs(kw):
+    return dict(causal=kw.get("causal", False), window_size=kw.get("window_size", (-1, -1)),
+                softcap=kw.get("softcap", 0.0), alibi_slopes=kw.get("alibi_slopes"), s_aux=kw.get("s_aux"))
+
+
+def _close(got, ref, name, tol=2e-2):
+    err = (got.double() - ref).abs().max().item()
+    assert err <= tol * max(ref.abs().max().item(), 1e-3), (name, err)
+
+
+@pytest.mark.parametrize("name", sorted(_VARIANTS))
+@pytest.mark.parametrize("sq,sk,d", [(7, 5, 32), (5, 9, 36)])
+def test_emulated_variant_grads(emulated, name, sq, sk, d):
+    """The variant through the whole Python path (normalisation, op, autograd formula, the sinks'
+    gradient) with the launchers emulated: out, dq, dk, dv and ds_aux equal ferroattn.testing's
+    references of the caller's arguments."""
+    torch.manual_seed(sq * 100 + d)
+    q, k, v = _requires_grad(_rand(2, sq, 6, d), _rand(2, sk, 2, d), _rand(2, sk, 2, d))
+    kw = _variant_kwargs(name, 2, 6)
+    out = flash_attn_func(q, k, v, **kw)
+    dout = _rand(*out.shape)
+    out.backward(dout)
+    rk = _ref_kwargs(kw)
+    causal = rk.pop("causal")
+    o_ref, _ = attention_ref(q, k, v, causal, reference_dtype=torch.float64, **rk)
+    _close(out, o_ref, "out")
+    refs = attention_grads_ref(q, k, v, dout, causal, d ** -0.5, reference_dtype=torch.float64, **rk)
+    for gname, g, r, x in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), refs, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype and torch.isfinite(g).all(), gname
+        _close(g, r, gname)
+    if kw.get("s_aux") is not None:
+        s_aux = kw["s_aux"]
+        assert s_aux.grad is not None and s_aux.grad.shape == (6,) and s_aux.grad.dtype == s_aux.dtype
+        _close(s_aux.grad, refs[3], "ds_aux", tol=4e-2 if s_aux.dtype == BF16 else 2e-2)
+    # what the launchers received: the normalised variant, the same in the forward and the backward
+    fwd, bwd = emulated.variants
+    window = kw.get("window_size", (-1, -1))
+    want = AttnVariant.from_flash_attn(causal, window, kw.get("softcap", 0.0), kw.get("alibi_slopes"), None, sq, sk)
+    for got in (fwd, bwd):
+        assert (got.causal, got.window_left, got.window_right, got.softcap) == \
+            (want.causal, want.window_left, want.window_right, want.softcap)
+        assert got.alibi_slopes is kw.get("alibi_slopes")  # fp32, no grad: passed as it is
+        assert (got.sinks is None) == (kw.get("s_aux") is None)
+    if causal and sq > sk:  # rows 0..sq-sk-1 see no key: dq exactly 0 (also with sinks)
+        assert torch.all(q.grad[:, :sq - sk] == 0)
+
+
+def test_emulated_variant_negative_scale_and_deterministic(emulated):
+    torch.manual_seed(11)
+    q, k, v = _requires_grad(_rand(2, 6, 4, 32), _rand(2, 8, 4, 32), _rand(2, 8, 4, 32))
+    kw = dict(window_size=(2, 2), softcap=2.0, alibi_slopes=torch.rand(4), s_aux=torch.randn(4).requires_grad_(True))
+    out = flash_attn_func(q, k, v, softmax_scale=-0.3, deterministic=True, **kw)
+    dout = _rand(*out.shape)
+    out.backward(dout)
+    assert all(c[1] > 0 for c in emulated.calls) and emulated.calls[1][2] is True
+    rk = _ref_kwargs(kw)
+    rk.pop("causal")
+    refs = attention_grads_ref(q, k, v, dout, False, -0.3, reference_dtype=torch.float64, **rk)
+    for gname, g, r in zip(("dq", "dk", "dv", "ds_aux"), (q.grad, k.grad, v.grad, kw["s_aux"].grad), refs):
+        _close(g, r, gname)
+
+
+def test_emulated_varlen_variant_grads_and_unused_rows(emulated):
+    torch.manual_seed(12)
+    lq, lk = [3, 0, 5, 1], [4, 2, 0, 3]  # an empty q sequence, an empty k sequence (rows see no key)
+    cu_q, cu_k = random_cu_seqlens(lq), random_cu_seqlens(lk)
+    q, k, v = _requires_grad(_rand(sum(lq) + 2, 4, 32), _rand(sum(lk) + 1, 2, 32), _rand(sum(lk) + 1, 2, 32))
+    slopes = 0.1 + torch.rand(4, 4)
+    s_aux = torch.randn(4).requires_grad_(True)
+    kw = dict(window_size=(1, 1), softcap=2.5, alibi_slopes=slopes, s_aux=s_aux)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), **kw)
+    dout = _rand(*out.shape)
+    out.backward(dout)
+    n_q, n_k = sum(lq), sum(lk)
+    o_ref, _ = attention_varlen_ref(q[:n_q], k[:n_k], v[:n_k], cu_q, cu_k, reference_dtype=torch.float64,
+                                    max_seqlen_k=max(lk), **kw)
+    _close(out[:n_q], o_ref, "out")
+    refs = attention_grads_ref(q[:n_q], k[:n_k], v[:n_k], dout[:n_q], False, 32 ** -0.5, cu_q, cu_k,
+                               reference_dtype=torch.float64, max_seqlen_k=max(lk), **kw)
+    for gname, g, r in zip(("dq", "dk", "dv", "ds_aux"), (q.grad[:n_q], k.grad[:n_k], v.grad[:n_k], s_aux.grad), refs):
+        _close(g, r, gname)
+    # rows after the last sequence: zero gradient, and they do not reach ds_aux (checked above)
+    assert torch.all(q.grad[n_q:] == 0) and torch.all(k.grad[n_k:] == 0) and torch.all(v.grad[n_k:] == 0)
+    assert torch.all(q.grad[3:8] == 0)  # the sequence without keys
 
 
 @pytest.mark.parametrize("scale", [-0.3, 0.0])
@@ -622,3 +848,92 @@ def test_emulated_deterministic_flag_reaches_the_kernel_via_every_function(emula
 def test_public_names():
     assert callable(ferroattn.ops.attention_bwd.attn_bwd)
     assert "index_first_axis" in ferroattn.bert_padding.__all__
+
+
+# ---------------------------------------------------------------------------------------------
+# the sanitizer scripts' variant cases, on CPU with the emulated launchers
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def sanitize_cpu(emulated, monkeypatch):
+    """scripts/sanitize_attention.py and sanitize_attention_bwd.py with DEVICE = "cpu": their
+    variant cases run through the whole Python path against the emulated launchers."""
+    from _scripts import load_script
+    fwd, bwd = load_script("sanitize_attention"), load_script("sanitize_attention_bwd")
+    monkeypatch.setattr(fwd, "DEVICE", "cpu")
+    monkeypatch.setattr(bwd, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    torch.manual_seed(0)
+    return fwd, bwd, emulated
+
+
+def _small(case):
+    """A varlen case of many sequences cut to 1003 of them (still the grouped reference's path)."""
+    if isinstance(case[1], list) and len(case[1]) > 1003:
+        return (case[0], case[1][:1003], case[2][:1003]) + tuple(case[3:])
+    return case
+
+
+def test_sanitize_variant_cases_cover_the_variants(sanitize_cpu):
+    fwd, bwd, _ = sanitize_cpu
+    for mod in (fwd, bwd):
+        names = " ".join(n for n, _, _ in mod.variant_cases())
+        for needle in ("window-skips-key-tiles", "softcap", "alibi", "sinks", "varlen", "batch-65535"):
+            assert needle in names, (mod.__name__, needle)
+        assert [n for n, _, _ in mod.all_cases()] == [n for n, _, _ in mod.cases() + mod.variant_cases()]
+    assert any(v.get("window_size", (-1, -1))[1] == -1 for *_, v in fwd.VARIANT_PADDED_CASES)  # left side only
+    assert any(det for *_, det, _ in bwd.VARIANT_PADDED_CASES)
+    assert all(c[1] == 65535 for c in fwd.VARIANT_PADDED_CASES + bwd.VARIANT_PADDED_CASES if "batch" in c[0])
+    assert all(len(c[1]) == 65535 for c in fwd.VARIANT_VARLEN_CASES if "batch" in c[0])
+
+
+def test_sanitize_forward_variant_checks_pass_with_a_correct_implementation(sanitize_cpu):
+    fwd, _, emulated = sanitize_cpu
+    for name, fn, case in fwd.variant_cases():
+        msg = fn(_small(case))
+        assert "lse ok" in msg, name
+    assert any(v.sinks is not None for v in emulated.variants) and any(v.alibi_slopes is not None
+                                                                      for v in emulated.variants)
+
+
+def test_sanitize_backward_variant_checks_pass_with_a_correct_implementation(sanitize_cpu):
+    _, bwd, _ = sanitize_cpu
+    for name, fn, case in bwd.variant_cases():
+        msg = fn(_small(case))
+        assert "dq" in msg and "dk" in msg and "dv" in msg, name
+        assert ("ds_aux" in msg) == bool(case[-1].get("sinks")), name
+        assert ("bitwise equal twice" in msg) == case[-2], name
+
+
+@pytest.mark.parametrize("drop", ["window", "softcap", "alibi", "sinks"])
+def test_sanitize_variant_checks_catch_a_dropped_option(sanitize_cpu, monkeypatch, drop):
+    """A launcher that ignores one option of the variant fails the case that uses it."""
+    import dataclasses
+    fwd, bwd, emulated = sanitize_cpu
+    field = {"window": dict(window_left=-1, window_right=-1), "softcap": dict(softcap=0.0),
+             "alibi": dict(alibi_slopes=None), "sinks": dict(sinks=None)}[drop]
+    real_fwd, real_bwd = emulated.attn_fwd, emulated.attn_bwd
+    monkeypatch.setattr(emulated, "attn_fwd", lambda *a: real_fwd(*a[:10], dataclasses.replace(a[10], **field), a[11]))
+    monkeypatch.setattr(emulated, "attn_bwd", lambda *a: real_bwd(*a[:16], dataclasses.replace(a[16], **field),
+                                                                   *a[17:]))
+    fcase = next(c for c in fwd.VARIANT_PADDED_CASES if (drop == "window" and "window_size" in c[-1])
+                 or c[-1].get(drop))
+    with pytest.raises(AssertionError, match=r"max\|(out|lse) - ref\|"):
+        fwd.run_case_variant_padded(fcase)
+    bcase = next(c for c in bwd.VARIANT_PADDED_CASES if (drop == "window" and "window_size" in c[-1])
+                 or c[-1].get(drop))
+    with pytest.raises(AssertionError, match=r"max\|out - ref\|"):
+        bwd.run_case_variant_padded(bcase)
+
+
+def test_sanitize_grouped_varlen_reference_is_the_varlen_reference():
+    from _scripts import load_script
+    fwd = load_script("sanitize_attention")
+    torch.manual_seed(3)
+    lq, lk = [2, 1, 3] * 5 + [2, 2, 0], [3, 3, 1] * 5 + [0, 4, 2]
+    cu_q, cu_k = random_cu_seqlens(lq), random_cu_seqlens(lk)
+    q, k, v = torch.randn(sum(lq), 2, 16), torch.randn(sum(lk), 1, 16), torch.randn(sum(lk), 1, 16)
+    kw = dict(causal=True, window_size=(1, 1), alibi_slopes=torch.rand(len(lq), 2), s_aux=torch.randn(2))
+    for upcast in (True, False):
+        got = fwd._grouped_varlen_ref(q, k, v, lq, lk, kw, upcast)
+        want = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=upcast, max_seqlen_k=max(lk), **kw)
+        assert torch.allclose(got[0].float(), want[0].float(), atol=1e-6) and torch.equal(got[1], want[1])

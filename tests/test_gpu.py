@@ -3,6 +3,7 @@ flash-attention pass rule, every output element written, CUDA graphs, torch.comp
 streams, errors on CUDA tensors, a tiny Llama through transformers, DLPack with CUDA memory."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 
@@ -19,6 +20,7 @@ from ferroattn.flash_attn_interface import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
+from ferroattn.ops.variant import AttnVariant
 from ferroattn.testing import (
     assert_close_to_ref,
     attention_ref,
@@ -166,15 +168,29 @@ def test_native_rejects_misaligned_rows_then_recovers():
     lse = torch.empty(1, 2, 16, dtype=torch.float32, device=DEV)
     stream = torch.cuda.current_stream().cuda_stream
     with pytest.raises(errors.ArgumentError, match="^q: .*16-byte aligned"):
-        _native.attn_fwd(q, q.contiguous(), q.contiguous(), out, lse, None, None, 16, 16, 0.125, False, stream)
+        _native.attn_fwd(q, q.contiguous(), q.contiguous(), out, lse, None, None, 16, 16, 0.125, AttnVariant(),
+                         stream)
     _check_padded(q.contiguous(), q.contiguous(), q.contiguous(), False)
 
 
+_POISON_VARIANTS = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "window": dict(window_left=5, window_right=3),          # key tiles outside the window skipped; s_q > s_k:
+                                                            # the first rows see no key
+    "causal_window_softcap": dict(causal=True, window_left=40, window_right=0, softcap=20.0),
+    "alibi_sinks": dict(causal=True, alibi=True, sinks=True),  # rows that see no key: out 0, lse = sink
+}
+
+
 @pytest.mark.parametrize("varlen", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
-def test_every_output_element_written(varlen, causal):
-    """Call the native launcher with NaN-poisoned out and lse: nothing may stay NaN."""
+@pytest.mark.parametrize("variant", list(_POISON_VARIANTS))
+def test_every_output_element_written(varlen, variant):
+    """Call the native launcher with NaN-poisoned out and lse: nothing may stay NaN (a finite
+    LSE or +inf, never NaN), for every mask kind and score modification."""
     torch.manual_seed(1)
+    fields = dict(_POISON_VARIANTS[variant])
+    alibi, sinks = fields.pop("alibi", False), fields.pop("sinks", False)
     if varlen:
         lq, lk = [3, 0, 97, 5], [1, 4, 113, 0]
         cu_q, cu_k = random_cu_seqlens(lq, DEV), random_cu_seqlens(lk, DEV)
@@ -187,9 +203,17 @@ def test_every_output_element_written(varlen, causal):
         lse = torch.full((2, 4, 113), float("nan"), device=DEV)
         mq, mk = 113, 97
     out = torch.full_like(q, float("nan"))
-    _native.attn_fwd(q, k, k, out, lse, cu_q, cu_k, mq, mk, 0.125, causal, torch.cuda.current_stream().cuda_stream)
+    b = (len(lq) if varlen else 2)
+    if alibi:
+        fields["alibi_slopes"] = torch.rand(b, 4, device=DEV)
+    if sinks:
+        fields["sinks"] = torch.randn(4, device=DEV)
+    variant = dataclasses.replace(AttnVariant(), **fields)
+    _native.attn_fwd(q, k, k, out, lse, cu_q, cu_k, mq, mk, 0.125, variant, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    if sinks:  # the sink joins every row: every LSE is finite
+        assert torch.isfinite(lse).all()
 
 
 # ---- streams, CUDA graphs, torch.compile --------------------------------------------------

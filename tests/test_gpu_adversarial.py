@@ -28,6 +28,7 @@ from ferroattn.flash_attn_interface import (
     flash_attn_kvpacked_func,
     flash_attn_varlen_func,
 )
+from ferroattn.ops.variant import AttnVariant
 from ferroattn.testing import (
     assert_close_to_ref,
     attention_ref,
@@ -334,7 +335,7 @@ def test_offsets_past_2_pow_31_elements_varlen():
 def _native_call(q, k, v, out, lse, cu_q=None, cu_k=None, mq=0, mk=0, stream=None):
     if stream is None:
         stream = torch.cuda.current_stream().cuda_stream
-    return _native.attn_fwd(q, k, v, out, lse, cu_q, cu_k, mq, mk, 0.125, False, stream)
+    return _native.attn_fwd(q, k, v, out, lse, cu_q, cu_k, mq, mk, 0.125, AttnVariant(), stream)
 
 
 REJECTED = {

@@ -19,6 +19,7 @@ import torch
 from ferroattn import _native, errors
 from ferroattn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 from ferroattn.ops import attention as fwd_mod
+from ferroattn.ops.variant import AttnVariant
 from ferroattn.testing import attention_grads_ref, random_cu_seqlens
 
 from _gpu_common import BF16, DEV
@@ -131,7 +132,7 @@ def test_offsets_past_2_pow_31_elements_backward():
     softmax_d = torch.empty(2, 4, 64, device=DEV)
     stream = torch.cuda.current_stream().cuda_stream
     _native.attn_bwd(doc, qc.detach(), kc.detach(), v.detach(), out_c, lse, dq2, dk2, dv2, softmax_d, None,
-                     None, None, 64, 96, 64 ** -0.5, True, True, stream)
+                     None, None, 64, 96, 64 ** -0.5, AttnVariant(causal=True), True, stream)
     torch.cuda.synchronize()
     assert torch.equal(dq2, dq) and torch.equal(dk2, dk) and torch.equal(dv2, dv)
     del q, k, dout, dq2, dk2, dv2
@@ -150,7 +151,8 @@ def _native_args(**over):
     a = dict(dout=torch.randn_like(q), q=q, k=k, v=v, out=out, softmax_lse=lse, dq=torch.empty_like(q),
              dk=torch.empty_like(k), dv=torch.empty_like(v), softmax_d=torch.empty_like(lse),
              dq_accum=torch.empty(q.shape, dtype=torch.float32, device=DEV), cu_seqlens_q=None, cu_seqlens_k=None,
-             max_seqlen_q=33, max_seqlen_k=41, softmax_scale=0.125, causal=True, deterministic=False,
+             max_seqlen_q=33, max_seqlen_k=41, softmax_scale=0.125, variant=AttnVariant(causal=True),
+             deterministic=False,
              stream=torch.cuda.current_stream().cuda_stream)
     a.update({n: (f(a) if callable(f) else f) for n, f in over.items()})
     return a

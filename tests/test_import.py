@@ -113,3 +113,19 @@ def test_cli_info_exits_zero():
     r = subprocess.run([sys.executable, "-m", "ferroattn", "info"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "ferroattn" in r.stdout
+
+
+def test_attention_variant_names():
+    """The variant value and the one pair count are importable where the ops and docs name them,
+    and the native module has the entry points the ops call."""
+    from ferroattn import _native
+    from ferroattn.ops import attention, variant
+
+    for name in ("AttnVariant", "sink_grad", "visible_pairs"):
+        assert name in variant.__all__ and callable(getattr(variant, name))
+    assert attention.AttnVariant is variant.AttnVariant and attention.visible_pairs is variant.visible_pairs
+    for name in ("attn_fwd", "attn_fwd_check", "attn_bwd", "attn_bwd_check", "attn_visible_pairs"):
+        assert callable(getattr(_native, name)), name
+    v = variant.AttnVariant()
+    assert v.is_plain and v.op_args() == (-1, -1, 0.0, None, None)
+    assert variant.AttnVariant.from_op_args(True, 3, 0, 2.0, None, None) == variant.AttnVariant(True, 3, 0, 2.0)

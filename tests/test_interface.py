@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import ferroattn
 from ferroattn import flash_attn_interface as fai
+from ferroattn.ops.variant import AttnVariant
 
 BF16 = torch.bfloat16
 
@@ -56,12 +58,14 @@ def test_transformers_introspection_sees_the_named_parameters():
 # ---- what reaches the op -------------------------------------------------------------------
 @pytest.fixture
 def captured(monkeypatch):
-    """Replace the custom op by a recorder that returns correctly shaped outputs."""
+    """Replace the op's entry point (``run_attn_fwd``) by a recorder that returns correctly shaped
+    outputs; ``causal`` is the variant's, ``variant`` the whole AttnVariant."""
     calls = []
 
-    def fake_op(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
-        calls.append(dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, scale=scale, causal=causal,
-                          deterministic=deterministic))
+    def fake_op(q, k, v, cu_q, cu_k, max_q, max_k, scale, variant, deterministic=False):
+        assert isinstance(variant, AttnVariant)
+        calls.append(dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, scale=scale,
+                          causal=variant.causal, variant=variant, deterministic=deterministic))
         lse = torch.zeros((q.shape[0], q.shape[2], q.shape[1]) if cu_q is None else (q.shape[1], q.shape[0]))
         return torch.full_like(q, 7.0), lse
 
@@ -126,17 +130,137 @@ def test_varlen_causal_off_when_max_seqlen_q_is_one(captured):
     assert captured[0]["cu_q"] is cu_q and captured[0]["max_k"] == 3
 
 
+# flash_attn 2.8's normalisation for s_q = 4, s_k = 6: (window, causal) -> (causal, left, right)
 @pytest.mark.parametrize("window,causal,expected", [
-    ((-1, -1), False, False),
-    ((6, 6), False, False),       # both sides >= seqlen_k (6) -> -1
-    ((10, -1), True, True),
-    ((-1, 0), False, True),       # (left < 0, right == 0) is causal in flash_attn
-    ((-1, 3), True, True),        # causal forces right = 0
-    ((-5, -2), False, False),     # any negative side is unbounded
+    ((-1, -1), False, (False, -1, -1)),
+    ((6, 6), False, (False, -1, -1)),       # both sides >= seqlen_k (6) -> -1
+    ((10, -1), True, (True, -1, -1)),
+    ((-1, 0), False, (True, -1, -1)),       # (left < 0, right == 0) is causal in flash_attn
+    ((-1, 3), True, (True, -1, -1)),        # causal forces right = 0
+    ((-5, -2), False, (False, -1, -1)),     # any negative side is unbounded
+    ((2, 2), False, (False, 2, 2)),         # a real local window reaches the op as it is
+    ((2, -1), False, (False, 2, 6)),        # one side set: the other becomes seqlen_k (flash_attn)
+    ((-1, 2), False, (False, 6, 2)),
+    ((0, 0), False, (False, 0, 0)),         # the diagonal only
+    ((5, 5), False, (False, 5, 5)),         # 5 < seqlen_k: kept
+    ((6, 2), False, (False, 6, 2)),         # the side >= seqlen_k is -1, then seqlen_k again
+    ((2, 6), False, (False, 2, 6)),
+    ((3, 0), True, (True, 3, 0)),           # causal + left window: right 0, causal kept
+    ((3, 5), True, (True, 3, 0)),
+    ((-7, 0), False, (True, -1, -1)),
 ])
 def test_window_normalisation(captured, window, causal, expected):
     fai.flash_attn_func(_t(1, 4, 2, 32), _t(1, 6, 2, 32), _t(1, 6, 2, 32), causal=causal, window_size=window)
-    assert captured[0]["causal"] is expected
+    v = captured[0]["variant"]
+    assert (v.causal, v.window_left, v.window_right) == expected
+    assert type(v.window_left) is int and type(v.window_right) is int and type(v.causal) is bool
+
+
+def test_varlen_window_normalised_with_max_seqlen_k(captured):
+    # flash_attn normalises a varlen window with max_seqlen_k, not with each sequence's length
+    q, k = _t(7, 2, 32), _t(9, 2, 32)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    fai.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 4, 5, window_size=(4, 5))   # 5 >= 5 -> -1 -> max_seqlen_k
+    fai.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 4, 8, window_size=(4, 5))   # both < 8: kept
+    fai.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 1, 5, causal=True, window_size=(2, 2))  # max_q 1: no causal
+    got = [(c["variant"].causal, c["variant"].window_left, c["variant"].window_right) for c in captured]
+    assert got == [(False, 4, 5), (False, 4, 5), (False, 2, 2)]
+    fai.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 4, 8, window_size=(-1, 3))  # the unset side: max_seqlen_k
+    v = captured[3]["variant"]
+    assert (v.causal, v.window_left, v.window_right) == (False, 8, 3)
+
+
+def test_causal_kept_for_single_query_with_alibi(captured):
+    # flash_attn drops causal for s_q == 1 only without ALiBi (with ALiBi the bias depends on it)
+    slopes = torch.rand(2)
+    fai.flash_attn_func(_t(1, 1, 2, 32), _t(1, 6, 2, 32), _t(1, 6, 2, 32), causal=True, alibi_slopes=slopes)
+    fai.flash_attn_func(_t(1, 1, 2, 32), _t(1, 6, 2, 32), _t(1, 6, 2, 32), causal=True)
+    assert captured[0]["causal"] is True and captured[0]["variant"].alibi_slopes is slopes
+    assert captured[1]["causal"] is False
+
+
+@pytest.mark.parametrize("value,expected", [(30.0, 30.0), (5, 5.0), (np.float32(2.5), 2.5), (0, 0.0), (None, 0.0),
+                                            (1e-3, 1e-3)])
+def test_softcap_reaches_the_op_as_a_float(captured, value, expected):
+    q = _t(1, 4, 2, 32)
+    fai.flash_attn_func(q, q, q, softcap=value)
+    v = captured[0]["variant"]
+    assert type(v.softcap) is float and v.softcap == expected
+
+
+def test_alibi_and_sinks_reach_the_op(captured):
+    q = _t(2, 4, 3, 32)
+    slopes, slopes_b = torch.rand(3), torch.rand(2, 3)
+    sinks = torch.randn(3)
+    fai.flash_attn_func(q, q, q, alibi_slopes=slopes, s_aux=sinks)
+    v = captured[0]["variant"]
+    assert v.alibi_slopes is slopes and v.sinks is sinks   # fp32: passed untouched (no copy)
+    fai.flash_attn_func(q, q, q, alibi_slopes=slopes_b)
+    assert captured[1]["variant"].alibi_slopes is slopes_b and captured[1]["variant"].sinks is None
+    # sinks of another float dtype are cast to fp32 (the kernels read fp32), values kept
+    sinks_bf16 = torch.randn(3).to(BF16)
+    fai.flash_attn_func(q, q, q, s_aux=sinks_bf16)
+    got = captured[2]["variant"].sinks
+    assert got.dtype == torch.float32 and torch.equal(got, sinks_bf16.float())
+    # without any option the variant is the plain one
+    fai.flash_attn_func(q, q, q)
+    assert captured[3]["variant"] == AttnVariant() and captured[3]["variant"].is_plain
+
+
+def test_sinks_cast_keeps_the_gradient(captured):
+    # the fp32 cast of a bf16 s_aux is differentiable: the gradient reaches the caller's tensor
+    q = _t(1, 4, 2, 32)
+    sinks = torch.randn(2).to(BF16).requires_grad_(True)
+    fai.flash_attn_func(q, q, q, s_aux=sinks)
+    got = captured[0]["variant"].sinks
+    assert got.requires_grad and got.grad_fn is not None
+    (g,) = torch.autograd.grad(got.sum(), sinks)
+    assert g.dtype == BF16 and torch.equal(g, torch.ones(2, dtype=BF16))
+
+
+_EVERY_FORM = ["padded", "qkvpacked", "kvpacked", "varlen", "varlen_qkvpacked", "varlen_kvpacked"]
+
+
+def _call_form(form, **kwargs):
+    """One valid call of each public function (h = 4, d = 32; s_q = s_k = 6 / max lengths 4)."""
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    if form == "padded":
+        return fai.flash_attn_func(_t(1, 6, 4, 32), _t(1, 6, 4, 32), _t(1, 6, 4, 32), **kwargs)
+    if form == "qkvpacked":
+        return fai.flash_attn_qkvpacked_func(_t(1, 6, 3, 4, 32), **kwargs)
+    if form == "kvpacked":
+        return fai.flash_attn_kvpacked_func(_t(1, 6, 4, 32), _t(1, 6, 2, 4, 32), **kwargs)
+    if form == "varlen":
+        return fai.flash_attn_varlen_func(_t(8, 4, 32), _t(8, 4, 32), _t(8, 4, 32), cu, cu, 4, 4, **kwargs)
+    if form == "varlen_qkvpacked":
+        return fai.flash_attn_varlen_qkvpacked_func(_t(8, 3, 4, 32), cu, 4, **kwargs)
+    return fai.flash_attn_varlen_kvpacked_func(_t(8, 4, 32), _t(8, 2, 4, 32), cu, cu, 4, 4, **kwargs)
+
+
+@pytest.mark.parametrize("form", _EVERY_FORM)
+def test_every_variant_reaches_the_op_from_every_form(captured, form):
+    slopes, sinks = torch.rand(4), torch.randn(4)
+    out = _call_form(form, window_size=(2, 1), softcap=12.5, alibi_slopes=slopes, s_aux=sinks)
+    assert out.shape[-2:] == (4, 32)
+    v = captured[0]["variant"]
+    assert (v.causal, v.window_left, v.window_right, v.softcap) == (False, 2, 1, 12.5)
+    assert v.alibi_slopes is slopes and v.sinks is sinks
+    _call_form(form, causal=True, window_size=(3, 3))
+    v = captured[1]["variant"]
+    assert (v.causal, v.window_left, v.window_right, v.softcap, v.alibi_slopes, v.sinks) == (True, 3, 0, 0.0, None, None)
+
+
+def test_variant_positional_arguments(captured):
+    # flash_attn's positional order: dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes
+    q = _t(2, 4, 3, 32)
+    slopes = torch.rand(3)
+    fai.flash_attn_func(q, q, q, 0.0, 0.5, False, (1, 2), 3.0, slopes)
+    c = captured[0]
+    assert c["scale"] == 0.5
+    assert (c["variant"].window_left, c["variant"].window_right, c["variant"].softcap) == (1, 2, 3.0)
+    assert c["variant"].alibi_slopes is slopes
+    with pytest.raises(TypeError):  # s_aux is keyword-only: no 12th positional argument
+        fai.flash_attn_func(q, q, q, 0.0, None, False, (-1, -1), 0.0, None, False, False, torch.zeros(3))
 
 
 def test_return_attn_probs_triple(captured):
@@ -176,26 +300,26 @@ def test_deterministic_must_be_a_bool(captured, value):
 
 
 # ---- unsupported arguments -----------------------------------------------------------------
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(dropout_p=0.1), "dropout_p"),
-    (dict(window_size=(2, 2)), "window_size"),
-    (dict(window_size=(2, -1)), "window_size"),
-    (dict(window_size=(-1, 2)), "window_size"),
-    (dict(window_size=(3, 0), causal=True), "window_size"),
-    (dict(softcap=30.0), "softcap"),
-    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
-])
-@pytest.mark.parametrize("fn", ["padded", "varlen", "qkvpacked"])
-def test_unsupported_arguments_raise(captured, kwargs, needle, fn):
-    with pytest.raises(NotImplementedError, match=needle):
-        if fn == "padded":
-            fai.flash_attn_func(_t(1, 4, 4, 32), _t(1, 6, 4, 32), _t(1, 6, 4, 32), **kwargs)
-        elif fn == "varlen":
-            cu = torch.tensor([0, 4, 8], dtype=torch.int32)
-            fai.flash_attn_varlen_func(_t(8, 4, 32), _t(8, 4, 32), _t(8, 4, 32), cu, cu, 4, 4, **kwargs)
-        else:
-            fai.flash_attn_qkvpacked_func(_t(1, 6, 3, 4, 32), **kwargs)
+@pytest.mark.parametrize("form", _EVERY_FORM)
+def test_dropout_raises_not_implemented(captured, form):
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        _call_form(form, dropout_p=0.1, window_size=(2, 2), softcap=5.0)
     assert captured == []  # never silently ignored: nothing launched
+
+
+@pytest.mark.parametrize("kwargs,exc,needle", [
+    (dict(softcap=-1.0), ferroattn.errors.ArgumentError, r"^softcap: expected a finite number >= 0"),
+    (dict(softcap=float("inf")), ferroattn.errors.ArgumentError, r"^softcap: expected a finite number >= 0"),
+    (dict(softcap=float("nan")), ferroattn.errors.ArgumentError, r"^softcap: expected a finite number >= 0"),
+    (dict(alibi_slopes=[1.0, 2.0]), ferroattn.errors.DTypeError, r"^alibi_slopes: expected a torch.Tensor or None"),
+    (dict(s_aux=(0.0,) * 4), ferroattn.errors.DTypeError, r"^s_aux: expected a torch.Tensor or None"),
+    (dict(s_aux=np.zeros(4, np.float32)), ferroattn.errors.DTypeError, r"^s_aux: expected a torch.Tensor or None"),
+])
+@pytest.mark.parametrize("form", ["padded", "varlen", "qkvpacked"])
+def test_bad_variant_arguments_rejected_before_the_op(captured, kwargs, exc, needle, form):
+    with pytest.raises(exc, match=needle):
+        _call_form(form, **kwargs)
+    assert captured == []
 
 
 def test_block_table_raises(captured):
@@ -214,5 +338,9 @@ def test_kvcache_not_implemented():
 def test_unsupported_raise_on_fake_tensors_too():
     with FakeTensorMode():
         q = torch.empty(1, 4, 4, 32, dtype=BF16, device="cuda")
-        with pytest.raises(NotImplementedError, match="softcap"):
-            fai.flash_attn_func(q, q, q, softcap=5.0)
+        with pytest.raises(NotImplementedError, match="dropout_p"):
+            fai.flash_attn_func(q, q, q, dropout_p=0.5, softcap=5.0)
+        # the implemented variants trace through the fake impl
+        slopes = torch.empty(4, dtype=torch.float32, device="cuda")
+        out = fai.flash_attn_func(q, q, q, softcap=5.0, window_size=(1, 1), alibi_slopes=slopes, s_aux=slopes)
+        assert out.shape == q.shape and out.dtype == BF16

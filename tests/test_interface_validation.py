@@ -213,12 +213,86 @@ def test_scalar_wrong_type_is_argument_error(name, make, expected):
     assert str(info.value) == f"{name}: expected {expected}, got {value!r}"
 
 
-def test_valid_nonzero_softcap_still_not_implemented():
+def test_valid_nonzero_softcap_accepted():
     q = T(2, 16, 4, 64)
-    with pytest.raises(NotImplementedError, match="softcap=30.0"):
-        flash_attn_func(q, q, q, softcap=30.0)
-    assert flash_attn_func(q, q, q, softcap=0).shape == q.shape
-    assert flash_attn_func(q, q, q, softcap=0.0).shape == q.shape
+    for value in (30.0, 0.5, 1e-6, np.float32(50.0), 0, 0.0, None):
+        assert flash_attn_func(q, q, q, softcap=value).shape == q.shape
+
+
+@pytest.mark.parametrize("value", [-1.0, -1e-30, float("inf"), float("-inf"), float("nan"), np.float64(-2.0)],
+                         ids=["-1", "-tiny", "inf", "-inf", "nan", "np-2"])
+def test_softcap_negative_or_not_finite_is_argument_error(value):
+    q = T(2, 16, 4, 64)
+    with pytest.raises(errors.ArgumentError) as info:
+        flash_attn_func(q, q, q, softcap=value)
+    assert not isinstance(info.value, NotImplementedError)
+    assert str(info.value) == f"softcap: expected a finite number >= 0 (0 = no softcapping), got {value!r}"
+    assert flash_attn_func(q, q, q, softcap=1.0).shape == q.shape  # the next valid call works
+
+
+@pytest.mark.parametrize("name", ["alibi_slopes", "s_aux"])
+@pytest.mark.parametrize("value", [[0.5] * 4, 0.5, "slopes", np.ones(4, np.float32)], ids=["list", "float", "str", "numpy"])
+def test_variant_tensor_argument_not_a_tensor(name, value):
+    q = T(2, 16, 4, 64)
+    with pytest.raises(errors.DTypeError) as info:
+        flash_attn_func(q, q, q, **{name: value})
+    assert str(info.value) == f"{name}: expected a torch.Tensor or None, got {type(value).__name__}"
+
+
+_VARIANT_TENSORS_BAD = [
+    # (argument, tensor, error class, message); q: (2, 16, 4, 64) meta (described as cuda:0)
+    ("alibi_slopes", lambda: T(4, dtype=FP16), errors.DTypeError, "alibi_slopes: expected dtype float32, got float16"),
+    ("alibi_slopes", lambda: T(4, dtype=torch.float64), errors.DTypeError,
+     "alibi_slopes: expected dtype float32, got float64"),
+    ("alibi_slopes", lambda: T(3, dtype=torch.float32), errors.ArgumentError,
+     "alibi_slopes: expected shape (4,) or (2, 4) (heads or batch x heads), got shape (3,)"),
+    ("alibi_slopes", lambda: T(3, 4, dtype=torch.float32), errors.ArgumentError,
+     "alibi_slopes: expected shape (4,) or (2, 4) (heads or batch x heads), got shape (3, 4)"),
+    ("alibi_slopes", lambda: T(2, 4, 1, dtype=torch.float32), errors.ArgumentError,
+     "alibi_slopes: expected shape (4,) or (2, 4) (heads or batch x heads), got shape (2, 4, 1)"),
+    ("alibi_slopes", lambda: T(4, 2, dtype=torch.float32).t(), errors.ArgumentError,
+     "alibi_slopes: expected a contiguous tensor, got strides [1, 2] for shape (2, 4)"),
+    ("alibi_slopes", lambda: torch.zeros(4), errors.DeviceError,
+     "alibi_slopes: expected a tensor on cuda:0 (q's device), got cpu"),
+    # s_aux is the op's ``sinks``: the Rust validation names it so (see test_adversarial.py)
+    ("s_aux", lambda: T(3, dtype=torch.float32), errors.ArgumentError,
+     "sinks: expected shape (4,) (one logit per query head), got shape (3,)"),
+    ("s_aux", lambda: T(2, 4, dtype=torch.float32), errors.ArgumentError,
+     "sinks: expected shape (4,) (one logit per query head), got shape (2, 4)"),
+    ("s_aux", lambda: T(4, dtype=torch.int32), errors.DTypeError, "sinks: expected dtype float32, got int32"),
+    ("s_aux", lambda: T(4, dtype=torch.bool), errors.DTypeError, "sinks: expected dtype float32, got bool"),
+    ("s_aux", lambda: torch.zeros(4), errors.DeviceError, "sinks: expected a tensor on cuda:0 (q's device), got cpu"),
+]
+
+
+@pytest.mark.parametrize("name,make,exc,message", _VARIANT_TENSORS_BAD,
+                         ids=[f"{n}-{i}" for i, (n, _, _, _) in enumerate(_VARIANT_TENSORS_BAD)])
+def test_variant_tensor_dtype_shape_device_checked(name, make, exc, message):
+    q = T(2, 16, 4, 64)
+    with pytest.raises(exc) as info:
+        flash_attn_func(q, q, q, **{name: make()})
+    assert str(info.value) == message
+    # the same tensors are checked before the head-dim padding (d = 100 -> 104) and in varlen
+    with pytest.raises(exc) as info:
+        flash_attn_func(T(2, 16, 4, 100), T(2, 16, 4, 100), T(2, 16, 4, 100), **{name: make()})
+    assert str(info.value) == message
+
+
+def test_valid_variant_tensors_accepted():
+    q = T(2, 16, 4, 64)
+    f32 = torch.float32
+    assert flash_attn_func(q, q, q, alibi_slopes=T(4, dtype=f32)).shape == q.shape
+    assert flash_attn_func(q, q, q, alibi_slopes=T(2, 4, dtype=f32)).shape == q.shape
+    for dt in (f32, FP16, torch.bfloat16, torch.float64):  # s_aux of any float dtype: cast to fp32
+        assert flash_attn_func(q, q, q, s_aux=T(4, dtype=dt)).shape == q.shape
+    out = flash_attn_varlen_func(T(16, 4, 64), T(16, 4, 64), T(16, 4, 64), _cu(2), _cu(2), 8, 8, causal=True,
+                                 window_size=(3, 0), softcap=10.0, alibi_slopes=T(2, 4, dtype=f32),
+                                 s_aux=T(4, dtype=f32))
+    assert out.shape == (16, 4, 64)
+    # a varlen (b, h) alibi must have b = the number of sequences
+    with pytest.raises(errors.ArgumentError, match=r"^alibi_slopes: expected shape \(4,\) or \(2, 4\)"):
+        flash_attn_varlen_func(T(16, 4, 64), T(16, 4, 64), T(16, 4, 64), _cu(2), _cu(2), 8, 8,
+                               alibi_slopes=T(3, 4, dtype=f32))
 
 
 @pytest.mark.parametrize("which", ["max_seqlen_q", "max_seqlen_k"])

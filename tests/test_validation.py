@@ -85,6 +85,26 @@ CASES = [
          modes=("fake",)),
     Case("cu_seqlens_on_cpu", lambda e: varlen(e, cu_seqlens_q=e.cu([0, 4, 9], device="cpu")), errors.DeviceError,
          "cu_seqlens_q", modes=("fake",)),
+    # attention variants: checked in Python (every mode) or by the Rust validation (fake/meta;
+    # with real CPU tensors q's device is rejected first)
+    Case("softcap_negative", lambda e: padded(e, softcap=-3.0), errors.ArgumentError, "softcap"),
+    Case("softcap_nan_varlen", lambda e: varlen(e, softcap=float("nan")), errors.ArgumentError, "softcap"),
+    Case("alibi_not_a_tensor", lambda e: padded(e, alibi_slopes=[1.0] * 6), errors.DTypeError, "alibi_slopes"),
+    Case("s_aux_not_a_tensor", lambda e: varlen(e, s_aux=1.0), errors.DTypeError, "s_aux"),
+    Case("alibi_fp16", lambda e: padded(e, alibi_slopes=e.t(6, dtype=FP16)), errors.DTypeError, "alibi_slopes",
+         modes=("fake", "meta")),
+    Case("alibi_wrong_heads", lambda e: padded(e, alibi_slopes=e.t(2, dtype=torch.float32)), errors.ArgumentError,
+         "alibi_slopes", modes=("fake", "meta")),
+    Case("alibi_wrong_batch_varlen", lambda e: varlen(e, alibi_slopes=e.t(3, 6, dtype=torch.float32)),
+         errors.ArgumentError, "alibi_slopes", modes=("fake", "meta")),
+    Case("alibi_on_cpu", lambda e: padded(e, alibi_slopes=e.t(6, dtype=torch.float32, device="cpu")),
+         errors.DeviceError, "alibi_slopes", modes=("fake", "meta")),
+    Case("s_aux_wrong_heads", lambda e: padded(e, s_aux=e.t(2, dtype=torch.float32)), errors.ArgumentError,
+         "s_aux|sinks", modes=("fake", "meta")),
+    Case("s_aux_int", lambda e: varlen(e, s_aux=e.t(6, dtype=torch.int32)), errors.DTypeError, "s_aux|sinks",
+         modes=("fake", "meta")),
+    Case("s_aux_on_cpu", lambda e: padded(e, s_aux=e.t(6, dtype=torch.float32, device="cpu")), errors.DeviceError,
+         "s_aux|sinks", modes=("fake", "meta")),
 ]
 
 PARAMS = [pytest.param(c, m, id=f"{c.id}-{m}") for c in CASES for m in c.modes]
@@ -112,6 +132,27 @@ def test_bad_input(case: Case, mode: str):
     assert re.match(rf"({case.names})\b", msg), f"message does not start with {case.names!r}: {msg!r}"
     assert isinstance(info.value, RuntimeError)  # flash_attn code catching RuntimeError keeps working
     _valid_fake_call()  # the next valid call succeeds
+
+
+@pytest.mark.parametrize("mode", ["fake", "meta"])
+def test_valid_variant_calls(mode):
+    """Every variant argument valid, padded and varlen: the calls trace (output shape, dtype)."""
+    with env(mode) as e:
+        f32 = torch.float32
+        kw = dict(window_size=(3, 1), softcap=20.0, alibi_slopes=e.t(2, 6, dtype=f32), s_aux=e.t(6, dtype=f32))
+        out = padded(e, **kw)()
+        assert out.shape == (2, 5, 6, 32) and out.dtype == BF16
+        out = varlen(e, **kw)()
+        assert out.shape == (9, 6, 32) and out.dtype == BF16
+        assert padded(e, causal=False, window_size=(0, 0), alibi_slopes=e.t(6, dtype=f32))().shape == (2, 5, 6, 32)
+
+
+def test_valid_variant_cpu_call_is_rejected_only_for_the_device():
+    """A valid variant call on CPU tensors reaches the op's validation and fails for q's device."""
+    q, k = torch.randn(2, 5, 6, 32, dtype=BF16), torch.randn(2, 7, 2, 32, dtype=BF16)
+    with pytest.raises(errors.DeviceError, match=r"^q\b"):
+        ferroattn.flash_attn_func(q, k, k, window_size=(2, 2), softcap=5.0, alibi_slopes=torch.rand(6),
+                                  s_aux=torch.randn(6))
 
 
 def test_valid_cpu_call_is_rejected_only_for_the_device():
