@@ -252,6 +252,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     }
     const attn_variant::RowKeys<V> rk(fp, seqlen_q, blk.seqlen_k);
     attn_variant::ScoreMod<V> smod(fp, head_k * group, batch, seqlen_q, blk.seqlen_k);
+    attn_variant::DropoutMask<V> drop(fp, head_k * group, batch);
 
     // ---- K and V tiles (once per block), then the first query tiles ----
     attn_bwd_detail::load_kv_tiles<BlockN, HeadDim, kThreads>(fp, blk, sK, sV, tid);
@@ -321,16 +322,22 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     };
     // acc[mt][dt] += X^T (the warp's kSubM-column slab in registers, packed from x) x B (kSubM
     // rows of the Q or dO tile at b_off, read .trans).
-    auto gemm_tn = [&](float (&acc)[MT][DT][4], const float (&x)[MT][NQ][4], unsigned b_off) {
+    // is_p: x is P^T with the dropout mask in its sign (Dropout): the product takes Z o P,
+    // Z = keep / (1 - p).
+    auto gemm_tn = [&](float (&acc)[MT][DT][4], const float (&x)[MT][NQ][4], unsigned b_off, bool is_p = false) {
+        auto xv = [&](float v) {
+            if constexpr (V::kDropout) return is_p ? (v > 0.f ? v * drop.scale : 0.f) : v;
+            return v;
+        };
 #pragma unroll
         for (int kk = 0; kk < kSubM / 16; ++kk) {
             unsigned pa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                pa[mt][0] = Tr::pack2(x[mt][2 * kk][0], x[mt][2 * kk][1]);
-                pa[mt][1] = Tr::pack2(x[mt][2 * kk][2], x[mt][2 * kk][3]);
-                pa[mt][2] = Tr::pack2(x[mt][2 * kk + 1][0], x[mt][2 * kk + 1][1]);
-                pa[mt][3] = Tr::pack2(x[mt][2 * kk + 1][2], x[mt][2 * kk + 1][3]);
+                pa[mt][0] = Tr::pack2(xv(x[mt][2 * kk][0]), xv(x[mt][2 * kk][1]));
+                pa[mt][1] = Tr::pack2(xv(x[mt][2 * kk][2]), xv(x[mt][2 * kk][3]));
+                pa[mt][2] = Tr::pack2(xv(x[mt][2 * kk + 1][0]), xv(x[mt][2 * kk + 1][1]));
+                pa[mt][3] = Tr::pack2(xv(x[mt][2 * kk + 1][2]), xv(x[mt][2 * kk + 1][3]));
             }
 #pragma unroll
             for (int dn = 0; dn < KD; ++dn) {
@@ -561,6 +568,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
         const float* d_s = sD + slot * BlockM;
         // Masking needed: key tail, query tail, or a causal pair not seen inside the tile.
         if constexpr (V::kAlibi) smod.set_head(fp, hq, batch);
+        if constexpr (V::kDropout) drop.set_head(fp, hq, batch);
         // Masking needed: key tail, query tail, or a pair the variant hides inside the tile.
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
                                (V::kCausal && m_start + diag < n0 + BlockN - 1) ||
@@ -614,11 +622,15 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                             const int c = nt * 8 + (e & 1);
                             p = (c >= lo[mt][e >> 1] && c < hi[mt][e >> 1]) ? p : 0.f;
                         }
+                        // Dropout: the sign carries the mask (P >= 0; a dropped P is stored as -P).
+                        if constexpr (V::kDropout)
+                            p = drop.keep(m_start + sub * kSubM + nt * 8 + 2 * t + (e & 1),
+                                          n0 + key0 + mt * 16 + g + 8 * (e >> 1)) ? p : -p;
                         acc_s[mt][nt][e] = p;
                     }
             }
             // ---- dV += P^T dO_sub ----
-            if constexpr (WithDV) gemm_tn(acc_dv, acc_s, offDO + q_sub);
+            if constexpr (WithDV) gemm_tn(acc_dv, acc_s, offDO + q_sub, true);
             if constexpr (kDS) {
                 // ---- dP^T = V_w dO_sub^T, dS^T = P^T o (dP^T - D) ----
                 float acc_p[MT][NQ][4];
@@ -637,9 +649,15 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
-                            float ds = acc_s[mt][nt][e] * (acc_p[mt][nt][e] - ((e & 1) ? dd.y : dd.x));
+                            float pv = acc_s[mt][nt][e];
+                            float dpv = acc_p[mt][nt][e];
+                            if constexpr (V::kDropout) {   // dS = P o (Z o dP - D)
+                                dpv = pv > 0.f ? dpv * drop.scale : 0.f;
+                                pv = fabsf(pv);
+                            }
+                            float ds = pv * (dpv - ((e & 1) ? dd.y : dd.x));
                             if constexpr (V::kSoftcap)   // d(c·tanh(x/c)): dS · (1 − tanh²)
-                                ds *= smod.dcap_from_p(acc_s[mt][nt][e], (e & 1) ? l2.y : l2.x,
+                                ds *= smod.dcap_from_p(pv, (e & 1) ? l2.y : l2.x,
                                                        m_start + sub * kSubM + nt * 8 + 2 * t + (e & 1),
                                                        n0 + key0 + mt * 16 + g + 8 * (e >> 1));
                             acc_p[mt][nt][e] = ds;

@@ -169,6 +169,7 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
     }
     const attn_variant::RowKeys<V> rk(fp, seqlen_q, blk.seqlen_k);
     attn_variant::ScoreMod<V> smod(fp, head_k * group, batch, seqlen_q, blk.seqlen_k);
+    attn_variant::DropoutMask<V> drop(fp, head_k * group, batch);
 
     // ---- K and V tiles (once per block), then the first query tiles ----
     load_kv_tiles<BlockN, HeadDim, kThreads>(fp, blk, sK, sV, tid);
@@ -236,6 +237,7 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
         const unsigned offQ = kOffQ + slot * kTileQ;
         const unsigned offDO = kOffDO + slot * kTileQ;
         if constexpr (V::kAlibi) smod.set_head(fp, head_k * group + it / per_head, batch);
+        if constexpr (V::kDropout) drop.set_head(fp, head_k * group + it / per_head, batch);
         const bool need_mask = (rows_k < BlockN) || (rows_q < BlockM) ||
                                (V::kCausal && m_start + blk.diag < n0 + BlockN - 1) ||
                                (V::kLocal && !rk.tile_full(m_start, BlockM, n0, BlockN));
@@ -306,8 +308,15 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
                                         (!V::kLocal || (n0 + c < rk.hi(m_start + r) && n0 + c >= rk.lo(m_start + r)));
                         p = ok ? p : 0.f;
                     }
-                    acc_s[nt][e] = p;
-                    float ds = p * (acc_p[nt][e] - dd[h]);
+                    float dpv = acc_p[nt][e];
+                    if constexpr (V::kDropout) {   // dV takes Z o P, dS = P o (Z o dP - D)
+                        const float z = drop.keep(m_start + r, n0 + c) ? drop.scale : 0.f;
+                        dpv *= z;
+                        acc_s[nt][e] = p * z;
+                    } else {
+                        acc_s[nt][e] = p;
+                    }
+                    float ds = p * (dpv - dd[h]);
                     if constexpr (V::kSoftcap) ds *= dcap;   // d(c·tanh(x/c)): dS · (1 − tanh²)
                     acc_p[nt][e] = ds;
                 }

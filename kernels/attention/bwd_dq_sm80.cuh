@@ -35,7 +35,7 @@
 //   Stages   >= 1: ring of Stages shared-memory slots, each one K tile and one V tile. With
 //            Stages >= 2, tile j+Stages-1 is fetched at the top of tile j (one barrier per
 //            tile); with 1 stage, tile j is fetched after every warp is done with tile j−1.
-//   V        the variant (attention/variant.cuh): mask, softcap, ALiBi (sinks need nothing
+//   V        the variant (attention/variant.cuh): mask, softcap, ALiBi, dropout (sinks need nothing
 //            here: the forward's LSE includes them, and their gradient is formed on the host).
 //   T        __half or __nv_bfloat16 (q, k, v, dout, dq); lse, softmax_d fp32.
 // Shared memory: Q and dO tiles (swizzled; the Q tile is reused to stage dQ for 16-byte
@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
         cp_async_commit();
     }
     const attn_variant::ScoreMod<V> smod(fp, head, batch, seqlen_q, seqlen_k);
+    const attn_variant::DropoutMask<V> drop(fp, head, batch);
 
     const int warp_row0 = warp * kWarpM;   // first tile row of this warp
     // LSE (scaled to base 2) and D of this thread's 2·MT rows; rows past the sequence get
@@ -296,7 +297,10 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
                         if constexpr (V::kSoftcap || V::kAlibi) sc_ = smod.apply(sc_, row, c0 + nt * 8 + e, dcap);
                         float p = exp2_fast(fmaf(sc_, scale_log2, -l2));
                         if (nt * 8 + e >= lim || (V::kLocal && need_mask && nt * 8 + e < lo)) p = 0.f;
-                        float ds = p * (acc_dp[mt][nt][2 * h + e] - dv);
+                        float dpv = acc_dp[mt][nt][2 * h + e];
+                        if constexpr (V::kDropout)   // dS = P o (Z o dP - D), Z = keep / (1 - p)
+                            dpv = drop.keep(row, c0 + nt * 8 + e) ? dpv * drop.scale : 0.f;
+                        float ds = p * (dpv - dv);
                         if constexpr (V::kSoftcap) ds *= dcap;
                         acc_s[mt][nt][2 * h + e] = ds;
                     }

@@ -31,8 +31,8 @@
 //            tile j+Stages is fetched as soon as P V_j is done; K tile j+Stages as soon as
 //            Q K_j^T is done (or, when the tile is split into sub-blocks, after the tile).
 //   V        the variant (attention/variant.cuh: AttnVariant<Mask, Softcap, Alibi, Sinks>):
-//            mask (none, bottom-right causal, local window), softcap, ALiBi, sinks; its
-//            run-time part comes in params.
+//            mask (none, bottom-right causal, local window), softcap, ALiBi, sinks, dropout;
+//            its run-time part comes in params.
 //   T        __half or __nv_bfloat16 (q, k, v, o); lse is fp32.
 // Shared memory: Q tile (swizzled, reused to stage O for 16-byte stores), K ring, V ring, all
 // XOR-swizzled 16-byte chunks (common/swizzle.cuh): ldmatrix and cp.async are conflict-free.
@@ -386,6 +386,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
         }
     }
     const attn_variant::ScoreMod<V> smod(params, head, batch, seqlen_q, seqlen_k);
+    const attn_variant::DropoutMask<V> drop(params, head, batch);
     const float scale_log2 = params.softmax_scale_log2;
     const int warp_row0 = warp * kWarpM;   // first tile row of this warp
     constexpr unsigned kRowBytes = HeadDim * 2;
@@ -572,6 +573,58 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                         acc_o[mt][dt][1] *= corr[mt][0];
                         acc_o[mt][dt][2] *= corr[mt][1];
                         acc_o[mt][dt][3] *= corr[mt][1];
+                    }
+            }
+
+            // ---- dropout: keep P with probability 1 - p, scaled by 1 / (1 - p) (the row sums
+            // above, hence the LSE, are of the undropped P). With s_dmask (testing), the
+            // undropped P = exp(s - m_running), negated where dropped, and m_running per 16 keys.
+            if constexpr (V::kDropout) {
+                constexpr bool record = V::kReturnSoftmax;
+                // pair k = (mt, h, nt): row m_start + warp_row0 + mt*16 + g + 8h, keys
+                // n_start + nt*8 + 2t (+1)
+                const unsigned long long bits = drop.template keep_bits<MT * 2 * NT>([&](int k, int& i, int& j) {
+                    const int nt = k % NT, h = (k / NT) % 2, mt = k / (2 * NT);
+                    i = m_start + warp_row0 + mt * 16 + g + h * 8;
+                    j = n_start + nt * 8 + 2 * t;
+                });
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
+                        const bool row_ok = record && row < seqlen_q && row < params.s_dmask_rows;
+                        const long long row_off = !record ? 0 : row_ok
+                            ? (static_cast<long long>(batch) * params.num_heads + head) * params.s_dmask_rows + row
+                            : 0;
+                        if constexpr (record) {
+                        if (row_ok && t == 0) {
+                            const float m_nat = row_max[mt][h] == -FERROATTN_INF ? -FERROATTN_INF
+                                                                                : row_max[mt][h] * params.raw_scale;
+#pragma unroll
+                            for (int q16 = 0; q16 < kSubN / 16; ++q16) {
+                                const int grp = n_start / 16 + q16;
+                                if (grp < params.s_dmask_cols / 16)
+                                    params.s_dmask_max[row_off * (params.s_dmask_cols / 16) + grp] = m_nat;
+                            }
+                        }
+                        }
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const int col = n_start + nt * 8 + 2 * t;
+                            const int bit = 2 * ((mt * 2 + h) * NT + nt);
+                            const bool k0 = (bits >> bit) & 1ull, k1 = (bits >> (bit + 1)) & 1ull;
+                            float& p0 = acc_s[mt][nt][2 * h];
+                            float& p1 = acc_s[mt][nt][2 * h + 1];
+                            if constexpr (record) {
+                                if (row_ok && col + 1 < params.s_dmask_cols) {
+                                    *reinterpret_cast<unsigned*>(static_cast<T*>(params.s_dmask) + row_off * params.s_dmask_cols
+                                                                 + col) = Tr::pack2(k0 ? p0 : -p0, k1 ? p1 : -p1);
+                                }
+                            }
+                            p0 = k0 ? p0 * drop.scale : 0.f;
+                            p1 = k1 ? p1 * drop.scale : 0.f;
+                        }
                     }
             }
 

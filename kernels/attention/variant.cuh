@@ -4,6 +4,10 @@
 //   mask      none, bottom-right causal, or a local window (left, right)
 //   softcap   score = c · tanh(scale · q·k / c)          (c > 0; Gemma-2 style logit capping)
 //   ALiBi     score -= slope_h · |i + s_k − s_q − j|       (Press et al., "Train Short, Test Long", 2022)
+//   dropout   after the softmax, P_ij is kept with probability 1 − p and scaled by 1/(1 − p)
+//             (Srivastava et al., 2014; FlashAttention-2 §3.1): the mask is a pure function of
+//             (seed, batch, head, i, j) through Philox4x32-10 (Salmon et al., "Parallel random
+//             numbers: as easy as 1, 2, 3", SC 2011), so the backward regenerates it exactly
 //   sinks     one logit per query head joins every row's softmax and carries no value
 //             (GPT-OSS style "attention sinks"; Xiao et al., "Efficient Streaming LMs with
 //             Attention Sinks", 2023, learnable form)
@@ -32,7 +36,7 @@ namespace ferroattn {
 
 enum : int { kMaskNone = 0, kMaskCausal = 1, kMaskLocal = 2 };
 
-template <int Mask, bool Softcap, bool Alibi, bool Sinks>
+template <int Mask, bool Softcap, bool Alibi, bool Sinks, bool Dropout = false, bool ReturnSoftmax = false>
 struct AttnVariant {
     static_assert(Mask == kMaskNone || Mask == kMaskCausal || Mask == kMaskLocal, "unknown mask kind");
     static constexpr int kMask = Mask;
@@ -43,6 +47,10 @@ struct AttnVariant {
     static constexpr bool kSoftcap = Softcap;
     static constexpr bool kAlibi = Alibi;
     static constexpr bool kSinks = Sinks;
+    static constexpr bool kDropout = Dropout;
+    // Dropout, testing only: the forward also writes the undropped softmax with the mask in its
+    // sign (params.s_dmask / s_dmask_max).
+    static constexpr bool kReturnSoftmax = Dropout && ReturnSoftmax;
 };
 
 // tanh, approximate (sm_75+, max abs error ~2^-10.7 near 0, relative ~2^-11).
@@ -151,6 +159,77 @@ struct ScoreMod {
         if constexpr (V::kAlibi) raw += slope * fabsf(static_cast<float>(row + diag - col));
         const float th = raw * cap_inv;
         return p > 0.f ? fmaf(-th, th, 1.f) : 0.f;
+    }
+};
+
+// Philox4x32-10 (Salmon et al., SC 2011): four 32-bit words from a 128-bit counter and a 64-bit
+// key.
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1) {
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        const unsigned lo0 = 0xD2511F53u * c.x, hi0 = __umulhi(0xD2511F53u, c.x);
+        const unsigned lo1 = 0xCD9E8D57u * c.z, hi1 = __umulhi(0xCD9E8D57u, c.z);
+        c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return c;
+}
+
+// The dropout mask of one (batch, query head): key j of row i is kept iff word (j & 3) of
+// Philox(counter (j / 4, i, batch · h + head, 0), key seed) is >= p · 2^32. One Philox call
+// covers keys 4q .. 4q + 3 of a row. Layout-free: every kernel (forward, backward) gets the same
+// mask for the same (i, j).
+template <class V>
+struct DropoutMask {
+    unsigned k0, k1, bh, threshold;
+    float scale;
+    __device__ __forceinline__ DropoutMask(const AttnFwdParams& p, int head, int batch) {
+        k0 = k1 = bh = threshold = 0u;
+        scale = 1.f;
+        if constexpr (V::kDropout) {
+            const unsigned long long seed = p.rng_state[0];
+            k0 = static_cast<unsigned>(seed);
+            k1 = static_cast<unsigned>(seed >> 32);
+            threshold = p.dropout_threshold;
+            scale = p.dropout_scale;
+            bh = static_cast<unsigned>(batch * p.num_heads + head);
+        }
+    }
+    __device__ __forceinline__ void set_head(const AttnFwdParams& p, int head, int batch) {
+        if constexpr (V::kDropout) bh = static_cast<unsigned>(batch * p.num_heads + head);
+    }
+    __device__ __forceinline__ uint4 words(int i, int j) const {
+        return philox4x32_10(make_uint4(static_cast<unsigned>(j) >> 2, static_cast<unsigned>(i), bh, 0u), k0, k1);
+    }
+    // Keys j and j + 1 (j even) of row i.
+    __device__ __forceinline__ void keep2(int i, int j, bool& a, bool& b) const {
+        const uint4 w = words(i, j);
+        const bool hi = (j & 2) != 0;
+        a = (hi ? w.z : w.x) >= threshold;
+        b = (hi ? w.w : w.y) >= threshold;
+    }
+    // keep2 for `Pairs` (row, even key) pairs into a bit set (bit 2k, 2k + 1: pair k), one
+    // Philox call at a time (a rolled loop: one call's registers live, not Pairs calls').
+    // pair(k, i, j) names pair k's row and key. Pairs <= 64.
+    template <int Pairs, typename PairAt>
+    __device__ __forceinline__ unsigned long long keep_bits(const PairAt& pair) const {
+        static_assert(Pairs <= 32, "at most 64 mask bits");
+        unsigned long long bits = 0ull;
+#pragma unroll 1
+        for (int k = 0; k < Pairs; ++k) {
+            int i, j;
+            pair(k, i, j);
+            bool a, b;
+            keep2(i, j, a, b);
+            bits |= (static_cast<unsigned long long>(a) | (static_cast<unsigned long long>(b) << 1)) << (2 * k);
+        }
+        return bits;
+    }
+    __device__ __forceinline__ bool keep(int i, int j) const {
+        const uint4 w = words(i, j);
+        const unsigned x = (j & 2) ? ((j & 1) ? w.w : w.z) : ((j & 1) ? w.y : w.x);
+        return x >= threshold;
     }
 };
 

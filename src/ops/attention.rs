@@ -73,6 +73,13 @@ pub struct AttnFwdParams {
     pub raw_scale: f32,
     pub raw_scale_inv: f32,
     pub alibi_batch_stride: i32,
+    pub dropout_threshold: u32,
+    pub rng_state: *const u64,
+    pub s_dmask: *mut c_void,
+    pub s_dmask_max: *mut f32,
+    pub dropout_scale: f32,
+    pub s_dmask_rows: i32,
+    pub s_dmask_cols: i32,
 }
 
 impl_kernel_spec!(
@@ -466,6 +473,13 @@ pub fn params(
         raw_scale: softmax_scale,
         raw_scale_inv: 1.0,
         alibi_batch_stride: 0,
+        dropout_threshold: 0,
+        rng_state: std::ptr::null(),
+        s_dmask: std::ptr::null_mut(),
+        s_dmask_max: std::ptr::null_mut(),
+        dropout_scale: 1.0,
+        s_dmask_rows: 0,
+        s_dmask_cols: 0,
     };
     variant.fill_params(&mut prm);
     prm
@@ -525,7 +539,13 @@ pub fn attn_fwd(
     for (arg, t) in [("q", q), ("k", k), ("v", v), ("out", out), ("softmax_lse", lse)] {
         check_not_null(arg, t)?;
     }
-    for (arg, t) in [("alibi_slopes", variant.alibi_slopes), ("sinks", variant.sinks)] {
+    for (arg, t) in [
+        ("alibi_slopes", variant.alibi_slopes),
+        ("sinks", variant.sinks),
+        ("rng_state", variant.rng_state),
+        ("s_dmask", variant.s_dmask),
+        ("s_dmask_max", variant.s_dmask_max),
+    ] {
         if let Some(t) = t {
             check_not_null(arg, t)?;
         }

@@ -18,32 +18,41 @@ pub(super) struct VariantArg<'py> {
     softcap: f64,
     alibi_slopes: Option<Bound<'py, PyAny>>,
     sinks: Option<Bound<'py, PyAny>>,
+    dropout_p: f64,
+    rng_state: Option<Bound<'py, PyAny>>,
+    s_dmask: Option<Bound<'py, PyAny>>,
+    s_dmask_max: Option<Bound<'py, PyAny>>,
 }
 
 impl<'py> VariantArg<'py> {
-    fn with<T>(&self, alibi_slopes: Option<T>, sinks: Option<T>) -> AttnVariant<T> {
-        AttnVariant {
+    /// The variant with each tensor attribute converted by `f(argument name, attribute)`.
+    fn convert<T>(&self, f: impl Fn(&str, &Option<Bound<'py, PyAny>>) -> Result<Option<T>>) -> Result<AttnVariant<T>> {
+        Ok(AttnVariant {
             causal: self.causal,
             window_left: self.window_left,
             window_right: self.window_right,
             softcap: self.softcap,
-            alibi_slopes,
-            sinks,
-        }
+            alibi_slopes: f("alibi_slopes", &self.alibi_slopes)?,
+            sinks: f("sinks", &self.sinks)?,
+            dropout_p: self.dropout_p,
+            rng_state: f("rng_state", &self.rng_state)?,
+            s_dmask: f("s_dmask", &self.s_dmask)?,
+            s_dmask_max: f("s_dmask_max", &self.s_dmask_max)?,
+        })
     }
 
     /// The variant with metadata tuples (the `*_check` functions).
     pub(super) fn metas(&self) -> Result<AttnVariant<TensorMeta>> {
-        let m = |arg: &str, t: &Option<Bound<'py, PyAny>>| -> Result<Option<TensorMeta>> {
-            t.as_ref().map(|t| meta_of(arg, t.extract::<MetaTuple>()?, "float32")).transpose()
-        };
-        Ok(self.with(m("alibi_slopes", &self.alibi_slopes)?, m("sinks", &self.sinks)?))
+        self.convert(|arg, t| t.as_ref().map(|t| meta_of(arg, t.extract::<MetaTuple>()?, "float32")).transpose())
     }
 
     /// The variant's tensors imported through DLPack (a launch); keep the result alive for the call.
     pub(super) fn import(&self) -> Result<AttnVariant<Imported>> {
-        let t = |arg: &str, t: &Option<Bound<'py, PyAny>>| t.as_ref().map(|t| import(t, arg)).transpose();
-        Ok(self.with(t("alibi_slopes", &self.alibi_slopes)?, t("sinks", &self.sinks)?))
+        self.convert(|arg, t| {
+            t.as_ref()
+                .map(|t| if arg.starts_with("s_dmask") { crate::dlpack::import_writable(t, arg) } else { import(t, arg) })
+                .transpose()
+        })
     }
 }
 

@@ -69,11 +69,13 @@ pub fn kernel_head_dim(head_dim: u32) -> u32 {
 /// 4 warps of 16 rows (O would not fit in registers at 32 rows), one K/V stage from d = 192 so
 /// that 2-3 blocks share an SM. Every tile fits the 163 KiB an A100 block may use.
 /// Measured on H200 against SDPA-flash: bench/NOTES.md.
+/// Dropout (its Philox words live next to S and O) takes 32-key tiles at d 65..=128, where the
+/// 64-key tile would spill.
 pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
-    let _ = variant;
     match head_dim {
         0..=32 => (128, 128, 4, 2),
         33..=64 => (128, 128, 4, 2),
+        65..=128 if variant.dropout => (128, 32, 4, 2),
         65..=128 => (128, 64, 4, 2),
         129..=160 => (64, 64, 4, 2),
         _ => (64, 64, 4, 1),
@@ -96,9 +98,9 @@ pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch)
 /// The variants production configurations are built for: plain and causal, and what the model
 /// families of transformers use: a causal local window (Mistral, Qwen2, Gemma-2/3, Cohere2,
 /// GPT-OSS), softcap with and without it (Gemma-2), sinks with and without it (GPT-OSS), a
-/// two-sided window (ModernBERT, bidirectional), ALiBi causal and not. Other combinations
-/// compile on first use.
-pub fn production_variants() -> [VariantKind; 10] {
+/// two-sided window (ModernBERT, bidirectional), ALiBi causal and not, dropout causal and not
+/// (training BERT, GPT-2 and Llama-family models). Other combinations compile on first use.
+pub fn production_variants() -> [VariantKind; 12] {
     let (plain, causal) = (VariantKind::PLAIN, VariantKind::CAUSAL);
     let local = VariantKind { mask: MaskKind::Local, ..plain };
     [
@@ -112,6 +114,8 @@ pub fn production_variants() -> [VariantKind; 10] {
         VariantKind { alibi: true, ..plain },
         VariantKind { alibi: true, ..causal },
         VariantKind { softcap: true, ..plain },
+        VariantKind { dropout: true, ..plain },
+        VariantKind { dropout: true, ..causal },
     ]
 }
 
@@ -152,11 +156,11 @@ pub(crate) mod tests {
     #[test]
     fn production_points_cover_the_grid_once() {
         let points: Vec<_> = production_points().collect();
-        assert_eq!(points.len(), 8 * 2 * 2 + 3 * 8 * 2);
+        assert_eq!(points.len(), 8 * 2 * 2 + 3 * 10 * 2);
         assert_eq!(points[0], (32, VariantKind::PLAIN, DType::F16));
         assert_eq!(points[1], (32, VariantKind::PLAIN, DType::BF16));
         assert_eq!(points[2], (32, VariantKind::CAUSAL, DType::F16));
-        let last = VariantKind { softcap: true, ..VariantKind::PLAIN };
+        let last = VariantKind { dropout: true, ..VariantKind::CAUSAL };
         assert_eq!(*points.last().unwrap(), (256, last, DType::BF16));
         for (i, a) in points.iter().enumerate() {
             assert!(!points[i + 1..].contains(a), "{a:?} twice");
@@ -183,6 +187,6 @@ pub(crate) mod tests {
         assert_eq!(c.head_dim, 96);
         assert!(c.variant.causal());
         assert!(c.name_expression().starts_with("ferroattn::attn_fwd_sm80<96, "));
-        assert!(c.name_expression().ends_with(", ferroattn::AttnVariant<1, false, false, false>, __nv_bfloat16>"));
+        assert!(c.name_expression().ends_with(", ferroattn::AttnVariant<1, false, false, false, false, false>, __nv_bfloat16>"));
     }
 }

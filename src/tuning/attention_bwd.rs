@@ -165,7 +165,10 @@ const ELEMENTWISE_WARPS: u32 = 8;
 /// in registers. Larger key tiles halve the dq_accum atomics per FLOP (the dQ part dominated
 /// the first version). Measured on H200 against SDPA-flash: bench/NOTES.md ("Backward").
 pub fn dkdv_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
-    let _ = variant;
+    if variant.dropout && head_dim <= 64 {
+        // dropout: 16 keys per warp (the 32-key warps spill next to the mask words)
+        return (64, 64, 4, 2);
+    }
     match head_dim {
         0..=64 => (64, 128, 4, 2),
         65..=96 => (64, 128, 8, 2),
@@ -366,7 +369,7 @@ mod tests {
         assert!(!p.iter().any(|c| c.uses_dq_accum()));
         assert_eq!(
             p[1].name_expression(),
-            format!("ferroattn::attn_bwd_dkdv_sm80<256, {}, {}, {}, {}, ferroattn::AttnVariant<0, false, false, false>, false, true, false, __half>",
+            format!("ferroattn::attn_bwd_dkdv_sm80<256, {}, {}, {}, {}, ferroattn::AttnVariant<0, false, false, false, false, false>, false, true, false, __half>",
                 p[1].block_m, p[1].block_n, p[1].num_warps, p[1].stages)
         );
         assert_eq!(p[0].name_expression(), "ferroattn::attn_bwd_preprocess<256, 64, __half>");
@@ -398,7 +401,7 @@ mod tests {
                 assert!(c.smem_bytes() <= arch.max_smem_per_block());
                 assert_eq!(
                     c.name_expression(),
-                    format!("ferroattn::attn_bwd_dkdv_sm80<256, 64, 64, 8, {st}, ferroattn::AttnVariant<1, false, false, false>, true, true, {}, __nv_bfloat16>", !det)
+                    format!("ferroattn::attn_bwd_dkdv_sm80<256, 64, 64, 8, {st}, ferroattn::AttnVariant<1, false, false, false, false, false>, true, true, {}, __nv_bfloat16>", !det)
                 );
             }
         }

@@ -84,13 +84,15 @@ fn params_layout_matches_header() {
     assert_eq!(offset_of!(AttnFwdParams, window_left), 224);
     assert_eq!(offset_of!(AttnFwdParams, raw_scale_inv), 244);
     assert_eq!(offset_of!(AttnFwdParams, alibi_batch_stride), 248);
-    assert_eq!(size_of::<AttnFwdParams>(), 256);
+    assert_eq!(offset_of!(AttnFwdParams, rng_state), 256);
+    assert_eq!(offset_of!(AttnFwdParams, s_dmask_cols), 288);
+    assert_eq!(size_of::<AttnFwdParams>(), 296);
     assert_eq!(align_of::<AttnFwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
     let names = header_fields("attention/params.cuh", "AttnFwdParams");
-    assert_eq!(names.len(), 40, "{names:?}");
+    assert_eq!(names.len(), 47, "{names:?}");
     assert_eq!(names.first(), Some(&"q"));
-    assert_eq!(names.last(), Some(&"alibi_batch_stride"));
+    assert_eq!(names.last(), Some(&"s_dmask_cols"));
 }
 
 #[test]
@@ -404,7 +406,7 @@ fn production_specs_cover_fwd_config() {
     assert_eq!(
         KernelSpec::name_expression(&cfg),
         format!(
-            "ferroattn::attn_fwd_sm80<64, {}, {}, {}, {}, ferroattn::AttnVariant<1, false, false, false>, __nv_bfloat16>",
+            "ferroattn::attn_fwd_sm80<64, {}, {}, {}, {}, ferroattn::AttnVariant<1, false, false, false, false, false>, __nv_bfloat16>",
             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.stages
         )
     );

@@ -45,22 +45,28 @@ pub struct VariantKind {
     pub softcap: bool,
     pub alibi: bool,
     pub sinks: bool,
+    pub dropout: bool,
+    /// Dropout, testing only: the forward also writes the softmax and the mask (S_dmask).
+    pub return_softmax: bool,
 }
 
 impl VariantKind {
     /// No mask, no score modification.
-    pub const PLAIN: VariantKind = VariantKind { mask: MaskKind::None, softcap: false, alibi: false, sinks: false };
+    pub const PLAIN: VariantKind =
+        VariantKind { mask: MaskKind::None, softcap: false, alibi: false, sinks: false, dropout: false, return_softmax: false };
     /// The bottom-right causal mask alone.
     pub const CAUSAL: VariantKind = VariantKind { mask: MaskKind::Causal, ..VariantKind::PLAIN };
 
     /// The C++ type of kernels/attention/variant.cuh this kind instantiates.
     pub fn cuda_type(&self) -> String {
         format!(
-            "ferroattn::AttnVariant<{}, {}, {}, {}>",
+            "ferroattn::AttnVariant<{}, {}, {}, {}, {}, {}>",
             self.mask.code(),
             self.softcap,
             self.alibi,
-            self.sinks
+            self.sinks,
+            self.dropout,
+            self.return_softmax
         )
     }
 
@@ -76,7 +82,7 @@ impl VariantKind {
     /// The kind the backward kernels specialise on: sinks change nothing there (the forward's
     /// LSE includes them; their gradient is formed from LSE and D on the host side).
     pub fn for_backward(self) -> VariantKind {
-        VariantKind { sinks: false, ..self }
+        VariantKind { sinks: false, return_softmax: false, ..self }
     }
 }
 
@@ -102,11 +108,32 @@ pub struct AttnVariant<T> {
     pub alibi_slopes: Option<T>,
     /// Attention sinks, fp32 (h,): one logit per query head in every row's softmax.
     pub sinks: Option<T>,
+    /// Dropout probability in [0, 1) (0 = off), applied to P after the softmax.
+    pub dropout_p: f64,
+    /// Dropout: int64 (2,) on q's device, word 0 the Philox key (word 1 unused, kept for
+    /// flash_attn's (seed, offset) shape).
+    pub rng_state: Option<T>,
+    /// Dropout, for testing: q's dtype (b, h, rows, cols) (rows >= s_q, cols >= s_k, cols a
+    /// multiple of 16, contiguous) receives exp(s − m_running), negated where dropped, and
+    /// `s_dmask_max` fp32 (b, h, rows, cols / 16) the running row max (natural log) per 16 keys.
+    pub s_dmask: Option<T>,
+    pub s_dmask_max: Option<T>,
 }
 
 impl<T> Default for AttnVariant<T> {
     fn default() -> Self {
-        AttnVariant { causal: false, window_left: -1, window_right: -1, softcap: 0.0, alibi_slopes: None, sinks: None }
+        AttnVariant {
+            causal: false,
+            window_left: -1,
+            window_right: -1,
+            softcap: 0.0,
+            alibi_slopes: None,
+            sinks: None,
+            dropout_p: 0.0,
+            rng_state: None,
+            s_dmask: None,
+            s_dmask_max: None,
+        }
     }
 }
 
@@ -125,6 +152,10 @@ impl<T> AttnVariant<T> {
             softcap: self.softcap,
             alibi_slopes: self.alibi_slopes.as_ref().map(&f),
             sinks: self.sinks.as_ref().map(&f),
+            dropout_p: self.dropout_p,
+            rng_state: self.rng_state.as_ref().map(&f),
+            s_dmask: self.s_dmask.as_ref().map(&f),
+            s_dmask_max: self.s_dmask_max.as_ref().map(&f),
         }
     }
 
@@ -187,12 +218,63 @@ impl AttnVariant<&TensorMeta> {
                 check_device("sinks", s, "q", q)?;
             }
         }
+        self.validate_dropout(p, q)?;
         Ok(VariantKind {
             mask: self.mask(),
             softcap: self.softcap > 0.0,
             alibi: self.alibi_slopes.is_some(),
             sinks: self.sinks.is_some(),
+            dropout: self.dropout_p > 0.0,
+            return_softmax: self.s_dmask.is_some(),
         })
+    }
+
+    fn validate_dropout(&self, p: &Problem, q: &TensorMeta) -> Result<()> {
+        if !(self.dropout_p >= 0.0 && self.dropout_p < 1.0) {
+            return Err(Error::argument("dropout_p", "a probability in [0, 1)", self.dropout_p));
+        }
+        let on = self.dropout_p > 0.0;
+        match (on, self.rng_state) {
+            (true, None) => return Err(Error::argument("rng_state", "an int64 (2,) tensor when dropout_p > 0", "None")),
+            (_, Some(r)) => {
+                check_dtype("rng_state", r, DType::I64, "")?;
+                check_shape("rng_state", r, &[2], " (seed, offset)")?;
+                check_contiguous("rng_state", r)?;
+                if q.device.is_cuda() {
+                    check_device("rng_state", r, "q", q)?;
+                }
+            }
+            _ => {}
+        }
+        match (self.s_dmask, self.s_dmask_max) {
+            (None, None) => Ok(()),
+            (Some(s), Some(m)) => {
+                if !on {
+                    return Err(Error::argument("s_dmask", "None unless dropout_p > 0", "a tensor"));
+                }
+                check_dtype("s_dmask", s, q.dtype, " (q's dtype)")?;
+                let (rows, cols) = (s.shape.get(2).copied().unwrap_or(0), s.shape.get(3).copied().unwrap_or(0));
+                let ok = s.ndim() == 4 && s.shape[0] == p.batch && s.shape[1] == p.heads
+                    && rows >= p.seqlen_q && cols >= p.seqlen_k && cols % 16 == 0;
+                if !ok {
+                    return Err(Error::argument(
+                        "s_dmask",
+                        format!("shape ({}, {}, >= {}, >= {} and a multiple of 16)", p.batch, p.heads, p.seqlen_q, p.seqlen_k),
+                        format!("shape {}", fmt_shape(&s.shape)),
+                    ));
+                }
+                check_contiguous("s_dmask", s)?;
+                check_dtype("s_dmask_max", m, DType::F32, "")?;
+                check_shape("s_dmask_max", m, &[p.batch, p.heads, rows, cols / 16], " (s_dmask's rows, cols / 16)")?;
+                check_contiguous("s_dmask_max", m)?;
+                if q.device.is_cuda() {
+                    check_device("s_dmask", s, "q", q)?;
+                    check_device("s_dmask_max", m, "q", q)?;
+                }
+                Ok(())
+            }
+            _ => Err(Error::argument("s_dmask_max", "given together with s_dmask", "only one of the two")),
+        }
     }
 }
 
@@ -242,6 +324,20 @@ impl AttnVariant<&TensorView> {
         }
         if let Some(s) = self.sinks {
             prm.sinks = s.ptr as *const f32;
+        }
+        if self.dropout_p > 0.0 {
+            // keep iff a uniform 32-bit word >= p · 2^32: P(keep) = 1 − p (to 2^-32)
+            prm.dropout_threshold = ((self.dropout_p * 4294967296.0).round() as u64).min(u32::MAX as u64) as u32;
+            prm.dropout_scale = (1.0 / (1.0 - self.dropout_p)) as f32;
+        }
+        if let Some(r) = self.rng_state {
+            prm.rng_state = r.ptr as *const u64;
+        }
+        if let (Some(s), Some(m)) = (self.s_dmask, self.s_dmask_max) {
+            prm.s_dmask = s.ptr as *mut std::ffi::c_void;
+            prm.s_dmask_max = m.ptr as *mut f32;
+            prm.s_dmask_rows = s.meta.shape[2] as i32;
+            prm.s_dmask_cols = s.meta.shape[3] as i32;
         }
     }
 }
@@ -338,8 +434,8 @@ mod tests {
 
     #[test]
     fn kinds_render_the_cuda_type() {
-        assert_eq!(VariantKind::PLAIN.cuda_type(), "ferroattn::AttnVariant<0, false, false, false>");
-        let k = VariantKind { mask: MaskKind::Local, softcap: true, alibi: false, sinks: true };
-        assert_eq!(k.cuda_type(), "ferroattn::AttnVariant<2, true, false, true>");
+        assert_eq!(VariantKind::PLAIN.cuda_type(), "ferroattn::AttnVariant<0, false, false, false, false, false>");
+        let k = VariantKind { mask: MaskKind::Local, softcap: true, alibi: false, sinks: true, dropout: true, return_softmax: false };
+        assert_eq!(k.cuda_type(), "ferroattn::AttnVariant<2, true, false, true, true, false>");
     }
 }

@@ -179,22 +179,22 @@ fn varlen_2x10() -> Call {
 #[test]
 fn params_layout_matches_header() {
     use std::mem::{align_of, offset_of, size_of};
-    // AttnFwdParams (256 bytes), 6 pointers, 15 long long, in declaration order (bwd_params.cuh).
+    // AttnFwdParams (296 bytes), 6 pointers, 15 long long, in declaration order (bwd_params.cuh).
     assert_eq!(offset_of!(AttnBwdParams, fwd), 0);
-    assert_eq!(size_of::<AttnFwdParams>(), 256);
-    assert_eq!(offset_of!(AttnBwdParams, dout), 256);
-    assert_eq!(offset_of!(AttnBwdParams, dq), 264);
-    assert_eq!(offset_of!(AttnBwdParams, dk), 272);
-    assert_eq!(offset_of!(AttnBwdParams, dv), 280);
-    assert_eq!(offset_of!(AttnBwdParams, softmax_d), 288);
-    assert_eq!(offset_of!(AttnBwdParams, dq_accum), 296);
-    assert_eq!(offset_of!(AttnBwdParams, do_batch_stride), 304);
-    assert_eq!(offset_of!(AttnBwdParams, dq_batch_stride), 304 + 3 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dk_batch_stride), 304 + 6 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dv_batch_stride), 304 + 9 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dqa_batch_stride), 304 + 12 * 8);
-    assert_eq!(offset_of!(AttnBwdParams, dqa_head_stride), 304 + 14 * 8);
-    assert_eq!(size_of::<AttnBwdParams>(), 424);
+    assert_eq!(size_of::<AttnFwdParams>(), 296);
+    assert_eq!(offset_of!(AttnBwdParams, dout), 296);
+    assert_eq!(offset_of!(AttnBwdParams, dq), 304);
+    assert_eq!(offset_of!(AttnBwdParams, dk), 312);
+    assert_eq!(offset_of!(AttnBwdParams, dv), 320);
+    assert_eq!(offset_of!(AttnBwdParams, softmax_d), 328);
+    assert_eq!(offset_of!(AttnBwdParams, dq_accum), 336);
+    assert_eq!(offset_of!(AttnBwdParams, do_batch_stride), 344);
+    assert_eq!(offset_of!(AttnBwdParams, dq_batch_stride), 344 + 3 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dk_batch_stride), 344 + 6 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dv_batch_stride), 344 + 9 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dqa_batch_stride), 344 + 12 * 8);
+    assert_eq!(offset_of!(AttnBwdParams, dqa_head_stride), 344 + 14 * 8);
+    assert_eq!(size_of::<AttnBwdParams>(), 464);
     assert_eq!(align_of::<AttnBwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
     let names = header_fields("attention/bwd_params.cuh", "AttnBwdParams");
@@ -669,7 +669,7 @@ fn production_specs_cover_bwd_plan() {
     assert_eq!(KernelSpec::name_expression(&cfg), cfg.name_expression());
     assert!(cfg
         .name_expression()
-        .ends_with(", ferroattn::AttnVariant<1, false, false, false>, true, true, true, __nv_bfloat16>"));
+        .ends_with(", ferroattn::AttnVariant<1, false, false, false, false, false>, true, true, true, __nv_bfloat16>"));
 }
 
 /// The causal dK/dV kernels at d 128 (dQ staged on sm_90a), d 224 and d 256 (wide) compile without spills
@@ -692,5 +692,29 @@ fn causal_dkdv_kernels_do_not_spill() {
         }
     }
     let reports = crate::jit::precompile::precompile(&specs).unwrap();
+    crate::jit::precompile::check_spills(&reports).unwrap();
+}
+
+/// Spills of the production kernels whose variant has `pick` set (forward and backward, both
+/// archs): `cargo test --release -- --ignored production_variant_kernels -- --nocapture`.
+#[test]
+#[ignore]
+fn production_variant_kernels_do_not_spill() {
+    if crate::jit::nvrtc::tests::toolchain().is_none() {
+        return;
+    }
+    let pick = |v: VariantKind| v.dropout;
+    let mut reports = Vec::new();
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let fwd: Vec<_> = crate::tuning::attention::fwd_production_configs(arch).into_iter().filter(|c| pick(c.variant)).collect();
+        let bwd: Vec<_> = bwd_production_configs(arch).into_iter().filter(|c| pick(c.variant)).collect();
+        reports.extend(crate::jit::precompile::precompile(&fwd).unwrap());
+        reports.extend(crate::jit::precompile::precompile(&bwd).unwrap());
+    }
+    for r in &reports {
+        if r.spills() {
+            println!("SPILL {} {}", r.config, r.arch);
+        }
+    }
     crate::jit::precompile::check_spills(&reports).unwrap();
 }
