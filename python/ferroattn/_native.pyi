@@ -11,7 +11,7 @@ and dl_device_type is 1 (CPU) or 2 (CUDA).
 Errors are raised as the classes of ferroattn.errors.
 """
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Protocol, Any, Callable, Optional, Sequence, Tuple
 
 DLPackLike = Any
 TensorMeta = Tuple[Tuple[int, ...], Tuple[int, ...], str, Tuple[int, int]]
@@ -48,17 +48,34 @@ def clear_memory_cache() -> None:
     """Forget in-process compiled kernels (the disk cache stays); for tests and timing."""
 
 # ---- attention --------------------------------------------------------------------
+class AttnVariantLike(Protocol):
+    """ferroattn.ops.variant.AttnVariant (read by attribute): causal, window_left, window_right,
+    softcap, dropout_p and the tensors alibi_slopes, sinks, rng_state, s_dmask, s_dmask_max
+    (DLPack tensors for a launch, TensorMeta tuples for a *_check call, or None)."""
+    causal: bool
+    window_left: int
+    window_right: int
+    softcap: float
+    dropout_p: float
+    alibi_slopes: object
+    sinks: object
+    rng_state: object
+    s_dmask: object
+    s_dmask_max: object
+
+def attn_visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window_left: int, window_right: int) -> int:
+    """(query, key) pairs of one (batch, head) that the mask shows (-1 = unbounded side)."""
 def attn_fwd_check(
     q: TensorMeta, k: TensorMeta, v: TensorMeta,
     cu_seqlens_q: Optional[TensorMeta], cu_seqlens_k: Optional[TensorMeta],
-    max_seqlen_q: int, max_seqlen_k: int,
+    max_seqlen_q: int, max_seqlen_k: int, variant: Optional[AttnVariantLike] = None,
 ) -> None:
     """Validate attention-forward arguments from metadata alone (no data touched, usable on
     fake/meta tensors). Same checks, same errors as attn_fwd."""
 def attn_fwd(
     q: DLPackLike, k: DLPackLike, v: DLPackLike, out: DLPackLike, softmax_lse: DLPackLike,
     cu_seqlens_q: Optional[DLPackLike], cu_seqlens_k: Optional[DLPackLike],
-    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, stream: int,
+    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, variant: AttnVariantLike, stream: int,
 ) -> None:
     """Launch attention forward on `stream` (raw CUstream; 0 = legacy default) in the primary
     context of q's device. Writes `out` (q's shape/dtype) and `softmax_lse` (fp32; (b, h, s_q)
@@ -70,7 +87,7 @@ def attn_fwd(
 def attn_bwd_check(
     dout: TensorMeta, q: TensorMeta, k: TensorMeta, v: TensorMeta, out: TensorMeta,
     softmax_lse: TensorMeta, cu_seqlens_q: Optional[TensorMeta], cu_seqlens_k: Optional[TensorMeta],
-    max_seqlen_q: int, max_seqlen_k: int,
+    max_seqlen_q: int, max_seqlen_k: int, variant: Optional[AttnVariantLike] = None,
 ) -> None:
     """Validate attention-backward arguments from metadata alone (usable on fake/meta tensors):
     everything attn_fwd_check checks for q, k, v, cu_seqlens and max_seqlen, plus out and dout
@@ -82,7 +99,7 @@ def attn_bwd(
     softmax_lse: DLPackLike, dq: DLPackLike, dk: DLPackLike, dv: DLPackLike,
     softmax_d: DLPackLike, dq_accum: Optional[DLPackLike],
     cu_seqlens_q: Optional[DLPackLike], cu_seqlens_k: Optional[DLPackLike],
-    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, variant: AttnVariantLike,
     deterministic: bool, stream: int,
 ) -> None:
     """Launch attention backward (FlashAttention-2 paper, §3.2) on `stream`, in the primary context

@@ -36,7 +36,7 @@ the gradients) raises torch's RuntimeError (no formula); ``torch.func.grad`` / `
 raise FerroattnError (a RuntimeError) naming ferroattn and the input.
 
 Not implemented yet, and never silently ignored (``NotImplementedError`` naming the argument):
-``dropout_p > 0``, ``block_table`` (paged KV) and ``flash_attn_with_kvcache``.
+``block_table`` (paged KV) and ``flash_attn_with_kvcache``.
 
 Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (subclasses of
 ``RuntimeError``, like flash_attn's checks), naming the argument, expected and actual value.
@@ -74,6 +74,7 @@ from .errors import ArgumentError, DTypeError, FerroattnError
 from .ops.attention import check_fwd_meta as _check_fwd_meta
 from .ops.attention import check_softmax_scale as _check_scale_value
 from .ops.attention import run_attn_fwd as _attn_fwd_op
+from .ops.attention import run_attn_fwd_dmask as _attn_fwd_dmask_op
 from .ops.variant import AttnVariant
 
 __all__ = [
@@ -211,16 +212,22 @@ def _check_causal(causal) -> bool:
     return _check_flag(causal, "causal")
 
 
-def _check_dropout(dropout_p) -> None:
-    """``dropout_p`` must be a real number in [0, 1) (None counts as 0): ArgumentError otherwise;
-    0 < p < 1 raises NotImplementedError (dropout is not implemented)."""
+def _check_dropout(dropout_p) -> float:
+    """``dropout_p`` as a float: a real number in [0, 1) (None counts as 0); ArgumentError
+    otherwise."""
     if dropout_p is None:
-        return
+        return 0.0
     p = _as_float(dropout_p, "dropout_p")  # a bool is rejected as not a real number
     if not 0.0 <= p < 1.0:  # also false for nan
         raise ArgumentError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
-    if p > 0.0:
-        raise _not_implemented(f"dropout_p={dropout_p} (attention dropout; pass 0.0 at eval time)")
+    return p
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """The key-block width over which ``S_dmask`` (``return_attn_probs=True`` with dropout)
+    shares one scale, for flash_attn's test helpers (``normalize_flash_attn_S``): ferroattn's
+    S_dmask is ``exp(s − m)`` with m the whole row's max, i.e. one block as wide as any sequence."""
+    return 1 << 30
 
 
 def _check_max_seqlen(value, name: str) -> int:
@@ -299,7 +306,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     head_dim = _check_tensors(q, k, v, varlen)
     _reject_functorch_reverse(q, k, v)
-    _check_dropout(dropout_p)
+    dropout_p = _check_dropout(dropout_p)
     _check_supported(block_table)
     softcap = _check_softcap(softcap)
     _check_optional_tensor(alibi_slopes, "alibi_slopes")
@@ -315,7 +322,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     else:  # padded: the lengths come from the shapes (b, s, h, d)
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     variant = AttnVariant.from_flash_attn(causal, window_size, softcap, alibi_slopes, s_aux, max_seqlen_q,
-                                          max_seqlen_k)
+                                          max_seqlen_k, dropout_p, q.device)
     pad = (8 - head_dim % 8) % 8
     if ((pad or any(x.stride(-1) != 1 for x in (q, k, v))) and q.device.type != "cpu"
             and not torch.compiler.is_compiling()):
@@ -334,8 +341,13 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
-        # flash_attn returns an empty S_dmask unless dropout_p > 0 (which is not supported here)
-        return out, softmax_lse, torch.empty(0, dtype=q.dtype, device=q.device)
+        # flash_attn returns an empty S_dmask unless dropout_p > 0
+        if variant.dropout_p > 0.0:
+            s_dmask = _attn_fwd_dmask_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         softmax_scale, variant)
+        else:
+            s_dmask = torch.empty(0, dtype=q.dtype, device=q.device)
+        return out, softmax_lse, s_dmask
     return out
 
 
@@ -347,8 +359,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         q: (b, s_q, h, d), fp16 or bf16, CUDA; d <= 256 (any value, padded to a multiple of 8).
         k, v: (b, s_k, h_k, d), q's dtype and device; h % h_k == 0 (GQA/MQA: query head i reads
             kv head i // (h / h_k)).
-        dropout_p: a probability in [0, 1); must be 0.0 (dropout not implemented:
-            NotImplementedError for 0 < p < 1, ArgumentError outside [0, 1) or nan).
+        dropout_p: a probability in [0, 1) (ArgumentError outside it or nan): attention dropout
+            after the softmax (each P_ij kept with probability 1 − p, scaled by 1/(1 − p)); pass
+            0.0 at eval time, as with flash_attn. The mask comes from a Philox key drawn with
+            torch's CUDA generator (``torch.manual_seed`` reproduces it; CUDA graphs redraw it per
+            replay) and is regenerated exactly in the backward.
         softmax_scale: scale of q kᵀ before the softmax, a real number finite in fp32 (nan, inf,
             1e300: ArgumentError); None -> d ** -0.5 (unpadded d).
         causal: bool (numpy bool, 0/1 accepted): bottom-right aligned causal mask (row i sees
@@ -368,12 +383,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         deterministic: bool (as causal): True makes the backward bitwise reproducible (no
             atomics); False (default) lets dQ accumulate with fp32 atomics. No effect on the
             forward, which is always deterministic.
-        return_attn_probs: also return ``softmax_lse`` and an empty ``S_dmask``.
+        return_attn_probs: also return ``softmax_lse`` and ``S_dmask``: empty (0,) unless
+            dropout_p > 0, then (b, h, round128(s_q), round128(s_k)) in q's dtype holding
+            exp(s_ij − max_j s_ij) (the softmax up to a per-row scale), negative where dropout
+            dropped (i, j) (testing only; :func:`_get_block_size_n` describes the scale).
 
     Returns:
         out (b, s_q, h, d) in q's dtype, with q's stride order; or, with ``return_attn_probs``,
         ``(out, softmax_lse, S_dmask)``: softmax_lse fp32 (b, h, s_q) natural-log logsumexp of the
-        scaled scores (+inf for rows that see no key), S_dmask an empty (0,) tensor.
+        scaled scores (+inf for rows that see no key), S_dmask as above.
 
     Autograd: differentiable with respect to q, k and v; their gradients have the inputs'
     shapes and dtypes (with GQA, dk/dv sum over each kv head's query heads; rows that see no key
@@ -381,7 +399,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     Raises: DTypeError (dtypes; q/k/v, alibi_slopes, s_aux not tensors), DeviceError, ArgumentError
     (shapes, head dims, the scalar arguments above, alibi_slopes / s_aux dtype or shape)
-    (ferroattn.errors, all RuntimeError); NotImplementedError for dropout_p > 0. The backward raises the same classes (from the
+    (ferroattn.errors, all RuntimeError). The backward raises the same classes (from the
     validation of ``ferroattn::attn_bwd``) only for inputs the forward already rejects.
     """
     return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,

@@ -41,12 +41,14 @@ from ._to_native import launch as _launch
 from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
 from ._to_native import tile_aligned as _tile_aligned
-from .variant import AttnVariant, sink_grad
+import dataclasses
+
+from .variant import DMASK_GROUP, AttnVariant, sink_grad
 from .variant import visible_pairs as visible_pairs
 
 __all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "check_varlen_values", "tensor_meta",
            "attn_fwd_flops", "causal_pairs", "lse_shape", "rank_error", "positive_scale", "check_softmax_scale",
-           "scale_is_zero", "check_fwd_meta", "visible_pairs", "AttnVariant"]
+           "scale_is_zero", "check_fwd_meta", "visible_pairs", "AttnVariant", "attn_fwd_dmask", "run_attn_fwd_dmask"]
 
 #: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
 #: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
@@ -270,6 +272,8 @@ def _attn_fwd_impl(
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    rng_state: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention forward, ``softmax(softmax_scale · q kᵀ [+ variant]) v``.
 
@@ -287,7 +291,8 @@ def _attn_fwd_impl(
             backward, where True selects the kernels without atomics.
         window_left, window_right, softcap, alibi_slopes, sinks: the rest of the variant
             (:class:`ferroattn.ops.variant.AttnVariant`: local window sides, −1 = unbounded;
-            logit softcap, 0 = off; fp32 ALiBi slopes (h,) or (b, h); fp32 sink logits (h,)).
+            logit softcap, 0 = off; fp32 ALiBi slopes (h,) or (b, h); fp32 sink logits (h,);
+            dropout probability and its int64 (2,) Philox key tensor (``variant.draw_rng_state``)).
 
     Returns:
         out: ``torch.empty_like(q)`` (q's shape, dtype and stride order), fully written.
@@ -309,7 +314,8 @@ def _attn_fwd_impl(
     out = torch.empty_like(q)
     softmax_lse = torch.empty(lse_shape_, dtype=torch.float32, device=q.device)
     check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                                       rng_state)
     q, softmax_scale = positive_scale(q, softmax_scale)
     q, k, v = _tile_aligned(q), _tile_aligned(k), _tile_aligned(v)
     # A BufferError (a tensor on another GPU) becomes the Rust validation's error (e.g. DeviceError naming k).
@@ -352,10 +358,12 @@ def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
 
 @attn_fwd.register_fake
 def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   deterministic=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
+                   deterministic=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None,
+                   dropout_p=0.0, rng_state=None):
     _reject_forward_ad("ferroattn::attn_fwd", (("q", q), ("k", k), ("v", v)))
     # Same validation as the real op, from metadata (works for fake and meta tensors).
-    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                                       rng_state)
     _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant)
     lse_shape_ = lse_shape(q, cu_seqlens_q)
     if lse_shape_ is None:
@@ -373,9 +381,10 @@ def _setup_context(ctx, inputs, output) -> None:
     """Saves what the backward recomputes P from (FlashAttention-2 §3.2): q, k, v, the forward's
     out and softmax_lse (O(b·h·s) extra, no s×s buffer), the cu_seqlens tensors, and the scalars."""
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic,
-     window_left, window_right, softcap, alibi_slopes, sinks) = inputs
+     window_left, window_right, softcap, alibi_slopes, sinks, dropout_p, rng_state) = inputs
     out, softmax_lse = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
+    ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, rng_state)
+    ctx.dropout_p = dropout_p
     ctx.max_seqlen_q, ctx.max_seqlen_k = max_seqlen_q, max_seqlen_k
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
     ctx.window, ctx.softcap = (window_left, window_right), softcap
@@ -386,22 +395,87 @@ def _backward(ctx, grad_out, grad_lse):
     by torch.compile); None for the non-differentiable arguments. ``grad_lse`` is ignored, as
     flash_attn ignores it: the LSE output is treated as a constant (a loss on softmax_lse alone
     gives zero gradients)."""
-    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
+    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, rng_state = ctx.saved_tensors
     # forward-over-reverse (a dual grad_out): attn_bwd has no jvp formula either
     _reject_forward_ad("ferroattn::attn_bwd", (("dout", grad_out),))
     dq, dk, dv = torch.ops.ferroattn.attn_bwd(
         grad_out, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
         ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window[0], ctx.window[1], ctx.softcap,
-        alibi_slopes, sinks)
+        alibi_slopes, sinks, ctx.dropout_p, rng_state)
     need = ctx.needs_input_grad
     dsinks = None
     if sinks is not None and need[14]:
         dsinks = sink_grad(sinks, softmax_lse, out, grad_out, cu_seqlens_q)
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-            None, None, None, None, None, None, None, None, None, None, None, dsinks)
+            None, None, None, None, None, None, None, None, None, None, None, dsinks, None, None)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# the returned softmax of a dropout call (flash_attn's S_dmask; testing only)
+# ---------------------------------------------------------------------------------------------
+def _round128(n: int) -> int:
+    return (n + 127) // 128 * 128
+
+
+def _attn_fwd_dmask_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                         cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                         causal: bool, window_left: int, window_right: int, softcap: float,
+                         alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], dropout_p: float,
+                         rng_state: Tensor) -> Tensor:
+    """flash_attn's ``S_dmask`` of a dropout call with the same arguments (and ``rng_state``) as
+    ``attn_fwd``: (b, h, round128(s_q), round128(s_k)) in q's dtype (varlen: the max lengths),
+    ``exp(s_ij − m_i)`` with m_i the row's max score (natural log units), negative where the
+    mask drops (i, j), 0 outside the sequences and the window. flash_attn's test helpers
+    (``normalize_flash_attn_S`` with :func:`ferroattn.flash_attn_interface._get_block_size_n`)
+    turn it into the probabilities. Runs the forward kernel once more with the returned-softmax
+    kind: the kernel writes exp(s − m_running) and the running max per 16 keys, rescaled here to
+    the row max. Testing only: O(b·h·s_q·s_k) memory."""
+    varlen = cu_seqlens_q is not None
+    b = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    s_q, s_k = (max_seqlen_q, max_seqlen_k) if varlen else (q.shape[1], k.shape[1])
+    h = q.shape[-2]
+    rows, cols = _round128(s_q), _round128(s_k)
+    s_dmask = torch.zeros((b, h, rows, cols), dtype=q.dtype, device=q.device)
+    s_max = torch.full((b, h, rows, cols // DMASK_GROUP), float("-inf"), dtype=torch.float32, device=q.device)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                                       rng_state)
+    variant = dataclasses.replace(variant, s_dmask=s_dmask, s_dmask_max=s_max)
+    out = torch.empty_like(q)
+    lse = torch.empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
+    q, softmax_scale = positive_scale(q, softmax_scale)
+    q, k, v = _tile_aligned(q), _tile_aligned(k), _tile_aligned(v)
+    _launch(_native.attn_fwd, q.device, (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k),
+            (max_seqlen_q, max_seqlen_k, softmax_scale, variant.for_native()),
+            lambda: _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant))
+    row_max = s_max.amax(-1, keepdim=True)
+    scale = torch.where(torch.isfinite(s_max), torch.exp(s_max - row_max), torch.zeros((), device=q.device))
+    scaled = s_dmask.float().view(b, h, rows, cols // DMASK_GROUP, DMASK_GROUP) * scale[..., None]
+    return scaled.view(b, h, rows, cols).to(q.dtype)
+
+
+attn_fwd_dmask = torch.library.custom_op("ferroattn::attn_fwd_dmask", mutates_args=())(_attn_fwd_dmask_impl)
+
+
+@attn_fwd_dmask.register_fake
+def _attn_fwd_dmask_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         window_left, window_right, softcap, alibi_slopes, sinks, dropout_p, rng_state):
+    varlen = cu_seqlens_q is not None
+    b = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    s_q, s_k = (max_seqlen_q, max_seqlen_k) if varlen else (q.shape[1], k.shape[1])
+    return q.new_empty((b, q.shape[-2], _round128(s_q), _round128(s_k)))
+
+
+def run_attn_fwd_dmask(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, variant: AttnVariant) -> Tensor:
+    """:func:`attn_fwd_dmask` for the flash_attn functions (inputs detached: S_dmask is not
+    differentiated)."""
+    det = lambda t: None if t is None else t.detach()  # noqa: E731
+    return attn_fwd_dmask(det(q), det(k), det(v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale, variant.causal, variant.window_left, variant.window_right, variant.softcap,
+                          det(variant.alibi_slopes), det(variant.sinks), variant.dropout_p, variant.rng_state)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -89,6 +89,8 @@ def _attn_bwd_impl(
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    rng_state: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of attention, ``(dq, dk, dv)`` for ``out = softmax(softmax_scale · q kᵀ [+ mask]) v``.
 
@@ -108,7 +110,7 @@ def _attn_bwd_impl(
             ``deterministic`` are ``bool`` in the op's schema: the dispatcher converts an int
             (e.g. 2 -> True) before this code runs, so such a value cannot be rejected here (the
             flash_attn functions reject it before calling the op).
-        window_left, window_right, softcap, alibi_slopes, sinks: the forward's variant
+        window_left, window_right, softcap, alibi_slopes, sinks, dropout_p, rng_state: the forward's variant
             (:class:`ferroattn.ops.variant.AttnVariant`). The sinks' own gradient is not formed
             here (the forward's autograd formula adds it: :func:`ferroattn.ops.variant.sink_grad`).
 
@@ -146,7 +148,8 @@ def _attn_bwd_impl(
     q_run, scale_run = positive_scale(q, softmax_scale)
     q_run, k_run, v_run = tile_aligned(q_run), tile_aligned(k), tile_aligned(v)
     dout, out = tile_aligned(dout), tile_aligned(out)
-    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                                       rng_state)
     launch(_native.attn_bwd, q.device,
            (dout, q_run, k_run, v_run, out, softmax_lse, dq, dk, dv, softmax_d, dq_accum, cu_seqlens_q, cu_seqlens_k),
            (max_seqlen_q, max_seqlen_k, scale_run, variant.for_native(), deterministic),
@@ -165,10 +168,11 @@ attn_bwd = torch.library.custom_op("ferroattn::attn_bwd", mutates_args=())(_attn
 @attn_bwd.register_fake
 def _attn_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0,
-                   alibi_slopes=None, sinks=None):
+                   alibi_slopes=None, sinks=None, dropout_p=0.0, rng_state=None):
     reject_forward_ad("ferroattn::attn_bwd", (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)))
     # Same validation as the real op, from metadata, on the layouts the real op hands to Rust.
-    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                                       rng_state)
     _check_meta(_readable(dout), q, k, v, out, softmax_lse.contiguous(), cu_seqlens_q, cu_seqlens_k,
                 max_seqlen_q, max_seqlen_k, variant)
     if lse_shape(q, cu_seqlens_q) is None:

@@ -37,7 +37,18 @@ from torch import Tensor
 from .. import _native
 from ._to_native import tensor_meta
 
-__all__ = ["AttnVariant", "sink_grad", "visible_pairs"]
+__all__ = ["AttnVariant", "sink_grad", "visible_pairs", "draw_rng_state", "DMASK_GROUP"]
+
+#: Keys per running-max entry of the returned softmax (``s_dmask_max``; kernels/attention/fwd_sm80.cuh).
+DMASK_GROUP = 16
+
+
+def draw_rng_state(device) -> Tensor:
+    """int64 (2,) on ``device``: word 0 a random 64-bit Philox key drawn with torch's generator
+    for ``device`` (``torch.randint``: reproducible after ``torch.manual_seed``, redrawn on each
+    CUDA-graph replay), word 1 0 (flash_attn's (seed, offset) shape)."""
+    seed = torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64, device=device)
+    return torch.cat([seed, torch.zeros_like(seed)])
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,12 @@ class AttnVariant:
         softcap: logit softcapping c (0.0 = off).
         alibi_slopes: fp32 (h,) or (b, h) CUDA tensor, or None.
         sinks: fp32 (h,) CUDA tensor (the learnable sink logits), or None.
+        dropout_p: dropout probability in [0, 1) (0.0 = off), applied to the softmax.
+        rng_state: int64 (2,) on q's device when dropout_p > 0: word 0 is the Philox key of the
+            dropout mask (drawn from torch's CUDA generator: ``torch.manual_seed`` reproduces a
+            run, and a CUDA graph redraws it on every replay); the backward reuses it.
+        s_dmask, s_dmask_max: testing only (:func:`ferroattn.ops.attention.attn_fwd_dmask`):
+            buffers the forward fills with the softmax and the mask.
     """
     causal: bool = False
     window_left: int = -1
@@ -58,17 +75,22 @@ class AttnVariant:
     softcap: float = 0.0
     alibi_slopes: Optional[Tensor] = None
     sinks: Optional[Tensor] = None
+    dropout_p: float = 0.0
+    rng_state: Optional[Tensor] = None
+    s_dmask: Optional[Tensor] = None
+    s_dmask_max: Optional[Tensor] = None
 
     @classmethod
     def from_flash_attn(cls, causal: bool, window_size: Tuple[int, int], softcap: float,
                         alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], seqlen_q: int,
-                        seqlen_k: int) -> "AttnVariant":
+                        seqlen_k: int, dropout_p: float = 0.0, device=None) -> "AttnVariant":
         """flash_attn 2.8's normalisation of already type-checked arguments: a window side
         >= ``seqlen_k`` (``max_seqlen_k`` in varlen), or negative, becomes −1; the unset side of
         a one-sided window becomes ``seqlen_k``; ``causal`` is dropped when
         ``seqlen_q == 1`` and there is no ALiBi (a no-op then); causal forces right = 0; a window
         of (−1, 0) is the causal mask. ``sinks`` of another float dtype are cast to fp32
-        (differentiably)."""
+        (differentiably). ``dropout_p > 0`` draws the mask's Philox key (:func:`draw_rng_state`)
+        on ``device``."""
         left, right = window_size
         if left >= seqlen_k or left < 0:
             left = -1
@@ -88,17 +110,23 @@ class AttnVariant:
             right = seqlen_k
         if sinks is not None and sinks.dtype != torch.float32 and sinks.is_floating_point():
             sinks = sinks.float()
-        return cls(bool(causal), int(left), int(right), float(softcap or 0.0), alibi_slopes, sinks)
+        dropout_p = float(dropout_p or 0.0)
+        rng_state = draw_rng_state(device) if dropout_p > 0.0 else None
+        return cls(bool(causal), int(left), int(right), float(softcap or 0.0), alibi_slopes, sinks, dropout_p,
+                   rng_state)
 
     # -- through the custom ops -------------------------------------------------------------
     def op_args(self) -> tuple:
         """The ops' trailing arguments after ``deterministic``: (window_left, window_right,
-        softcap, alibi_slopes, sinks) (``causal`` keeps its own slot)."""
-        return (self.window_left, self.window_right, self.softcap, self.alibi_slopes, self.sinks)
+        softcap, alibi_slopes, sinks, dropout_p, rng_state) (``causal`` keeps its own slot)."""
+        return (self.window_left, self.window_right, self.softcap, self.alibi_slopes, self.sinks, self.dropout_p,
+                self.rng_state)
 
     @classmethod
-    def from_op_args(cls, causal, window_left, window_right, softcap, alibi_slopes, sinks) -> "AttnVariant":
-        return cls(bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes, sinks)
+    def from_op_args(cls, causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p=0.0,
+                     rng_state=None) -> "AttnVariant":
+        return cls(bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes, sinks,
+                   float(dropout_p), rng_state)
 
     # -- to the native module -----------------------------------------------------------------
     def for_native(self) -> "AttnVariant":
@@ -109,7 +137,8 @@ class AttnVariant:
     def for_check(self) -> "AttnVariant":
         """The variant with its tensors as metadata tuples (``_native.attn_*_check``)."""
         return dataclasses.replace(self, alibi_slopes=tensor_meta(self.alibi_slopes),
-                                   sinks=tensor_meta(self.sinks))
+                                   sinks=tensor_meta(self.sinks), rng_state=tensor_meta(self.rng_state),
+                                   s_dmask=tensor_meta(self.s_dmask), s_dmask_max=tensor_meta(self.s_dmask_max))
 
     @property
     def is_plain(self) -> bool:
