@@ -583,7 +583,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                 constexpr bool record = V::kReturnSoftmax;
                 // pair k = (mt, h, nt): row m_start + warp_row0 + mt*16 + g + 8h, keys
                 // n_start + nt*8 + 2t (+1)
-                const unsigned long long bits = drop.template keep_bits<MT * 2 * NT>([&](int k, int& i, int& j) {
+                const auto bits = drop.template keep_bits<MT * 2 * NT>([&](int k, int& i, int& j) {
                     const int nt = k % NT, h = (k / NT) % 2, mt = k / (2 * NT);
                     i = m_start + warp_row0 + mt * 16 + g + h * 8;
                     j = n_start + nt * 8 + 2 * t;
@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                         for (int nt = 0; nt < NT; ++nt) {
                             const int col = n_start + nt * 8 + 2 * t;
                             const int bit = 2 * ((mt * 2 + h) * NT + nt);
-                            const bool k0 = (bits >> bit) & 1ull, k1 = (bits >> (bit + 1)) & 1ull;
+                            const bool k0 = bits.get(bit), k1 = bits.get(bit + 1);
                             float& p0 = acc_s[mt][nt][2 * h];
                             float& p1 = acc_s[mt][nt][2 * h + 1];
                             if constexpr (record) {

@@ -209,20 +209,31 @@ struct DropoutMask {
         a = (hi ? w.z : w.x) >= threshold;
         b = (hi ? w.w : w.y) >= threshold;
     }
-    // keep2 for `Pairs` (row, even key) pairs into a bit set (bit 2k, 2k + 1: pair k), one
-    // Philox call at a time (a rolled loop: one call's registers live, not Pairs calls').
-    // pair(k, i, j) names pair k's row and key. Pairs <= 64.
+    // keep2 for `Pairs` (row, even key) pairs into a bit set (bits 2k, 2k + 1 of the 128: pair
+    // k), one Philox call at a time (a rolled loop: one call's registers live, not Pairs calls').
+    // pair(k, i, j) names pair k's row and key. Pairs <= 64; KeepBits::get takes a constant bit.
+    struct KeepBits {
+        unsigned long long lo, hi;
+        __device__ __forceinline__ bool get(int bit) const {
+            return ((bit < 64 ? lo >> bit : hi >> (bit - 64)) & 1ull) != 0ull;
+        }
+    };
     template <int Pairs, typename PairAt>
-    __device__ __forceinline__ unsigned long long keep_bits(const PairAt& pair) const {
-        static_assert(Pairs <= 32, "at most 64 mask bits");
-        unsigned long long bits = 0ull;
+    __device__ __forceinline__ KeepBits keep_bits(const PairAt& pair) const {
+        static_assert(Pairs <= 64, "at most 128 mask bits");
+        KeepBits bits{0ull, 0ull};
 #pragma unroll 1
         for (int k = 0; k < Pairs; ++k) {
             int i, j;
             pair(k, i, j);
             bool a, b;
             keep2(i, j, a, b);
-            bits |= (static_cast<unsigned long long>(a) | (static_cast<unsigned long long>(b) << 1)) << (2 * k);
+            const unsigned long long two = static_cast<unsigned long long>(a) | (static_cast<unsigned long long>(b) << 1);
+            if (k < 32) {
+                bits.lo |= two << (2 * k);
+            } else {
+                bits.hi |= two << (2 * k - 64);
+            }
         }
         return bits;
     }

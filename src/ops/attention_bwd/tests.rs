@@ -706,7 +706,13 @@ fn production_variant_kernels_do_not_spill() {
     let pick = |v: VariantKind| v.dropout;
     let mut reports = Vec::new();
     for arch in [Arch::Sm80, Arch::Sm90a] {
-        let fwd: Vec<_> = crate::tuning::attention::fwd_production_configs(arch).into_iter().filter(|c| pick(c.variant)).collect();
+        let mut fwd: Vec<_> = crate::tuning::attention::fwd_production_configs(arch).into_iter().filter(|c| pick(c.variant)).collect();
+        // head dim 32 (128-key softmax steps: 64 mask pairs per thread) compiles on first use
+        fwd.push(crate::tuning::attention::fwd_config(32, VariantKind { dropout: true, ..VariantKind::CAUSAL }, DType::BF16, arch));
+        // the returned-softmax kind (testing only) must compile; its spills are not held to zero
+        let dmask = VariantKind { dropout: true, return_softmax: true, ..VariantKind::PLAIN };
+        let dmask: Vec<_> = [32, 64, 128, 256].iter().map(|&d| crate::tuning::attention::fwd_config(d, dmask, DType::BF16, arch)).collect();
+        crate::jit::precompile::precompile(&dmask).unwrap();
         let bwd: Vec<_> = bwd_production_configs(arch).into_iter().filter(|c| pick(c.variant)).collect();
         reports.extend(crate::jit::precompile::precompile(&fwd).unwrap());
         reports.extend(crate::jit::precompile::precompile(&bwd).unwrap());
