@@ -416,8 +416,13 @@ attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------------------------------------
 # the returned softmax of a dropout call (flash_attn's S_dmask; testing only)
 # ---------------------------------------------------------------------------------------------
-def _round128(n: int) -> int:
-    return (n + 127) // 128 * 128
+def _dmask_shape(q: Tensor, k: Tensor, cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
+                 max_seqlen_k: int) -> Tuple[int, int, int, int]:
+    """flash_attn's S_dmask shape: (b, h, round128(s_q), round128(s_k)) (varlen: the max lengths)."""
+    varlen = cu_seqlens_q is not None
+    b = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    s_q, s_k = (max_seqlen_q, max_seqlen_k) if varlen else (q.shape[1], k.shape[1])
+    return (b, q.shape[-2], (s_q + 127) // 128 * 128, (s_k + 127) // 128 * 128)
 
 
 def _attn_fwd_dmask_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
@@ -433,11 +438,7 @@ def _attn_fwd_dmask_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional
     turn it into the probabilities. Runs the forward kernel once more with the returned-softmax
     kind: the kernel writes exp(s − m_running) and the running max per 16 keys, rescaled here to
     the row max. Testing only: O(b·h·s_q·s_k) memory."""
-    varlen = cu_seqlens_q is not None
-    b = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
-    s_q, s_k = (max_seqlen_q, max_seqlen_k) if varlen else (q.shape[1], k.shape[1])
-    h = q.shape[-2]
-    rows, cols = _round128(s_q), _round128(s_k)
+    b, h, rows, cols = _dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     s_dmask = torch.zeros((b, h, rows, cols), dtype=q.dtype, device=q.device)
     s_max = torch.full((b, h, rows, cols // DMASK_GROUP), float("-inf"), dtype=torch.float32, device=q.device)
     variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
@@ -462,10 +463,7 @@ attn_fwd_dmask = torch.library.custom_op("ferroattn::attn_fwd_dmask", mutates_ar
 @attn_fwd_dmask.register_fake
 def _attn_fwd_dmask_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                          window_left, window_right, softcap, alibi_slopes, sinks, dropout_p, rng_state):
-    varlen = cu_seqlens_q is not None
-    b = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
-    s_q, s_k = (max_seqlen_q, max_seqlen_k) if varlen else (q.shape[1], k.shape[1])
-    return q.new_empty((b, q.shape[-2], _round128(s_q), _round128(s_k)))
+    return q.new_empty(_dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
 
 
 def run_attn_fwd_dmask(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
