@@ -43,11 +43,11 @@ fn attn_fwd_check(
     cu_seqlens_k: Option<MetaTuple>,
     max_seqlen_q: i64,
     max_seqlen_k: i64,
-    variant: Option<VariantArg<'_>>,
+    variant: Option<&Bound<'_, PyAny>>,
 ) -> Result<()> {
     let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
-    let variant = variant.map(|v| v.metas()).transpose()?.unwrap_or_default();
+    let variant = variant.filter(|v| !v.is_none()).map(|v| VariantArg::from_obj(v)?.metas()).transpose()?.unwrap_or_default();
     let p = op::validate(
         &q,
         &k,
@@ -115,12 +115,12 @@ fn attn_fwd(
     max_seqlen_q: i64,
     max_seqlen_k: i64,
     softmax_scale: f64,
-    variant: VariantArg<'_>,
+    variant: &Bound<'_, PyAny>,
     stream: &Bound<'_, PyAny>,
 ) -> Result<()> {
     let stream = stream_handle(stream)?;
     let (q, k, v) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
-    let variant = variant.import()?;
+    let variant = VariantArg::from_obj(variant)?.import()?;
     let variant = views(&variant);
     let (o, lse) = (import_writable(out, "out")?, import_writable(softmax_lse, "softmax_lse")?);
     let (cq, ck) = import_cu(cu_seqlens_q, cu_seqlens_k)?;

@@ -23,9 +23,9 @@ fn attn_bwd_check(
     cu_seqlens_k: Option<MetaTuple>,
     max_seqlen_q: i64,
     max_seqlen_k: i64,
-    variant: Option<VariantArg<'_>>,
+    variant: Option<&Bound<'_, PyAny>>,
 ) -> Result<()> {
-    let variant = variant.map(|v| v.metas()).transpose()?.unwrap_or_default();
+    let variant = variant.filter(|v| !v.is_none()).map(|v| VariantArg::from_obj(v)?.metas()).transpose()?.unwrap_or_default();
     let (dout, q, k, v, out) = (
         meta("dout", dout)?,
         meta("q", q)?,
@@ -74,12 +74,12 @@ fn attn_bwd(
     max_seqlen_q: i64,
     max_seqlen_k: i64,
     softmax_scale: f64,
-    variant: VariantArg<'_>,
+    variant: &Bound<'_, PyAny>,
     deterministic: bool,
     stream: &Bound<'_, PyAny>,
 ) -> Result<()> {
     let stream = stream_handle(stream)?;
-    let variant = variant.import()?;
+    let variant = VariantArg::from_obj(variant)?.import()?;
     let variant = views(&variant);
     let (dout, q, k, v) = (
         import(dout, "dout")?,

@@ -25,6 +25,18 @@ pub(super) struct VariantArg<'py> {
 }
 
 impl<'py> VariantArg<'py> {
+    /// `obj` read as a variant; an object without the attributes is a TypeError naming `variant`.
+    pub(super) fn from_obj(obj: &Bound<'py, PyAny>) -> Result<Self> {
+        obj.extract::<VariantArg<'py>>().map_err(|e| {
+            let shown = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "variant: expected a ferroattn.ops.variant.AttnVariant, got {shown} ({})",
+                e.value(obj.py())
+            ))
+            .into()
+        })
+    }
+
     /// The variant with each tensor attribute converted by `f(argument name, attribute)`.
     fn convert<T>(&self, f: impl Fn(&str, &Option<Bound<'py, PyAny>>) -> Result<Option<T>>) -> Result<AttnVariant<T>> {
         Ok(AttnVariant {

@@ -438,6 +438,9 @@ def _attn_fwd_dmask_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional
     turn it into the probabilities. Runs the forward kernel once more with the returned-softmax
     kind: the kernel writes exp(s − m_running) and the running max per 16 keys, rescaled here to
     the row max. Testing only: O(b·h·s_q·s_k) memory."""
+    if lse_shape(q, cu_seqlens_q) is None:
+        _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        raise rank_error(q, cu_seqlens_q)
     b, h, rows, cols = _dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     s_dmask = torch.zeros((b, h, rows, cols), dtype=q.dtype, device=q.device)
     s_max = torch.full((b, h, rows, cols // DMASK_GROUP), float("-inf"), dtype=torch.float32, device=q.device)
@@ -463,7 +466,17 @@ attn_fwd_dmask = torch.library.custom_op("ferroattn::attn_fwd_dmask", mutates_ar
 @attn_fwd_dmask.register_fake
 def _attn_fwd_dmask_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                          window_left, window_right, softcap, alibi_slopes, sinks, dropout_p, rng_state):
-    return q.new_empty(_dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
+    # the real op's validation, from metadata, with the buffers the real op allocates
+    if lse_shape(q, cu_seqlens_q) is None:
+        _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        raise rank_error(q, cu_seqlens_q)
+    shape = _dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+    variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                                       rng_state)
+    variant = dataclasses.replace(variant, s_dmask=q.new_empty(shape),
+                                  s_dmask_max=q.new_empty(shape[:3] + (shape[3] // DMASK_GROUP,), dtype=torch.float32))
+    _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant)
+    return q.new_empty(shape)
 
 
 def run_attn_fwd_dmask(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],

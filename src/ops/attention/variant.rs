@@ -211,11 +211,11 @@ impl AttnVariant<&TensorMeta> {
             }
         }
         if let Some(s) = self.sinks {
-            check_dtype("sinks", s, DType::F32, "")?;
-            check_shape("sinks", s, &[p.heads], " (one logit per query head)")?;
-            check_contiguous("sinks", s)?;
+            check_dtype("s_aux", s, DType::F32, "")?;
+            check_shape("s_aux", s, &[p.heads], " (one logit per query head)")?;
+            check_contiguous("s_aux", s)?;
             if q.device.is_cuda() {
-                check_device("sinks", s, "q", q)?;
+                check_device("s_aux", s, "q", q)?;
             }
         }
         self.validate_dropout(p, q)?;
