@@ -563,12 +563,17 @@ def test_causal_not_a_bool(causal):
 # ---------------------------------------------------------------------------------------------
 # dropout_p, softcap, window_size, return_attn_probs
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.999])
-def test_dropout_positive_not_implemented(p):
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.999, 1e-9])
+def test_dropout_positive_runs(p):
+    """Dropout is implemented: any p in (0, 1) is accepted (no NotImplementedError), with
+    flash_attn's S_dmask (b, h, round128(s_q), round128(s_k)) in q's dtype for return_attn_probs."""
     with FakeTensorMode():
         q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
-        with pytest.raises(NotImplementedError, match="dropout_p"):
-            flash_attn_func(q, q, q, dropout_p=p)
+        out = flash_attn_func(q, q, q, dropout_p=p)
+        assert out.shape == q.shape and out.dtype == BF16
+        out, lse, s_dmask = flash_attn_func(q, q, q, dropout_p=p, return_attn_probs=True)
+        assert out.shape == q.shape and lse.shape == (2, 6, 5)
+        assert s_dmask.shape == (2, 6, 128, 128) and s_dmask.dtype == BF16 and s_dmask.device == q.device
     valid_call_succeeds()
 
 

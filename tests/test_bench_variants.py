@@ -199,7 +199,7 @@ MS = {"plain": 1.0, "window": 0.6, "softcap": 1.2, "alibi": 1.15, "sinks": 1.05,
 def fake(monkeypatch, eager_flex):
     import ferroattn
     bench = SimulatedBench(default_ms=2.0)
-    fa = FakeFlashAttn(bench, ms=MS, unsupported={"dropout"})
+    fa = FakeFlashAttn(bench, ms=MS)  # every variant, dropout included, as ferroattn implements them
     monkeypatch.setattr(ferroattn, "flash_attn_func", fa, raising=False)
     monkeypatch.setattr(timing, "bench_gpu", bench)
     return fa
@@ -219,13 +219,10 @@ def _group(mode, backward, names=variants.VARIANTS, peer_names=("flex", "math", 
 def test_forward_group_overheads_peers_and_nulls(fake):
     pts = _group("fwd", backward=False)
     for n, p in pts.items():
-        if n == "dropout":
-            assert p["ours"] is None and p["ours_error"] is None
-            assert p["ours_unsupported"] == "NotImplementedError: ferroattn: dropout is not implemented yet"
-            continue
         assert p["ours"]["ms"] == MS[n] and p["ours"]["ms_rounds"] == [MS[n]] * 2
         assert p["ours"]["tflops"] == pytest.approx(report.tflops(p["flops"], MS[n]))
         assert p["ours"]["pct_ceiling"] == pytest.approx(100 * p["ours"]["tflops"] / 800.0)
+        assert p["ours_unsupported"] is None and p["ours_error"] is None
     f = pts["window"]["visible_fraction"]
     assert 0 < f < 1
     o = pts["window"]["overhead"]
@@ -234,7 +231,8 @@ def test_forward_group_overheads_peers_and_nulls(fake):
     assert pts["softcap"]["overhead"]["overhead"] == pytest.approx(0.2) and pts["softcap"]["overhead"]["ok"] is True
     assert pts["alibi"]["overhead"]["overhead"] == pytest.approx(0.15) and pts["alibi"]["overhead"]["ok"] is False
     assert pts["sinks"]["overhead"]["ok"] is True and pts["plain"]["overhead"] is None
-    assert pts["dropout"]["overhead"] is None
+    # dropout is measured like the others: 1.3 x plain over the same pairs, against its 10% target
+    assert pts["dropout"]["overhead"]["overhead"] == pytest.approx(0.3) and pts["dropout"]["overhead"]["ok"] is False
     # peers: FlexAttention runs everything but dropout; SDPA-math what SDPA can express; efficient has no CPU kernel
     for n in ("plain", "window", "softcap", "alibi", "sinks"):
         p = pts[n]
@@ -246,10 +244,26 @@ def test_forward_group_overheads_peers_and_nulls(fake):
         assert pts[n]["peers"]["math"]["ms"] == 2.0 and pts[n]["max_abs_diff"]["math"] < 0.05
     assert pts["softcap"]["peer_errors"]["math"] == peers.SDPA_NO_SOFTCAP
     assert pts["sinks"]["peer_errors"]["math"] == peers.SDPA_NO_SINKS
-    assert pts["dropout"]["peers"]["math"]["ms"] == 2.0          # SDPA has dropout; ours does not (yet)
-    assert pts["dropout"]["ratio"]["math"] is None and "math" not in pts["dropout"]["max_abs_diff"]
+    # SDPA has dropout too: timed and compared in speed, never in values (the random masks differ)
+    assert pts["dropout"]["peers"]["math"]["ms"] == 2.0
+    assert pts["dropout"]["ratio"]["math"] == pytest.approx(2.0 / MS["dropout"])
+    assert "math" not in pts["dropout"]["max_abs_diff"] and "math" not in pts["dropout"]["grad_diff"]
     for p in pts.values():
         assert p["peers"]["efficient"] is None and p["peer_errors"]["efficient"] and p["ratio"]["efficient"] is None
+
+
+def test_forward_group_ours_unsupported_is_null_with_the_reason(fake):
+    """A variant ours rejects with NotImplementedError (an older ferroattn without dropout): no
+    timing, no overhead, the reason recorded; the peers are still measured."""
+    fake.unsupported = {"dropout"}
+    pts = _group("fwd", backward=False)
+    p = pts["dropout"]
+    assert p["ours"] is None and p["ours_error"] is None
+    assert p["ours_unsupported"] == "NotImplementedError: ferroattn: dropout is not implemented yet"
+    assert p["overhead"] is None
+    assert p["peers"]["math"]["ms"] == 2.0 and p["ratio"]["math"] is None and "math" not in p["max_abs_diff"]
+    for n in ("plain", "window", "softcap", "alibi", "sinks"):
+        assert pts[n]["ours"]["ms"] == MS[n] and pts[n]["ours_unsupported"] is None
 
 
 def test_window_diff_catches_a_wrong_window(fake, monkeypatch):
@@ -275,7 +289,11 @@ def test_backward_group(fake):
         assert set(gd) == {"dq", "dk", "dv"} and max(gd.values()) == pts[n]["max_abs_diff"]["math"] < 0.05
     # FlexAttention has no CPU backward: null with its reason, not a crash
     assert pts["plain"]["peers"]["flex"] is None and "backward on CPU" in pts["plain"]["peer_errors"]["flex"]
-    assert pts["dropout"]["ours_unsupported"] and pts["dropout"]["peers"]["math"] is not None
+    # dropout's backward is measured; SDPA-math's is timed but not compared (the masks differ)
+    assert pts["dropout"]["ours"]["ms"] == pytest.approx(2.5 * MS["dropout"]) and pts["dropout"]["ours_unsupported"] is None
+    assert pts["dropout"]["overhead"]["time_ratio"] == pytest.approx(1.3)
+    assert pts["dropout"]["peers"]["math"] is not None and pts["dropout"]["grad_diff"] == {}
+    assert "math" not in pts["dropout"]["max_abs_diff"]
 
 
 def test_backward_of_sinks_includes_their_gradient(fake):
@@ -320,29 +338,47 @@ def cpu_run(fake, monkeypatch, tmp_path):
 
 def test_run_end_to_end(cpu_run, tmp_path, capsys):
     result, code = cpu_run(backward=True)
-    assert code == 0 and result["partial"] is False            # dropout not implemented: not a failure
+    assert code == 0 and result["partial"] is False            # a missed overhead target is not a failure
     files = glob.glob(str(tmp_path / "attn_variants_*.json"))
     assert len(files) == 1 and not glob.glob(str(tmp_path / "attention_*.json"))
     data = json.loads(open(files[0]).read())
     assert data["config"]["modes"] == ["fwd", "bwd"] and data["config"]["peers"] == ["flex", "math"]
     assert data["config"]["variants"]["softcap"] == {"softcap": 50.0}
+    assert data["config"]["variants"]["dropout"] == {"dropout_p": variants.DROPOUT_P}
     assert data["config"]["targets"] == {"window": 0.1, "softcap": 0.25, "alibi": 0.1, "dropout": 0.1, "sinks": 0.1}
     assert "visible_pairs" in data["config"]["flops"]
     assert len(data["points"]) == 12
     s = data["summary"]
+    # every variant measured, dropout included (ferroattn implements it)
+    assert (s["n_points"], s["n_measured"], s["n_unsupported"], s["n_ours_failed"], s["n_skipped"]) == (12, 12, 0, 0, 0)
+    assert s["not_measured"] == []
+    assert {"alibi fwd s=64", "dropout fwd s=64", "dropout bwd s=64"} <= set(s["target"]["failed"])
+    assert s["target"]["met"] is False and s["target"]["complete"] is True and s["target"]["n_checked"] == 10
+    assert [w["label"] for w in s["window"]] == ["window fwd s=64", "window bwd s=64"]
+    assert s["per_peer"]["math"]["modes"]["fwd"]["n"] == 4 and s["max_abs_diff"]["math"] < 0.05
+    out = capsys.readouterr().out
+    assert "n/i" not in out and "OVER" in out and "raw JSON:" in out
+    assert "not measured:" not in out
+    assert "\nwindow fwd s=64: " in out and "of plain's visible pairs in" in out
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("variant overhead targets") and "NOT MET" in last and "dropout fwd s=64" in last
+
+
+def test_run_end_to_end_with_a_variant_ours_does_not_implement(cpu_run, fake, tmp_path, capsys):
+    """A variant ours rejects with NotImplementedError (dropout on an older ferroattn): not
+    measured, with the reason; not a failure (exit 0)."""
+    fake.unsupported = {"dropout"}
+    result, code = cpu_run(backward=True)
+    assert code == 0 and result["partial"] is False
+    s = result["summary"]
     assert (s["n_points"], s["n_measured"], s["n_unsupported"], s["n_ours_failed"], s["n_skipped"]) == (12, 10, 2, 0, 0)
     assert {r["label"] for r in s["not_measured"]} == {"dropout fwd s=64", "dropout bwd s=64"}
     assert "not implemented" in s["not_measured"][0]["reason"]
     assert "alibi fwd s=64" in s["target"]["failed"] and s["target"]["met"] is False
     assert s["target"]["complete"] is False and s["target"]["n_checked"] == 8
-    assert [w["label"] for w in s["window"]] == ["window fwd s=64", "window bwd s=64"]
-    assert s["per_peer"]["math"]["modes"]["fwd"]["n"] == 3 and s["max_abs_diff"]["math"] < 0.05
+    assert s["per_peer"]["math"]["modes"]["fwd"]["n"] == 3
     out = capsys.readouterr().out
-    assert "n/i" in out and "OVER" in out and "raw JSON:" in out
-    assert "not measured: dropout fwd s=64: NotImplementedError" in out
-    assert "\nwindow fwd s=64: " in out and "of plain's visible pairs in" in out
-    last = out.rstrip().splitlines()[-1]
-    assert last.startswith("variant overhead targets") and "NOT MET" in last and "alibi fwd s=64" in last
+    assert "n/i" in out and "not measured: dropout fwd s=64: NotImplementedError" in out
 
 
 def test_run_failure_budget_and_fatal(cpu_run, fake, tmp_path):

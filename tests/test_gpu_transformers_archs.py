@@ -20,10 +20,11 @@ model in fp32 and ref the reference attention in bf16, over real (non-pad) posit
   from the p = 0 logits, the same seed reproduces them.
 
 A kernel feature that the installed ferroattn does not implement yet (local window, softcap,
-sinks, dropout) skips the tests that need it, with the NotImplementedError's message: a
-capability probe calls the flash_attn functions with the combination an architecture needs
-(e.g. window + sinks, non-causal window), forward and backward, padded and varlen, once per
-combination. Any other error from the probe fails the test.
+sinks) skips the tests that need it, with the NotImplementedError's message: a capability probe
+calls the flash_attn functions with the combination an architecture needs (e.g. window + sinks,
+non-causal window), forward and backward, padded and varlen, once per combination. Any other
+error from the probe fails the test. Dropout is implemented (:data:`IMPLEMENTED`): a probe that
+finds it missing fails the test instead of skipping it.
 
 Marker ``gpu``: skipped without CUDA; run by scripts/gpu_check.sh (pytest stage), or alone:
 ``python -m pytest -q -m gpu tests/test_gpu_transformers_archs.py``."""
@@ -239,15 +240,23 @@ def missing(features: Tuple[str, ...], causal: bool) -> Optional[str]:
     return None
 
 
+#: Features ferroattn implements: a probe that reports one of them missing is a failure, not a skip.
+IMPLEMENTED = frozenset({"dropout"})
+
+
 def require(name: str, *extra: str) -> None:
     """Skip unless the kernels support what architecture ``name``'s attention calls need (plus
-    ``extra`` features), with the reason."""
+    ``extra`` features), with the reason; fail when the combination includes a feature of
+    :data:`IMPLEMENTED` (e.g. dropout) and the probe still reports something missing."""
     arch = ARCHS[name]
     features = tuple(sorted(set(arch.needs) | set(extra)))
     if features:
         why = missing(features, arch.decoder)
         if why is not None:
-            pytest.skip(f"{name} needs {', '.join(features)}: {why}")
+            msg = f"{name} needs {', '.join(features)}: {why}"
+            if IMPLEMENTED & set(features):
+                pytest.fail(f"{msg} (but {', '.join(sorted(IMPLEMENTED & set(features)))} is implemented)")
+            pytest.skip(msg)
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ every output written (the caching allocator's free blocks are filled with NaN be
 (fullgraph=True) forward and backward.
 
 Capability gates (the only skips besides a missing GPU): tests that pass ``s_aux`` are skipped
-while the flash_attn functions have no ``s_aux`` parameter (``inspect.signature``); dropout tests
-are skipped while ``dropout_p > 0`` raises NotImplementedError ("dropout not implemented"). The
+while the flash_attn functions have no ``s_aux`` parameter (``inspect.signature``). Dropout is
+implemented and has no gate: a NotImplementedError from ``dropout_p > 0`` fails its tests. The
 dropout tests read the kept positions from ``S_dmask`` (``return_attn_probs=True``; negative
 entries mark dropped positions, flash_attn's convention) and compare against the reference with
 that mask, as flash-attention's own tests do.
@@ -25,7 +25,6 @@ Kept to well under a minute on an H200 with a warm kernel cache.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import zlib
@@ -58,21 +57,6 @@ def _has_s_aux() -> bool:
 def _need_sinks():
     if not _has_s_aux():
         pytest.skip("s_aux not implemented (not in the flash_attn functions' signatures)")
-
-
-@functools.lru_cache(maxsize=None)
-def _dropout_implemented() -> bool:
-    q = torch.randn(1, 8, 1, 64, dtype=BF16, device=DEV)
-    try:
-        flash_attn_func(q, q, q, 0.5)
-    except NotImplementedError:
-        return False
-    return True
-
-
-def _need_dropout():
-    if not _dropout_implemented():
-        pytest.skip("dropout not implemented")
 
 
 # ---- variants and inputs ------------------------------------------------------------------
@@ -487,7 +471,6 @@ DROPOUT_VARIANTS = ["plain", "causal", "local_32_8", "alibi_h_causal", "sinks_ca
 
 @pytest.mark.parametrize("name", DROPOUT_VARIANTS)
 def test_dropout_padded(name):
-    _need_dropout()
     torch.manual_seed(37)
     var = BY_NAME.get(name) or Variant(name, causal=name == "causal")
     p = 0.17
@@ -510,7 +493,6 @@ def test_dropout_padded(name):
 
 
 def test_dropout_varlen():
-    _need_dropout()
     torch.manual_seed(38)
     p = 0.25
     lq, lk = [5, 0, 113, 1, 97], [7, 3, 97, 0, 113]
@@ -536,7 +518,6 @@ def test_dropout_follows_the_torch_seed_and_deterministic_backward():
     """The same torch seed gives the same mask (bitwise the same output); another draw gives a
     different one; deterministic=True gradients are bitwise reproducible (the backward draws the
     forward's mask again)."""
-    _need_dropout()
     q, k, v = _leaf(2, 97, 4, 64), _leaf(2, 97, 4, 64), _leaf(2, 97, 4, 64)
     dout = torch.randn(2, 97, 4, 64, dtype=BF16, device=DEV)
 
@@ -556,16 +537,16 @@ def test_dropout_follows_the_torch_seed_and_deterministic_backward():
 
 def test_dropout_with_softcap():
     """flash_attn rejects softcap with dropout (RuntimeError "Softcapping does not support dropout
-    for now"); supporting it is allowed, but then the result must be right."""
-    _need_dropout()
+    for now"); ferroattn supports the combination (the Python layer and the validation accept it:
+    tests/test_interface.py), so it must run and be right."""
     torch.manual_seed(39)
     q, k, v = _leaf(1, 65, 2, 64, scale=4.0), _leaf(1, 65, 2, 64), _leaf(1, 65, 2, 64)
-    try:
-        out, lse, S = flash_attn_func(q, k, v, 0.2, None, softcap=5.0, return_attn_probs=True)
-    except RuntimeError as e:  # (NotImplementedError is one too)
-        assert "softcap" in str(e).lower(), e
-        return
+    out, lse, S = flash_attn_func(q, k, v, 0.2, None, softcap=5.0, return_attn_probs=True)
     keep = _kept(S, 1, 2, 65, 65)
     rk = dict(softcap=5.0, dropout_p=0.2, dropout_mask=keep)
     ref, ref_lse = attention_ref(q, k, v, **rk)
     _check_out_lse(out, lse, ref, ref_lse, attention_ref(q, k, v, upcast=False, **rk)[0], q)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _check_grads(grads, attention_grads_ref(q, k, v, dout, **rk), attention_grads_ref(q, k, v, dout, upcast=False, **rk),
+                 (q, k, v))

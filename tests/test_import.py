@@ -121,11 +121,17 @@ def test_attention_variant_names():
     from ferroattn import _native
     from ferroattn.ops import attention, variant
 
-    for name in ("AttnVariant", "sink_grad", "visible_pairs"):
+    for name in ("AttnVariant", "sink_grad", "visible_pairs", "draw_rng_state"):
         assert name in variant.__all__ and callable(getattr(variant, name))
+    assert "DMASK_GROUP" in variant.__all__ and variant.DMASK_GROUP == 16
     assert attention.AttnVariant is variant.AttnVariant and attention.visible_pairs is variant.visible_pairs
+    for name in ("attn_fwd_dmask", "run_attn_fwd_dmask"):
+        assert name in attention.__all__ and callable(getattr(attention, name))
     for name in ("attn_fwd", "attn_fwd_check", "attn_bwd", "attn_bwd_check", "attn_visible_pairs"):
         assert callable(getattr(_native, name)), name
     v = variant.AttnVariant()
-    assert v.is_plain and v.op_args() == (-1, -1, 0.0, None, None)
+    # (window_left, window_right, softcap, alibi_slopes, sinks, dropout_p, rng_state)
+    assert v.is_plain and v.op_args() == (-1, -1, 0.0, None, None, 0.0, None)
     assert variant.AttnVariant.from_op_args(True, 3, 0, 2.0, None, None) == variant.AttnVariant(True, 3, 0, 2.0)
+    d = variant.AttnVariant.from_op_args(False, -1, -1, 0.0, None, None, 0.25, None)
+    assert d.dropout_p == 0.25 and not d.is_plain and d.op_args()[5:] == (0.25, None)

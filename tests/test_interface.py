@@ -299,12 +299,25 @@ def test_deterministic_must_be_a_bool(captured, value):
     assert captured == []
 
 
-# ---- unsupported arguments -----------------------------------------------------------------
 @pytest.mark.parametrize("form", _EVERY_FORM)
-def test_dropout_raises_not_implemented(captured, form):
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        _call_form(form, dropout_p=0.1, window_size=(2, 2), softcap=5.0)
-    assert captured == []  # never silently ignored: nothing launched
+def test_dropout_reaches_the_op_from_every_form(captured, form):
+    # dropout is implemented: never NotImplementedError, never dropped. It combines with the other
+    # variants (softcap too, which flash_attn rejects with dropout) and reaches the op as the
+    # variant's dropout_p (a float) with a freshly drawn int64 (2,) Philox key on q's device.
+    out = _call_form(form, dropout_p=0.1, window_size=(2, 2), softcap=5.0)
+    assert out.shape[-2:] == (4, 32)
+    v = captured[0]["variant"]
+    assert type(v.dropout_p) is float and v.dropout_p == pytest.approx(0.1)
+    assert (v.window_left, v.window_right, v.softcap) == (2, 2, 5.0)
+    r = v.rng_state
+    assert isinstance(r, torch.Tensor) and r.dtype == torch.int64 and r.shape == (2,) and r.is_contiguous()
+    assert r.device == captured[0]["q"].device
+    _call_form(form, dropout_p=0.0)
+    assert captured[1]["variant"].dropout_p == 0.0 and captured[1]["variant"].rng_state is None
+    assert captured[1]["variant"].is_plain
+
+
+# ---- unsupported arguments -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kwargs,exc,needle", [
@@ -338,9 +351,13 @@ def test_kvcache_not_implemented():
 def test_unsupported_raise_on_fake_tensors_too():
     with FakeTensorMode():
         q = torch.empty(1, 4, 4, 32, dtype=BF16, device="cuda")
-        with pytest.raises(NotImplementedError, match="dropout_p"):
-            fai.flash_attn_func(q, q, q, dropout_p=0.5, softcap=5.0)
-        # the implemented variants trace through the fake impl
+        cu = torch.tensor([0, 4], dtype=torch.int32, device="cuda")
+        with pytest.raises(NotImplementedError, match="block_table"):
+            fai.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 4, 4,
+                                       block_table=torch.zeros(1, 1, dtype=torch.int32, device="cuda"))
+        # the implemented variants, dropout included, trace through the fake impl
         slopes = torch.empty(4, dtype=torch.float32, device="cuda")
         out = fai.flash_attn_func(q, q, q, softcap=5.0, window_size=(1, 1), alibi_slopes=slopes, s_aux=slopes)
+        assert out.shape == q.shape and out.dtype == BF16
+        out = fai.flash_attn_func(q, q, q, dropout_p=0.5, softcap=5.0)
         assert out.shape == q.shape and out.dtype == BF16
