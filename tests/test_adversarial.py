@@ -622,21 +622,19 @@ def test_variant_arguments_name_the_argument(kw, exc, contains):
 
 
 @pytest.mark.parametrize("make,names,exc", [
-    (lambda: torch.ones(5, device="cuda"), "sinks", errors.ArgumentError),
-    (lambda: torch.ones(6, dtype=torch.int64, device="cuda"), "sinks", errors.DTypeError),
-    (lambda: torch.ones(6), "sinks", errors.DeviceError),
+    (lambda: torch.ones(5, device="cuda"), "s_aux", errors.ArgumentError),
+    (lambda: torch.ones(6, dtype=torch.int64, device="cuda"), "s_aux", errors.DTypeError),
+    (lambda: torch.ones(6), "s_aux", errors.DeviceError),
     (lambda: [0.0] * 6, "s_aux", errors.DTypeError),
 ], ids=["shape", "int64", "cpu", "list"])
 def test_s_aux_errors_name_s_aux_or_the_ops_sinks(make, names, exc):
-    """Today the dtype/shape/device of s_aux are checked by the op, whose argument is ``sinks``
-    (the message names that; see the strict xfail below for the flash_attn-level name)."""
+    """The dtype/shape/device of s_aux are checked by the op (its argument ``sinks``); the message
+    names s_aux, the flash_attn functions' name."""
     with FakeTensorMode():
         q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
         expect(exc, names, lambda: flash_attn_func(q, q, q, s_aux=make()))
 
 
-@bug("a bad s_aux is reported as 'sinks: ...' (the op's argument name), not under the name the "
-     "caller of flash_attn_func used")
 def test_s_aux_shape_error_names_s_aux():
     with FakeTensorMode():
         q = torch.empty(2, 5, 6, 32, dtype=BF16, device="cuda")
@@ -862,9 +860,9 @@ def test_op_direct_bad_variant(mode, case):
             "alibi_3d": (errors.ArgumentError, "alibi_slopes", "(2, 4, 1)", (-1, -1, 0.0, f32(2, 4, 1), None)),
             "alibi_strided": (errors.ArgumentError, "alibi_slopes", "contiguous", (-1, -1, 0.0, f32(8)[::2], None)),
             "alibi_cpu": (errors.DeviceError, "alibi_slopes", "cpu", (-1, -1, 0.0, f32(4, device="cpu"), None)),
-            "sinks_f64": (errors.DTypeError, "sinks", "float64", (-1, -1, 0.0, None, e.t(4, dtype=torch.float64))),
-            "sinks_2d": (errors.ArgumentError, "sinks", "(1, 4)", (-1, -1, 0.0, None, f32(1, 4))),
-            "sinks_cpu": (errors.DeviceError, "sinks", "cpu", (-1, -1, 0.0, None, f32(4, device="cpu"))),
+            "sinks_f64": (errors.DTypeError, "s_aux", "float64", (-1, -1, 0.0, None, e.t(4, dtype=torch.float64))),
+            "sinks_2d": (errors.ArgumentError, "s_aux", "(1, 4)", (-1, -1, 0.0, None, f32(1, 4))),
+            "sinks_cpu": (errors.DeviceError, "s_aux", "cpu", (-1, -1, 0.0, None, f32(4, device="cpu"))),
         }[case]
         expect(exc, name, lambda: op(q4, k4, k4, None, None, 5, 7, 0.1, False, False, *extra), contains=(contains,))
 
@@ -1015,10 +1013,10 @@ def test_native_variant_not_a_variant(value):
     valid_call_succeeds()
 
 
-@pytest.mark.parametrize("which", ["alibi_slopes", "sinks"])
+@pytest.mark.parametrize("which,name", [("alibi_slopes", "alibi_slopes"), ("sinks", "s_aux")])
 @pytest.mark.parametrize("obj", [object(), [1.0] * 4, 3], ids=["object", "list", "int"])
-def test_native_variant_tensors_not_dlpack(which, obj):
-    with pytest.raises(TypeError, match=rf"^{which}\b"):
+def test_native_variant_tensors_not_dlpack(which, name, obj):
+    with pytest.raises(TypeError, match=rf"^{name}\b"):
         _native.attn_fwd(**_cpu_native_args(variant=_variant(**{which: obj})))
     valid_call_succeeds()
 
@@ -1196,10 +1194,10 @@ VARIANT_CAPSULE_CASES = {
     "alibi_strided": (errors.ArgumentError, "alibi_slopes", "contiguous",
                       dict(alibi_slopes=_alibi((2, 4), strides=(1, 2)))),
     "alibi_null": (errors.ArgumentError, "alibi_slopes", "NULL", dict(alibi_slopes=_alibi(ptr=0))),
-    "sinks_bf16": (errors.DTypeError, "sinks", "bfloat16", dict(sinks=_alibi(dtype="bfloat16"))),
-    "sinks_shape": (errors.ArgumentError, "sinks", "(3,)", dict(sinks=_alibi((3,)))),
-    "sinks_2d": (errors.ArgumentError, "sinks", "(2, 4)", dict(sinks=_alibi((2, 4)))),
-    "sinks_cpu": (errors.DeviceError, "sinks", "cpu", dict(sinks=_alibi(device=(1, 0)))),
+    "sinks_bf16": (errors.DTypeError, "s_aux", "bfloat16", dict(sinks=_alibi(dtype="bfloat16"))),
+    "sinks_shape": (errors.ArgumentError, "s_aux", "(3,)", dict(sinks=_alibi((3,)))),
+    "sinks_2d": (errors.ArgumentError, "s_aux", "(2, 4)", dict(sinks=_alibi((2, 4)))),
+    "sinks_cpu": (errors.DeviceError, "s_aux", "cpu", dict(sinks=_alibi(device=(1, 0)))),
 }
 
 
@@ -1243,8 +1241,8 @@ def test_attn_fwd_check_with_a_variant():
                               (dict(softcap=-2.0), errors.ArgumentError, "softcap"),
                               (dict(alibi_slopes=meta(4, dt="bfloat16")), errors.DTypeError, "alibi_slopes"),
                               (dict(alibi_slopes=meta(8)), errors.ArgumentError, "alibi_slopes"),
-                              (dict(sinks=meta(2, 2)), errors.ArgumentError, "sinks"),
-                              (dict(sinks=meta(4, dt="int32")), errors.DTypeError, "sinks")]:
+                              (dict(sinks=meta(2, 2)), errors.ArgumentError, "s_aux"),
+                              (dict(sinks=meta(4, dt="int32")), errors.DTypeError, "s_aux")]:
         expect(exc, name, lambda: _native.attn_fwd_check(Q_META, K_META, K_META, None, None, 5, 7, _variant(**fields)))
     with pytest.raises(TypeError):  # a tensor where a metadata tuple is expected
         _native.attn_fwd_check(Q_META, K_META, K_META, None, None, 5, 7, _variant(sinks=torch.zeros(4)))

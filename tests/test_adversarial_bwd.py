@@ -388,8 +388,8 @@ def test_bwd_batch_65535_is_valid():
     ((-1, -1, float("inf"), None, None), errors.ArgumentError, "softcap"),
     ((-1, -1, 0.0, "alibi_shape", None), errors.ArgumentError, "alibi_slopes"),
     ((-1, -1, 0.0, "alibi_dtype", None), errors.DTypeError, "alibi_slopes"),
-    ((-1, -1, 0.0, None, "sinks_shape"), errors.ArgumentError, "sinks"),
-    ((-1, -1, 0.0, None, "sinks_dtype"), errors.DTypeError, "sinks"),
+    ((-1, -1, 0.0, None, "sinks_shape"), errors.ArgumentError, "s_aux"),
+    ((-1, -1, 0.0, None, "sinks_dtype"), errors.DTypeError, "s_aux"),
 ])
 def test_bwd_op_rejects_a_bad_variant(extra, exc, name):
     """attn_bwd validates the variant it is given like the forward (a direct caller may pass one
@@ -547,9 +547,9 @@ NATIVE_BWD_VARIANT_CASES = {
                     dict(alibi_slopes=lambda: fake_cuda((4,), "bfloat16", ptr=_p(11)))),
     "alibi_cpu": (errors.DeviceError, "alibi_slopes", "cpu",
                   dict(alibi_slopes=lambda: fake_cuda((4,), "float32", ptr=_p(11), device=(1, 0)))),
-    "sinks_shape": (errors.ArgumentError, "sinks", "(5,)", dict(sinks=lambda: fake_cuda((5,), "float32", ptr=_p(12)))),
-    "sinks_dtype": (errors.DTypeError, "sinks", "float16", dict(sinks=lambda: fake_cuda((4,), "float16", ptr=_p(12)))),
-    "sinks_not_dlpack": (TypeError, "sinks", "DLPack", dict(sinks=[0.0] * 4)),
+    "sinks_shape": (errors.ArgumentError, "s_aux", "(5,)", dict(sinks=lambda: fake_cuda((5,), "float32", ptr=_p(12)))),
+    "sinks_dtype": (errors.DTypeError, "s_aux", "float16", dict(sinks=lambda: fake_cuda((4,), "float16", ptr=_p(12)))),
+    "sinks_not_dlpack": (TypeError, "s_aux", "DLPack", dict(sinks=[0.0] * 4)),
 }
 
 

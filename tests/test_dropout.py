@@ -10,8 +10,7 @@ dropout mask is a pure function of (key, batch, head, i, j), as the kernels' Phi
 the forward, the S_dmask pass and the backward must use one mask, S_dmask must hold the softmax
 (rescaled from the kernels' running max per 16 keys to the row max) with the dropped positions
 negative. Also: the capability gate of the GPU transformers tests fails (never skips) when
-dropout goes missing; the S_dmask op checks the cu_seqlens values as attn_fwd does (a known bug,
-xfail strict)."""
+dropout goes missing; the S_dmask op checks the cu_seqlens values as attn_fwd does."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -932,10 +931,6 @@ def test_attn_fwd_rejects_a_sequence_longer_than_max_seqlen_q(emulated):
     assert emulated.calls == []  # rejected before the launch
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: ferroattn::attn_fwd_dmask does not check the cu_seqlens values (attn_fwd's "
-                          "check_varlen_values): a direct call with a sequence longer than max_seqlen_q reaches "
-                          "the kernel, which writes S_dmask rows past round128(max_seqlen_q)")
 def test_attn_fwd_dmask_rejects_a_sequence_longer_than_max_seqlen_q(emulated):
     try:
         torch.ops.ferroattn.attn_fwd_dmask(*_bad_varlen_args(), -1, -1, 0.0, None, None, 0.2,

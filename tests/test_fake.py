@@ -275,9 +275,9 @@ def test_op_shapes_varlen_with_variants(fake):
     ((-1, -1, 0.0, "alibi_f16", None), ferroattn.DTypeError, "alibi_slopes: expected dtype float32, got float16"),
     ((-1, -1, 0.0, "alibi_5", None), ferroattn.ArgumentError,
      "alibi_slopes: expected shape (6,) or (3, 6) (heads or batch x heads), got shape (5,)"),
-    ((-1, -1, 0.0, None, "sinks_bf16"), ferroattn.DTypeError, "sinks: expected dtype float32, got bfloat16"),
+    ((-1, -1, 0.0, None, "sinks_bf16"), ferroattn.DTypeError, "s_aux: expected dtype float32, got bfloat16"),
     ((-1, -1, 0.0, None, "sinks_3x6"), ferroattn.ArgumentError,
-     "sinks: expected shape (6,) (one logit per query head), got shape (3, 6)"),
+     "s_aux: expected shape (6,) (one logit per query head), got shape (3, 6)"),
 ], ids=["left-2", "right-9", "softcap-1", "softcap_nan", "softcap_inf", "alibi_f16", "alibi_shape", "sinks_bf16",
         "sinks_shape"])
 @pytest.mark.parametrize("op", ["fwd", "bwd"])

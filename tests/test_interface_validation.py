@@ -254,14 +254,14 @@ _VARIANT_TENSORS_BAD = [
      "alibi_slopes: expected a contiguous tensor, got strides [1, 2] for shape (2, 4)"),
     ("alibi_slopes", lambda: torch.zeros(4), errors.DeviceError,
      "alibi_slopes: expected a tensor on cuda:0 (q's device), got cpu"),
-    # s_aux is the op's ``sinks``: the Rust validation names it so (see test_adversarial.py)
+    # s_aux (the op's ``sinks``) is named as the flash_attn functions name it
     ("s_aux", lambda: T(3, dtype=torch.float32), errors.ArgumentError,
-     "sinks: expected shape (4,) (one logit per query head), got shape (3,)"),
+     "s_aux: expected shape (4,) (one logit per query head), got shape (3,)"),
     ("s_aux", lambda: T(2, 4, dtype=torch.float32), errors.ArgumentError,
-     "sinks: expected shape (4,) (one logit per query head), got shape (2, 4)"),
-    ("s_aux", lambda: T(4, dtype=torch.int32), errors.DTypeError, "sinks: expected dtype float32, got int32"),
-    ("s_aux", lambda: T(4, dtype=torch.bool), errors.DTypeError, "sinks: expected dtype float32, got bool"),
-    ("s_aux", lambda: torch.zeros(4), errors.DeviceError, "sinks: expected a tensor on cuda:0 (q's device), got cpu"),
+     "s_aux: expected shape (4,) (one logit per query head), got shape (2, 4)"),
+    ("s_aux", lambda: T(4, dtype=torch.int32), errors.DTypeError, "s_aux: expected dtype float32, got int32"),
+    ("s_aux", lambda: T(4, dtype=torch.bool), errors.DTypeError, "s_aux: expected dtype float32, got bool"),
+    ("s_aux", lambda: torch.zeros(4), errors.DeviceError, "s_aux: expected a tensor on cuda:0 (q's device), got cpu"),
 ]
 
 

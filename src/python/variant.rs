@@ -45,7 +45,7 @@ impl<'py> VariantArg<'py> {
             window_right: self.window_right,
             softcap: self.softcap,
             alibi_slopes: f("alibi_slopes", &self.alibi_slopes)?,
-            sinks: f("sinks", &self.sinks)?,
+            sinks: f("s_aux", &self.sinks)?,
             dropout_p: self.dropout_p,
             rng_state: f("rng_state", &self.rng_state)?,
             s_dmask: f("s_dmask", &self.s_dmask)?,

@@ -441,6 +441,7 @@ def _attn_fwd_dmask_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional
     if lse_shape(q, cu_seqlens_q) is None:
         _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         raise rank_error(q, cu_seqlens_q)
+    check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     b, h, rows, cols = _dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     s_dmask = torch.zeros((b, h, rows, cols), dtype=q.dtype, device=q.device)
     s_max = torch.full((b, h, rows, cols // DMASK_GROUP), float("-inf"), dtype=torch.float32, device=q.device)
