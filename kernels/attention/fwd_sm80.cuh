@@ -30,7 +30,8 @@
 //   Stages   >= 1: K tiles and V tiles each have a ring of Stages shared-memory slots. V
 //            tile j+Stages is fetched as soon as P V_j is done; K tile j+Stages as soon as
 //            Q K_j^T is done (or, when the tile is split into sub-blocks, after the tile).
-//   V        the variant (attention/variant.cuh: AttnVariant<Mask, Softcap, Alibi, Sinks>):
+//   V        the variant (attention/variant.cuh: AttnVariant<Mask, Softcap, Alibi, Sinks, Dropout,
+//            ReturnSoftmax>):
 //            mask (none, bottom-right causal, local window), softcap, ALiBi, sinks, dropout;
 //            its run-time part comes in params.
 //   T        __half or __nv_bfloat16 (q, k, v, o); lse is fp32.
@@ -48,8 +49,8 @@
 // sees (variant.cuh RowKeys: [0, seqlen_k) without a mask, causal cuts n_end to
 // m_start + BlockM + seqlen_k - seqlen_q, a local window also raises n_begin); tiles no row sees
 // fully are skipped, tiles on the window's edges and the key tail are masked. Softcap and ALiBi
-// modify each score before the mask; sinks start each row's online softmax (variant.cuh).
-
+// modify each score before the mask; sinks start each row's online softmax; dropout scales the
+// kept P after the row sums (variant.cuh).
 //
 // PTX features: mma.sync.aligned.m16n8k16 f16/bf16 -> f32, ldmatrix.x4(.trans),
 // cp.async.cg (16 B, src-size zero fill), cp.async.commit_group/wait_group, ex2.approx.
