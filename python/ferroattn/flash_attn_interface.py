@@ -188,15 +188,21 @@ def _check_return_flag(flag, name: str) -> bool:
         raise ArgumentError(f"{name}: expected a bool, got {flag!r}") from None
 
 
+#: The softcaps the kernels take (float32: the cap, 1/cap and scale/cap stay normal numbers).
+_SOFTCAP_MIN, _SOFTCAP_MAX = 2.0**-60, 2.0**60
+
+
 def _check_softcap(softcap) -> float:
-    """``softcap`` as a float: a real number, finite and >= 0 (None counts as 0 = no softcapping).
+    """``softcap`` as a float: 0 (no softcapping; None counts as 0) or a real number in
+    [2**-60, 2**60] (the kernels work in float32 with the cap, its inverse and scale / cap).
     ArgumentError otherwise (a string, a bool, nan, inf, a negative value -- flash_attn would
-    silently run without softcapping -- or a tensor whose value cannot be read)."""
+    silently run without softcapping --, 1e300, 1e-50, or a tensor whose value cannot be read)."""
     if softcap is None:
         return 0.0
     value = _as_float(softcap, "softcap")
-    if not (value >= 0.0 and value != float("inf")):  # also false for nan
-        raise ArgumentError(f"softcap: expected a finite number >= 0 (0 = no softcapping), got {softcap!r}")
+    if not (value == 0.0 or _SOFTCAP_MIN <= value <= _SOFTCAP_MAX):  # also false for nan
+        raise ArgumentError(f"softcap: expected 0 (no softcapping) or a number in [2**-60, 2**60] (the kernels "
+                            f"divide by it in float32), got {softcap!r}")
     return value
 
 
@@ -247,12 +253,17 @@ def _check_max_seqlen(value, name: str) -> int:
 
 
 def _check_window(window_size) -> Tuple[int, int]:
-    """``window_size`` as ``(left, right)``: a pair of ints (``operator.index``: no floats, nan or
-    inf). Raises ArgumentError."""
+    """``window_size`` as ``(left, right)``: a sequence (tuple, list) of two ints (``operator.index``:
+    no floats, nan, inf or bools; flash_attn indexes it as ``window_size[0]``, ``[1]``). Raises
+    ArgumentError."""
+    bad = ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(isinstance(w, (bool, np.bool_)) for w in window_size)):
+        raise bad
     try:
         left, right = (operator.index(w) for w in window_size)
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: the value of a meta tensor
-        raise ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}") from None
+        raise bad from None
     return left, right
 
 

@@ -55,7 +55,12 @@ impl<'py> VariantArg<'py> {
 
     /// The variant with metadata tuples (the `*_check` functions).
     pub(super) fn metas(&self) -> Result<AttnVariant<TensorMeta>> {
-        self.convert(|arg, t| t.as_ref().map(|t| meta_of(arg, t.extract::<MetaTuple>()?, "float32")).transpose())
+        let expected = |arg: &str| match arg {
+            "rng_state" => "int64",
+            "s_dmask" => "float16 or bfloat16",
+            _ => "float32",
+        };
+        self.convert(|arg, t| t.as_ref().map(|t| meta_of(arg, t.extract::<MetaTuple>()?, expected(arg))).transpose())
     }
 
     /// The variant's tensors imported through DLPack (a launch); keep the result alive for the call.

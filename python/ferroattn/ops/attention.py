@@ -438,8 +438,9 @@ def _attn_fwd_dmask_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional
     turn it into the probabilities. Runs the forward kernel once more with the returned-softmax
     kind: the kernel writes exp(s − m_running) and the running max per 16 keys, rescaled here to
     the row max. Testing only: O(b·h·s_q·s_k) memory."""
+    # the tensors' validation first: the buffers' sizes come from them
+    _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if lse_shape(q, cu_seqlens_q) is None:
-        _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         raise rank_error(q, cu_seqlens_q)
     check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     b, h, rows, cols = _dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
@@ -468,8 +469,8 @@ attn_fwd_dmask = torch.library.custom_op("ferroattn::attn_fwd_dmask", mutates_ar
 def _attn_fwd_dmask_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                          window_left, window_right, softcap, alibi_slopes, sinks, dropout_p, rng_state):
     # the real op's validation, from metadata, with the buffers the real op allocates
+    _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if lse_shape(q, cu_seqlens_q) is None:
-        _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         raise rank_error(q, cu_seqlens_q)
     shape = _dmask_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,

@@ -86,6 +86,10 @@ impl VariantKind {
     }
 }
 
+/// The softcaps the kernels take (`softcap` 0 = off): float32 keeps the cap, 1 / cap and
+/// scale / cap normal numbers.
+pub const SOFTCAP_RANGE: (f64, f64) = (1.0 / (1u64 << 60) as f64, (1u64 << 60) as f64);
+
 /// (left, right) sides of a window in keys, None = unbounded.
 pub type Window = (Option<u64>, Option<u64>);
 
@@ -192,8 +196,10 @@ impl AttnVariant<&TensorMeta> {
                 ));
             }
         }
-        if !(self.softcap.is_finite() && self.softcap >= 0.0) {
-            return Err(Error::argument("softcap", "a finite number >= 0 (0 = no softcapping)", self.softcap));
+        // float32 keeps the cap, 1 / cap and scale / cap normal numbers in [2^-60, 2^60]
+        let cap_ok = self.softcap == 0.0 || (SOFTCAP_RANGE.0..=SOFTCAP_RANGE.1).contains(&self.softcap);
+        if !cap_ok {
+            return Err(Error::argument("softcap", "0 (no softcapping) or a number in [2**-60, 2**60]", self.softcap));
         }
         if let Some(a) = self.alibi_slopes {
             check_dtype("alibi_slopes", a, DType::F32, "")?;
@@ -205,7 +211,13 @@ impl AttnVariant<&TensorMeta> {
                     format!("shape {}", fmt_shape(&a.shape)),
                 ));
             }
-            check_contiguous("alibi_slopes", a)?;
+            if a.shape.last().is_some_and(|&n| n > 1) && a.strides.last() != Some(&1) {
+                return Err(Error::argument(
+                    "alibi_slopes",
+                    "a contiguous last dim (stride 1)",
+                    format!("strides {:?} for shape {}", a.strides, fmt_shape(&a.shape)),
+                ));
+            }
             if q.device.is_cuda() {
                 check_device("alibi_slopes", a, "q", q)?;
             }
@@ -320,7 +332,8 @@ impl AttnVariant<&TensorView> {
         prm.softmax_scale_log2 = prm.raw_scale * std::f32::consts::LOG2_E;
         if let Some(a) = self.alibi_slopes {
             prm.alibi_slopes = a.ptr as *const f32;
-            prm.alibi_batch_stride = if a.meta.ndim() == 2 { prm.num_heads } else { 0 };
+            // (b, h) slopes with any batch stride (flash_attn passes alibi.stride(0)); (h,): 0
+            prm.alibi_batch_stride = if a.meta.ndim() == 2 { a.meta.strides[0] as i32 } else { 0 };
         }
         if let Some(s) = self.sinks {
             prm.sinks = s.ptr as *const f32;
