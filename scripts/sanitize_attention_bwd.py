@@ -159,18 +159,27 @@ def run_case_padded(case) -> str:
     return msg
 
 
-def run_case_varlen(case) -> str:
+def _varlen_leaves(lq, lk, h, hk, d, dtype):
+    """Random varlen inputs of sequence lengths lq / lk: cu_seqlens_q/k, q, k, v (leaves that
+    require grad) and dout."""
     import torch
-    import ferroattn
     from ferroattn import testing
-    name, lq, lk, h, hk, d, causal, dt, det = case
-    dtype = getattr(torch, dt)
     cu_q = testing.random_cu_seqlens(lq, device=DEVICE)
     cu_k = testing.random_cu_seqlens(lk, device=DEVICE)
     q = torch.randn(sum(lq), h, d, device=DEVICE, dtype=dtype, requires_grad=True)
     k = torch.randn(sum(lk), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
     v = torch.randn(sum(lk), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
     dout = torch.randn(sum(lq), h, d, device=DEVICE, dtype=dtype)
+    return cu_q, cu_k, q, k, v, dout
+
+
+def run_case_varlen(case) -> str:
+    import torch
+    import ferroattn
+    from ferroattn import testing
+    name, lq, lk, h, hk, d, causal, dt, det = case
+    dtype = getattr(torch, dt)
+    cu_q, cu_k, q, k, v, dout = _varlen_leaves(lq, lk, h, hk, d, dtype)
     out = ferroattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal, deterministic=det)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     torch.cuda.synchronize()
@@ -273,12 +282,7 @@ def run_case_variant_varlen(case) -> str:
     from ferroattn import testing
     name, lq, lk, h, hk, d, dt, det, variant = case
     dtype = getattr(torch, dt)
-    cu_q = testing.random_cu_seqlens(lq, device=DEVICE)
-    cu_k = testing.random_cu_seqlens(lk, device=DEVICE)
-    q = torch.randn(sum(lq), h, d, device=DEVICE, dtype=dtype, requires_grad=True)
-    k = torch.randn(sum(lk), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
-    v = torch.randn(sum(lk), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
-    dout = torch.randn(sum(lq), h, d, device=DEVICE, dtype=dtype)
+    cu_q, cu_k, q, k, v, dout = _varlen_leaves(lq, lk, h, hk, d, dtype)
     kw, extra = _variant_leaves(variant, len(lq), h)
 
     def ours():
