@@ -130,7 +130,11 @@ class AttnVariant:
 
     # -- to the native module -----------------------------------------------------------------
     def for_native(self) -> "AttnVariant":
-        """The variant with its tensors detached (DLPack refuses tensors that require grad)."""
+        """The variant with its tensors detached (DLPack refuses tensors that require grad); the
+        variant itself when none does (no copy on the eager hot path)."""
+        grad = [t is not None and t.requires_grad for t in (self.alibi_slopes, self.sinks)]
+        if not any(grad):
+            return self
         det = lambda t: t.detach() if t is not None and t.requires_grad else t  # noqa: E731
         return dataclasses.replace(self, alibi_slopes=det(self.alibi_slopes), sinks=det(self.sinks))
 
