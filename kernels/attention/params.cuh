@@ -58,4 +58,5 @@ struct AttnFwdParams {
     float dropout_scale;              // 1 / (1 - p)
     int s_dmask_rows;
     int s_dmask_cols;
+    int dropout_batch0;   // dropout: the first batch index of this launch (a batch split over launches)
 };

@@ -80,6 +80,8 @@ pub struct AttnFwdParams {
     pub dropout_scale: f32,
     pub s_dmask_rows: i32,
     pub s_dmask_cols: i32,
+    /// Dropout: the first batch index of this launch (a batch split over launches).
+    pub dropout_batch0: i32,
 }
 
 impl_kernel_spec!(
@@ -480,6 +482,7 @@ pub fn params(
         dropout_scale: 1.0,
         s_dmask_rows: 0,
         s_dmask_cols: 0,
+        dropout_batch0: 0,
     };
     variant.fill_params(&mut prm);
     prm

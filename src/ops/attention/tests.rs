@@ -78,7 +78,7 @@ fn params_layout_matches_header() {
     assert_eq!(offset_of!(AttnFwdParams, softmax_scale_log2), 196);
     assert_eq!(offset_of!(AttnFwdParams, total_q), 200);
     assert_eq!(offset_of!(AttnFwdParams, total_k), 204);
-    // the variant's run-time part: 2 pointers, then 7 four-byte fields (4 bytes of padding)
+    // the variant's run-time part: 2 pointers, then 7 four-byte fields
     assert_eq!(offset_of!(AttnFwdParams, alibi_slopes), 208);
     assert_eq!(offset_of!(AttnFwdParams, sinks), 216);
     assert_eq!(offset_of!(AttnFwdParams, window_left), 224);
@@ -86,13 +86,14 @@ fn params_layout_matches_header() {
     assert_eq!(offset_of!(AttnFwdParams, alibi_batch_stride), 248);
     assert_eq!(offset_of!(AttnFwdParams, rng_state), 256);
     assert_eq!(offset_of!(AttnFwdParams, s_dmask_cols), 288);
+    assert_eq!(offset_of!(AttnFwdParams, dropout_batch0), 292);
     assert_eq!(size_of::<AttnFwdParams>(), 296);
     assert_eq!(align_of::<AttnFwdParams>(), 8);
     // every field of the header is mirrored, by name, in order
     let names = header_fields("attention/params.cuh", "AttnFwdParams");
-    assert_eq!(names.len(), 47, "{names:?}");
+    assert_eq!(names.len(), 48, "{names:?}");
     assert_eq!(names.first(), Some(&"q"));
-    assert_eq!(names.last(), Some(&"s_dmask_cols"));
+    assert_eq!(names.last(), Some(&"dropout_batch0"));
 }
 
 #[test]
