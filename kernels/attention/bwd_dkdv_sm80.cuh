@@ -191,8 +191,9 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     // single-stage loop (loads issued inside the loop) for its addresses: both spill at 192. Head
     // dims below 128 ending in a 4-chunk swizzle group (d = 96) carry 4 more address registers
     // (LdsmCols tail) and spill even at 160.
+    // Dropout's keep words take the place of 32 of them.
     constexpr int kAccBudget = (HeadDim % 64 != 0 && HeadDim < 128) ? 128
-                             : (MT >= 2 || Stages == 1) ? 160 : 192;
+                             : (MT >= 2 || Stages == 1 || V::kDropout) ? 160 : 192;
 #endif
     constexpr int kAccFixed = MT * HeadDim / 2 * ((WithDK ? 1 : 0) + (WithDV ? 1 : 0));
     constexpr int kAccPerQ = MT * (kDS ? 2 : 1);   // registers per 2 queries of the step
@@ -604,8 +605,27 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                                         static_cast<int>(min(max(last, 0LL), static_cast<long long>(BlockM))) - q0);
                     }
                 }
+            // Dropout: the keep bytes of this lane's queries (n8 tiles nt, nt + 1) x keys (m16
+            // tiles mt, mt + 1), two units per pair shared with lane ^ 4 (variant.cuh frag_t);
+            // a warp of one m16 key tile holds half of each unit (frag_t16).
+            using Drop = attn_variant::DropoutMask<V>;
+            constexpr bool kDropPairs = MT % 2 == 0;
+            [[maybe_unused]] typename Drop::TFrag tf[V::kDropout && kDropPairs ? MT / 2 : 1];
+            [[maybe_unused]] typename Drop::TFrag16 tf16;
 #pragma unroll
             for (int nt = 0; nt < NQ; ++nt) {
+                if constexpr (V::kDropout) {
+                    if (nt % 2 == 0) {
+                        const int q0 = m_start + sub * kSubM + nt * 8;
+                        if constexpr (kDropPairs) {
+#pragma unroll
+                            for (int mp = 0; mp < MT / 2; ++mp) tf[mp] = drop.frag_t(q0, n0 + key0 + mp * 32, t, g);
+                        } else {
+                            static_assert(kDropPairs || MT == 1, "dropout: 16 or an even number of m16 key tiles per warp");
+                            tf16 = drop.frag_t16(q0, n0 + key0, t, g);
+                        }
+                    }
+                }
                 const float2 l = *reinterpret_cast<const float2*>(lse_s + sub * kSubM + nt * 8 + 2 * t);
                 const float l0 = l.x * kLog2e;
                 const float l1 = l.y * kLog2e;
@@ -623,9 +643,11 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                             p = (c >= lo[mt][e >> 1] && c < hi[mt][e >> 1]) ? p : 0.f;
                         }
                         // Dropout: the sign carries the mask (P >= 0; a dropped P is stored as -P).
-                        if constexpr (V::kDropout)
-                            p = drop.keep(m_start + sub * kSubM + nt * 8 + 2 * t + (e & 1),
-                                          n0 + key0 + mt * 16 + g + 8 * (e >> 1)) ? p : -p;
+                        if constexpr (V::kDropout) {
+                            const bool kept = kDropPairs ? Drop::tfrag_keep(tf[mt / 2], e & 1, nt & 1, mt & 1, e >> 1)
+                                                         : Drop::tfrag16_keep(tf16, e & 1, nt & 1, e >> 1);
+                            p = kept ? p : -p;
+                        }
                         acc_s[mt][nt][e] = p;
                     }
             }

@@ -291,6 +291,9 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
             }
             T* sP = reinterpret_cast<T*>(smem_raw + kOffP);
             T* sdS = reinterpret_cast<T*>(smem_raw + kOffDS);
+            // dropout: this lane's keep bytes of its 2 rows x 8 keys of the warp's 16 x 32 tile
+            [[maybe_unused]] uint4 keepw;
+            if constexpr (V::kDropout) keepw = drop.frag(m_start + sw_q + g, n0 + sw_k, t);
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
@@ -310,7 +313,7 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
                     }
                     float dpv = acc_p[nt][e];
                     if constexpr (V::kDropout) {   // dV takes Z o P, dS = P o (Z o dP - D)
-                        const float z = drop.keep(m_start + r, n0 + c) ? drop.scale : 0.f;
+                        const float z = attn_variant::DropoutMask<V>::frag_keep(keepw, h, nt, e & 1) ? drop.scale : 0.f;
                         dpv *= z;
                         acc_s[nt][e] = p * z;
                     } else {

@@ -279,7 +279,15 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
         const bool need_mask = (n_start + BlockN > seqlen_k) ||
                                !rk.tile_full(m_start, BlockM, n_start, BlockN);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt) {
+            // dropout: this lane's keep bytes of rows (mt, g + 8h), 32 keys per unit
+            [[maybe_unused]] uint4 keepw[V::kDropout ? NT / 4 : 1];
+            if constexpr (V::kDropout) {
+                static_assert(NT % 4 == 0, "dropout units span 32 keys of a tile");
+#pragma unroll
+                for (int q4 = 0; q4 < NT / 4; ++q4)
+                    keepw[q4] = drop.frag(m_start + warp_row0 + mt * 16 + g, n_start + q4 * 32, t);
+            }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
@@ -299,12 +307,13 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdP
                         if (nt * 8 + e >= lim || (V::kLocal && need_mask && nt * 8 + e < lo)) p = 0.f;
                         float dpv = acc_dp[mt][nt][2 * h + e];
                         if constexpr (V::kDropout)   // dS = P o (Z o dP - D), Z = keep / (1 - p)
-                            dpv = drop.keep(row, c0 + nt * 8 + e) ? dpv * drop.scale : 0.f;
+                            dpv = attn_variant::DropoutMask<V>::frag_keep(keepw[nt / 4], h, nt % 4, e) ? dpv * drop.scale : 0.f;
                         float ds = p * (dpv - dv);
                         if constexpr (V::kSoftcap) ds *= dcap;
                         acc_s[mt][nt][2 * h + e] = ds;
                     }
             }
+        }
 
         // ---- dQ += dS K (dS from registers, K via ldmatrix.trans) ----
 #pragma unroll

@@ -577,28 +577,30 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                     }
             }
 
-            // ---- dropout: keep P with probability 1 - p, scaled by 1 / (1 - p) (the row sums
-            // above, hence the LSE, are of the undropped P). With s_dmask (testing), the
-            // undropped P = exp(s - m_running), negated where dropped, and m_running per 16 keys.
+            // ---- dropout: keep P with probability 1 - p (the row sums above, hence the LSE, are
+            // of the undropped P); the kept words mask the packed P below and 1 / (1 - p) joins
+            // the epilogue's 1 / sum. With s_dmask (testing), the undropped P = exp(s - m_running),
+            // negated where dropped, and m_running per 16 keys.
+            using Drop = attn_variant::DropoutMask<V>;
+            [[maybe_unused]] uint4 keepw[V::kDropout ? MT : 1][V::kDropout ? NT / 4 : 1];
             if constexpr (V::kDropout) {
-                constexpr bool record = V::kReturnSoftmax;
-                // pair k = (mt, h, nt): row m_start + warp_row0 + mt*16 + g + 8h, keys
-                // n_start + nt*8 + 2t (+1)
-                const auto bits = drop.template keep_bits<MT * 2 * NT>([&](int k, int& i, int& j) {
-                    const int nt = k % NT, h = (k / NT) % 2, mt = k / (2 * NT);
-                    i = m_start + warp_row0 + mt * 16 + g + h * 8;
-                    j = n_start + nt * 8 + 2 * t;
-                });
+                static_assert(NT % 4 == 0, "dropout units span 32 keys of a sub-block");
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int q4 = 0; q4 < NT / 4; ++q4)
+                        keepw[mt][q4] = drop.frag(m_start + warp_row0 + mt * 16 + g, n_start + q4 * 32, t);
+            }
+            if constexpr (V::kReturnSoftmax) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
-                        const bool row_ok = record && row < seqlen_q && row < params.s_dmask_rows;
-                        const long long row_off = !record ? 0 : row_ok
+                        const bool row_ok = row < seqlen_q && row < params.s_dmask_rows;
+                        const long long row_off = row_ok
                             ? (static_cast<long long>(batch) * params.num_heads + head) * params.s_dmask_rows + row
                             : 0;
-                        if constexpr (record) {
                         if (row_ok && t == 0) {
                             const float m_nat = row_max[mt][h] == -FERROATTN_INF ? -FERROATTN_INF
                                                                                 : row_max[mt][h] * params.raw_scale;
@@ -609,22 +611,16 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                                     params.s_dmask_max[row_off * (params.s_dmask_cols / 16) + grp] = m_nat;
                             }
                         }
-                        }
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) {
                             const int col = n_start + nt * 8 + 2 * t;
-                            const int bit = 2 * ((mt * 2 + h) * NT + nt);
-                            const bool k0 = bits.get(bit), k1 = bits.get(bit + 1);
-                            float& p0 = acc_s[mt][nt][2 * h];
-                            float& p1 = acc_s[mt][nt][2 * h + 1];
-                            if constexpr (record) {
-                                if (row_ok && col + 1 < params.s_dmask_cols) {
-                                    *reinterpret_cast<unsigned*>(static_cast<T*>(params.s_dmask) + row_off * params.s_dmask_cols
-                                                                 + col) = Tr::pack2(k0 ? p0 : -p0, k1 ? p1 : -p1);
-                                }
+                            const bool k0 = Drop::frag_keep(keepw[mt][nt / 4], h, nt % 4, 0);
+                            const bool k1 = Drop::frag_keep(keepw[mt][nt / 4], h, nt % 4, 1);
+                            const float p0 = acc_s[mt][nt][2 * h], p1 = acc_s[mt][nt][2 * h + 1];
+                            if (row_ok && col + 1 < params.s_dmask_cols) {
+                                *reinterpret_cast<unsigned*>(static_cast<T*>(params.s_dmask) + row_off * params.s_dmask_cols
+                                                             + col) = Tr::pack2(k0 ? p0 : -p0, k1 ? p1 : -p1);
                             }
-                            p0 = k0 ? p0 * drop.scale : 0.f;
-                            p1 = k1 ? p1 * drop.scale : 0.f;
                         }
                     }
             }
@@ -639,6 +635,14 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                     pa[mt][1] = Tr::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
                     pa[mt][2] = Tr::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
                     pa[mt][3] = Tr::pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                    if constexpr (V::kDropout) {   // n8 tiles 2kk, 2kk + 1: elements nn, nn + 1 of a unit
+                        const uint4& w = keepw[mt][(2 * kk) / 4];
+                        const int nn = (2 * kk) % 4;
+                        pa[mt][0] &= Drop::frag_pair_mask(w, 0, nn);
+                        pa[mt][1] &= Drop::frag_pair_mask(w, 1, nn);
+                        pa[mt][2] &= Drop::frag_pair_mask(w, 0, nn + 1);
+                        pa[mt][3] &= Drop::frag_pair_mask(w, 1, nn + 1);
+                    }
                 }
 #pragma unroll
                 for (int dn = 0; dn < HeadDim / 16; ++dn) {
@@ -682,7 +686,8 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const bool empty = !(sum > 0.f);
-            const float inv = empty ? 0.f : 1.f / sum;
+            // dropout: O = (Z o P) V / sum with Z = keep / (1 - p)
+            const float inv = empty ? 0.f : (V::kDropout ? drop.scale : 1.f) / sum;
             const int r = warp_row0 + mt * 16 + g + h * 8;
             if (t == 0 && r < rows_q) {
                 gLse[r] = empty ? FERROATTN_INF : row_max[mt][h] * scale + logf(sum);

@@ -51,7 +51,7 @@ struct AttnFwdParams {
     float raw_scale;     // softmax_scale, or 1 with softcap: LSE = max_raw * raw_scale + log(sum)
     float raw_scale_inv; // 1 / raw_scale: ALiBi slopes and sinks into raw score units
     int alibi_batch_stride;   // h for (b, h) slopes, 0 for (h,)
-    unsigned dropout_threshold;   // dropout: a key is dropped iff its 32-bit Philox word < this (p * 2^32)
+    unsigned dropout_threshold;   // dropout: an element is dropped iff its random byte < this (round(256 p), <= 255)
     const unsigned long long* __restrict__ rng_state;   // dropout: the Philox key (one 64-bit word)
     void* __restrict__ s_dmask;       // dropout, returned softmax: (b, h, s_dmask_rows, s_dmask_cols), q's dtype
     float* __restrict__ s_dmask_max;  // its running row max per 16 keys: (b, h, s_dmask_rows, s_dmask_cols / 16)

@@ -176,71 +176,137 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1
     return c;
 }
 
-// The dropout mask of one (batch, query head): key j of row i is kept iff word (j & 3) of
-// Philox(counter (j / 4, i, batch · h + head, 0), key seed) is >= p · 2^32. One Philox call
-// covers keys 4q .. 4q + 3 of a row. Layout-free: every kernel (forward, backward) gets the same
-// mask for the same (i, j).
+// The dropout mask of one (batch, query head), a pure function of (seed, batch, head, i, j) shared
+// by every kernel, forward and backward, whatever its thread layout.
+//
+// Units: one Philox4x32-10 call (counter (col unit, row unit, batch, head), key = the 64-bit seed)
+// gives 16 random bytes, one per element of a unit of 2 rows x 8 keys:
+//   rows {16a + r, 16a + r + 8}  (r < 8)          row unit ur = 8a + r        = (i >> 4) · 8 + (i & 7)
+//   keys {32c + 2u + e + 8k}     (u < 4, e, k < 4) col unit uc = 4c + u        = (j >> 5) · 4 + ((j >> 1) & 3)
+// Element (i, j) is byte ((j >> 3) & 1) · 2 + (j & 1) of word ((i >> 3) & 1) · 2 + ((j >> 4) & 1);
+// it is kept iff that byte >= the 8-bit threshold t = round(256 p) (clamped to 255): the drop
+// probability is t / 256, p to within 1/512 (FlashAttention-2 compares 8-bit words the same
+// way). A unit is exactly what one lane holds of a row-major m16n8 fragment pair over 32 keys
+// (rows g, g + 8; keys 2t, 2t + 1 of four n8 tiles), so the forward and dQ kernels spend one
+// Philox call per 16 of their elements. The dK/dV kernel's transposed fragments split a unit
+// between lanes l and l ^ 4; each computes one of the two units they share and they swap halves
+// (frag_t).
 template <class V>
 struct DropoutMask {
-    unsigned k0, k1, bh, threshold;
-    float scale;
-    __device__ __forceinline__ DropoutMask(const AttnFwdParams& p, int head, int batch) {
-        k0 = k1 = bh = threshold = 0u;
+    unsigned k0, k1, batch, head, thr4;   // thr4: the threshold in each byte
+    float scale;                          // 1 / (1 − p)
+    __device__ __forceinline__ DropoutMask(const AttnFwdParams& p, int head_, int batch_) {
+        k0 = k1 = batch = head = thr4 = 0u;
         scale = 1.f;
         if constexpr (V::kDropout) {
+            scale = p.dropout_scale;
             const unsigned long long seed = p.rng_state[0];
             k0 = static_cast<unsigned>(seed);
             k1 = static_cast<unsigned>(seed >> 32);
-            threshold = p.dropout_threshold;
-            scale = p.dropout_scale;
-            bh = static_cast<unsigned>(batch * p.num_heads + head);
+            thr4 = p.dropout_threshold * 0x01010101u;
+            batch = static_cast<unsigned>(batch_ + p.dropout_batch0);
+            head = static_cast<unsigned>(head_);
         }
     }
-    __device__ __forceinline__ void set_head(const AttnFwdParams& p, int head, int batch) {
-        if constexpr (V::kDropout) bh = static_cast<unsigned>(batch * p.num_heads + head);
+    __device__ __forceinline__ void set_head(const AttnFwdParams&, int head_, int) {
+        if constexpr (V::kDropout) head = static_cast<unsigned>(head_);
     }
-    __device__ __forceinline__ uint4 words(int i, int j) const {
-        return philox4x32_10(make_uint4(static_cast<unsigned>(j) >> 2, static_cast<unsigned>(i), bh, 0u), k0, k1);
+    __device__ __forceinline__ static unsigned row_unit(int i) {
+        return (static_cast<unsigned>(i) >> 4) * 8u + (static_cast<unsigned>(i) & 7u);
     }
-    // Keys j and j + 1 (j even) of row i.
-    __device__ __forceinline__ void keep2(int i, int j, bool& a, bool& b) const {
-        const uint4 w = words(i, j);
-        const bool hi = (j & 2) != 0;
-        a = (hi ? w.z : w.x) >= threshold;
-        b = (hi ? w.w : w.y) >= threshold;
+    __device__ __forceinline__ static unsigned col_unit(int j) {
+        return (static_cast<unsigned>(j) >> 5) * 4u + ((static_cast<unsigned>(j) >> 1) & 3u);
     }
-    // keep2 for `Pairs` (row, even key) pairs into a bit set (bits 2k, 2k + 1 of the 128: pair
-    // k), one Philox call at a time (a rolled loop: one call's registers live, not Pairs calls').
-    // pair(k, i, j) names pair k's row and key. Pairs <= 64; KeepBits::get takes a constant bit.
-    struct KeepBits {
-        unsigned long long lo, hi;
-        __device__ __forceinline__ bool get(int bit) const {
-            return ((bit < 64 ? lo >> bit : hi >> (bit - 64)) & 1ull) != 0ull;
-        }
+    // Bit 7 of each byte of the result: that byte of x >= the threshold (SWAR: the low 7 bits
+    // compare through the borrow of (x | 0x80) − (t & 0x7f), the top bits by x ∧ ¬t, or equal
+    // top bits and the low compare). Other bits are unspecified.
+    __device__ __forceinline__ unsigned keep_bytes(unsigned x) const {
+        const unsigned d = (x | 0x80808080u) - (thr4 & 0x7f7f7f7fu);
+        return (x & ~thr4) | (~(x ^ thr4) & d);
+    }
+    // The kept-byte words of unit (ur, uc).
+    __device__ __forceinline__ uint4 unit(unsigned ur, unsigned uc) const {
+        uint4 w = philox4x32_10(make_uint4(uc, ur, batch, head), k0, k1);
+        w.x = keep_bytes(w.x);
+        w.y = keep_bytes(w.y);
+        w.z = keep_bytes(w.z);
+        w.w = keep_bytes(w.w);
+        return w;
+    }
+    __device__ __forceinline__ static unsigned word(const uint4& w, int idx) {
+        return idx == 0 ? w.x : idx == 1 ? w.y : idx == 2 ? w.z : w.w;
+    }
+    // Row-major fragments: this lane's rows r, r + 8 (r % 16 < 8) and keys c0 + 8 nn + 2 t + e
+    // (c0 % 32 == 0, nn < 4, e < 2): one unit. Element (h, nn, e) is kept iff frag_keep.
+    __device__ __forceinline__ uint4 frag(int r, int c0, int t) const {
+        return unit(row_unit(r), col_unit(c0) + static_cast<unsigned>(t));
+    }
+    __device__ __forceinline__ static bool frag_keep(const uint4& w, int h, int nn, int e) {
+        return ((word(w, h * 2 + (nn >> 1)) >> (8 * ((nn & 1) * 2 + e) + 7)) & 1u) != 0u;
+    }
+    // All ones over the 16-bit halves kept of the packed pair (e = 0 low, e = 1 high) of element
+    // (h, nn): prmt's sign-replicate mode copies each byte's bit 7.
+    __device__ __forceinline__ static unsigned frag_pair_mask(const uint4& w, int h, int nn) {
+        const unsigned b0 = 8u | static_cast<unsigned>((nn & 1) * 2);
+        const unsigned sel = b0 | (b0 << 4) | ((b0 + 1u) << 8) | ((b0 + 1u) << 12);
+        unsigned m;
+        asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(m) : "r"(word(w, h * 2 + (nn >> 1))), "r"(sel));
+        return m;
+    }
+
+    // Transposed fragments (the dK/dV kernel): this lane's queries q0 + 8a + 2t + e (q0 % 16 == 0,
+    // a, e < 2) and keys c0 + 16m + g + 8h (c0 % 32 == 0, m, h < 2): two units (e = 0, 1), of
+    // which the lane holds the bytes of key parity g & 1. The lane computes the unit e = g & 1
+    // and trades the other parity's bytes with lane ^ 4 (which computes e = 1 − (g & 1)). Every
+    // lane of the warp must call it. u[e][a] byte m · 2 + h is the element (e, a, m, h).
+    struct TFrag {
+        unsigned u[2][2];
     };
-    template <int Pairs, typename PairAt>
-    __device__ __forceinline__ KeepBits keep_bits(const PairAt& pair) const {
-        static_assert(Pairs <= 64, "at most 128 mask bits");
-        KeepBits bits{0ull, 0ull};
-#pragma unroll 1
-        for (int k = 0; k < Pairs; ++k) {
-            int i, j;
-            pair(k, i, j);
-            bool a, b;
-            keep2(i, j, a, b);
-            const unsigned long long two = static_cast<unsigned long long>(a) | (static_cast<unsigned long long>(b) << 1);
-            if (k < 32) {
-                bits.lo |= two << (2 * k);
-            } else {
-                bits.hi |= two << (2 * k - 64);
-            }
+    __device__ __forceinline__ TFrag frag_t(int q0, int c0, int t, int g) const {
+        const unsigned s = static_cast<unsigned>(g) & 1u;
+        const uint4 w = unit(row_unit(q0 + 2 * t + static_cast<int>(s)), col_unit(c0) + (static_cast<unsigned>(g) >> 1));
+        // word a·2 + m, byte h·2 + parity: pick one parity of words (a, 0) and (a, 1)
+        const unsigned own_sel = 0x6420u + s * 0x1111u, give_sel = 0x6420u + (s ^ 1u) * 0x1111u;
+        unsigned own[2], give[2];
+        asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(own[0]) : "r"(w.x), "r"(w.y), "r"(own_sel));
+        asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(own[1]) : "r"(w.z), "r"(w.w), "r"(own_sel));
+        asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(give[0]) : "r"(w.x), "r"(w.y), "r"(give_sel));
+        asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(give[1]) : "r"(w.z), "r"(w.w), "r"(give_sel));
+        TFrag f;
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+            const unsigned recv = __shfl_xor_sync(0xffffffffu, give[a], 4);
+            f.u[0][a] = s ? recv : own[a];
+            f.u[1][a] = s ? own[a] : recv;
         }
-        return bits;
+        return f;
     }
-    __device__ __forceinline__ bool keep(int i, int j) const {
-        const uint4 w = words(i, j);
-        const unsigned x = (j & 2) ? ((j & 1) ? w.w : w.z) : ((j & 1) ? w.y : w.x);
-        return x >= threshold;
+    __device__ __forceinline__ static bool tfrag_keep(const TFrag& f, int e, int a, int m, int h) {
+        return ((f.u[e][a] >> (8 * (m * 2 + h) + 7)) & 1u) != 0u;
+    }
+    // frag_t for a warp of one m16 key tile (keys c16 + g + 8h, c16 % 16 == 0): half of each of
+    // the two units, so a Philox call per 8 of the lane pair's elements. u[e] byte a · 2 + h is
+    // the element (e, a, h).
+    struct TFrag16 {
+        unsigned u[2];
+    };
+    __device__ __forceinline__ TFrag16 frag_t16(int q0, int c16, int t, int g) const {
+        const unsigned s = static_cast<unsigned>(g) & 1u;
+        const uint4 w = unit(row_unit(q0 + 2 * t + static_cast<int>(s)), col_unit(c16) + (static_cast<unsigned>(g) >> 1));
+        const bool m1 = ((c16 >> 4) & 1) != 0;   // this tile's words: (a, m) = (0, m), (1, m)
+        const unsigned wa0 = m1 ? w.y : w.x, wa1 = m1 ? w.w : w.z;
+        const unsigned own_sel = 0x6420u + s * 0x1111u, give_sel = 0x6420u + (s ^ 1u) * 0x1111u;
+        unsigned own, give;
+        asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(own) : "r"(wa0), "r"(wa1), "r"(own_sel));
+        asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(give) : "r"(wa0), "r"(wa1), "r"(give_sel));
+        const unsigned recv = __shfl_xor_sync(0xffffffffu, give, 4);
+        TFrag16 f;
+        f.u[0] = s ? recv : own;
+        f.u[1] = s ? own : recv;
+        return f;
+    }
+    __device__ __forceinline__ static bool tfrag16_keep(const TFrag16& f, int e, int a, int h) {
+        return ((f.u[e] >> (8 * (a * 2 + h) + 7)) & 1u) != 0u;
     }
 };
 

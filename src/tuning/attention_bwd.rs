@@ -165,10 +165,7 @@ const ELEMENTWISE_WARPS: u32 = 8;
 /// in registers. Larger key tiles halve the dq_accum atomics per FLOP (the dQ part dominated
 /// the first version). Measured on H200 against SDPA-flash: bench/NOTES.md ("Backward").
 pub fn dkdv_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
-    if variant.dropout && head_dim <= 64 {
-        // dropout: 16 keys per warp (the 32-key warps spill next to the mask words)
-        return (64, 64, 4, 2);
-    }
+    let _ = variant;
     match head_dim {
         0..=64 => (64, 128, 4, 2),
         65..=96 => (64, 128, 8, 2),
@@ -282,7 +279,7 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
 pub fn bwd_variant_spills(hd: u32, variant: VariantKind, arch: Arch) -> bool {
     let _ = arch;
     let plain = [VariantKind::PLAIN, VariantKind::CAUSAL].contains(&variant.for_backward());
-    !plain && (matches!(hd, 128 | 256) || variant.softcap)
+    !plain && !variant.dropout && (matches!(hd, 128 | 256) || variant.softcap)
 }
 
 /// Every configuration `bwd_plan` can return for `arch` at the production points (less

@@ -339,8 +339,7 @@ impl AttnVariant<&TensorView> {
             prm.sinks = s.ptr as *const f32;
         }
         if self.dropout_p > 0.0 {
-            // keep iff a uniform 32-bit word >= p · 2^32: P(keep) = 1 − p (to 2^-32)
-            prm.dropout_threshold = ((self.dropout_p * 4294967296.0).round() as u64).min(u32::MAX as u64) as u32;
+            prm.dropout_threshold = dropout_threshold(self.dropout_p);
             prm.dropout_scale = (1.0 / (1.0 - self.dropout_p)) as f32;
         }
         if let Some(r) = self.rng_state {
@@ -353,6 +352,14 @@ impl AttnVariant<&TensorView> {
             prm.s_dmask_cols = s.meta.shape[3] as i32;
         }
     }
+}
+
+/// The 8-bit dropout threshold of `p` (kernels/attention/variant.cuh `DropoutMask`): an element
+/// is dropped iff its uniform random byte is below it, so the drop probability is
+/// `dropout_threshold(p) / 256`, p rounded to a multiple of 1/256 (within 1/512 of p for
+/// p < 255.5/256), as FlashAttention-2's 8-bit comparison.
+pub fn dropout_threshold(p: f64) -> u32 {
+    ((p * 256.0).round() as u32).min(255)
 }
 
 /// Σ_{y = c}^{c + n − 1} clamp(y, 0, s_k): the visible keys of n consecutive rows whose bound
@@ -394,6 +401,22 @@ pub fn visible_pairs(s_q: u64, s_k: u64, window: Window) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dropout_threshold_rounds_p_to_a_byte() {
+        assert_eq!(dropout_threshold(0.0), 0);
+        assert_eq!(dropout_threshold(0.1), 26); // 25.6
+        assert_eq!(dropout_threshold(0.5), 128);
+        assert_eq!(dropout_threshold(0.999), 255); // clamped: 255.74
+        for k in 0..1000 {
+            let p = k as f64 / 1000.0;
+            let t = dropout_threshold(p);
+            assert!(t <= 255);
+            if p < 255.5 / 256.0 {
+                assert!((t as f64 / 256.0 - p).abs() <= 1.0 / 512.0 + 1e-12, "p {p}: {t}");
+            }
+        }
+    }
 
     fn brute(s_q: u64, s_k: u64, (l, r): Window) -> u128 {
         let mut n = 0;
