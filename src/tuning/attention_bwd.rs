@@ -11,7 +11,7 @@
 
 use crate::dtype::DType;
 use crate::jit::Arch;
-use crate::ops::attention::variant::VariantKind;
+use crate::ops::attention::variant::{MaskKind, VariantKind};
 use crate::tuning::attention::{kernel_head_dim, production_points};
 
 /// Which backward kernel.
@@ -164,6 +164,7 @@ const ELEMENTWISE_WARPS: u32 = 8;
 /// block_n / num_warps keys (16 or 32 rows of the mma) and keeps their dK and dV accumulators
 /// in registers. Larger key tiles halve the dq_accum atomics per FLOP (the dQ part dominated
 /// the first version). Measured on H200 against SDPA-flash: bench/NOTES.md ("Backward").
+/// The atomic-dQ kernel (WithDQ) goes through `dkdv_dq_tile` (smaller tiles for some variants).
 pub fn dkdv_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
     let _ = variant;
     match head_dim {
@@ -177,6 +178,47 @@ pub fn dkdv_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
     }
 }
 
+// The production variants besides plain, causal and dropout, as the backward sees them
+// (`production_variants` less sinks).
+const LOCAL: VariantKind = VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN };
+const SOFTCAP_CAUSAL: VariantKind = VariantKind { softcap: true, ..VariantKind::CAUSAL };
+const SOFTCAP_LOCAL: VariantKind = VariantKind { softcap: true, ..LOCAL };
+const ALIBI: VariantKind = VariantKind { alibi: true, ..VariantKind::PLAIN };
+const ALIBI_CAUSAL: VariantKind = VariantKind { alibi: true, ..VariantKind::CAUSAL };
+const SOFTCAP: VariantKind = VariantKind { softcap: true, ..VariantKind::PLAIN };
+
+/// Tile of the dK/dV kernel that also adds dQ to dq_accum (the default, non-deterministic path;
+/// every other dK/dV kernel takes `dkdv_tile`). With `dkdv_tile`'s 64-query tile, the production
+/// variants below spill (ptxas, f16 = bf16; B of spill stores): the variant's terms and bounds
+/// need a few registers next to dK/dV and the dQ product's. They take 32-query tiles
+/// (0 spills, sm_80 and sm_90a): the same keys per block and per warp, so the dq_accum
+/// reductions, K/V loads and Q/dO re-reads per FLOP are unchanged; twice the query tiles, so
+/// twice the barriers, and each warp's dQ product covers half the columns (more dS reads per mma).
+/// - d 128, sm_80 and others (dQ reduced directly): local 32, softcap-causal 12, softcap-local 36,
+///   ALiBi 8, ALiBi-causal 20, softcap 4; sm_90a (staged reductions, `dq_staged`): local 12,
+///   ALiBi 4, ALiBi-causal 20, softcap 4 (softcap-causal and softcap-local 0: they keep 64).
+/// - d 64, softcap: sm_80 causal 20, local 28, plain 8; sm_90a local 4 (causal and plain 0).
+///
+/// Other variants (plain, causal, dropout, and combinations outside the production set) keep
+/// `dkdv_tile` (bench/NOTES.md, "Attention variants").
+pub fn dkdv_dq_tile(head_dim: u32, variant: VariantKind, arch: Arch) -> (u32, u32, u32, u32) {
+    let variant = variant.for_backward();
+    let staged = arch == Arch::Sm90a;
+    let spills: &[VariantKind] = match (head_dim, staged) {
+        (64, false) => &[SOFTCAP_CAUSAL, SOFTCAP_LOCAL, SOFTCAP],
+        (64, true) => &[SOFTCAP_LOCAL],
+        (128, false) => &[LOCAL, SOFTCAP_CAUSAL, SOFTCAP_LOCAL, ALIBI, ALIBI_CAUSAL, SOFTCAP],
+        (128, true) => &[LOCAL, ALIBI, ALIBI_CAUSAL, SOFTCAP],
+        _ => &[],
+    };
+    let (block_m, block_n, num_warps, stages) = dkdv_tile(head_dim, variant);
+    if spills.contains(&variant) {
+        (block_m / 2, block_n, num_warps, stages)
+    } else {
+        (block_m, block_n, num_warps, stages)
+    }
+}
+
 /// Tile of the single-pass wide dK/dV kernel (kernel head dim 256): (block_m, block_n,
 /// num_warps, stages); fit() takes sm_80's 163 KiB to one stage.
 pub const WIDE_TILE: (u32, u32, u32, u32) = (64, 64, 8, 2);
@@ -186,15 +228,27 @@ const WIDE_MIN_SMEM: u32 = (2 * 64 * 256 + 2 * 64 * 256 + 2 * 64 * 64) * 2 + 64 
 
 /// Kernel head dim 256 runs the single-pass wide kernel (P and dS through shared memory, 5
 /// products; +20-29 % over the split on H200, bench/NOTES.md "Backward v8") where one block of
-/// it fits in the arch's shared memory (sm_80/87, sm_90a, sm_100+), else the split.
+/// it fits in the arch's shared memory (sm_80/87, sm_90a, sm_100+), else the split; `bwd_plan`
+/// also splits the atomic path of the variants in `wide_dq_spills`.
 pub fn dkdv_wide(head_dim: u32, arch: Arch) -> bool {
     head_dim == 256 && arch.max_smem_per_block() >= WIDE_MIN_SMEM
 }
 
 /// dK and dV in separate kernels (each recomputes P) when both accumulators would not fit in
-/// registers together and the wide kernel does not apply.
+/// registers together and the wide kernel does not apply (`bwd_plan` also splits where
+/// `wide_dq_spills`).
 pub fn dkdv_split(head_dim: u32, arch: Arch) -> bool {
     head_dim > 128 && !dkdv_wide(head_dim, arch)
+}
+
+/// Whether the wide kernel with dQ (atomic path) spills for `variant` where it stages the dQ
+/// reductions (sm_90a, `wide_dq_staged`): softcap-local 4 B, ALiBi-causal 8 B and softcap 8 B
+/// (ptxas; sm_80's one-stage, four-pass build and the deterministic build without dQ: 0; local,
+/// softcap-causal and ALiBi: 0). `bwd_plan` runs those as the split on the atomic path
+/// (`dkdv_tile`'s 32 × 128 × 8w for both kernels, 0 spills; P recomputed: 6 products instead
+/// of 5; the split ran 17-22 % below the staged wide kernel, bench/NOTES.md "Backward v8").
+pub fn wide_dq_spills(variant: VariantKind, arch: Arch) -> bool {
+    arch == Arch::Sm90a && [SOFTCAP_LOCAL, ALIBI_CAUSAL, SOFTCAP].contains(&variant.for_backward())
 }
 
 /// dQ-kernel tile (deterministic path): (block_m, block_n, num_warps, stages). Each warp owns
@@ -202,7 +256,8 @@ pub fn dkdv_split(head_dim: u32, arch: Arch) -> bool {
 /// S and dP of one key tile in registers: two 16-row m-tiles per warp where d <= 96 (half the
 /// K/V shared-memory reads per FLOP), one above. d > 224 takes a single K/V stage so that two
 /// blocks fit in an SM's shared memory. Measured on H200 (b·s = 16k, bf16; bench/NOTES.md
-/// "Backward — dQ / preprocess").
+/// "Backward — dQ / preprocess"). The same tiles for every variant: those of the production set
+/// compile without spills at d 64 / 128 / 256 (sm_80, sm_90a).
 pub fn dq_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
     let _ = variant;
     match head_dim {
@@ -252,12 +307,16 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
     let tiled = |kind, (block_m, block_n, num_warps, stages): (u32, u32, u32, u32)| {
         fit(AttnBwdConfig { kind, head_dim: hd, block_m, block_n, num_warps, stages, variant, dtype, arch })
     };
-    let dkdv = |dk, dv, dq| tiled(BwdKind::DkDv { dk, dv, dq }, dkdv_tile(hd, variant));
+    let dkdv = |dk, dv, dq| {
+        let tile = if dq { dkdv_dq_tile(hd, variant, arch) } else { dkdv_tile(hd, variant) };
+        tiled(BwdKind::DkDv { dk, dv, dq }, tile)
+    };
     let dq_atomic = !deterministic;
     let mut plan = vec![elementwise(BwdKind::Preprocess)];
-    if dkdv_wide(hd, arch) {
+    if dkdv_wide(hd, arch) && !(dq_atomic && wide_dq_spills(variant, arch)) {
         plan.push(tiled(BwdKind::DkDv { dk: true, dv: true, dq: dq_atomic }, WIDE_TILE));
-    } else if dkdv_split(hd, arch) {
+    } else if hd > 128 {
+        // dkdv_split, or a variant the wide kernel spills for (wide_dq_spills)
         plan.push(dkdv(false, true, false));
         plan.push(dkdv(true, false, dq_atomic));
     } else {
@@ -271,22 +330,13 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
     plan
 }
 
-/// Whether the backward of `variant` at kernel head dim `hd` is left out of the production set:
-/// the dK/dV kernels of the score-modifying and local variants at d 128 and d 256, and of
-/// softcap at d 64, need a few more registers than there are (4-36 B of spills measured with
-/// ptxas, sm_80 and sm_90a); they compile on first use instead, and `precompile --check-spills`
-/// holds the production set to no spills.
-pub fn bwd_variant_spills(hd: u32, variant: VariantKind, arch: Arch) -> bool {
-    let _ = arch;
-    let plain = [VariantKind::PLAIN, VariantKind::CAUSAL].contains(&variant.for_backward());
-    !plain && !variant.dropout && (matches!(hd, 128 | 256) || variant.softcap)
-}
-
-/// Every configuration `bwd_plan` can return for `arch` at the production points (less
-/// `bwd_variant_spills`): what `precompile` builds.
+/// Every configuration `bwd_plan` can return for `arch` at the production points: what
+/// `precompile` builds (held to no spills by `precompile --check-spills`). The score-modifying
+/// and local variants' atomic-dQ dK/dV kernels take the smaller tiles of `dkdv_dq_tile` and the
+/// split of `wide_dq_spills` where the default ones spill.
 pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
-    for (hd, variant, dtype) in production_points().filter(|&(hd, v, _)| !bwd_variant_spills(hd, v, arch)) {
+    for (hd, variant, dtype) in production_points() {
         for deterministic in [false, true] {
             for c in bwd_plan(hd, variant, deterministic, dtype, arch) {
                 if !out.contains(&c) {
@@ -370,6 +420,92 @@ mod tests {
                 p[1].block_m, p[1].block_n, p[1].num_warps, p[1].stages)
         );
         assert_eq!(p[0].name_expression(), "ferroattn::attn_bwd_preprocess<256, 64, __half>");
+    }
+
+    #[test]
+    fn plain_and_causal_keep_their_tiles() {
+        for arch in Arch::ALL {
+            for v in [VariantKind::PLAIN, VariantKind::CAUSAL] {
+                assert!(!wide_dq_spills(v, arch));
+                for hd in (32..=256).step_by(32) {
+                    assert_eq!(dkdv_dq_tile(hd, v, arch), dkdv_tile(hd, v), "{hd} {v:?} {arch:?}");
+                }
+            }
+        }
+    }
+
+    /// The tiles of the atomic-dQ dK/dV kernel of the production variants (besides plain,
+    /// causal and dropout) at d 64 / 128 / 256; the deterministic path keeps dkdv_tile / WIDE_TILE.
+    #[test]
+    fn score_and_window_variants_take_the_spill_free_tiles() {
+        let (plain, causal) = (VariantKind::PLAIN, VariantKind::CAUSAL);
+        let local = VariantKind { mask: MaskKind::Local, ..plain };
+        let soft = |v: VariantKind| VariantKind { softcap: true, ..v };
+        let alibi = |v: VariantKind| VariantKind { alibi: true, ..v };
+        // (variant, d64 sm_80, d64 sm_90a, d128 sm_80, d128 sm_90a block_m; d256 sm_90a split)
+        let want = [
+            (local, 64, 64, 32, 32, false),
+            (soft(causal), 32, 64, 32, 64, false),
+            (soft(local), 32, 32, 32, 64, true),
+            (alibi(plain), 64, 64, 32, 32, false),
+            (alibi(causal), 64, 64, 32, 32, true),
+            (soft(plain), 32, 64, 32, 32, true),
+            // sinks change nothing in the backward
+            (VariantKind { sinks: true, ..soft(local) }, 32, 32, 32, 64, true),
+        ];
+        for (v, m64_80, m64_90, m128_80, m128_90, split256) in want {
+            for (hd, arch, bm) in [(64, Arch::Sm80, m64_80), (64, Arch::Sm90a, m64_90), (128, Arch::Sm80, m128_80), (128, Arch::Sm90a, m128_90)] {
+                let p = bwd_plan(hd, v, false, DType::BF16, arch);
+                assert_eq!(p[1].kind, BwdKind::DkDv { dk: true, dv: true, dq: true });
+                assert_eq!((p[1].block_m, p[1].block_n, p[1].stages), (bm, 128, 2), "{hd} {v:?} {arch:?}");
+                assert_eq!(p[1].num_warps, if hd == 64 { 4 } else { 8 });
+                assert_eq!(p[1].dq_staged(), arch == Arch::Sm90a);
+                let det = bwd_plan(hd, v, true, DType::BF16, arch);
+                let (bm, bn, nw, _) = dkdv_tile(hd, v);
+                assert_eq!((det[1].block_m, det[1].block_n, det[1].num_warps), (bm, bn, nw), "{hd} {v:?} {arch:?}");
+            }
+            for arch in [Arch::Sm80, Arch::Sm90a] {
+                let kinds: Vec<_> = bwd_plan(256, v, false, DType::BF16, arch).iter().map(|c| c.kind).collect();
+                let split = split256 && arch == Arch::Sm90a;
+                assert_eq!(wide_dq_spills(v, arch), split, "{v:?} {arch:?}");
+                if split {
+                    assert_eq!(
+                        kinds,
+                        vec![
+                            BwdKind::Preprocess,
+                            BwdKind::DkDv { dk: false, dv: true, dq: false },
+                            BwdKind::DkDv { dk: true, dv: false, dq: true },
+                            BwdKind::ConvertDq
+                        ]
+                    );
+                    for c in &bwd_plan(256, v, false, DType::BF16, arch)[1..3] {
+                        assert_eq!((c.block_m, c.block_n, c.num_warps, c.stages), (32, 128, 8, 2));
+                    }
+                } else {
+                    assert!(bwd_plan(256, v, false, DType::BF16, arch)[1].is_wide());
+                }
+                // deterministic: the wide kernel without dQ
+                assert!(bwd_plan(256, v, true, DType::BF16, arch)[1].is_wide(), "{v:?} {arch:?}");
+            }
+        }
+        // dropout: its own tiles (dkdv_tile)
+        for v in [VariantKind { dropout: true, ..plain }, VariantKind { dropout: true, ..causal }] {
+            for arch in Arch::ALL {
+                assert!(!wide_dq_spills(v, arch));
+                for hd in (32..=256).step_by(32) {
+                    assert_eq!(dkdv_dq_tile(hd, v, arch), dkdv_tile(hd, v));
+                }
+            }
+        }
+        // combinations outside the production set keep the default tiles
+        for v in [alibi(local), soft(alibi(causal)), VariantKind { dropout: true, ..soft(local) }] {
+            for arch in Arch::ALL {
+                assert!(!wide_dq_spills(v, arch));
+                for hd in (32..=256).step_by(32) {
+                    assert_eq!(dkdv_dq_tile(hd, v, arch), dkdv_tile(hd, v));
+                }
+            }
+        }
     }
 
     #[test]

@@ -724,3 +724,41 @@ fn production_variant_kernels_do_not_spill() {
     }
     crate::jit::precompile::check_spills(&reports).unwrap();
 }
+
+/// The backward production kernels of the score-modifying and local variants (softcap, ALiBi,
+/// window, their production combinations; no dropout) compile without spills for sm_80 and
+/// sm_90a at d 64 / 128 / 256, both dtypes (`precompile --check-spills` covers them too; this
+/// runs them alone: `cargo test --release -- --ignored score_and_window_bwd_kernels --nocapture`).
+#[test]
+#[ignore]
+fn score_and_window_bwd_kernels_do_not_spill() {
+    if crate::jit::nvrtc::tests::toolchain().is_none() {
+        return;
+    }
+    let pick = |v: VariantKind| !v.dropout && (v.softcap || v.alibi || v.mask == crate::ops::attention::MaskKind::Local);
+    let mut reports = Vec::new();
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let specs: Vec<_> = bwd_production_configs(arch).into_iter().filter(|c| pick(c.variant)).collect();
+        // every production variant at every production head dim, with each of its plan's kernels
+        for (hd, v, dtype) in crate::tuning::attention::production_points().filter(|&(_, v, _)| pick(v)) {
+            for det in [false, true] {
+                for c in bwd_plan(hd, v, det, dtype, arch) {
+                    assert!(specs.contains(&c) || !pick(c.variant), "{c:?} not in the production set");
+                }
+            }
+        }
+        reports.extend(crate::jit::precompile::precompile(&specs).unwrap());
+    }
+    for r in &reports {
+        println!(
+            "{} {} [{}]: {} registers, {} B spill stores, {} B spill loads",
+            if r.spills() { "SPILL" } else { "ok" },
+            r.config,
+            r.arch,
+            r.resources.registers,
+            r.resources.spill_stores,
+            r.resources.spill_loads
+        );
+    }
+    crate::jit::precompile::check_spills(&reports).unwrap();
+}
