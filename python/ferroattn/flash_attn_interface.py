@@ -371,8 +371,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         k, v: (b, s_k, h_k, d), q's dtype and device; h % h_k == 0 (GQA/MQA: query head i reads
             kv head i // (h / h_k)).
         dropout_p: a probability in [0, 1) (ArgumentError outside it or nan): attention dropout
-            after the softmax (each P_ij kept with probability 1 − p, scaled by 1/(1 − p)); pass
-            0.0 at eval time, as with flash_attn. The mask comes from a Philox key drawn with
+            after the softmax (each P_ij kept with probability 1 − p, scaled by 1/(1 − p); the
+            kernels compare random bytes, as FlashAttention-2 does, so the drop probability is p
+            rounded to a multiple of 1/256); pass 0.0 at eval time, as with flash_attn. The mask
+            comes from a Philox4x32-10 key drawn with
             torch's CUDA generator (``torch.manual_seed`` reproduces it; CUDA graphs redraw it per
             replay) and is regenerated exactly in the backward.
         softmax_scale: scale of q kᵀ before the softmax, a real number finite in fp32 (nan, inf,
