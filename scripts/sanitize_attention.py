@@ -8,8 +8,9 @@ length 1, GQA, both dtypes, and varlen with an empty sequence; and the attention
 local window narrow enough that whole key tiles are skipped, a window with only its left side
 set and s_q > s_k (rows that see no key), a causal window with softcap at head dim 256, ALiBi
 (per head and per batch entry), sinks (rows that see no key then have LSE = the sink), all of
-them at once, varlen with a window and softcap and with causal sinks, and the largest batch
-(65535, the grid's z limit), padded and varlen (with ALiBi). Sizes are tiny: the sanitizer slows
+them at once, varlen with a window and softcap and with causal sinks, and a batch of 65537
+(beyond the grid's 65535: two launches, the second over entries 65535 and 65536 with offset
+pointers), padded and varlen (with ALiBi). Sizes are tiny: the sanitizer slows
 kernels down by orders of magnitude.
 
 Each case also checks its output against ``ferroattn.testing`` (DESIGN §5 pass rule) and that
@@ -101,7 +102,7 @@ VARIANT_PADDED_CASES = [
      dict(causal=True, window_size=(40, 0), softcap=2.0)),
     ("all-variants-d128-fp16", 1, 65, 130, 2, 1, 128, "float16",
      dict(window_size=(24, 8), softcap=3.0, alibi="h", sinks=True)),
-    ("batch-65535-causal-window-sinks-bf16", 65535, 2, 3, 1, 1, 64, "bfloat16",
+    ("batch-65537-causal-window-sinks-bf16", 65537, 2, 3, 1, 1, 64, "bfloat16",
      dict(causal=True, window_size=(1, 0), sinks=True)),
 ]
 # (name, q lengths, k lengths, h, h_k, d, dtype, variant)
@@ -110,7 +111,7 @@ VARIANT_VARLEN_CASES = [
      dict(window_size=(20, 4), softcap=2.5)),
     ("varlen-causal-sinks-d128-fp16", [1, 65, 31, 7], [17, 65, 130, 0], 4, 2, 128, "float16",
      dict(causal=True, sinks=True)),
-    ("varlen-batch-65535-alibi-bh-bf16", [2, 1, 3] * 21844 + [2, 2, 3], [3, 3, 1] * 21844 + [0, 4, 1], 1, 1, 64,
+    ("varlen-batch-65537-alibi-bh-bf16", [2, 1, 3] * 21845 + [2, 2], [3, 3, 1] * 21845 + [0, 4], 1, 1, 64,
      "bfloat16", dict(alibi="bh")),
 ]
 

@@ -14,7 +14,8 @@ of order and out of range: the kernels must stay inside the tensors; both plans,
 a local window, softcap and ALiBi). The attention variants (:func:`variant_cases`): a window
 narrow enough that whole key tiles are skipped, causal + per-batch ALiBi, a
 deterministic window + sinks case with s_q > s_k (rows that see no key), everything at head dim
-256, the largest batch (65535, the grid's z limit), varlen with a window and softcap and a
+256, a batch of 65537 (beyond the grid's 65535: two launches of every kernel of the plan, the
+second over entries 65535 and 65536 with offset pointers), varlen with a window and softcap and a
 deterministic causal window with sinks; with sinks the gradient of ``s_aux`` is checked too.
 
 Each autograd case runs forward + backward through ``ferroattn.flash_attn_func`` /
@@ -72,7 +73,7 @@ VARIANT_PADDED_CASES = [
      dict(window_size=(10, 0), sinks=True)),
     ("bwd-all-variants-d256-bf16", 1, 65, 65, 2, 1, 256, "bfloat16", False,
      dict(window_size=(24, 8), softcap=3.0, alibi="h", sinks=True)),
-    ("bwd-batch-65535-causal-window-sinks-fp16", 65535, 2, 3, 1, 1, 64, "float16", False,
+    ("bwd-batch-65537-causal-window-sinks-fp16", 65537, 2, 3, 1, 1, 64, "float16", False,
      dict(causal=True, window_size=(1, 0), sinks=True)),
 ]
 # (name, q lengths, k lengths, h, h_k, d, dtype, deterministic, variant)

@@ -1,6 +1,6 @@
 """Shared by the GPU test files (test_gpu.py, test_gpu_backward.py, test_gpu_adversarial.py,
 test_gpu_adversarial_bwd.py): the device they run on, the dtypes they cover, the LSE tolerance,
-random-input factories, the gradient check and the transformers setup."""
+random-input factories, the allocator poisoning, the gradient check and the transformers setup."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +14,15 @@ DEV = "cuda"  # one place, so the test logic can be dry-run elsewhere
 def rand(*shape, dtype=BF16, grad=False):
     """A standard-normal tensor of ``shape`` and ``dtype`` on DEV; a leaf that requires grad when ``grad``."""
     return torch.randn(*shape, dtype=dtype, device=DEV).requires_grad_(grad)
+
+
+def poison_allocator(*tensors_or_nbytes):
+    """Fill free blocks of the caching allocator with 0xFF bytes (NaN in fp16, bf16 and fp32) for
+    the sizes about to be allocated (two blocks each), so an output element the kernels forget to
+    write shows up as NaN instead of a plausible stale value."""
+    sizes = [x.numel() * x.element_size() if isinstance(x, torch.Tensor) else int(x) for x in tensors_or_nbytes]
+    blocks = [torch.full((n,), 0xFF, dtype=torch.uint8, device=DEV) for n in sizes if n > 0 for _ in range(2)]
+    del blocks
 
 
 def assert_lse_close(lse, ref_lse):

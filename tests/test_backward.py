@@ -877,13 +877,14 @@ def test_sanitize_variant_cases_cover_the_variants(sanitize_cpu):
     fwd, bwd, _ = sanitize_cpu
     for mod in (fwd, bwd):
         names = " ".join(n for n, _, _ in mod.variant_cases())
-        for needle in ("window-skips-key-tiles", "softcap", "alibi", "sinks", "varlen", "batch-65535"):
+        for needle in ("window-skips-key-tiles", "softcap", "alibi", "sinks", "varlen", "batch-65537"):
             assert needle in names, (mod.__name__, needle)
         assert [n for n, _, _ in mod.all_cases()] == [n for n, _, _ in mod.cases() + mod.variant_cases()]
     assert any(v.get("window_size", (-1, -1))[1] == -1 for *_, v in fwd.VARIANT_PADDED_CASES)  # left side only
     assert any(det for *_, det, _ in bwd.VARIANT_PADDED_CASES)
-    assert all(c[1] == 65535 for c in fwd.VARIANT_PADDED_CASES + bwd.VARIANT_PADDED_CASES if "batch" in c[0])
-    assert all(len(c[1]) == 65535 for c in fwd.VARIANT_VARLEN_CASES if "batch" in c[0])
+    # a batch split over two launches (the grid holds 65535)
+    assert all(c[1] == 65537 for c in fwd.VARIANT_PADDED_CASES + bwd.VARIANT_PADDED_CASES if "batch" in c[0])
+    assert all(len(c[1]) == len(c[2]) == 65537 for c in fwd.VARIANT_VARLEN_CASES if "batch" in c[0])
 
 
 def test_sanitize_forward_variant_checks_pass_with_a_correct_implementation(sanitize_cpu):

@@ -3,8 +3,10 @@ show. Odd-but-valid usage must give the right gradients (flash-attention pass ru
 fp32 reference, factor 3); rejected calls of ``_native.attn_bwd`` with real device tensors must
 leave the device usable (a valid backward afterwards, no sticky CUDA error); cu_seqlens corrupted
 behind the value check must neither fault nor poison the context (subprocess). The CPU side of
-the same findings: tests/test_adversarial_bwd.py. Kept to a few seconds on an H200 (the 64-bit
-offset test allocates ~17 GiB but computes on small problems).
+the same findings: tests/test_adversarial_bwd.py. Batches beyond the grid's 65535 (split over
+launches) forward and backward, padded and varlen, with dropout and S_dmask, in a CUDA graph.
+Kept to a few seconds on an H200 (the 64-bit offset test allocates ~17 GiB, the S_dmask of the
+large-batch dropout tests ~2 GiB, but they compute on small problems).
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ from ferroattn import _native, errors
 from ferroattn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 from ferroattn.ops import attention as fwd_mod
 from ferroattn.ops.variant import AttnVariant
-from ferroattn.testing import attention_grads_ref, random_cu_seqlens
+from ferroattn.testing import assert_close_to_ref, attention_grads_ref, attention_ref, random_cu_seqlens
 
-from _gpu_common import BF16, DEV
+from _gpu_common import BF16, DEV, FP16, assert_lse_close, poison_allocator
 from _gpu_common import check_grads as _check_grads
 from _gpu_common import rand_leaf as _rand
 
@@ -137,6 +139,182 @@ def test_offsets_past_2_pow_31_elements_backward():
     assert torch.equal(dq2, dq) and torch.equal(dk2, dk) and torch.equal(dv2, dv)
     del q, k, dout, dq2, dk2, dv2
     torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# batches beyond the grid's 65535 (the launches split the batch: src/ops/attention/batch.rs)
+# ---------------------------------------------------------------------------------------------
+BIG_B = 65537          # slices [0, 65535) and [65535, 65537)
+SPLIT = [0, 1, 65533, 65534, 65535, 65536]   # entries on both sides of the split
+
+
+def _check_out_lse(out, lse, ref, ref_lse, ref_lp):
+    assert not torch.isnan(out).any(), "out has NaN (an element not written?)"
+    assert not torch.isnan(lse).any(), "softmax_lse has NaN (an element not written?)"
+    assert_close_to_ref(out, ref, ref_lp)
+    assert_lse_close(lse.detach(), ref_lse.detach())
+
+
+def _check_grads_ref(got, refs, refs_lp, inputs, pick=None):
+    """got (dq, dk, dv) against the references with the pass rule (factor 3): whole, and, with
+    ``pick`` (batch indices), the picked entries on their own (a bound of their own)."""
+    for name, g, r, r_lp, x in zip(("dq", "dk", "dv"), got, refs, refs_lp, inputs):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        assert torch.isfinite(g).all(), f"{name} is not finite (an element not written?)"
+        assert_close_to_ref(g, r, r_lp, factor=3.0, name=name)
+        if pick is not None:
+            assert_close_to_ref(g[pick], r[pick], r_lp[pick], factor=3.0, name=f"{name}{pick}")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_batch_beyond_the_grid_padded(deterministic):
+    """Batch 65537 (two launches per kernel), GQA, causal, (b, h) ALiBi slopes: forward (out,
+    softmax_lse) and backward (every kernel of the plan: preprocess, dK/dV, dQ or convert) against
+    the fp32 reference over the whole batch and over the entries at the split on their own;
+    every output written (poisoned allocator)."""
+    torch.manual_seed(65537)
+    b, sq, sk, h, hk, d = BIG_B, 4, 5, 2, 1, 64
+    q, k, v = _rand(b, sq, h, d), _rand(b, sk, hk, d), _rand(b, sk, hk, d)
+    slopes = torch.rand(b, h, device=DEV) * 0.3
+    poison_allocator(q, b * h * sq * 4)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, deterministic=deterministic,
+                                  return_attn_probs=True)
+    rk = dict(causal=True, alibi_slopes=slopes)
+    ref, ref_lse = attention_ref(q, k, v, **rk)
+    ref_lp, _ = attention_ref(q, k, v, upcast=False, **rk)
+    _check_out_lse(out, lse, ref, ref_lse, ref_lp)
+    assert_close_to_ref(out[SPLIT], ref[SPLIT], ref_lp[SPLIT], name=f"out{SPLIT}")
+    assert_lse_close(lse[SPLIT].detach(), ref_lse[SPLIT].detach())
+    dout = torch.randn_like(out)
+    poison_allocator(q, k, v, k, v, 2 * q.numel() * 4)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    refs = attention_grads_ref(q, k, v, dout, **rk)
+    refs_lp = attention_grads_ref(q, k, v, dout, upcast=False, **rk)
+    _check_grads_ref(got, refs, refs_lp, (q, k, v), SPLIT)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_batch_beyond_the_grid_varlen(deterministic):
+    """65540 sequences (two launches per kernel: cu_seqlens advanced by 65535 for the second),
+    lengths repeating every 4 sequences, GQA, causal, (b, h) ALiBi slopes, fp16: forward and
+    backward against the fp32 reference, computed per length class as a padded batch (sequence
+    4m + j is entry m of class j)."""
+    torch.manual_seed(65540)
+    lq, lk = [3, 1, 4, 2], [5, 2, 4, 7]
+    reps, h, hk, d = 65540 // 4, 2, 1, 64
+    b = 4 * reps
+    cu_q, cu_k = random_cu_seqlens(lq * reps, DEV), random_cu_seqlens(lk * reps, DEV)
+    tq, tk = sum(lq) * reps, sum(lk) * reps
+    q, k, v = _rand(tq, h, d, dtype=FP16), _rand(tk, hk, d, dtype=FP16), _rand(tk, hk, d, dtype=FP16)
+    slopes = torch.rand(b, h, device=DEV) * 0.3
+    poison_allocator(q, h * tq * 4)
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True, alibi_slopes=slopes,
+                                         deterministic=deterministic, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (h, tq)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "an element not written?"
+    dout = torch.randn_like(out)
+    poison_allocator(q, k, v, k, v, 2 * q.numel() * 4)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+
+    def cls(x, lens, j):  # (reps, lens[j], ...) rows of class j of a packed (reps * sum(lens), ...) tensor
+        o = sum(lens[:j])
+        return x.reshape(reps, sum(lens), *x.shape[1:])[:, o:o + lens[j]]
+
+    for j in range(4):
+        qj, kj, vj, doj = cls(q, lq, j), cls(k, lk, j), cls(v, lk, j), cls(dout, lq, j)
+        rk = dict(causal=True, alibi_slopes=slopes.view(reps, 4, h)[:, j])
+        ref, ref_lse = attention_ref(qj, kj, vj, **rk)
+        ref_lp, _ = attention_ref(qj, kj, vj, upcast=False, **rk)
+        lse_j = lse.reshape(h, reps, sum(lq))[:, :, sum(lq[:j]):sum(lq[:j + 1])].permute(1, 0, 2)
+        _check_out_lse(cls(out, lq, j), lse_j, ref, ref_lse, ref_lp)
+        refs = attention_grads_ref(qj, kj, vj, doj, **rk)
+        refs_lp = attention_grads_ref(qj, kj, vj, doj, upcast=False, **rk)
+        mine = (cls(got[0], lq, j), cls(got[1], lk, j), cls(got[2], lk, j))
+        _check_grads_ref(mine, refs, refs_lp, (qj, kj, vj), [0, 16383, 16384])  # sequences 4m + j, m at the split
+
+
+def _dropout_batch_call(p):
+    """Batch 65537 (h 1, s_q 4, s_k 8) with dropout p and S_dmask: (q, k, v, out, lse, keep),
+    keep the kept positions (b, 1, 4, 8) read from S_dmask (negative = dropped)."""
+    b, sq, sk, h, d = BIG_B, 4, 8, 1, 64
+    q, k, v = _rand(b, sq, h, d), _rand(b, sk, h, d), _rand(b, sk, h, d)
+    out, lse, S = flash_attn_func(q, k, v, p, None, return_attn_probs=True)
+    assert S.shape == (b, h, 128, 128) and S.dtype == q.dtype
+    keep = S[:, :, :sq, :sk] >= 0
+    del S
+    return q, k, v, out, lse, keep
+
+
+def test_batch_beyond_the_grid_dropout_s_dmask():
+    """Dropout over batch 65537: the forward, the S_dmask pass (its buffers offset per slice) and
+    the backward use one mask across the split: out and gradients match the reference with the
+    mask S_dmask shows, whole and at the split; the dropped fraction is p in each slice."""
+    torch.manual_seed(31)
+    p = 0.5
+    q, k, v, out, lse, keep = _dropout_batch_call(p)
+    for part in (keep[:65535], keep[65535:]):
+        frac = 1.0 - part.float().mean().item()
+        assert abs(frac - p) <= max(0.01, 5 * (p * (1 - p) / part.numel()) ** 0.5), frac
+    rk = dict(dropout_p=p, dropout_mask=keep)
+    ref, ref_lse = attention_ref(q, k, v, **rk)
+    ref_lp, _ = attention_ref(q, k, v, upcast=False, **rk)
+    _check_out_lse(out, lse, ref, ref_lse, ref_lp)
+    assert_close_to_ref(out[SPLIT], ref[SPLIT], ref_lp[SPLIT], name=f"out{SPLIT}")
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    refs = attention_grads_ref(q, k, v, dout, **rk)
+    refs_lp = attention_grads_ref(q, k, v, dout, upcast=False, **rk)
+    _check_grads_ref(got, refs, refs_lp, (q, k, v), SPLIT)
+
+
+def test_batch_beyond_the_grid_dropout_mask_follows_the_global_batch_index():
+    """The dropout mask is a function of the global batch index (the kernels add
+    AttnFwdParams.dropout_batch0, the slice's first entry): entries 65535 and 65536 (entries 0
+    and 1 of the second launch) do not repeat the masks of entries 0 and 1 (64 positions at
+    p = 0.5: equal by chance with probability 2^-64)."""
+    torch.manual_seed(32)
+    *_, keep = _dropout_batch_call(0.5)
+    assert not torch.equal(keep[65535:65537], keep[0:2]), "the second launch repeats the first's mask"
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_batch_beyond_the_grid_cuda_graph(varlen):
+    """A split forward + deterministic backward captured in a CUDA graph (no host sync or
+    allocation per slice): replay with new inputs equals the eager call bitwise."""
+    torch.manual_seed(33)
+    b, s, h, d = BIG_B, 3, 1, 64
+    q, k, v = _rand(b, s, h, d), _rand(b, s, h, d), _rand(b, s, h, d)
+    dout = torch.randn(b, s, h, d, dtype=BF16, device=DEV)
+    cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=DEV)
+
+    def f():
+        if varlen:
+            flat = [x.view(b * s, h, d) for x in (q, k, v)]
+            out = flash_attn_varlen_func(*flat, cu, cu, s, s, causal=True, deterministic=True).view(b, s, h, d)
+        else:
+            out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):  # warm up (JIT, allocator) outside capture
+        for _ in range(2):
+            f()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = f()
+    with torch.no_grad():
+        for x in (q, k, v, dout):
+            x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    eager = f()
+    for name, a, e in zip(("out", "dq", "dk", "dv"), static, eager):
+        assert torch.equal(a, e), f"{name}: replay differs from the eager call"
+    ref, _ = attention_ref(q, k, v, causal=True)
+    ref_lp, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert_close_to_ref(static[0], ref, ref_lp)  # the replay computed the new inputs, every slice
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from ferroattn.testing import (
 )
 
 from _gpu_common import BF16, DEV, DTYPES, FP16, assert_lse_close
+from _gpu_common import poison_allocator as _poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -167,15 +168,6 @@ def _call_kwargs(var, slopes, s_aux, deterministic=False):
 
 def _ref_kwargs(var, slopes, s_aux):
     return dict(causal=var.causal, window_size=var.window, softcap=var.softcap, alibi_slopes=slopes, s_aux=s_aux)
-
-
-def _poison_allocator(*tensors_or_nbytes):
-    """Fill free blocks of the caching allocator with 0xFF bytes (NaN in fp16, bf16 and fp32) for
-    the sizes about to be allocated (two blocks each), so an output element the kernels forget to
-    write shows up as NaN instead of a plausible stale value."""
-    sizes = [x.numel() * x.element_size() if isinstance(x, torch.Tensor) else int(x) for x in tensors_or_nbytes]
-    blocks = [torch.full((n,), 0xFF, dtype=torch.uint8, device=DEV) for n in sizes if n > 0 for _ in range(2)]
-    del blocks
 
 
 def _check_out_lse(out, lse, ref, ref_lse, ref_lp, q):

@@ -80,7 +80,9 @@ def attn_fwd(
     """Launch attention forward on `stream` (raw CUstream; 0 = legacy default) in the primary
     context of q's device. Writes `out` (q's shape/dtype) and `softmax_lse` (fp32; (b, h, s_q)
     padded or (h, total_q) varlen). Validates everything before launching; never synchronises.
-    head_dim must already be a multiple of 8 (the Python wrapper pads). `stream` must be a live
+    head_dim must already be a multiple of 8 (the Python wrapper pads). Any batch up to 2**31 - 1:
+    a batch of more than 65535 (the grid's limit) runs as one launch per slice of at most 65535
+    entries, with no allocation or sync between them. `stream` must be a live
     CUstream of q's device (as for any CUDA driver call, a made-up handle is undefined behaviour
     and may crash the process; an int outside [0, 2**64) raises ArgumentError)."""
 
@@ -112,7 +114,8 @@ def attn_bwd(
     and may be None when True (no atomics: bitwise reproducible). dq/dk/dv may have any strides
     with stride(-1) == 1 (16-byte aligned rows); they must not overlap each other or the inputs.
     Validates everything before launching; never synchronises. Empty problems launch nothing
-    except that dk/dv rows no query sees are written as 0. softmax_scale must be finite and > 0
+    except that dk/dv rows no query sees are written as 0. A batch of more than 65535 runs the
+    plan once per slice of at most 65535 entries, as attn_fwd does. softmax_scale must be finite and > 0
     (the Python layer maps scale <= 0 as in the forward). `stream` as for attn_fwd."""
 
 # ---- DLPack -----------------------------------------------------------------------
@@ -177,6 +180,8 @@ def profiler_drain(reference_event: Optional[int] = None) -> list[dict]:
     every tensor the launch reads or writes counted once, in bytes), exact: bool (False when
     lengths live on the device, i.e. varlen: flops/bytes then assume every sequence has
     total/batch tokens), gpu_ms: float (cuEventElapsedTime(start, end)), start_ms: Optional[float]}.
+    A call whose batch is split over launches (more than 65535 entries) gives one record per
+    launch, each counting its slice: their flops add up to the call's.
 
     Raises CudaError when an event cannot be resolved (e.g. a sticky error); the records are
     forgotten anyway."""

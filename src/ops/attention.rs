@@ -7,6 +7,9 @@
 //!           cu_seqlens_q/k (b + 1,) int32, max_seqlen_q/k give the grid.
 //! In padded mode max_seqlen_q/k are ignored (the shapes say everything).
 //!
+//! Batch sizes up to 2^31 − 1: the grid's batch dim holds at most 65535, so a larger batch runs
+//! as several launches over slices of it (src/ops/attention/batch.rs).
+//!
 //! Not checked (needs a device→host copy of cu_seqlens, i.e. a sync): that cu_seqlens are
 //! non-decreasing, start at 0, end at total rows, and that no sequence exceeds max_seqlen.
 //! The Python layer may check these on request; the kernel trusts them.
@@ -23,7 +26,9 @@ use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig};
 use std::ffi::c_void;
 
+pub mod batch;
 pub mod variant;
+pub use batch::{batch_slices, BatchSlice, MAX_LAUNCH_BATCH};
 pub use variant::{AttnVariant, MaskKind, VariantKind};
 
 /// Mirror of `struct AttnFwdParams` in kernels/attention/params.cuh (change both together).
@@ -355,9 +360,9 @@ pub fn validate(
         }
         (b, s_q, s_k, s_q)
     };
-    if batch > 65535 {
-        return Err(Error::argument("q", "a batch size of at most 65535", batch));
-    }
+    // Any batch: a call of more than the grid's 65535 runs as several launches (batch.rs);
+    // the launches' first batch index (dropout_batch0) is an int32.
+    check_i32(if varlen { "cu_seqlens_q" } else { "q" }, "a batch size", batch)?;
     let (name_q, name_k) = if varlen { ("max_seqlen_q", "max_seqlen_k") } else { ("q", "k") };
     check_i32(name_q, "a sequence length", seqlen_q)?;
     check_i32(name_k, "a sequence length", seqlen_k)?;
@@ -489,6 +494,7 @@ pub fn params(
 }
 
 /// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config.
+/// `p` is one launch's problem (`Problem::slice`: batch at most `MAX_LAUNCH_BATCH`).
 pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
     LaunchShape {
         grid: (
@@ -504,7 +510,8 @@ pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
 static KERNELS: KernelMap<AttnFwdConfig> = KernelMap::new();
 
 /// Validate everything, then launch on `stream` (raw CUstream; 0 = legacy default) in the
-/// primary context of q's device. Never synchronises. Empty inputs launch nothing.
+/// primary context of q's device. Never synchronises. Empty inputs launch nothing; a batch
+/// of more than `MAX_LAUNCH_BATCH` entries launches once per slice of at most that many.
 /// Blocking only on the first call of a configuration (compile or disk-cache load).
 #[allow(clippy::too_many_arguments)]
 pub fn attn_fwd(
@@ -563,17 +570,24 @@ pub fn attn_fwd(
     }
     let arch = crate::device::arch(p.device)?;
     let config = fwd_config(p.head_dim as u32, kind, p.dtype, arch);
-    let shape = launch_shape(&p, &config);
-    shape.check()?;
+    // The first slice is the widest: its grid stands for every launch's.
+    launch_shape(&p.slice(BatchSlice::first(p.batch)), &config).check()?;
     let kernel = KERNELS.get(&config, p.device)?;
-    let mut prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, variant);
-    let info = LaunchInfo {
-        op: "ferroattn::attn_fwd",
-        work: AttnSizes::new(&p, &q.meta, &k.meta).fwd(variant.window()),
-    };
-    // SAFETY: `prm` mirrors the kernel's AttnFwdParams; the caller keeps the tensors alive
-    // in stream order (torch's caching allocator does).
-    unsafe { launch(kernel, p.device, &shape, stream, &mut prm, &info) }
+    let prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, variant);
+    let sizes = AttnSizes::new(&p, &q.meta, &k.meta);
+    // A batch beyond the grid's z limit: one launch per slice (batch.rs).
+    for s in batch_slices(p.batch) {
+        let mut slice_prm = prm.slice(p.dtype, s);
+        let info = LaunchInfo {
+            op: "ferroattn::attn_fwd",
+            work: sizes.slice(s).fwd(variant.window()),
+        };
+        // SAFETY: `slice_prm` mirrors the kernel's AttnFwdParams; its pointers lie within the
+        // caller's tensors, which the caller keeps alive in stream order (torch's caching
+        // allocator does).
+        unsafe { launch(kernel, p.device, &launch_shape(&p.slice(s), &config), stream, &mut slice_prm, &info)? };
+    }
+    Ok(())
 }
 
 #[cfg(test)]

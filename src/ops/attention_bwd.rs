@@ -9,10 +9,12 @@
 //!           (h, total_q) fp32, dq_accum (total_q, h, d) fp32.
 //! The kernels read softmax_d with softmax_lse's strides, so softmax_d must have them.
 //! q, k, v, cu_seqlens and max_seqlen are checked by the forward's `validate` (same errors).
+//! A batch beyond the grid's 65535 runs the plan once per slice of it, as the forward does
+//! (src/ops/attention/batch.rs).
 
 use super::attention::{
-    batch_row_head_strides, check_dense, check_tile_layout, params as fwd_params,
-    validate as fwd_validate, AttnFwdParams, AttnVariant, Problem,
+    batch_row_head_strides, batch_slices, check_dense, check_tile_layout, params as fwd_params,
+    validate as fwd_validate, AttnFwdParams, AttnVariant, BatchSlice, Problem,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -188,29 +190,29 @@ pub fn needs_launch(p: &Problem) -> bool {
     p.batch > 0 && ((p.seqlen_q > 0 && p.heads > 0) || (p.seqlen_k > 0 && p.heads_k > 0))
 }
 
-/// The launches of `plan` for problem `p`, in order; kernels with an empty grid are left out.
-pub fn launch_shapes(p: &Problem, plan: &[AttnBwdConfig]) -> Vec<(AttnBwdConfig, LaunchShape)> {
+/// The launch of kernel `c` for problem `p` (one launch's: `Problem::slice`); None when its
+/// grid is empty (which depends on the sequence lengths and heads only, not on the batch).
+pub fn launch_shape(p: &Problem, c: &AttnBwdConfig) -> Option<LaunchShape> {
     let dim = |x: u64| u32::try_from(x).unwrap_or(u32::MAX); // too large: LaunchShape::check fails
+    let (x, y, z) = c.grid(
+        p.seqlen_q as u64,
+        p.seqlen_k as u64,
+        p.heads as u64,
+        p.heads_k as u64,
+        p.batch as u64,
+    );
+    (x > 0 && y > 0 && z > 0).then(|| LaunchShape {
+        grid: (dim(x), dim(y), dim(z)),
+        block: (c.threads(), 1, 1),
+        dynamic_smem_bytes: c.smem_bytes(),
+    })
+}
+
+/// The launches of `plan` for problem `p` (one launch's), in order; kernels with an empty grid
+/// are left out.
+pub fn launch_shapes(p: &Problem, plan: &[AttnBwdConfig]) -> Vec<(AttnBwdConfig, LaunchShape)> {
     plan.iter()
-        .filter_map(|c| {
-            let (x, y, z) = c.grid(
-                p.seqlen_q as u64,
-                p.seqlen_k as u64,
-                p.heads as u64,
-                p.heads_k as u64,
-                p.batch as u64,
-            );
-            (x > 0 && y > 0 && z > 0).then(|| {
-                (
-                    *c,
-                    LaunchShape {
-                        grid: (dim(x), dim(y), dim(z)),
-                        block: (c.threads(), 1, 1),
-                        dynamic_smem_bytes: c.smem_bytes(),
-                    },
-                )
-            })
-        })
+        .filter_map(|c| launch_shape(p, c).map(|s| (*c, s)))
         .collect()
 }
 
@@ -395,23 +397,34 @@ pub fn attn_bwd(
     }
     let arch = crate::device::arch(p.device)?;
     let plan = bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch);
-    let launches = launch_shapes(&p, &plan);
-    // Everything that can fail before the first launch: grid limits, compile / module load.
+    // Everything that can fail before the first launch: grid limits (the first slice is the
+    // widest: its grids stand for every slice's), compile / module load.
+    let launches = launch_shapes(&p.slice(BatchSlice::first(p.batch)), &plan);
     let mut kernels = Vec::with_capacity(launches.len());
     for (config, shape) in &launches {
         shape.check()?;
         kernels.push(KERNELS.get(config, p.device)?);
     }
-    let mut prm = params(&p, t, t.workspace(deterministic), softmax_scale, variant);
+    let prm = params(&p, t, t.workspace(deterministic), softmax_scale, variant);
     let sizes = AttnSizes::new(&p, &t.q.meta, &t.k.meta);
-    for ((config, shape), kernel) in launches.iter().zip(kernels) {
-        let info = LaunchInfo {
-            op: "ferroattn::attn_bwd",
-            work: sizes.bwd(config.kind, variant.window(), deterministic),
-        };
-        // SAFETY: `prm` mirrors the kernels' AttnBwdParams; the caller keeps the tensors alive
-        // in stream order (torch's caching allocator does).
-        unsafe { launch(kernel, p.device, shape, stream, &mut prm, &info)? };
+    // One pass of the plan per slice of the batch (batch.rs): a slice's kernels touch only its
+    // batch entries, so the passes are independent.
+    for s in batch_slices(p.batch) {
+        let mut slice_prm = prm.slice(p.dtype, s);
+        let slice_sizes = sizes.slice(s);
+        let slice = p.slice(s);
+        for ((config, _), kernel) in launches.iter().zip(&kernels) {
+            // non-empty for the first slice, so for every slice
+            let Some(shape) = launch_shape(&slice, config) else { continue };
+            let info = LaunchInfo {
+                op: "ferroattn::attn_bwd",
+                work: slice_sizes.bwd(config.kind, variant.window(), deterministic),
+            };
+            // SAFETY: `slice_prm` mirrors the kernels' AttnBwdParams; its pointers lie within
+            // the caller's tensors, which the caller keeps alive in stream order (torch's
+            // caching allocator does).
+            unsafe { launch(kernel, p.device, &shape, stream, &mut slice_prm, &info)? };
+        }
     }
     Ok(())
 }

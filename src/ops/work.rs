@@ -16,6 +16,9 @@
 //! Varlen: the per-sequence lengths live on the device (cu_seqlens), so the pair count
 //! assumes every sequence has total/batch tokens (rounded to the nearest integer) and the
 //! result is marked inexact; bytes use the real total rows.
+//!
+//! A call whose batch is split over launches (src/ops/attention/batch.rs) counts each launch
+//! with its slice's sizes (`AttnSizes::slice`): the launches' FLOPs add up to the call's.
 
 use crate::launch::Work;
 use crate::ops::attention::Problem;

@@ -213,8 +213,13 @@ fn shape_errors() {
     let mut c = Call::varlen(2, 10, 10, 3, 3, 64);
     c.lse = Some(t(&[2, 3, 5], DType::F32));
     expect_err(&c, "Argument", "softmax_lse", &["(3, 10) (heads, total_q)"]);
-    let c = Call::padded(70000, 4, 4, 2, 2, 64);
-    expect_err(&c, "Argument", "q", &["65535", "70000"]);
+    // any batch up to 2^31 - 1 (the launches split it: batch.rs); beyond, q or cu_seqlens_q named
+    assert_eq!(Call::padded(70000, 4, 4, 2, 2, 64).run().unwrap().batch, 70000);
+    assert_eq!(Call::varlen(70000, 10, 10, 2, 2, 64).run().unwrap().batch, 70000);
+    let c = Call::padded(1 << 31, 4, 4, 2, 2, 64);
+    expect_err(&c, "Argument", "q", &["batch size <= 2147483647", "2147483648"]);
+    let c = Call::varlen(1 << 31, 10, 10, 2, 2, 64);
+    expect_err(&c, "Argument", "cu_seqlens_q", &["batch size <= 2147483647", "2147483648"]);
 }
 
 #[test]
