@@ -436,19 +436,6 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
-            const int n_start = j * BlockN + sub * kSubN;
-            // Dropout: this lane's keep bytes of the sub-block (variant.cuh DropoutMask::frag),
-            // drawn here so that ptxas interleaves the integer Philox rounds with the Q K^T mma.
-            using Drop = attn_variant::DropoutMask<V>;
-            [[maybe_unused]] uint4 keepw[V::kDropout ? MT : 1][V::kDropout ? NT / 4 : 1];
-            if constexpr (V::kDropout) {
-                static_assert(NT % 4 == 0, "dropout units span 32 keys of a sub-block");
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int q4 = 0; q4 < NT / 4; ++q4)
-                        keepw[mt][q4] = drop.frag(m_start + warp_row0 + mt * 16 + g, n_start + q4 * 32, t);
-            }
 
             // k-steps in groups of 4 (one 8-chunk swizzle group each); the group loop is
             // kept rolled so the scheduler cannot hoist every fragment load at once.
@@ -477,13 +464,12 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
             };
             // With one m16 tile per warp (MT == 1) the registers allow the group loop to be
             // unrolled as well (no spills at d = 160..256), letting ptxas overlap the fragment
-            // loads of one group with the mma of the previous one; dropout unrolls it so the
-            // Philox rounds above share a basic block with the mma.
+            // loads of one group with the mma of the previous one.
             constexpr int kGroups = (kChunks & ~7) / 8;
 #ifdef FERROATTN_QK_ROLLED
             constexpr bool kUnrollGroups = false;   // experiments only
 #else
-            constexpr bool kUnrollGroups = MT == 1 || V::kDropout;
+            constexpr bool kUnrollGroups = MT == 1;
 #endif
             if constexpr (kUnrollGroups) {
 #pragma unroll
@@ -510,6 +496,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
                 }
             }
 
+            const int n_start = j * BlockN + sub * kSubN;
             // ---- score modification (softcap, ALiBi) ----
             if constexpr (V::kSoftcap || V::kAlibi) {
 #pragma unroll
@@ -594,6 +581,16 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
             // of the undropped P); the kept words mask the packed P below and 1 / (1 - p) joins
             // the epilogue's 1 / sum. With s_dmask (testing), the undropped P = exp(s - m_running),
             // negated where dropped, and m_running per 16 keys.
+            using Drop = attn_variant::DropoutMask<V>;
+            [[maybe_unused]] uint4 keepw[V::kDropout ? MT : 1][V::kDropout ? NT / 4 : 1];
+            if constexpr (V::kDropout) {
+                static_assert(NT % 4 == 0, "dropout units span 32 keys of a sub-block");
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int q4 = 0; q4 < NT / 4; ++q4)
+                        keepw[mt][q4] = drop.frag(m_start + warp_row0 + mt * 16 + g, n_start + q4 * 32, t);
+            }
             if constexpr (V::kReturnSoftmax) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
