@@ -191,9 +191,11 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     // single-stage loop (loads issued inside the loop) for its addresses: both spill at 192. Head
     // dims below 128 ending in a 4-chunk swizzle group (d = 96) carry 4 more address registers
     // (LdsmCols tail) and spill even at 160.
-    // Dropout's keep words take the place of 32 of them.
+    // The variants' terms (dropout's keep words, softcap, ALiBi, the window's bounds) take the
+    // place of 32 of them.
+    constexpr bool kVariantTerms = V::kDropout || V::kSoftcap || V::kAlibi || V::kLocal;
     constexpr int kAccBudget = (HeadDim % 64 != 0 && HeadDim < 128) ? 128
-                             : (MT >= 2 || Stages == 1 || V::kDropout) ? 160 : 192;
+                             : (MT >= 2 || Stages == 1 || kVariantTerms) ? 160 : 192;
 #endif
     constexpr int kAccFixed = MT * HeadDim / 2 * ((WithDK ? 1 : 0) + (WithDV ? 1 : 0));
     constexpr int kAccPerQ = MT * (kDS ? 2 : 1);   // registers per 2 queries of the step

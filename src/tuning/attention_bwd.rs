@@ -194,9 +194,10 @@ const SOFTCAP: VariantKind = VariantKind { softcap: true, ..VariantKind::PLAIN }
 /// (0 spills, sm_80 and sm_90a): the same keys per block and per warp, so the dq_accum
 /// reductions, K/V loads and Q/dO re-reads per FLOP are unchanged; twice the query tiles, so
 /// twice the barriers, and each warp's dQ product covers half the columns (more dS reads per mma).
-/// - d 128, sm_80 and others (dQ reduced directly): local 32, softcap-causal 12, softcap-local 36,
-///   ALiBi 8, ALiBi-causal 20, softcap 4; sm_90a (staged reductions, `dq_staged`): local 12,
-///   ALiBi 4, ALiBi-causal 20, softcap 4 (softcap-causal and softcap-local 0: they keep 64).
+/// - d 128 (8 warps of 16 keys) keeps its 64-query tile: the kernel takes 32-query steps for
+///   these variants instead (its accumulator budget, kernels/attention/bwd_dkdv_sm80.cuh), 0
+///   spills. The 32-query tiles cost window and ALiBi +12 % of backward time on H200
+///   (bench/NOTES.md).
 /// - d 64, softcap: sm_80 causal 20, local 28, plain 8; sm_90a local 4 (causal and plain 0).
 ///
 /// Other variants (plain, causal, dropout, and combinations outside the production set) keep
@@ -207,8 +208,6 @@ pub fn dkdv_dq_tile(head_dim: u32, variant: VariantKind, arch: Arch) -> (u32, u3
     let spills: &[VariantKind] = match (head_dim, staged) {
         (64, false) => &[SOFTCAP_CAUSAL, SOFTCAP_LOCAL, SOFTCAP],
         (64, true) => &[SOFTCAP_LOCAL],
-        (128, false) => &[LOCAL, SOFTCAP_CAUSAL, SOFTCAP_LOCAL, ALIBI, ALIBI_CAUSAL, SOFTCAP],
-        (128, true) => &[LOCAL, ALIBI, ALIBI_CAUSAL, SOFTCAP],
         _ => &[],
     };
     let (block_m, block_n, num_warps, stages) = dkdv_tile(head_dim, variant);
@@ -444,14 +443,14 @@ mod tests {
         let alibi = |v: VariantKind| VariantKind { alibi: true, ..v };
         // (variant, d64 sm_80, d64 sm_90a, d128 sm_80, d128 sm_90a block_m; d256 sm_90a split)
         let want = [
-            (local, 64, 64, 32, 32, false),
-            (soft(causal), 32, 64, 32, 64, false),
-            (soft(local), 32, 32, 32, 64, true),
-            (alibi(plain), 64, 64, 32, 32, false),
-            (alibi(causal), 64, 64, 32, 32, true),
-            (soft(plain), 32, 64, 32, 32, true),
+            (local, 64, 64, 64, 64, false),
+            (soft(causal), 32, 64, 64, 64, false),
+            (soft(local), 32, 32, 64, 64, true),
+            (alibi(plain), 64, 64, 64, 64, false),
+            (alibi(causal), 64, 64, 64, 64, true),
+            (soft(plain), 32, 64, 64, 64, true),
             // sinks change nothing in the backward
-            (VariantKind { sinks: true, ..soft(local) }, 32, 32, 32, 64, true),
+            (VariantKind { sinks: true, ..soft(local) }, 32, 32, 64, 64, true),
         ];
         for (v, m64_80, m64_90, m128_80, m128_90, split256) in want {
             for (hd, arch, bm) in [(64, Arch::Sm80, m64_80), (64, Arch::Sm90a, m64_90), (128, Arch::Sm80, m128_80), (128, Arch::Sm90a, m128_90)] {
