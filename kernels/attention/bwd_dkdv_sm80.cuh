@@ -49,6 +49,8 @@
 //   WithDK / WithDV   compute and write dK / dV (at least one). WithDQ: add dS K to dq_accum.
 //            dS (and the V tile product dP) is computed only with WithDK or WithDQ.
 //   T        __half or __nv_bfloat16; lse, softmax_d and dq_accum are fp32.
+//   DqDirect (default false) the wide kernel's dQ reductions unstaged on sm_90 too
+//            (attn_bwd_dkdv_wide_dq_stage in bwd_dkdv_wide_sm80.cuh); false elsewhere.
 // Kernel head dim 256 with WithDK and WithDV (attn_bwd_dkdv_sm80_wide) is forwarded to the
 // single-pass wide kernel attention/bwd_dkdv_wide_sm80.cuh (64 x 64 tiles on 8 warps, its own
 // shared-memory formula); everything below describes the other specialisations.
@@ -159,12 +161,13 @@ __device__ __forceinline__ void zero_frags(float (&acc)[A][B][4]) {
 namespace ferroattn {
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V,
-          bool WithDK, bool WithDV, bool WithDQ, typename T>
+          bool WithDK, bool WithDV, bool WithDQ, typename T, bool DqDirect = false>
 __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBwdParams params) {
     if constexpr (attn_bwd_dkdv_sm80_wide<HeadDim, WithDK, WithDV>()) {
         // HeadDim 256 with dK and dV: the single-pass wide kernel (bwd_dkdv_wide_sm80.cuh).
-        attn_bwd_detail::dkdv_wide<HeadDim, BlockM, BlockN, NumWarps, Stages, V, WithDQ, T>(params);
+        attn_bwd_detail::dkdv_wide<HeadDim, BlockM, BlockN, NumWarps, Stages, V, WithDQ, T, DqDirect>(params);
     } else {
+    static_assert(!DqDirect, "DqDirect: the wide kernel only");
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
     static_assert(BlockM % 32 == 0 && BlockM >= 32, "BlockM must be a multiple of 32");

@@ -21,30 +21,32 @@
 //     thread at d256 (128 for both). A = P^T / dS^T by ldmatrix.trans of the stored tiles,
 //     B = dO / Q by ldmatrix.trans.
 //   dQ (64 q x HeadDim, contracted over the 64 keys): warp w owns queries 32*(w%2).. and
-//     columns (HeadDim/4)*(w/2).., in kDqPasses passes of 32 (sm_90) or 16 (others) columns
-//     (A = dS by ldmatrix, B = K by ldmatrix.trans); each pass adds its partial to dq_accum:
-//     sm_90 staged through 2 KiB of shared memory per warp, then row-contiguous
-//     red.global.add.v4.f32 (attn_bwd_dkdv_wide_dq_stage); sm_100+: red.v4 after a lane-pair
-//     exchange; sm_80-89: scalar red.global.add.f32.
+//     columns (HeadDim/4)*(w/2).., in kDqPasses passes of 32 (sm_90 staged) or 16 (others)
+//     columns (A = dS by ldmatrix, B = K by ldmatrix.trans); each pass adds its partial to
+//     dq_accum: sm_90 staged through 2 KiB of shared memory per warp, then row-contiguous
+//     red.global.add.v4.f32 (attn_bwd_dkdv_wide_dq_stage); sm_100+, and sm_90 with DqDirect:
+//     red.v4 after a lane-pair exchange; sm_80-89: scalar red.global.add.f32.
 // Two barriers per query tile: one opens the tile (its Q/dO visible, every warp done with the
 // previous tile's P/dS), one after the P/dS stores. Per warp and query tile: 320 mma.m16n8k16
-// (64 per product), 176 ldmatrix.x4 (S 48, dP 48, dV 24, dK 24, dQ 32 with two passes), 16
-// 32-bit P/dS stores per thread. The P/dS stores (8 rows x 4 lanes at chunks c ^ (row & 7)) and
-// every ldmatrix phase are bank-conflict free.
+// (64 per product), 176 ldmatrix.x4 (S 48, dP 48, dV 24, dK 24, dQ 32 with two passes; 192 with
+// four: dQ 48), 16 32-bit P/dS stores per thread. The P/dS stores (8 rows x 4 lanes at chunks
+// c ^ (row & 7)) and every ldmatrix phase are bank-conflict free.
 //
 // Shared memory (bytes, attn_bwd_dkdv_wide_smem_bytes):
 //   K, V (BlockN x HeadDim each), Stages x (Q, dO) (BlockM x HeadDim each), P and dS
 //   (BlockM x BlockN each), all 16-bit; Stages x (LSE, D) rows (BlockM fp32 each); sm_90 with
-//   WithDQ: + NumWarps x 2 KiB dQ staging:
+//   WithDQ and not DqDirect: + NumWarps x 2 KiB dQ staging:
 //   (2*BlockN*HeadDim + 2*Stages*BlockM*HeadDim + 2*BlockM*BlockN) * 2 + Stages*BlockM*8 [+ 16384].
 //   d256, 64 x 64: Stages 2 = 214 016 B (+16 384 staged = 230 400, sm_90a), Stages 1 =
 //   147 968 B (sm_80: 163 KiB). AttnBwdConfig::smem_bytes (src/tuning/attention_bwd.rs) mirrors it.
-// Registers (bench/NOTES.md "Backward v8"): 247-255 per thread, 0 spills for every production
-// configuration on sm_80 (Stages 1) and sm_90a (Stages 2); one 8-warp block per SM.
+// Registers (bench/NOTES.md "Backward v8", "Attention variants"): 247-255 per thread, 0 spills
+// for every production configuration on sm_80 (Stages 1) and sm_90a (Stages 2; DqDirect for the
+// variants whose staged build spills); one 8-warp block per SM.
 // Measured (H200, kernel alone, b*s = 16k, h 8): 210-236 TFLOP/s, 0.87-1.21x SDPA-flash
 // (FlashAttention-2) backward; the split it replaces: 122-194, 0.69-0.88x.
 // Constraints: BlockM == BlockN == 64, NumWarps == 8, HeadDim % 256 == 0 (columns per warp a
-// whole number of 8-chunk swizzle groups), WithDK && WithDV, Stages >= 1.
+// whole number of 8-chunk swizzle groups), WithDK && WithDV, Stages >= 1. DqDirect: the last
+// template argument of attn_bwd_dkdv_sm80 (default false), see attn_bwd_dkdv_wide_dq_stage.
 // The block set-up, dK/dV stores, K/V and query-tile loads and pipeline prologue are the ones
 // of bwd_dkdv_sm80.cuh (attention/bwd_dkdv_block.cuh). Not standalone: included by
 // attention/bwd_dkdv_sm80.cuh after its attn_bwd_detail helpers (red_add_*, zero_frags).
@@ -68,38 +70,41 @@ __host__ __device__ constexpr bool attn_bwd_dkdv_sm80_wide() {
     return HeadDim > 128 && WithDK && WithDV;
 }
 
-// dQ reductions of the wide kernel staged through shared memory (sm_90, WithDQ): each warp
-// writes 16 query rows x its pass's 32 dQ columns (fp32) to its own slice and reads them back
-// row-contiguous, so that one red.global.add.v4.f32 covers 4 whole rows x 32 columns (4 cache
-// lines) instead of 16 rows x 8 columns (16 lines). Adds NumWarps * 16 * 32 * 4 = 16 KiB
-// (+13 % at d256 on H200, bench/NOTES.md "Backward v8"). Must match
-// AttnBwdConfig::smem_bytes (src/tuning/attention_bwd.rs: sm_90a, dq, wide).
-template <int HeadDim, bool WithDQ>
+// dQ reductions of the wide kernel staged through shared memory (sm_90, WithDQ, unless
+// DqDirect): each warp writes 16 query rows x its pass's 32 dQ columns (fp32) to its own slice
+// and reads them back row-contiguous, so that one red.global.add.v4.f32 covers 4 whole rows x 32
+// columns (4 cache lines) instead of 16 rows x 8 columns (16 lines). Adds NumWarps * 16 * 32 * 4
+// = 16 KiB (+13 % at d256 on H200, bench/NOTES.md "Backward v8"). DqDirect (the kernel's last
+// template argument, set by the host for the variants whose staged build spills) keeps the
+// direct reductions of sm_100+ (4 passes, red.v4 after a lane-pair exchange) on sm_90 too.
+// Must match AttnBwdConfig::wide_dq_staged (src/tuning/attention_bwd.rs), which decides
+// DqDirect and the shared-memory size.
+template <int HeadDim, bool WithDQ, bool DqDirect = false>
 __host__ __device__ constexpr bool attn_bwd_dkdv_wide_dq_stage() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(FERROATTN_BWD_WIDE_DQ_DIRECT)
-    return WithDQ && HeadDim == 256;
+    return WithDQ && HeadDim == 256 && !DqDirect;
 #else
     return false;   // FERROATTN_BWD_WIDE_DQ_DIRECT: experiments only (direct reductions)
 #endif
 }
 
-template <int HeadDim, int BlockM, int BlockN, int Stages, bool WithDQ>
+template <int HeadDim, int BlockM, int BlockN, int Stages, bool WithDQ, bool DqDirect = false>
 __host__ __device__ constexpr int attn_bwd_dkdv_wide_smem_bytes() {
     return (2 * BlockN * HeadDim + 2 * Stages * BlockM * HeadDim + 2 * BlockM * BlockN) * 2
-         + Stages * BlockM * 8 + (attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ>() ? 8 * 16 * 32 * 4 : 0);
+         + Stages * BlockM * 8 + (attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ, DqDirect>() ? 8 * 16 * 32 * 4 : 0);
 }
 
 namespace attn_bwd_detail {
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V,
-          bool WithDQ, typename T>
+          bool WithDQ, typename T, bool DqDirect>
 __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
     static_assert(BlockM == 64 && BlockN == 64 && NumWarps == 8,
                   "wide dK/dV kernel: 64 x 64 tiles on 8 warps");
     static_assert(HeadDim % 256 == 0, "wide dK/dV kernel: HeadDim a multiple of 256");
     static_assert(Stages >= 1, "Stages must be >= 1");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
-    static_assert(attn_bwd_dkdv_wide_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ>() <= 227 * 1024,
+    static_assert(attn_bwd_dkdv_wide_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ, DqDirect>() <= 227 * 1024,
                   "tile does not fit in 227 KiB of shared memory");
 
     constexpr int kThreads = NumWarps * 32;
@@ -111,7 +116,7 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
 #ifdef FERROATTN_BWD_WIDE_DQ_PASSES
     constexpr int kDqPasses = FERROATTN_BWD_WIDE_DQ_PASSES;   // experiments only
 #else
-    constexpr int kDqPasses = attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ>() ? 2 : 4;
+    constexpr int kDqPasses = attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ, DqDirect>() ? 2 : 4;
 #endif
     constexpr int kDqCols = kCols / kDqPasses;
     // Unroll of the dV/dK query-step loop and of the dQ key-step loop (1: registers).
@@ -135,11 +140,11 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
     constexpr unsigned kOffDS = kOffP + kTileP;
     constexpr unsigned kOffLse = kOffDS + kTileP;
     constexpr unsigned kOffD = kOffLse + Stages * BlockM * 4;
-    constexpr bool kStage = attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ>();
+    constexpr bool kStage = attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ, DqDirect>();
     constexpr unsigned kOffStage = kOffD + Stages * BlockM * 4;
     static_assert(!kStage || kDqCols == 32 || kDqCols == 64, "staged dQ reductions: 32 or 64 columns per pass");
     static_assert(kOffStage + (kStage ? NumWarps * 2048 : 0) ==
-                  static_cast<unsigned>(attn_bwd_dkdv_wide_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ>()),
+                  static_cast<unsigned>(attn_bwd_dkdv_wide_smem_bytes<HeadDim, BlockM, BlockN, Stages, WithDQ, DqDirect>()),
                   "shared-memory map and formula disagree");
     using Tr = DTypeTraits<T>;
     const AttnFwdParams& fp = params.fwd;

@@ -21,8 +21,9 @@ pub enum BwdKind {
     /// zeroes dq_accum (when not null). Grid (ceil(seqlen_q / block_m), num_heads, batch).
     Preprocess,
     /// `ferroattn::attn_bwd_dkdv_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V,
-    /// WithDK, WithDV, WithDQ, T>`: dK and/or dV of one key tile (and, WithDQ, dS·K added to
-    /// dq_accum with atomics). Grid (ceil(seqlen_k / block_n), num_heads_k, batch).
+    /// WithDK, WithDV, WithDQ, T[, DqDirect]>`: dK and/or dV of one key tile (and, WithDQ, dS·K
+    /// added to dq_accum with atomics); `DqDirect` (default false) is rendered, as `true`, only
+    /// where `wide_dq_direct()`. Grid (ceil(seqlen_k / block_n), num_heads_k, batch).
     DkDv { dk: bool, dv: bool, dq: bool },
     /// `ferroattn::attn_bwd_dq_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V, T>`:
     /// dQ of one query tile, written directly (deterministic path).
@@ -83,7 +84,8 @@ impl AttnBwdConfig {
                 format!("{}<{hd}, {bm}, {t}>", self.kernel())
             }
             BwdKind::DkDv { dk, dv, dq } => {
-                format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}>", self.kernel())
+                let direct = if self.wide_dq_direct() { ", true" } else { "" };
+                format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}{direct}>", self.kernel())
             }
             BwdKind::Dq => format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {t}>", self.kernel()),
         }
@@ -108,10 +110,24 @@ impl AttnBwdConfig {
         matches!(self.kind, BwdKind::DkDv { dk: true, dv: true, .. }) && self.head_dim > 128
     }
 
-    /// The wide kernel stages its dq_accum reductions through 8 × 16 × 32 fp32 of shared memory
-    /// (`attn_bwd_dkdv_wide_dq_stage()`): sm_90a, with dQ.
-    pub fn wide_dq_staged(&self) -> bool {
+    /// The wide kernel with dQ on sm_90a, where it can stage its dq_accum reductions.
+    fn wide_dq_sm90a(&self) -> bool {
         self.is_wide() && matches!(self.kind, BwdKind::DkDv { dq: true, .. }) && self.arch == Arch::Sm90a
+    }
+
+    /// The wide kernel stages its dq_accum reductions through 8 × 16 × 32 fp32 of shared memory
+    /// (`attn_bwd_dkdv_wide_dq_stage()`, 2 dQ passes): sm_90a, with dQ, except the variants of
+    /// `WIDE_DQ_DIRECT`, whose staged build spills. The one place that decides the staging:
+    /// `smem_bytes` and the kernel's `DqDirect` argument (`wide_dq_direct`) follow it.
+    pub fn wide_dq_staged(&self) -> bool {
+        self.wide_dq_sm90a() && !WIDE_DQ_DIRECT.contains(&self.variant.for_backward())
+    }
+
+    /// The wide kernel's `DqDirect` template argument: sm_90a with dQ but not `wide_dq_staged()`
+    /// (direct red.v4 reductions after a lane-pair exchange, 4 dQ passes, as on sm_100+).
+    /// Elsewhere the argument keeps its default (false), so those name expressions are unchanged.
+    pub fn wide_dq_direct(&self) -> bool {
+        self.wide_dq_sm90a() && !self.wide_dq_staged()
     }
 
     /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert):
@@ -183,7 +199,6 @@ pub fn dkdv_tile(head_dim: u32, variant: VariantKind) -> (u32, u32, u32, u32) {
 const LOCAL: VariantKind = VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN };
 const SOFTCAP_CAUSAL: VariantKind = VariantKind { softcap: true, ..VariantKind::CAUSAL };
 const SOFTCAP_LOCAL: VariantKind = VariantKind { softcap: true, ..LOCAL };
-const ALIBI: VariantKind = VariantKind { alibi: true, ..VariantKind::PLAIN };
 const ALIBI_CAUSAL: VariantKind = VariantKind { alibi: true, ..VariantKind::CAUSAL };
 const SOFTCAP: VariantKind = VariantKind { softcap: true, ..VariantKind::PLAIN };
 
@@ -227,28 +242,28 @@ const WIDE_MIN_SMEM: u32 = (2 * 64 * 256 + 2 * 64 * 256 + 2 * 64 * 64) * 2 + 64 
 
 /// Kernel head dim 256 runs the single-pass wide kernel (P and dS through shared memory, 5
 /// products; +20-29 % over the split on H200, bench/NOTES.md "Backward v8") where one block of
-/// it fits in the arch's shared memory (sm_80/87, sm_90a, sm_100+), else the split; `bwd_plan`
-/// also splits the atomic path of the variants in `wide_dq_spills`.
+/// it fits in the arch's shared memory (sm_80/87, sm_90a, sm_100+), else the split; for every
+/// variant (those whose staged dQ reductions spill on sm_90a reduce directly:
+/// `AttnBwdConfig::wide_dq_staged`).
 pub fn dkdv_wide(head_dim: u32, arch: Arch) -> bool {
     head_dim == 256 && arch.max_smem_per_block() >= WIDE_MIN_SMEM
 }
 
 /// dK and dV in separate kernels (each recomputes P) when both accumulators would not fit in
-/// registers together and the wide kernel does not apply (`bwd_plan` also splits where
-/// `wide_dq_spills`).
+/// registers together and the wide kernel does not apply.
 pub fn dkdv_split(head_dim: u32, arch: Arch) -> bool {
     head_dim > 128 && !dkdv_wide(head_dim, arch)
 }
 
-/// Whether the wide kernel with dQ (atomic path) spills for `variant` where it stages the dQ
-/// reductions (sm_90a, `wide_dq_staged`): softcap-local 4 B, ALiBi-causal 8 B and softcap 8 B
-/// (ptxas; sm_80's one-stage, four-pass build and the deterministic build without dQ: 0; local,
-/// softcap-causal and ALiBi: 0). `bwd_plan` runs those as the split on the atomic path
-/// (`dkdv_tile`'s 32 × 128 × 8w for both kernels, 0 spills; P recomputed: 6 products instead
-/// of 5; the split ran 17-22 % below the staged wide kernel, bench/NOTES.md "Backward v8").
-pub fn wide_dq_spills(variant: VariantKind, arch: Arch) -> bool {
-    arch == Arch::Sm90a && [SOFTCAP_LOCAL, ALIBI_CAUSAL, SOFTCAP].contains(&variant.for_backward())
-}
+/// The variants (as the backward sees them) whose wide kernel with dQ (atomic path) spills
+/// with the staged dQ reductions (sm_90a, ptxas, f16 = bf16): softcap-local 4 B, ALiBi-causal
+/// 8 B, softcap 8 B (local, softcap-causal, ALiBi, plain, causal and dropout: 0; sm_80's
+/// one-stage build and the deterministic build without dQ stage nothing). They keep the wide
+/// kernel with the direct reductions (`AttnBwdConfig::wide_dq_staged` false, 4 dQ passes,
+/// 214 016 B of shared memory instead of 230 400): 0 spills. Direct ran ~10 % below staged for
+/// plain (186-207 vs 211-230 TFLOP/s) and ~8 % above the split (173-192) that these variants
+/// took before (bench/NOTES.md "Backward v8", "Attention variants").
+const WIDE_DQ_DIRECT: [VariantKind; 3] = [SOFTCAP_LOCAL, ALIBI_CAUSAL, SOFTCAP];
 
 /// dQ-kernel tile (deterministic path): (block_m, block_n, num_warps, stages). Each warp owns
 /// block_m / num_warps query rows and keeps their dQ accumulators (d/2 fp32 per 16 rows) plus
@@ -312,10 +327,10 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
     };
     let dq_atomic = !deterministic;
     let mut plan = vec![elementwise(BwdKind::Preprocess)];
-    if dkdv_wide(hd, arch) && !(dq_atomic && wide_dq_spills(variant, arch)) {
+    if dkdv_wide(hd, arch) {
         plan.push(tiled(BwdKind::DkDv { dk: true, dv: true, dq: dq_atomic }, WIDE_TILE));
     } else if hd > 128 {
-        // dkdv_split, or a variant the wide kernel spills for (wide_dq_spills)
+        // dkdv_split
         plan.push(dkdv(false, true, false));
         plan.push(dkdv(true, false, dq_atomic));
     } else {
@@ -331,8 +346,8 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
 
 /// Every configuration `bwd_plan` can return for `arch` at the production points: what
 /// `precompile` builds (held to no spills by `precompile --check-spills`). The score-modifying
-/// and local variants' atomic-dQ dK/dV kernels take the smaller tiles of `dkdv_dq_tile` and the
-/// split of `wide_dq_spills` where the default ones spill.
+/// and local variants' atomic-dQ dK/dV kernels take the smaller tiles of `dkdv_dq_tile` and, in
+/// the wide kernel, the direct dQ reductions of `WIDE_DQ_DIRECT` where the default ones spill.
 pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
     for (hd, variant, dtype) in production_points() {
@@ -425,10 +440,26 @@ mod tests {
     fn plain_and_causal_keep_their_tiles() {
         for arch in Arch::ALL {
             for v in [VariantKind::PLAIN, VariantKind::CAUSAL] {
-                assert!(!wide_dq_spills(v, arch));
+                assert_keeps_wide_staging(v, arch);
                 for hd in (32..=256).step_by(32) {
                     assert_eq!(dkdv_dq_tile(hd, v, arch), dkdv_tile(hd, v), "{hd} {v:?} {arch:?}");
                 }
+            }
+        }
+    }
+
+    /// d256 of a variant outside `WIDE_DQ_DIRECT` (plain, causal, dropout, ...): the wide kernel
+    /// on both paths where it fits, its dQ reductions staged on sm_90a, `DqDirect` never rendered.
+    fn assert_keeps_wide_staging(v: VariantKind, arch: Arch) {
+        for det in [false, true] {
+            let p = bwd_plan(256, v, det, DType::BF16, arch);
+            let c = p[1];
+            assert_eq!(c.is_wide(), dkdv_wide(256, arch), "{v:?} {arch:?}");
+            assert!(!c.wide_dq_direct(), "{v:?} {arch:?}");
+            assert_eq!(c.wide_dq_staged(), c.is_wide() && !det && arch == Arch::Sm90a, "{v:?} {arch:?}");
+            if c.is_wide() {
+                assert_eq!(p.len(), 3);
+                assert!(c.name_expression().ends_with(&format!(", {det_dq}, __nv_bfloat16>", det_dq = !det)));
             }
         }
     }
@@ -441,7 +472,7 @@ mod tests {
         let local = VariantKind { mask: MaskKind::Local, ..plain };
         let soft = |v: VariantKind| VariantKind { softcap: true, ..v };
         let alibi = |v: VariantKind| VariantKind { alibi: true, ..v };
-        // (variant, d64 sm_80, d64 sm_90a, d128 sm_80, d128 sm_90a block_m; d256 sm_90a split)
+        // (variant, d64 sm_80, d64 sm_90a, d128 sm_80, d128 sm_90a block_m; d256 sm_90a direct dQ)
         let want = [
             (local, 64, 64, 64, 64, false),
             (soft(causal), 32, 64, 64, 64, false),
@@ -452,7 +483,7 @@ mod tests {
             // sinks change nothing in the backward
             (VariantKind { sinks: true, ..soft(local) }, 32, 32, 64, 64, true),
         ];
-        for (v, m64_80, m64_90, m128_80, m128_90, split256) in want {
+        for (v, m64_80, m64_90, m128_80, m128_90, direct256) in want {
             for (hd, arch, bm) in [(64, Arch::Sm80, m64_80), (64, Arch::Sm90a, m64_90), (128, Arch::Sm80, m128_80), (128, Arch::Sm90a, m128_90)] {
                 let p = bwd_plan(hd, v, false, DType::BF16, arch);
                 assert_eq!(p[1].kind, BwdKind::DkDv { dk: true, dv: true, dq: true });
@@ -464,33 +495,43 @@ mod tests {
                 assert_eq!((det[1].block_m, det[1].block_n, det[1].num_warps), (bm, bn, nw), "{hd} {v:?} {arch:?}");
             }
             for arch in [Arch::Sm80, Arch::Sm90a] {
-                let kinds: Vec<_> = bwd_plan(256, v, false, DType::BF16, arch).iter().map(|c| c.kind).collect();
-                let split = split256 && arch == Arch::Sm90a;
-                assert_eq!(wide_dq_spills(v, arch), split, "{v:?} {arch:?}");
-                if split {
-                    assert_eq!(
-                        kinds,
-                        vec![
-                            BwdKind::Preprocess,
-                            BwdKind::DkDv { dk: false, dv: true, dq: false },
-                            BwdKind::DkDv { dk: true, dv: false, dq: true },
-                            BwdKind::ConvertDq
-                        ]
-                    );
-                    for c in &bwd_plan(256, v, false, DType::BF16, arch)[1..3] {
-                        assert_eq!((c.block_m, c.block_n, c.num_warps, c.stages), (32, 128, 8, 2));
-                    }
-                } else {
-                    assert!(bwd_plan(256, v, false, DType::BF16, arch)[1].is_wide());
-                }
-                // deterministic: the wide kernel without dQ
-                assert!(bwd_plan(256, v, true, DType::BF16, arch)[1].is_wide(), "{v:?} {arch:?}");
+                let p = bwd_plan(256, v, false, DType::BF16, arch);
+                let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
+                assert_eq!(
+                    kinds,
+                    vec![BwdKind::Preprocess, BwdKind::DkDv { dk: true, dv: true, dq: true }, BwdKind::ConvertDq],
+                    "{v:?} {arch:?}"
+                );
+                let c = p[1];
+                let st = if arch == Arch::Sm90a { 2 } else { 1 };
+                assert!(c.is_wide());
+                assert_eq!((c.block_m, c.block_n, c.num_warps, c.stages), (64, 64, 8, st));
+                let direct = direct256 && arch == Arch::Sm90a;
+                assert_eq!(c.wide_dq_direct(), direct, "{v:?} {arch:?}");
+                assert_eq!(c.wide_dq_staged(), arch == Arch::Sm90a && !direct, "{v:?} {arch:?}");
+                // K, V + stages x (Q, dO) + P, dS (16-bit), LSE/D rows [+ 16 KiB fp32 dQ staging]
+                let want = (2 * 64 * 256 + st * 2 * 64 * 256 + 2 * 64 * 64) * 2 + st * 64 * 8
+                    + if c.wide_dq_staged() { 16384 } else { 0 };
+                assert_eq!(c.smem_bytes(), want, "{v:?} {arch:?}");
+                assert_eq!(c.smem_bytes(), if direct { 214_016 } else if st == 2 { 230_400 } else { 147_968 });
+                assert_eq!(
+                    c.name_expression(),
+                    format!(
+                        "ferroattn::attn_bwd_dkdv_sm80<256, 64, 64, 8, {st}, {}, true, true, true, __nv_bfloat16{}>",
+                        v.for_backward().cuda_type(),
+                        if direct { ", true" } else { "" }
+                    )
+                );
+                // deterministic: the wide kernel without dQ (nothing staged, DqDirect not rendered)
+                let d = bwd_plan(256, v, true, DType::BF16, arch)[1];
+                assert!(d.is_wide() && !d.wide_dq_staged() && !d.wide_dq_direct(), "{v:?} {arch:?}");
+                assert!(d.name_expression().ends_with(", true, true, false, __nv_bfloat16>"));
             }
         }
         // dropout: its own tiles (dkdv_tile)
         for v in [VariantKind { dropout: true, ..plain }, VariantKind { dropout: true, ..causal }] {
             for arch in Arch::ALL {
-                assert!(!wide_dq_spills(v, arch));
+                assert_keeps_wide_staging(v, arch);
                 for hd in (32..=256).step_by(32) {
                     assert_eq!(dkdv_dq_tile(hd, v, arch), dkdv_tile(hd, v));
                 }
@@ -499,7 +540,7 @@ mod tests {
         // combinations outside the production set keep the default tiles
         for v in [alibi(local), soft(alibi(causal)), VariantKind { dropout: true, ..soft(local) }] {
             for arch in Arch::ALL {
-                assert!(!wide_dq_spills(v, arch));
+                assert_keeps_wide_staging(v, arch);
                 for hd in (32..=256).step_by(32) {
                     assert_eq!(dkdv_dq_tile(hd, v, arch), dkdv_tile(hd, v));
                 }
