@@ -54,6 +54,18 @@ def test_window_size_must_be_a_pair_of_ints(window):
             flash_attn_func(q, q, q, window_size=window)
 
 
+def test_window_size_accepts_integer_tensors_and_arrays_of_two():
+    """flash_attn's own tests pass ``torch.randint(0, s, (2,))`` as window_size."""
+    from ferroattn.flash_attn_interface import _check_window
+    assert _check_window(torch.tensor([684, 559])) == (684, 559)
+    assert _check_window(torch.tensor([3, -1], dtype=torch.int32)) == (3, -1)
+    assert _check_window(np.array([5, 0])) == (5, 0)
+    for bad in (torch.tensor([1.0, 2.0]), torch.tensor([True, False]), torch.tensor([1, 2, 3]),
+                torch.tensor([[1, 2]]), np.array([1.5, 2.0]), torch.empty(2, dtype=torch.int64, device="meta")):
+        with pytest.raises(errors.ArgumentError, match=r"^window_size: expected a pair of ints"):
+            _check_window(bad)
+
+
 def test_window_size_accepts_lists_and_numpy_ints():
     with FakeTensorMode():
         q = _q()

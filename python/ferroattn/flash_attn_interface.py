@@ -254,9 +254,20 @@ def _check_max_seqlen(value, name: str) -> int:
 
 def _check_window(window_size) -> Tuple[int, int]:
     """``window_size`` as ``(left, right)``: a sequence (tuple, list) of two ints (``operator.index``:
-    no floats, nan, inf or bools; flash_attn indexes it as ``window_size[0]``, ``[1]``). Raises
-    ArgumentError."""
+    no floats, nan, inf or bools; flash_attn indexes it as ``window_size[0]``, ``[1]``), or a 1-D
+    integer tensor / numpy array of two (flash_attn's own tests pass ``torch.randint(0, s, (2,))``;
+    a CUDA tensor is read on the host). Raises ArgumentError."""
     bad = ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    if isinstance(window_size, (Tensor, np.ndarray)):
+        integral = (not window_size.dtype.is_floating_point and not window_size.dtype.is_complex
+                    and window_size.dtype != torch.bool) if isinstance(window_size, Tensor) \
+            else np.issubdtype(window_size.dtype, np.integer)
+        if not integral or tuple(window_size.shape) != (2,):
+            raise bad
+        try:
+            window_size = window_size.tolist()
+        except (NotImplementedError, RuntimeError):  # a meta or fake tensor holds no values
+            raise bad from None
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or any(isinstance(w, (bool, np.bool_)) for w in window_size)):
         raise bad
