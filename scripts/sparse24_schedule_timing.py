@@ -1,4 +1,4 @@
-"""Paired GPU-time sweep of the session-9 wgmma_sp schedules (helper S3) with the bench's method:
+"""Paired GPU-time sweep of the wgmma_sp schedules (src/tuning/sparse24.rs `wgmma_schedule`) with the bench's method:
 ferroattn.bench.timing.paired_gpu_ms (per window a torch.cuda._sleep covers the host, per call an L2 flush and
 CUDA events around the call; R paired rounds, forward + reverse pass; a window that does not hold is retried
 and never reported). Variants, all through sparse24.matmul(backend="sparse") = the bench's "ours":
@@ -8,7 +8,7 @@ and never reported). Variants, all through sparse24.matmul(backend="sparse") = t
   sk    : FERROATTN_WGMMA_SP_STREAMK=on (forced stream-K, rule's tail) [only --forced shapes]
   dense : F.linear on the dense 2:4 weight (cuBLAS);  peer: F.linear on to_sparse_semi_structured (cuSPARSELt)
 Per shape: the max rel. error of each of ours vs the fp32 reference; per-round times; ratios = median over
-rounds of per-round ratios.   python sk_time.py --out FILE --shapes "bf16:512x4096x4096,..." [--forced "..."]"""
+rounds of per-round ratios.   python scripts/sparse24_schedule_timing.py --out FILE --shapes "bf16:512x4096x4096,..." [--forced "..."]"""
 import argparse, contextlib, json, os, statistics, time
 import torch
 import torch.nn.functional as F
