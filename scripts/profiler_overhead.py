@@ -16,7 +16,7 @@ random tokens, for each shape in --shapes. Modes (what is on during the timed fo
 - ``profile``:       ``ferroattn.profiler.profile(model)`` (hooks + recorder), ``prof.step()`` after
                      each forward (outside the timed region), as a training/serving loop uses it.
 
-``--stamp-experiment`` (session 6, P2; see STAMP_EXPERIMENT_MODES below): event marks vs stamps (a
+``--stamp-experiment`` (see STAMP_EXPERIMENT_MODES below): event marks vs stamps (a
 one-thread %globaltimer kernel per mark, ``attach(clock="stamp")``) with the same module set,
 paired and interleaved like every mode, plus the in-situ host µs per mark of both, loops of both
 kinds of marks (tight, after a kernel launch, after host work, side stream, GPU µs back to back),
@@ -63,7 +63,7 @@ MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop
 DIAGNOSTIC_MODES = ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_noop_native", "hooks_nvtx",
                     "hooks_old", "hooks_pyw", "hooks_marks_only_pyw", "profile_pyw", "profile_lazy",
                     "hooks_stamp", "hooks_stamp_marks_only", "hooks_nomark_native", "profile_stamp")
-#: Stamp experiment (session 6, P2; ``--stamp-experiment`` selects it): stamps = a one-thread kernel per
+#: Stamp experiment (``--stamp-experiment`` selects it): stamps = a one-thread kernel per
 #: mark writing %globaltimer into a device slot (``attach(clock="stamp")``, ``_native.profiler_stamp``)
 #: instead of a cuEventRecord. hooks_stamp / hooks_stamp_marks_only / profile_stamp: hooks /
 #: hooks_marks_only / profile with stamps (same module set, same native per-call path);
@@ -75,9 +75,9 @@ DIAGNOSTIC_MODES = ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_n
 #: agreement of stamp- and event-derived module times taken in the same forwards (every mark both).
 STAMP_EXPERIMENT_MODES = ("hooks_marks_only", "hooks_stamp_marks_only", "hooks_nomark_native", "hooks",
                           "hooks_stamp", "recorder", "profile", "profile_stamp")
-#: A/B of the session-6 changes in one run: *_pyw: the Python per-call wrapper (``native_wrap=False``;
-#: its marks are ``_native.profiler_mark``, capture check at every mark: the per-call path before
-#: session 6) instead of the native one (``_native.ProfilerForward``: one native call per hooked
+#: A/B of the native per-call path in one run: *_pyw: the Python per-call wrapper (``native_wrap=False``;
+#: its marks are ``_native.profiler_mark``, capture check at every mark: the older per-call path)
+#: instead of the native one (``_native.ProfilerForward``: one native call per hooked
 #: call, marks straight from Rust, the legacy-stream capture check once per root call);
 #: profile_lazy: profile() resolving finished calls at every 4th step (``harvest_forwards = 4``)
 #: instead of at every step (the default). In the 2026-11-30 05:44 run (profiler_overhead_*_T0544)

@@ -343,7 +343,7 @@ def test_torch_func_reverse_transforms_name_ferroattn(transform):
     assert "setup_context" in msg and ".backward()" in msg
 
 
-# ---- second breaker pass (session 6) --------------------------------------------------------
+# ---- rejected inputs, second set ---------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, name", [
     ({"softmax_scale": np.complex64(0.1 + 5j)}, "softmax_scale"),
     ({"softmax_scale": np.complex128(0.1)}, "softmax_scale"),

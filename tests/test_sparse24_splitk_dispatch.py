@@ -1,7 +1,7 @@
 """CPU: the shipped 2:4 dispatch table and margin (python/ferroattn/sparse24.py) choose the sparse kernel on the
-medium LLM shapes where session 8's GPU-time-only run measured it faster than dense and cuSPARSELt
-(.dev/s2/run1/split_*.json), and dense where it is slower; session 9: the entries whose native schedule became the
-128-row wgmma_sp tile (.dev/s3/run2/sweep.json)."""
+medium LLM shapes where GPU time measured it faster than dense and cuSPARSELt
+(bench/results/sparse24_splitk_s8/call1_split_*.json), and dense where it is slower; the entries whose native
+schedule is the 128-row wgmma_sp tile: bench/results/sparse24_sched_s9/call2_sweep_20261130T1341.json."""
 import pytest
 
 from ferroattn import sparse24
@@ -14,7 +14,7 @@ from ferroattn import sparse24
     (256, 4096, 11008, "sparse"),      # split-k: 1.04-1.13x dense
     (512, 4096, 11008, "sparse"),
     (300, 14336, 4096, "sparse"),
-    (256, 4096, 4096, "sparse"),       # session 9, 128-row tile: 1.16-1.19x dense (split-k was 0.85x)
+    (256, 4096, 4096, "sparse"),       # 128-row tile: 1.16-1.19x dense (split-k was 0.85x)
     (512, 4096, 4096, "sparse"),       # 1.31-1.34x (whole 256-row tiles were 0.86-0.87x)
     (128, 11008, 4096, "sparse"),      # 1.29x (split-k was 0.95-0.97x)
     (128, 4096, 4096, "dense"),        # still split-k (16 tiles): 0.74x

@@ -8,7 +8,7 @@
 // Q, dO, LSE and D (load_query_tile) and the cp.async group discipline of the query pipeline
 // (query_pipe_prologue). The kernels differ only in their warp partition and shared-memory map
 // (passed in as DkdvSmemMap). Their machine code is the one they had before this header (SASS
-// byte-identical, .dev/bwd_dkdv/README.md "K2"); the forms below that look odd keep it so.
+// byte-identical); the forms below that look odd keep it so.
 // Iteration it of a block: query head head_k*group + it / per_head, query tile
 // m_first + it % per_head (GQA heads of the kv head in a fixed order, no atomics for dK/dV).
 // The query tiles are those holding a row that sees a key of the block, by the variant's rule

@@ -3,14 +3,14 @@
 // each consumer warpgroup owns a whole BM x BN tile, so one warpgroup's epilogue runs while the
 // other warpgroup's wgmmas keep the tensor cores busy.
 //
-// Why (.dev/gemm_sm90/NOTES.md, bench/NOTES.md "Dense GEMM, Hopper path"): with both consumer
+// Why (bench/NOTES.md "Dense GEMM, Hopper path"): with both consumer
 // warpgroups on one 128 x 256 tile (gemm_sm90), the tensor cores idle for the whole epilogue of
 // every tile (~7.5 us of ~55 us at k = 4096); the mainloop alone runs at 1.04-1.08x cuBLAS.
 //
 // Tiling: CTA-level work unit = one BM x BN x BK=64 tile per consumer warpgroup, BM in {64, 128}
 // (BM / 64 m64 wgmma blocks), BN in {128, 256} (the wgmma N); src/tuning/gemm_sm90.rs uses
 // 128 x 128 with 6 stages (two m64n128k16 wgmmas per k16 step, 2 x 64 fp32 accumulators per
-// thread). H200 (bench/NOTES.md, session 5): 128 x 128 gemm_sm90_pingpong beats gemm_sm90 by
+// thread). H200 (bench/NOTES.md "Dense GEMM, Hopper path"): 128 x 128 gemm_sm90_pingpong beats gemm_sm90 by
 // 3-10 % at k = 4096 and loses 3-15 % at k >= 8192; gemm_sm90_pingpong_c2 (below) is correct but
 // runs at ~0.4x cuBLAS (not understood yet; suspect: fewer co-resident 2-CTA clusters than the
 // grid assumes, which a static persistent schedule turns into a second wave).

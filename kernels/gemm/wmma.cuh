@@ -44,7 +44,7 @@
 //                     warp multiplied its last fragments of slot s (one arrive per warp); copies
 //                     run Stages-2 tiles ahead (Stages >= 3), so a warp may run up to a tile
 //                     ahead of the slowest one instead of meeting all of them every tile (H200,
-//                     session 8: +15 % at 128x256x64 with 4 stages; ncu: the barrier and MIO
+//                     bench/NOTES.md "WMMA path": +15 % at 128x256x64 with 4 stages; ncu: the barrier and MIO
 //                     throttle stalls gone).
 //   Persistent (Mbarrier only; the sm_90a large tile, tile override field 9) a
 //              persistent grid: gridDim = (CTAs, 1, 1) over the tiles_m * tiles_n * batch work

@@ -373,7 +373,7 @@ DISPATCH_TABLE: dict[str, dict[str, dict[tuple[int, int], tuple[tuple[int, float
         },
     },
 }
-#: the sparse kernel is chosen where it measured at least this much faster than dense. Session 5 used 1.1 (one
+#: the sparse kernel is chosen where it measured at least this much faster than dense. A margin of 1.1 suited one
 #: timing per entry on a power-capped GPU drifting by a few per cent); the entries are now paired per-round
 #: ratios (drift cancels, rounds agree within ~1-2 %), so 3 % above parity: a noisy win of 1.03 is at worst a
 #: ~0.98x loss against dense (never near the 0.95x floor), while 1.1 kept dense where cuSPARSELt beats dense

@@ -319,7 +319,7 @@ def progress_line(p: dict) -> str:
 def dispatch_table(points: Sequence[dict], arch: str) -> dict:
     """``{arch: {dtype: {"n,k": [[rows, speedup of the sparse kernel over dense], ...]}}}`` from the
     measured points (the format of ``ferroattn.sparse24.set_dispatch_table``): the GPU-time speedup
-    where the point has one (how the table in ferroattn/sparse24.py is measured since session 8),
+    where the point has one (how the table in ferroattn/sparse24.py is measured),
     else the per-call one (``--timing call``, or a GPU time that did not hold)."""
     out: dict = {}
     for p in points:

@@ -6,7 +6,7 @@ implementation runs (the dispatcher, the Python autograd wrapper, ``torch._disab
 alias checks): measured on a 2-core CPU host, 28 µs of the 37 µs of one
 ``torch.ops.ferroattn.sparse24_linear`` call with the kernel launch stubbed out; on the H200 host
 ``ferroattn.sparse24.matmul`` cost ~55 µs per call against 14 µs for ``F.linear``
-(.dev/sparse24_wgmma/NOTES_section_host.md). For decode-sized problems the kernels take ~10-25 µs,
+(bench/NOTES.md). For decode-sized problems the kernels take ~10-25 µs,
 so the op's dispatch dominated.
 
 The op is only *needed* when something may watch or transform the call; :func:`plain_eager` says

@@ -47,7 +47,7 @@ Measured on an H200 (tests/test_gpu_profiler.py, scripts/profiler_overhead.py; f
 bench/results/profiler_*.json): module records of a Llama-3.2-1B-config forward sum to the whole
 forward within ~2 %; ``profile()`` adds < 1.5 % to a GPU-bound forward (batch 4 x 2048 tokens);
 on a host-bound one (1 x 256, ~15 ms of host time) every hooked module call's host time adds to
-the wall time: +26-60 % with torch hooks and torch.cuda.Event pairs (session 3), hence forward
+the wall time: +26-60 % with torch hooks and torch.cuda.Event pairs, hence forward
 wrappers and native marks (estimated ~6-7 µs per hooked call, ~2-3 % at 1 x 256; measured by
 scripts/profiler_overhead.py); ceilings within 20 % of the H200's copy bandwidth and cuBLAS rate; our kernels appear by
 name in a simultaneous torch.profiler trace. On a machine without a GPU, time a model on the CPU
