@@ -44,20 +44,20 @@ impl WmmaTile {
     /// that wait only for the copies they need and for the slot they refill (copies 2 tiles
     /// ahead, so a warp may run a tile ahead of the slowest one); one block per SM. Interior
     /// blocks run this loop, edge blocks the single-buffered one with `__syncthreads`
-    /// (kernels/gemm/wmma.cuh), which keeps every layout spill-free. H200, session 8 (.dev/w2,
+    /// (kernels/gemm/wmma.cuh), which keeps every layout spill-free. H200 (bench/results/gemm_wmma_s8/,
     /// paired vs cuBLAS on 12 target points): median 0.534x, min 0.517x, where the same tile with
-    /// one `__syncthreads` per tile and 3 stages (the session-7 default) gave 0.463x / 0.421x,
+    /// one `__syncthreads` per tile and 3 stages (the previous default) gave 0.463x / 0.421x,
     /// 256 x 128 x 64 with mbarriers 0.509x, 128 x 128 x 64 (two blocks per SM) 0.477x. Persistent
-    /// (.dev/w4, session 8: the next tile's fill under this tile's epilogue): 1.030x the
+    /// (bench/results/gemm_wmma_s8/w4/: the next tile's fill under this tile's epilogue): 1.030x the
     /// non-persistent kernel (paired median on 8 k = 4096 points + 8192^3; 0.996-1.056). The
-    /// unrolled plain epilogue and the stream-k tail (.dev/w5, session 8): 1.109x the persistent
-    /// kernel of d24874e (paired median on 9 target points, 1.080-1.134; vs cuBLAS median 0.550,
-    /// min 0.529 there, where d24874e gave 0.498 / 0.479). Its ring
+    /// unrolled plain epilogue and the stream-k tail (bench/NOTES.md "WMMA path"): 1.109x the
+    /// persistent kernel without them (paired median on 9 target points, 1.080-1.134; vs cuBLAS median
+    /// 0.550, min 0.529 there, where it gave 0.498 / 0.479). Its ring
     /// (up to 216 KiB + 8 KiB of epilogue slabs) needs sm_90's shared memory: other archs take [`LARGE`].
     pub const LARGE_SM90: WmmaTile =
         WmmaTile { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 4, double_buffer: true, mbarrier: true, persistent: true };
     /// Other archs: 128 x 256 x 32, 3 stages, double-buffered fragments (no spills on sm_80; on
-    /// the H200 median 0.417x cuBLAS on the 12 points where the session-7 LARGE_SM90 gave 0.475x).
+    /// the H200 median 0.417x cuBLAS on the 12 points where LARGE_SM90's 3-stage, one-barrier form gave 0.475x).
     pub const LARGE: WmmaTile =
         WmmaTile { bm: 128, bn: 256, bk: 32, warps_m: 2, warps_n: 4, stages: 3, double_buffer: true, mbarrier: false, persistent: false };
     /// 128 x 128 on 4 warps of 64 x 64, 3 stages: two blocks per SM. Single-buffered: with
@@ -272,7 +272,7 @@ pub struct StreamKPlan {
 /// Whole waves `Auto` needs before a stream-k tail. The tail's CTAs each walk their own range of
 /// k tiles (different items at different k offsets at once), so its operand tiles are shared
 /// less in L2 than the data-parallel raster's: with few waves the tail is a large share of the
-/// call. H200 (session 8, .dev/w5): 7.8-54 waves gained 0.5-4.5 % (paired, 9 points); 3.9 waves
+/// call. H200 (bench/NOTES.md "WMMA path"): 7.8-54 waves gained 0.5-4.5 % (paired, 9 points); 3.9 waves
 /// (512 items: 4096 x 4096 x 4096 / x 11008) lost ~5-8 % (estimated from two unpaired bench runs).
 pub const STREAM_K_MIN_WAVES: u64 = 7;
 
@@ -571,7 +571,7 @@ mod tests {
         assert_eq!(parse_tile(" 64, 64, 32, 2, 2, 3 "), Some(WmmaTile::SMALL));
         assert_eq!(parse_tile("128,128,32,2,2"), None);
         assert_eq!(parse_tile("128,256,64,2,4,4,1,1"), Some(WmmaTile { persistent: false, ..WmmaTile::LARGE_SM90 }));
-        let s7 = WmmaTile { stages: 3, mbarrier: false, persistent: false, ..WmmaTile::LARGE_SM90 }; // session 7's default
+        let s7 = WmmaTile { stages: 3, mbarrier: false, persistent: false, ..WmmaTile::LARGE_SM90 }; // the 3-stage, one-barrier form
         assert_eq!(parse_tile("128,256,64,2,4,3,1"), Some(s7));
         assert_eq!(parse_tile("128,256,64,2,4,3"), Some(s7));
         assert_eq!(parse_tile("128,256,64,2,4,3,0"), Some(WmmaTile { double_buffer: false, ..s7 }));

@@ -64,12 +64,12 @@ pub enum SchedulePolicy {
     /// Cooperative for larger k, where the epilogue share is small and PingPong's 128 x 128 tiles
     /// (1.33x the L2 -> shared-memory bytes per MAC, lower clocks under the power cap) lost
     /// 3-15 %, and for activations (bias + erf-GELU with PingPong: -4 % to -8 % in 3 of 4
-    /// measurements). bench/NOTES.md "Dense GEMM, Hopper path", session 5: harness median over
+    /// measurements). bench/NOTES.md "Dense GEMM, Hopper path": harness median over
     /// the target grid 0.940 -> 0.952 and 0.934 -> 0.944 in two device calls.
     ByK,
 }
 
-/// The production policy. Fixed(Cooperative) = the kernel as before session 5: the k-rule has
+/// The production policy. Fixed(Cooperative) = the cooperative kernel for every problem: the k-rule has
 /// passed the harness on the GPU but not yet the GPU tests through the wheel (switch to ByK
 /// after they pass; FERROATTN_GEMM_SM90_SCHEDULE=auto selects it at run time meanwhile).
 /// PingPongCluster2 is correct but ~0.4x cuBLAS in its current form (never chosen by default).
@@ -94,7 +94,7 @@ pub fn policy_schedules(policy: SchedulePolicy) -> Vec<Schedule> {
 
 /// Whether production kernels carry the branch-free epilogue loop (FastEpi) that calls without c
 /// and aux take: stmatrix stores of 16-bit outputs, no per-element predicates (bench/NOTES.md
-/// "Dense GEMM, Hopper path", session 5b). FERROATTN_GEMM_SM90_FAST_EPILOGUE=0 selects the
+/// "Dense GEMM, Hopper path"). FERROATTN_GEMM_SM90_FAST_EPILOGUE=0 selects the
 /// general loop at run time (src/ops/gemm/sm90.rs).
 pub const DEFAULT_FAST_EPILOGUE: bool = true;
 

@@ -10,7 +10,7 @@
 pub enum GridPolicy {
     /// The fewest CTAs that keep the wave count ceil(tiles / SMs) ([`balanced_grid`]); the default.
     Balanced,
-    /// One CTA per SM (min(tiles, SMs)): the grid before session 7.
+    /// One CTA per SM (min(tiles, SMs)): the grid before the balanced rule.
     Full,
     /// Balanced over at most this many SMs (>= 1): for experiments.
     Max(u64),
@@ -46,8 +46,8 @@ impl GridPolicy {
 /// a partial last wave leaves whole SMs idle for the whole call instead of running a short tail on
 /// some of them. tiles <= sms: `tiles` (at least 1). Examples (132 SMs): 2048 tiles -> 128 CTAs (16
 /// waves either way), 3584 -> 128, 7168 -> 131, 2752 -> 132.
-/// Why (H200, paired same-process runs, session 7, bench/NOTES.md "Session 7: wgmma_sp balanced
-/// persistent grid"): for the 2:4 kernel, where this gives 128 CTAs instead of 132 the same waves
+/// Why (H200, paired same-process runs, bench/NOTES.md "wgmma_sp balanced persistent grid vs
+/// cuSPARSELt"): for the 2:4 kernel, where this gives 128 CTAs instead of 132 the same waves
 /// finish 1.7-4.4 % sooner (8192^3, 16384x4096x11008, 8192x14336x4096, bf16 and fp16); grids that
 /// stay at 131-132 are unchanged (0.999-1.004x); no measured shape got slower. Mechanism not
 /// isolated: the software power cap was flagged in most timing windows (fewer busy SMs, higher
@@ -66,7 +66,7 @@ mod tests {
 
     #[test]
     fn balanced_grid_keeps_the_waves_with_the_fewest_ctas() {
-        // the shapes measured in session 7 (256 x 128 tiles of the 2:4 kernel, 132 SMs)
+        // the shapes measured for the balanced rule (256 x 128 tiles of the 2:4 kernel, 132 SMs)
         assert_eq!(balanced_grid(2048, 132), 128);
         assert_eq!(balanced_grid(3584, 132), 128);
         assert_eq!(balanced_grid(7168, 132), 131);

@@ -169,7 +169,7 @@ pub fn resident_blocks(tile: &Tile, arch: Arch) -> u32 {
 /// SMs: the largest tile whose block rows fit the call (128 only above 64 rows, 64 above 32,
 /// 32 above 16) and whose grid fills at least 3/4 of the GPU (of its resident block slots for
 /// the 64- and 128-row tiles, of its SMs for the weight-streaming 16- and 32-row tiles); else
-/// the smallest that fits. (call 1 on the H200, .dev/sparse24/NOTES.md: 128 × 128 tiles
+/// the smallest that fits. (On the H200, bench/NOTES.md "2:4": 128 × 128 tiles
 /// at 32 blocks ran rows = 128, n = 4096 at 0.23x dense.)
 pub fn tile_for(rows: u64, n_pad: u64, sm_count: u32, arch: Arch) -> Tile {
     let fits = |t: &Tile| rows > (t.block_r as u64) / 2 || t.block_r == 16;
@@ -369,8 +369,8 @@ impl Sparse24WgmmaConfig {
 }
 
 /// The wgmma_sp configuration for a call: 256 w rows × 128 tokens, 3 stages (205 KiB of shared
-/// memory): the fastest of the four tiles measured on the H200 (.dev/sparse24_wgmma/NOTES.md,
-/// 2026-11-30: 1.24× / 1.31× torch dense at 8192³ / 4096×11008×4096 bf16; 128 × 128 × 4 stages
+/// memory): the fastest of the four tiles measured on the H200 (bench/NOTES.md "2:4 wgmma_sp":
+/// 1.24× / 1.31× torch dense at 8192³ / 4096×11008×4096 bf16; 128 × 128 × 4 stages
 /// 0.91× / 1.04×).
 pub fn wgmma_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
     wgmma_config_epilogue(activation, dtype, arch, WGMMA_EPILOGUE_DEFAULT)
@@ -409,9 +409,9 @@ pub fn wgmma_config_variant(
 }
 
 /// The mainloop form production uses when $FERROATTN_WGMMA_SP_MAINLOOP is unset: 1 (wait_group 0
-/// per stage). The pipelined form (2) is spill-free at the production tile since session 7 (0
-/// spills, 0 metadata hazards in SASS, .dev/sparse24_wgmma/NOTES_section_s3.md) but not yet
-/// measured against it: it stays opt-in.
+/// per stage). The pipelined form (2) is spill-free at the production tile (0 spills, 0 metadata
+/// hazards in SASS) and correct, but measured 0-4 % slower on the H200
+/// (bench/results/sparse24_ab_pipe_nvidia-h200_20261130T0628.json): it stays opt-in.
 pub const WGMMA_META_SETS_DEFAULT: u32 = 1;
 
 /// Parse $FERROATTN_WGMMA_SP_MAINLOOP: unset / empty -> the default, "wait0" or "1" -> 1, "pipe"
@@ -428,7 +428,7 @@ pub fn parse_wgmma_mainloop(value: Option<&str>) -> Option<u32> {
 /// The epilogue form production uses when $FERROATTN_WGMMA_SP_EPILOGUE is unset: 1 (staged). H200
 /// same-process A/B, 2026-11-30 05:38: staged / direct 1.05-1.10x on every k = 4096 LLM shape
 /// (bf16 8192x11008x4096: 966 vs 884 dense-equivalent TFLOP/s), 1.03x at 8192^3, 0.99-1.01x at
-/// k = 11008; outputs bitwise equal (.dev/sparse24_wgmma/NOTES_section.md).
+/// k = 11008; outputs bitwise equal (bench/results/sparse24_ab_epilogue_nvidia-h200_20261130T053800.json).
 pub const WGMMA_EPILOGUE_DEFAULT: u32 = 1;
 
 /// Parse $FERROATTN_WGMMA_SP_EPILOGUE: unset / empty -> the default, "direct" or "0" -> 0,
@@ -501,7 +501,7 @@ pub fn wgmma_stream_k_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
 }
 
 /// The 128 w-row x 128 token tile (staged epilogue, 4 stages: 222 400 B of shared memory) that
-/// `wgmma_schedule` picks when the 256-row tiles would leave most SMs idle (session 5: 0.91x / 1.04x
+/// `wgmma_schedule` picks when the 256-row tiles would leave most SMs idle (H200: 0.91x / 1.04x
 /// torch dense per SM at 8192^3 / 4096 x 11008 x 4096, against 1.24x / 1.31x for 256 x 128: worse per
 /// SM, but twice the CTAs).
 pub fn wgmma_bm128_config(activation: Activation, dtype: DType, arch: Arch) -> Sparse24WgmmaConfig {
@@ -597,21 +597,21 @@ pub fn parse_wgmma_stream_k(value: Option<&str>) -> Option<StreamKPolicy> {
 }
 
 /// Cost-model constants of `wgmma_schedule` (stage-times of a 256 x 128 tile, ~0.9-1.0 us on an H200
-/// SM): a 128 x 128 stage relative to a 256 x 128 one (session 5: 128 x 128 ran 0.91 / 1.24 and 1.04 /
-/// 1.31 of the 256-row tile's rate per SM -> ~0.65 of its time for half the work; session 9: 20.9 /
+/// SM): a 128 x 128 stage relative to a 256 x 128 one (128 x 128 ran 0.91 / 1.24 and 1.04 /
+/// 1.31 of the 256-row tile's rate per SM -> ~0.65 of its time for half the work; later 20.9 /
 /// 32.7 us = 0.64 at 512 x 4096 x 4096, 0.54-0.68 from the forced 128-row tile at 1024-8192 rows), and
-/// one hand-off of a stream-K partial sum (128 KiB of fp32 written or read by one SM through L2; S2's
-/// fused split-k, session 8: ~5-6 us per sequential hand-off = write + read). The stream-K model
-/// (`wgmma_stream_k_cost`) predicted 0.86-0.96x of whole tiles where session 9 measured 0.79-0.96x
-/// SLOWER: it only picks the tail of the forced ("on") form.
+/// one hand-off of a stream-K partial sum (128 KiB of fp32 written or read by one SM through L2; the
+/// fused split-k measured ~5-6 us per sequential hand-off = write + read). The stream-K model
+/// (`wgmma_stream_k_cost`) predicted 0.86-0.96x of whole tiles where the H200 measured 0.79-0.96x
+/// SLOWER (bench/results/sparse24_sched_s9/): it only picks the tail of the forced ("on") form.
 pub const WGMMA_BM128_STAGE: f64 = 0.65;
 /// Fewest rows (tokens) for which the auto rule takes the 128-row tile: one whole 128-token tile. At 64
-/// rows it measured no better than split-k (session 9: 64 x 11008 x 4096 0.979 / 0.982x, 64 x 14336 x 4096
+/// rows it measured no better than split-k (H200: 64 x 11008 x 4096 0.979 / 0.982x, 64 x 14336 x 4096
 /// 1.012 / 1.004x of the 3- / 2-chunk split, bf16 / fp16), from 128 rows 1.17-1.53x; 65-127 rows not measured.
 pub const WGMMA_BM128_MIN_ROWS: u64 = 128;
 /// Stage-time of the 128-row tile relative to the 256-row one in the wave rule of `wgmma_schedule`
 /// (calls with more 128-row tiles than SMs): the 128-row tile wins where ceil(2 tiles / sms) x this <
-/// ceil(tiles / sms). 0.55 puts all seven shapes forced to the 128-row tile in session 9 on the measured
+/// ceil(tiles / sms). 0.55 puts all seven shapes measured with the forced 128-row tile on the measured
 /// side (wins: fp16 1024 x 14336 x 4096, 1.030x [1.021, 1.041]; losses: 1024 / 2048 / 4096 x 11008 x 4096,
 /// 8192 x 14336 x 4096, 1024 x 4096 x 11008, 256 x 11008 x 4096, 0.75-0.97x).
 pub const WGMMA_BM128_WAVE_STAGE: f64 = 0.55;
@@ -672,7 +672,7 @@ pub fn wgmma_stream_k_cost(tiles: u64, k_tiles: u64, sms: u64, tail: u64) -> f64
 /// The stream-K tail the cost rule likes best, as (tail tiles, modelled cost): every tile when
 /// tiles <= sms; else the partial last wave (tiles % sms) or that plus one full wave (never more: a
 /// full-grid stream-K would run 132 CTAs where the balanced grid runs e.g. 128, which measured
-/// 1.7-4.4 % faster in session 7).
+/// 1.7-4.4 % faster on the H200).
 pub fn wgmma_stream_k_tail(tiles: u64, k_tiles: u64, sms: u64) -> (u64, f64) {
     let sms = sms.max(1);
     if tiles <= sms {
@@ -696,13 +696,14 @@ pub fn wgmma_stream_k_tail(tiles: u64, k_tiles: u64, sms: u64) -> (u64, f64) {
 /// twice the tiles still fit in one wave (2 tiles <= sms) and its modelled time (WGMMA_BM128_STAGE x
 /// k_tiles + UNIT_FILL) is below split-k's best (`wgmma_split_plan`, `wgmma_split_cost`) and the whole-tile
 /// one; else split-k
-/// where `wgmma_split_plan` says so (unchanged since session 8); else, for calls with more 128-row tiles
+/// where `wgmma_split_plan` says so; else, for calls with more 128-row tiles
 /// than SMs, the 128-row tile where its wave count x WGMMA_BM128_WAVE_STAGE is below the 256-row tile's
 /// (a partial last wave that the 128-row tile packs tighter: 1024 x 14336 x 4096, 448 tiles = 3.4 waves
 /// -> 7 x 0.55 = 3.85 < 4); else whole tiles. The auto rule never
-/// picks stream-K: on the H200 it measured slower than whole tiles on every shape tried (session 9,
-/// 0.79-0.96x; e.g. 2048 x 11008 x 4096 fp16 182.7 vs 174.6 us), so it stays opt-in.
-/// Measured (H200, session 9, GPU time, 5 paired rounds, bf16 / fp16, us, old schedule -> 128-row tile):
+/// picks stream-K: on the H200 it measured slower than whole tiles on every shape tried
+/// (0.79-0.96x; e.g. 2048 x 11008 x 4096 fp16 182.7 vs 174.6 us), so it stays opt-in.
+/// Measured (H200, GPU time, 5 paired rounds, bf16 / fp16, us, bench/results/sparse24_sched_s9/;
+/// previous schedule -> 128-row tile):
 /// 256 x 4096 x 4096 27.8 -> 20.2 / 27.9 -> 20.5 (was split 3), 512 x 4096 x 4096 32.6 -> 21.2 (whole
 /// tiles), 384 x 4096 x 4096 28.9 -> 20.7 (split 2), 128 x 11008 x 4096 36.1 -> 26.7 (split 3), 128 x 14336
 /// x 4096 37.2 -> 29.3 (whole), 512 x 4096 x 11008 52.1 -> 44.8 / 52.6 -> 45.0 (fused split 2), 1024^3
@@ -812,7 +813,7 @@ pub enum FusePolicy {
 }
 
 /// Most chunks `FusePolicy::Auto` fuses. The hand-offs of the running sum are sequential per tile,
-/// so fusing pays only for few chunks. Measured on the H200 (session 8, bench/NOTES.md, GPU time,
+/// so fusing pays only for few chunks. Measured on the H200 (bench/NOTES.md, GPU time,
 /// 3 paired rounds): 2 chunks (512 x 4096 x 11008) fused 51.7 / 52.3 us vs 55.4 / 56.2 unfused
 /// (bf16 / fp16); 3-4 chunks 7-16 % slower fused (256 x 4096 x 4096 / 11008), decode-sized splits
 /// up to 2.2x slower.
@@ -1334,7 +1335,7 @@ mod tests {
         ] {
             assert_eq!(sched(tiles, k_tiles, rows, n), Tiles, "{tiles} {k_tiles}");
         }
-        // policies: "256" / "off" restore the session-8 choices; forced forms
+        // policies: "256" / "off" restore the choices before the 128-row tile; forced forms
         assert_eq!(wgmma_schedule(64, 32, 512, 4096, 132, auto, TilePolicy::Only256, sk_auto), Tiles);
         assert_eq!(
             wgmma_schedule(64, 86, 512, 4096, 132, auto, TilePolicy::Only256, sk_auto),

@@ -31,7 +31,7 @@ pub use splitk::{reduce_production_specs, GemmSplitkReduceParams};
 /// Whether `supports` may return true. The kernel passed its H200 checks (84/84 layouts, tails,
 /// batches, broadcasts, epilogues vs an fp32 reference; compute-sanitizer memcheck clean) through
 /// a harness that builds the same tensor maps and parameter bytes as this file
-/// (.dev/gemm_sm90/NOTES.md); set to false to send every problem to the wmma path.
+/// (bench/NOTES.md "Dense GEMM, Hopper path"); set to false to send every problem to the wmma path.
 const VERIFIED_ON_GPU: bool = true;
 
 /// Mirror of `struct GemmSm90Params` in kernels/gemm/sm90.cuh (change both together).

@@ -675,15 +675,15 @@ fn tile_grid(p: &MatmulProblem, block_r: u32, block_n: u32) -> Result<(u64, u64)
 }
 
 /// Whether the wgmma_sp kernel may run: on unless FERROATTN_SPARSE24_WGMMA is "0" (a switch for a
-/// GPU run that finds it wrong; its harness is .dev/sparse24_wgmma, passed 23/23 on the H200 on
-/// 2026-11-30 after the metadata-register fix).
+/// GPU run that finds it wrong; its harness passed 23/23 on the H200 after the metadata-register
+/// fix, bench/results/sparse24_wgmma_harness_20261130T0412/).
 fn wgmma_enabled() -> bool {
     std::env::var("FERROATTN_SPARSE24_WGMMA").map_or(true, |v| v.trim() != "0")
 }
 
 /// Rows (tokens) from which backend "auto" runs wgmma_sp where it can run (sm_90a, TMA-aligned x,
-/// not disabled); mma_sp below (its small tiles suit decode-sized calls). 256 in session 7; 46 since
-/// wgmma_sp split-k (session 8, GPU time only, .dev/s2/run1 + run2): wgmma_sp (split where the rule
+/// not disabled); mma_sp below (its small tiles suit decode-sized calls). 46 because with split-k
+/// (GPU time only, bench/results/sparse24_splitk_s8/): wgmma_sp (split where the rule
 /// says) beats mma_sp on all four LLM weight shapes at 64, 96 and 128 rows in bf16 and fp16 (e.g.
 /// 64 x 4096 x 11008: 31.0 vs 51.4 us; 64 x 4096 x 4096: 21.6 vs 22.3), mma_sp wins at 16 rows
 /// everywhere (15.3 vs 19.7 us at 4096 x 4096). 46 is the boundary of python/ferroattn/sparse24.py's
