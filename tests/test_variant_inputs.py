@@ -104,3 +104,18 @@ def test_dmask_op_validates_before_it_allocates(mode):
         q = torch.zeros(32, 4, 64, dtype=BF16)
         with pytest.raises(errors.ArgumentError, match=r"^cu_seqlens_q: expected length batch \+ 1 >= 1"):
             call(q, torch.zeros(0, dtype=torch.int32), torch.zeros(2, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("window", [(1.5, 2), (True, 1), "ab", (1, float("nan"))])
+def test_bad_window_size_under_torch_compile_raises_argument_error(window):
+    """torch.compile (Dynamo) reaches the ArgumentError, not an internal error from tracing
+    ``operator.index`` of a float."""
+    from ferroattn.flash_attn_interface import _check_window
+
+    def f(x, w):
+        left, _ = _check_window(w)
+        return x + left
+
+    torch._dynamo.reset()
+    with pytest.raises(errors.ArgumentError, match=r"^window_size: expected a pair of ints"):
+        torch.compile(f, backend="eager")(torch.zeros(2), window)

@@ -161,6 +161,21 @@ def _check_softmax_scale(softmax_scale, head_dim: int) -> float:
     return scale
 
 
+def _as_int(value) -> Optional[int]:
+    """``operator.index(value)``, or None where it would raise. Ints, numpy ints and the common
+    non-integers (floats, strings) are told apart by type first, so torch.compile's Dynamo, which
+    cannot trace the TypeError of ``operator.index(1.5)``, reaches the ArgumentError the caller
+    raises. Bools are the caller's to exclude."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, complex, str, bytes, np.floating, np.complexfloating)):
+        return None
+    try:
+        return operator.index(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: the value of a meta tensor
+        return None
+
+
 def _check_flag(flag, name: str) -> bool:
     """A flag (``causal``, ``deterministic``) as a bool: a bool, numpy bool, the ints 0 / 1 (or a
     one-element tensor holding one of these), or None (False). Anything else (e.g. the string
@@ -169,10 +184,7 @@ def _check_flag(flag, name: str) -> bool:
         return False
     if isinstance(flag, (bool, np.bool_)):
         return bool(flag)
-    try:
-        value = operator.index(flag)
-    except (TypeError, RuntimeError):  # RuntimeError: the value of a meta tensor cannot be read
-        value = None
+    value = _as_int(flag)
     if value not in (0, 1):
         raise ArgumentError(f"{name}: expected a bool, got {flag!r}")
     return bool(value)
@@ -243,10 +255,9 @@ def _check_max_seqlen(value, name: str) -> int:
     also for an empty batch. Raises ArgumentError naming ``name``."""
     if isinstance(value, (bool, np.bool_, Tensor)):
         raise ArgumentError(f"{name}: expected an int, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise ArgumentError(f"{name}: expected an int, got {value!r}") from None
+    n = _as_int(value)
+    if n is None:
+        raise ArgumentError(f"{name}: expected an int, got {value!r}")
     if not 0 <= n < 2**63:
         raise ArgumentError(f"{name}: expected an int in [0, {2**31 - 1}], got {n}")
     return n
@@ -271,10 +282,9 @@ def _check_window(window_size) -> Tuple[int, int]:
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or any(isinstance(w, (bool, np.bool_)) for w in window_size)):
         raise bad
-    try:
-        left, right = (operator.index(w) for w in window_size)
-    except (TypeError, ValueError, RuntimeError):  # RuntimeError: the value of a meta tensor
-        raise bad from None
+    left, right = (_as_int(w) for w in window_size)
+    if left is None or right is None:
+        raise bad
     return left, right
 
 
