@@ -25,6 +25,22 @@ def poison_allocator(*tensors_or_nbytes):
     del blocks
 
 
+def capture_graph(f, warmup: int = 2):
+    """Capture ``f()`` in a CUDA graph after ``warmup`` eager calls on a side stream (the JIT and
+    the caching allocator do their first-call work outside the capture); returns (graph, the
+    tensors ``f`` returned during capture, which each replay rewrites)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = f()
+    return graph, static
+
+
 def assert_lse_close(lse, ref_lse):
     """softmax_lse (fp32, the reference's shape) within LSE_ATOL · (1 + max|finite ref_lse|) of the
     fp32 reference; equal infinities (rows that see no key) count as equal."""

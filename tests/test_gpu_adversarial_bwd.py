@@ -24,7 +24,7 @@ from ferroattn.ops import attention as fwd_mod
 from ferroattn.ops.variant import AttnVariant
 from ferroattn.testing import assert_close_to_ref, attention_grads_ref, attention_ref, random_cu_seqlens
 
-from _gpu_common import BF16, DEV, FP16, assert_lse_close, poison_allocator
+from _gpu_common import BF16, DEV, FP16, assert_lse_close, capture_graph, poison_allocator
 from _gpu_common import check_grads as _check_grads
 from _gpu_common import rand_leaf as _rand
 
@@ -295,15 +295,7 @@ def test_batch_beyond_the_grid_cuda_graph(varlen):
             out = flash_attn_func(q, k, v, causal=True, deterministic=True)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):  # warm up (JIT, allocator) outside capture
-        for _ in range(2):
-            f()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static = f()
+    g, static = capture_graph(f)
     with torch.no_grad():
         for x in (q, k, v, dout):
             x.copy_(torch.randn_like(x))

@@ -44,7 +44,7 @@ from ferroattn.testing import (
     visible_mask,
 )
 
-from _gpu_common import BF16, DEV, DTYPES, FP16, assert_lse_close
+from _gpu_common import BF16, DEV, DTYPES, FP16, assert_lse_close, capture_graph
 from _gpu_common import poison_allocator as _poison_allocator
 
 pytestmark = pytest.mark.gpu
@@ -405,15 +405,7 @@ def test_cuda_graph_capture_replay_window_softcap(backward):
             return (out,)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm up (JIT, allocator) outside capture
-        for _ in range(2):
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static = f()
+    g, static = capture_graph(f)
     with torch.no_grad():
         for x in (q, k, v, dout):
             x.copy_(torch.randn_like(x) * (3.0 if x is q else 1.0))
