@@ -1,0 +1,15 @@
+"""Context parallelism: attention over a sequence split across the ranks of a torch.distributed
+process group (NCCL on GPUs), forward and backward.
+
+- :func:`ring_flash_attn_func`: rank r holds chunk r of the sequence; K/V blocks travel around the
+  ring and each rank merges the blocks' outputs through their softmax LSE (fp32).
+- :func:`zigzag_ring_flash_attn_func`: rank r holds chunks r and 2N − 1 − r (of 2N), so every rank
+  does the same causal work (:func:`zigzag_shard` / :func:`zigzag_unshard` lay a sequence out).
+
+Arguments as the ring-flash-attention project's functions (flash_attn's, plus ``group``)."""
+from .layout import zigzag_shard, zigzag_unshard
+from .merge import merge_attention
+from .ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
+
+__all__ = ["merge_attention", "ring_flash_attn_func", "zigzag_ring_flash_attn_func", "zigzag_shard",
+           "zigzag_unshard"]

@@ -1,0 +1,143 @@
+"""Context parallelism on the CPU (no GPU needed): the LSE merge against the full softmax, the
+zigzag layout, the ring's block plan (each (query, key) pair of the sequence in exactly one block
+with the right mask), and the ring itself on gloo over 2 and 3 processes -- its scheduling,
+point-to-point transfers, merge and backward against full attention in float64 (the block
+kernels replaced by exact references, tests/_ring_worker.py) -- plus argument errors. The same
+ring on GPUs with the real kernels is a GPU test."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ferroattn.distributed import merge_attention, zigzag_shard, zigzag_unshard
+from ferroattn.distributed.ring import block_plan, ring_flash_attn_func
+from ferroattn.errors import ArgumentError
+
+import _ring_worker
+
+
+def test_merge_of_key_blocks_equals_the_full_softmax():
+    torch.manual_seed(0)
+    b, s, h, d, n = 2, 5, 3, 4, 11
+    scores = torch.randn(b, h, s, n, dtype=torch.float64) * 4
+    scores[0, 0, 0, :6] = float("-inf")  # a row whose first block is empty
+    v = torch.randn(b, n, h, d, dtype=torch.float64)
+    full_lse = torch.logsumexp(scores, -1)
+    full = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, -1), v)
+    out = torch.zeros(b, s, h, d, dtype=torch.float32)
+    lse = torch.full((b, h, s), float("-inf"))
+    for lo, hi in ((0, 6), (6, 7), (7, 11)):
+        blk = scores[..., lo:hi]
+        blse = torch.logsumexp(blk, -1)
+        bout = torch.einsum("bhqk,bkhd->bqhd", torch.nan_to_num(torch.exp(blk - blse[..., None])), v[:, lo:hi])
+        blse = torch.where(torch.isneginf(blse), torch.full_like(blse, float("inf")), blse)  # kernel convention
+        out, lse = merge_attention(out, lse, bout, blse.float())
+    torch.testing.assert_close(out.double(), full, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse.double(), full_lse, rtol=1e-6, atol=1e-6)
+
+
+def test_merge_keeps_rows_without_keys_empty():
+    out, lse = merge_attention(torch.zeros(1, 2, 1, 4), torch.full((1, 1, 2), float("-inf")),
+                               torch.zeros(1, 2, 1, 4), torch.full((1, 1, 2), float("inf")))
+    assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_zigzag_layout(world):
+    x = torch.arange(2 * world * 3).view(1, -1)
+    parts = [zigzag_shard(x, r, world) for r in range(world)]
+    for r, p in enumerate(parts):
+        assert p.tolist()[0] == list(range(3 * r, 3 * r + 3)) + list(range(3 * (2 * world - 1 - r), 3 * (2 * world - r)))
+    assert torch.equal(zigzag_unshard(parts), x)
+    with pytest.raises(ArgumentError, match="multiple of 2 · world_size"):
+        zigzag_shard(torch.zeros(1, 5), 0, world)
+
+
+def _positions(rank, world, s, zigzag):
+    if not zigzag:
+        return list(range(rank * s, (rank + 1) * s))
+    c = s // 2
+    return list(range(rank * c, (rank + 1) * c)) + list(range((2 * world - 1 - rank) * c, (2 * world - rank) * c))
+
+
+@pytest.mark.parametrize("zigzag", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_block_plan_covers_each_visible_pair_once(world, causal, zigzag):
+    """Over every rank and ring step, the plan's blocks (with their bottom-right causal mask)
+    cover each (query, key) pair of the whole sequence that full attention sees exactly once,
+    and no other pair."""
+    s = 4
+    seen = {}
+    for rank in range(world):
+        for src in range(world):
+            qpos, kpos = _positions(rank, world, s, zigzag), _positions(src, world, s, zigzag)
+            for qs, ks, c in block_plan(rank, src, s, causal, zigzag):
+                rows, keys = qpos[qs], kpos[ks]
+                for i, qi in enumerate(rows):
+                    for j, kj in enumerate(keys):
+                        if not c or j <= i + len(keys) - len(rows):
+                            seen[(qi, kj)] = seen.get((qi, kj), 0) + 1
+    n = world * s
+    want = {(i, j) for i in range(n) for j in range(n) if not causal or j <= i}
+    assert set(seen) == want and all(c == 1 for c in seen.values())
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _full_attention(q, k, v, dout, causal):
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    out, lse = _ring_worker.ref_block_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+    return out.detach(), lse, torch.autograd.grad(out, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("world,zigzag,causal", [(2, False, True), (2, True, True), (3, False, False),
+                                                 (3, True, True), (2, False, False)])
+def test_ring_equals_full_attention_forward_and_backward(tmp_path, world, zigzag, causal):
+    case = {"seed": 7, "shape": (2, 4, 4, 2, 8), "zigzag": zigzag, "causal": causal}  # (b, local s, h, h_k, d)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_ring_worker.run, args=(r, world, port, case, str(tmp_path))) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0, f"rank process exited with {p.exitcode}"
+    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    g = torch.Generator().manual_seed(case["seed"])
+    b, s, h, hk, d = case["shape"]
+    q, k, v, dout = (torch.randn(b, s * world, n, d, generator=g, dtype=torch.float64) for n in (h, hk, hk, h))
+    out, lse, grads = _full_attention(q, k, v, dout, causal)
+    if zigzag:
+        join = zigzag_unshard
+        join_lse = lambda parts: zigzag_unshard(parts, dim=2)  # noqa: E731
+    else:
+        join = lambda parts: torch.cat(parts, dim=1)  # noqa: E731
+        join_lse = lambda parts: torch.cat(parts, dim=2)  # noqa: E731
+    torch.testing.assert_close(join([r["out"] for r in res]), out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(join_lse([r["lse"] for r in res]), lse, rtol=1e-10, atol=1e-10)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        torch.testing.assert_close(join([r["grads"][i] for r in res]), grads[i], rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_ring_argument_errors():
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ArgumentError, match="^q: expected a 4-D tensor"):
+        ring_flash_attn_func(q[0], q, q)
+    with pytest.raises(ArgumentError, match="multiple of 8"):
+        ring_flash_attn_func(q[..., :6], q[..., :6], q[..., :6])
+    with pytest.raises(ArgumentError, match=r"^k, v: expected q's \(b, s\)"):
+        ring_flash_attn_func(q, q[:, :2], q[:, :2])
+    with pytest.raises(NotImplementedError, match="^dropout_p"):
+        ring_flash_attn_func(q, q, q, 0.1)
+    with pytest.raises(NotImplementedError, match="^window_size"):
+        ring_flash_attn_func(q, q, q, window_size=(4, 0))
+    with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
+        ring_flash_attn_func(q, q, q)
