@@ -18,7 +18,8 @@ use super::attention::{
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
+use crate::arch::Arch;
+use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
 use crate::launch::{launch, LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_disjoint, check_dtype, check_no_self_overlap, check_not_null, check_shape,

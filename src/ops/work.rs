@@ -224,7 +224,7 @@ pub fn gemm(p: &crate::ops::gemm::problem::GemmProblem) -> Work {
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::jit::Arch;
+    use crate::arch::Arch;
     use crate::ops::test_support::t;
     use crate::tuning::attention_bwd::bwd_plan;
     use crate::ops::attention::VariantKind;
