@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod error;
 pub mod jit;
 pub mod launch;
+pub mod launch_record;
 pub mod ops;
 pub mod profiler;
 pub mod python;

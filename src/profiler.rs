@@ -25,7 +25,7 @@
 
 use crate::error::{CudaResultExt, Result};
 use crate::jit::Kernel;
-use crate::launch::{LaunchInfo, LaunchShape, Work};
+use crate::launch_record::{LaunchInfo, LaunchShape, Work};
 use cudarc::driver::{result as cu, sys};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
