@@ -6,7 +6,7 @@
 //! machine without libcuda; the first initialisation also runs under `catch_unwind`.
 
 use crate::error::{CudaResultExt, Error, Result};
-use crate::jit::Arch;
+use crate::arch::Arch;
 use cudarc::driver::{result as cu, sys};
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};

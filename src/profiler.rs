@@ -25,7 +25,7 @@
 
 use crate::error::{CudaResultExt, Result};
 use crate::jit::Kernel;
-use crate::launch::{LaunchInfo, LaunchShape, Work};
+use crate::launch_record::{LaunchInfo, LaunchShape, Work};
 use cudarc::driver::{result as cu, sys};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -757,7 +757,7 @@ pub enum StampKernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StampSpec {
     pub kernel: StampKernel,
-    pub arch: crate::jit::Arch,
+    pub arch: crate::arch::Arch,
 }
 
 impl crate::jit::KernelSpec for StampSpec {
@@ -773,7 +773,7 @@ impl crate::jit::KernelSpec for StampSpec {
     fn name_expression(&self) -> String {
         self.kernel().to_string()
     }
-    fn arch(&self) -> crate::jit::Arch {
+    fn arch(&self) -> crate::arch::Arch {
         self.arch
     }
     fn dynamic_smem_bytes(&self) -> u32 {
@@ -1297,7 +1297,7 @@ mod tests {
         use crate::jit::KernelSpec;
         let s = StampSpec {
             kernel: StampKernel::Stamp,
-            arch: crate::jit::Arch::Sm90a,
+            arch: crate::arch::Arch::Sm90a,
         };
         assert_eq!(s.name_expression(), "ferroattn::profiler_stamp");
         assert_eq!(s.dynamic_smem_bytes(), 0);
@@ -1320,7 +1320,7 @@ mod tests {
         if crate::jit::nvrtc::tests::toolchain().is_none() {
             return;
         }
-        let specs: Vec<StampSpec> = [crate::jit::Arch::Sm80, crate::jit::Arch::Sm90a]
+        let specs: Vec<StampSpec> = [crate::arch::Arch::Sm80, crate::arch::Arch::Sm90a]
             .into_iter()
             .flat_map(|arch| {
                 [StampKernel::Stamp, StampKernel::Probe].map(|kernel| StampSpec { kernel, arch })

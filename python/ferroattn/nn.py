@@ -4,7 +4,7 @@
   and repr) whose forward is one :func:`ferroattn.matmul` with the bias and an optional
   activation fused into the epilogue.
 - ``SparseLinear``: the 2:4 structured-sparse linear layer (defined in
-  :mod:`ferroattn._sparse_linear`, re-exported here on first access).
+  :mod:`ferroattn.sparse24`, re-exported here on first access).
 """
 from __future__ import annotations
 

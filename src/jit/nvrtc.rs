@@ -3,7 +3,8 @@
 //! truncates logs), instantiate one template through a name expression, and return the
 //! CUBIN, the lowered (mangled) name and the whole log (NULs replaced by newlines).
 
-use super::{headers, sources, Arch};
+use super::{headers, sources};
+use crate::arch::Arch;
 use crate::error::{Error, Result};
 use cudarc::nvrtc::{result as nv, sys};
 use std::ffi::{c_char, CStr, CString};

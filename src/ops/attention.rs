@@ -16,8 +16,10 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
-use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::arch::Arch;
+use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
+use crate::launch::launch;
+use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_dtype, check_i32, check_not_null, check_shape, check_strides,
 };

@@ -18,8 +18,10 @@ use super::attention::{
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
-use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::arch::Arch;
+use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
+use crate::launch::launch;
+use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_disjoint, check_dtype, check_no_self_overlap, check_not_null, check_shape,
     check_strides, NO_ELEMENT_TWICE,

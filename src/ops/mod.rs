@@ -11,7 +11,8 @@ pub(crate) mod validate;
 pub mod work;
 
 use crate::error::Result;
-use crate::jit::{precompile as pc, Arch};
+use crate::arch::Arch;
+use crate::jit::precompile as pc;
 
 /// Compile every production configuration of every kernel family (attention forward,
 /// attention backward, dense GEMM (wmma, sm90, sm90 split-k reduce), 2:4 sparse) for each arch name (no GPU needed); reports in that order.

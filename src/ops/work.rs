@@ -20,7 +20,7 @@
 //! A call whose batch is split over launches (src/ops/attention/batch.rs) counts each launch
 //! with its slice's sizes (`AttnSizes::slice`): the launches' FLOPs add up to the call's.
 
-use crate::launch::Work;
+use crate::launch_record::Work;
 use crate::ops::attention::Problem;
 use crate::tensor::TensorMeta;
 use crate::tuning::attention_bwd::BwdKind;
@@ -224,7 +224,7 @@ pub fn gemm(p: &crate::ops::gemm::problem::GemmProblem) -> Work {
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::jit::Arch;
+    use crate::arch::Arch;
     use crate::ops::test_support::t;
     use crate::tuning::attention_bwd::bwd_plan;
     use crate::ops::attention::VariantKind;

@@ -1,6 +1,6 @@
 //! attn_bwd_check (metadata) and attn_bwd (DLPack tensors) → ops::attention_bwd.
 
-use super::attention::{cu_metas, import_cu, import_opt, meta, meta_of, stream_handle, MetaTuple};
+use super::args::{cu_metas, import_cu, import_opt, meta, meta_of, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::attention_bwd as op;

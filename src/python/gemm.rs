@@ -1,6 +1,6 @@
 //! gemm_check (metadata), gemm (DLPack tensors) and gemm_backends → ops::gemm.
 
-use super::attention::{import_opt, meta_of, stream_handle, MetaTuple};
+use super::args::{import_opt, meta_of, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::gemm as op;

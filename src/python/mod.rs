@@ -1,6 +1,7 @@
 //! The `ferroattn._native` module (python/ferroattn/_native.pyi is its contract).
 //! Thin: convert arguments, call `ops`/`jit`/`device`/`dlpack`, map errors (errors.rs).
 
+mod args;
 mod attention;
 mod attention_bwd;
 mod dlpack;

@@ -3,7 +3,7 @@
 //! profiler_stamp / profiler_stamps_resolve / profiler_stamps_release / profiler_stamp_stats /
 //! profiler_globaltimer_probe (experimental stamp marks) → crate::profiler. Converts records to the dicts of python/ferroattn/_native.pyi.
 
-use super::attention::raw_handle;
+use super::args::raw_handle;
 use crate::error::Result;
 use crate::profiler;
 use pyo3::exceptions::PyTypeError;

@@ -1,6 +1,6 @@
 //! sparse24_* (python/ferroattn/_native.pyi, "2:4 structured sparsity") → ops::sparse24.
 
-use super::attention::{import_opt, meta_of, stream_handle, MetaTuple};
+use super::args::{import_opt, meta_of, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::sparse24 as op;

@@ -1,7 +1,7 @@
 //! The attention variant argument of attn_fwd / attn_bwd and their metadata checks: Python's
 //! `ferroattn.ops.variant.AttnVariant`, read by attribute, into `ops::attention::AttnVariant`.
 
-use super::attention::{meta_of, MetaTuple};
+use super::args::{meta_of, MetaTuple};
 use crate::dlpack::{import, Imported};
 use crate::error::Result;
 use crate::ops::attention::{AttnVariant, VariantKind};

@@ -4,7 +4,7 @@
 //! lists every specialisation `ferroattn precompile` builds and CI checks for spills.
 
 use crate::dtype::DType;
-use crate::jit::Arch;
+use crate::arch::Arch;
 use crate::ops::attention::variant::{MaskKind, VariantKind};
 
 /// One specialisation of the sm80-family attention forward kernel

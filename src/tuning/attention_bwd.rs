@@ -10,7 +10,7 @@
 //! 256 with dK and dV to the single-pass bwd_dkdv_wide_sm80.cuh), bwd_dq_sm80.cuh.
 
 use crate::dtype::DType;
-use crate::jit::Arch;
+use crate::arch::Arch;
 use crate::ops::attention::variant::{MaskKind, VariantKind};
 use crate::tuning::attention::{kernel_head_dim, production_points};
 

@@ -5,7 +5,7 @@
 //! builds and CI checks for spills.
 
 use crate::dtype::DType;
-use crate::jit::Arch;
+use crate::arch::Arch;
 use crate::ops::gemm::problem::{GemmProblem, Operand};
 
 /// Block tile of the WMMA kernel: BM x BN outputs per block, BK deep k steps, WarpsM x WarpsN

@@ -4,7 +4,7 @@
 //! specialisation `ferroattn precompile` builds (and CI checks for spills).
 
 use crate::dtype::DType;
-use crate::jit::Arch;
+use crate::arch::Arch;
 use crate::ops::gemm::problem::Activation;
 
 /// Rows of the tile of one work unit (every schedule in production uses 128).

@@ -11,7 +11,7 @@
 //! compress / decompress kernels of kernels/sparse24/compress.cuh.
 
 use crate::dtype::DType;
-use crate::jit::Arch;
+use crate::arch::Arch;
 use crate::ops::gemm::problem::Activation;
 use crate::ops::sparse24::host::TILE_M;
 

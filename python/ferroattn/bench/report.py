@@ -26,6 +26,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .._measure import driver_version  # noqa: F401  (shared with the profiler; public here too)
+
 
 def visible_pairs(s_q: int, s_k: int, causal: bool = False, window_size: Sequence[int] = (-1, -1)) -> int:
     """The (query, key) pairs of one (batch, head) that the causal / window mask leaves visible:
@@ -98,26 +100,6 @@ def git_commit(repo: str | os.PathLike | None = None) -> str:
         except (OSError, subprocess.SubprocessError):
             pass
     return "unknown"
-
-
-def driver_version() -> str | None:
-    """The NVIDIA driver version: from ferroattn._native.device_info, else nvidia-smi, else None."""
-    try:
-        from ferroattn import _native
-        v = _native.device_info(0).get("driver_version")
-        if v:
-            return str(v)
-    except Exception:
-        pass
-    if shutil.which("nvidia-smi"):
-        try:
-            r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=20)
-            if r.returncode == 0 and r.stdout.strip():
-                return r.stdout.strip().splitlines()[0]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return None
 
 
 def now_utc() -> str:

@@ -72,15 +72,9 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 from ferroattn.errors import ArgumentError
 
-L2_FLUSH_BYTES = 256 * 1024 * 1024
-
-
-def have_triton() -> bool:
-    try:
-        import triton.testing  # noqa: F401
-        return True
-    except Exception:
-        return False
+# the timing primitives profiler/ shares live in ferroattn._measure; imported here under their
+# public names (ferroattn.bench.timing.bench_gpu, ...)
+from .._measure import L2_FLUSH_BYTES, bench_gpu, event_ms, have_triton  # noqa: F401
 
 
 #: rounds of :func:`paired_ms` the GEMM benchmarks use unless told otherwise (``--rounds``)
@@ -97,43 +91,6 @@ def method_name(rounds: int | None = None) -> str:
     return (f"median of {rounds} paired rounds: per round each function is timed in a forward and a reverse "
             f"pass (A B .. B A), one window each, {base}; time per round = mean of its two windows; "
             f"ms = median over rounds; ratio = median over rounds of the per-round ratio")
-
-
-def bench_gpu(fn: Callable[[], Any], rep_ms: float = 100.0, warmup_ms: float = 25.0) -> float:
-    """Median milliseconds of ``fn()`` on the current CUDA stream (see module docstring)."""
-    if have_triton():
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-    return _bench_events(fn, rep_ms, warmup_ms)
-
-
-def _bench_events(fn: Callable[[], Any], rep_ms: float, warmup_ms: float) -> float:
-    import torch
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    # estimate the time of one call from 5 calls
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        flush.zero_()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    est = max(start.elapsed_time(end) / 5, 1e-3)
-    n_warm = max(1, int(warmup_ms / est))
-    n_rep = max(1, int(rep_ms / est))
-    for _ in range(n_warm):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-    for s, e in zip(starts, ends):
-        flush.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
 
 
 def check_rounds(rounds: Any, name: str = "rounds") -> int:
@@ -256,18 +213,6 @@ def paired_ratio(num_ms: Sequence[float], den_ms: Sequence[float]) -> dict[str, 
     lo, hi, cov = median_ci(ratios)
     return {"ratio": float(statistics.median(ratios)), "ratio_rounds": ratios, "ratio_min": min(ratios),
             "ratio_max": max(ratios), "ratio_ci": [lo, hi], "ratio_ci_level": cov}
-
-
-def event_ms(fn: Callable[[], Any]) -> float:
-    """GPU milliseconds of one ``fn()`` between two ``torch.cuda.Event(enable_timing=True)``
-    recorded on the current stream before and after it (waits for the end event)."""
-    import torch  # noqa: PLC0415
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end))
 
 
 def rotation_count(bytes_per_set: int, l2_bytes: int, cap: int = 8) -> int:

@@ -10,7 +10,7 @@ Modules:
                     smoothing + a two-segment fit with a noise test; definition there);
 - :mod:`.ceilings`  :class:`Ceilings` (TFLOP/s + GB/s with what was timed, device, date) and
                     :func:`measure_ceilings` (times a bf16 and an fp16 matmul and a device copy with
-                    :mod:`ferroattn.bench.ceilings`, caches them once per device/driver/torch/CUDA
+                    :mod:`ferroattn._measure`, caches them once per device/driver/torch/CUDA
                     as JSON in the kernel cache dir; :func:`cached_ceilings` reads the cache);
 - :mod:`.heatmap`   :func:`plot_sweep_heatmap` (matplotlib: latency ms / tokens/s per (batch, seqlen),
                     annotated cells, "n/a" for unmeasured ones, the knee outlined);

@@ -1,6 +1,6 @@
 """Measured hardware ceilings, cached once per device.
 
-:func:`measure_ceilings` times the ceilings with :mod:`ferroattn.bench.ceilings`: a random-normal
+:func:`measure_ceilings` times the ceilings with :mod:`ferroattn._measure`: a random-normal
 ``torch.matmul`` of 8192^3 in bf16 AND in fp16 (cuBLAS; -> TFLOP/s each) and a 1 GiB
 device-to-device ``copy_`` counting bytes read + written (-> GB/s), each the median of
 CUDA-event/``do_bench`` timings, and stores the result as JSON in
@@ -130,7 +130,7 @@ def device_key(device: int = 0) -> dict:
     if device >= n:
         raise ArgumentError(f"device: expected a CUDA device index in [0, {n - 1}], got {device}")
 
-    from ..bench.report import driver_version
+    from .._measure import driver_version
     return {"device": torch.cuda.get_device_name(device), "driver": str(driver_version()),
             "torch": torch.__version__, "cuda": str(torch.version.cuda)}
 
@@ -157,14 +157,14 @@ def _from_measurement(m: Mapping[str, Any], device: str) -> Ceilings:
 
 
 def _measure_default(device: int) -> dict:
-    """bf16 matmul + copy (:func:`ferroattn.bench.ceilings.measure`) and an fp16 matmul, on ``device``."""
+    """bf16 matmul + copy (:func:`ferroattn._measure.measure`) and an fp16 matmul, on ``device``."""
     import torch
 
-    from ..bench import ceilings as _bench_ceilings
+    from .. import _measure
     with torch.cuda.device(device):
-        out = dict(_bench_ceilings.measure())
+        out = dict(_measure.measure())
         try:
-            out["matmul_fp16"] = _bench_ceilings.matmul_tflops(dtype="float16")
+            out["matmul_fp16"] = _measure.matmul_tflops(dtype="float16")
         except Exception as e:
             out["matmul_fp16"] = None
             out["matmul_fp16_error"] = f"{type(e).__name__}: {e}"
@@ -197,7 +197,7 @@ def measure_ceilings(device: int = 0, *, refresh: bool = False, cache_dir: Optio
     refresh: measure again and replace the cached entry; cache_dir: where the JSON cache lives
     (default :func:`default_cache_dir`); measure: a callable returning ``{"matmul_bf16":
     {"tflops", "what"}, "matmul_fp16": {"tflops", "what"}, "copy_d2d": {"gbps", "what"}}``
-    (default: :func:`ferroattn.bench.ceilings.measure` plus an fp16 matmul; injected by tests;
+    (default: :func:`ferroattn._measure.measure` plus an fp16 matmul; injected by tests;
     a missing fp16 entry leaves that dtype out); key: the cache key (default :func:`device_key`).
 
     Raises :class:`ferroattn.errors.FerroattnError` when the measurement fails (nothing is cached

@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..bench.timing import event_ms
+from .._measure import event_ms
 from ..errors import ArgumentError, NoDeviceError
 
 

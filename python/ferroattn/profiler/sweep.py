@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from ..bench.timing import event_ms
+from .._measure import event_ms
 from ..errors import ArgumentError, FerroattnError
 from .events import Records
 from ._util import integer

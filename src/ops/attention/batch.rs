@@ -208,7 +208,7 @@ mod tests {
         }
     }
 
-    use crate::jit::Arch;
+    use crate::arch::Arch;
     use crate::ops::attention::{launch_shape, params, validate, AttnVariant, VariantKind};
     use crate::ops::attention_bwd::{launch_shape as bwd_launch_shape, params as bwd_params, BwdTensors};
     use crate::tuning::attention::fwd_config;

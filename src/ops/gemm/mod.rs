@@ -18,7 +18,7 @@ pub mod wmma;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::Arch;
+use crate::arch::Arch;
 use crate::ops::validate::{
     check_device, check_disjoint, check_i32, check_no_self_overlap, check_not_null, NO_ELEMENT_TWICE,
 };

@@ -16,8 +16,10 @@
 use super::problem::{GemmProblem, Operand};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
-use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
+use crate::arch::Arch;
+use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
+use crate::launch::launch as launch_kernel;
+use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::gemm_sm90::{
     config, production_configs, schedule_for, GemmSm90Config, Schedule, SchedulePolicy, BLOCK_K, DEFAULT_FAST_EPILOGUE,

@@ -4,8 +4,10 @@
 use super::problem::GemmProblem;
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
-use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
-use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape};
+use crate::arch::Arch;
+use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
+use crate::launch::launch as launch_kernel;
+use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::tuning::gemm::{
     parse_tile, smem_of, stream_k_plan, wmma_config, wmma_production_configs, GemmWmmaConfig, StreamK, StreamKPlan,
     WmmaTile,

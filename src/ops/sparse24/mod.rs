@@ -9,8 +9,10 @@ pub mod host;
 
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
-use crate::jit::{impl_kernel_spec, Arch, KernelMap, KernelSpec};
-use crate::launch::{launch, LaunchInfo, LaunchShape};
+use crate::arch::Arch;
+use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
+use crate::launch::launch;
+use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_dtype, check_no_self_overlap, check_not_null, check_shape, check_strides,
 };
@@ -1071,7 +1073,7 @@ fn launch_wgmma_split(
         1 => 4.0 * n as f64,
         _ => e * n as f64,
     };
-    let work = crate::launch::Work {
+    let work = crate::launch_record::Work {
         flops: 0.0,
         bytes: (bytes + rows * n * p.dtype.size_bytes() as u64) as f64 + bias_bytes,
         exact: true,

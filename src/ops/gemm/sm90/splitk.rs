@@ -25,8 +25,10 @@
 use super::{config_for, prepare, tiles_m, tiles_n, tma_operand_ok};
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Result};
-use crate::jit::{impl_kernel_spec, Arch, Kernel, KernelMap, KernelSpec};
-use crate::launch::{launch as launch_kernel, LaunchInfo, LaunchShape, Work};
+use crate::arch::Arch;
+use crate::jit::{impl_kernel_spec, Kernel, KernelMap, KernelSpec};
+use crate::launch::launch as launch_kernel;
+use crate::launch_record::{LaunchInfo, LaunchShape, Work};
 use crate::ops::gemm::problem::{Activation, GemmProblem, Operand};
 use crate::tuning::gemm_sm90::{
     splitk_plan, splitk_reduce_production_configs, GemmSplitkReduceConfig, SplitK,
