@@ -119,3 +119,22 @@ def test_bad_window_size_under_torch_compile_raises_argument_error(window):
     torch._dynamo.reset()
     with pytest.raises(errors.ArgumentError, match=r"^window_size: expected a pair of ints"):
         torch.compile(f, backend="eager")(torch.zeros(2), window)
+
+
+@pytest.mark.parametrize("window", [[torch.tensor(True), torch.tensor(False)], ([1], 2), (object(), 1), (None, 1)])
+def test_window_size_rejects_bool_tensors_and_non_integers(window):
+    from ferroattn.flash_attn_interface import _check_window
+    with pytest.raises(errors.ArgumentError, match=r"^window_size: expected a pair of ints"):
+        _check_window(window)
+
+
+@pytest.mark.parametrize("flag", [[True], (1,), object(), "1"])
+def test_bad_causal_under_torch_compile_raises_argument_error(flag):
+    from ferroattn.flash_attn_interface import _check_flag
+
+    def f(x, c):
+        return x + int(_check_flag(c, "causal"))
+
+    torch._dynamo.reset()
+    with pytest.raises(errors.ArgumentError, match=r"^causal: expected a bool"):
+        torch.compile(f, backend="eager")(torch.zeros(2), flag)

@@ -168,7 +168,12 @@ def _as_int(value) -> Optional[int]:
     raises. Bools are the caller's to exclude."""
     if isinstance(value, (int, np.integer)):
         return int(value)
-    if isinstance(value, (float, complex, str, bytes, np.floating, np.complexfloating)):
+    if isinstance(value, np.bool_):   # numpy 2 gives np.bool_ no __index__ (callers exclude bools)
+        return int(value)
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype.is_complex:
+            return None
+    elif not hasattr(type(value), "__index__"):   # floats, strings, lists, None, ...
         return None
     try:
         return operator.index(value)
@@ -268,23 +273,27 @@ def _check_window(window_size) -> Tuple[int, int]:
     no floats, nan, inf or bools; flash_attn indexes it as ``window_size[0]``, ``[1]``), or a 1-D
     integer tensor / numpy array of two (flash_attn's own tests pass ``torch.randint(0, s, (2,))``;
     a CUDA tensor is read on the host). Raises ArgumentError."""
-    bad = ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    def bad():   # built only when raised: torch.compile cannot trace repr() of a tensor
+        shown = (f"a {type(window_size).__name__} of shape {tuple(window_size.shape)} and dtype {window_size.dtype}"
+                 if isinstance(window_size, (Tensor, np.ndarray)) else repr(window_size))
+        return ArgumentError(f"window_size: expected a pair of ints (left, right), got {shown}")
     if isinstance(window_size, (Tensor, np.ndarray)):
         integral = (not window_size.dtype.is_floating_point and not window_size.dtype.is_complex
                     and window_size.dtype != torch.bool) if isinstance(window_size, Tensor) \
             else np.issubdtype(window_size.dtype, np.integer)
         if not integral or tuple(window_size.shape) != (2,):
-            raise bad
+            raise bad()
         try:
             window_size = window_size.tolist()
         except (NotImplementedError, RuntimeError):  # a meta or fake tensor holds no values
-            raise bad from None
+            raise bad() from None
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or any(isinstance(w, (bool, np.bool_)) for w in window_size)):
-        raise bad
+            or any(isinstance(w, (bool, np.bool_)) or (isinstance(w, Tensor) and w.dtype == torch.bool)
+                   for w in window_size)):
+        raise bad()
     left, right = (_as_int(w) for w in window_size)
     if left is None or right is None:
-        raise bad
+        raise bad()
     return left, right
 
 
