@@ -138,3 +138,15 @@ def test_bad_causal_under_torch_compile_raises_argument_error(flag):
     torch._dynamo.reset()
     with pytest.raises(errors.ArgumentError, match=r"^causal: expected a bool"):
         torch.compile(f, backend="eager")(torch.zeros(2), flag)
+
+
+@pytest.mark.parametrize("value", [[0.1], None, object()])
+def test_bad_real_argument_under_torch_compile_raises_argument_error(value):
+    from ferroattn.flash_attn_interface import _as_float
+
+    def f(x, p):
+        return x + _as_float(p, "dropout_p")
+
+    torch._dynamo.reset()
+    with pytest.raises(errors.ArgumentError, match=r"^dropout_p: expected a real number"):
+        torch.compile(f, backend="eager")(torch.zeros(2), value)

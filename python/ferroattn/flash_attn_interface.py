@@ -133,9 +133,12 @@ def _as_float(value, name: str) -> float:
     warning), strings, sequences, tensors of other sizes and tensors whose value cannot be read
     (meta tensors, fake tensors without a value) raise ArgumentError naming ``name``; so does a
     value too large for a float (OverflowError)."""
+    # Types that cannot be a real number are rejected before float() is tried: torch.compile's
+    # Dynamo cannot trace the TypeError of float([0.1]) (nor `raise ... from None`).
     if (isinstance(value, (bool, np.bool_, str, bytes, complex, np.complexfloating))
             or (isinstance(value, Tensor)
-                and (value.numel() != 1 or value.dtype == torch.bool or value.is_complex()))):
+                and (value.numel() != 1 or value.dtype == torch.bool or value.is_complex()))
+            or (not isinstance(value, (int, float, np.number, Tensor)) and not hasattr(type(value), "__float__"))):
         raise ArgumentError(f"{name}: expected a real number, got {value!r}")
     try:
         return float(value)
