@@ -43,6 +43,15 @@ impl Arch {
         }
     }
 
+    /// Shared memory of one SM, in bytes (same source): what the blocks on it share.
+    pub fn max_smem_per_sm(self) -> u32 {
+        match self {
+            Arch::Sm80 | Arch::Sm87 => 164 * 1024,
+            Arch::Sm86 | Arch::Sm89 | Arch::Sm120 | Arch::Sm121 => 100 * 1024,
+            Arch::Sm90a | Arch::Sm100 | Arch::Sm103 | Arch::Sm110 => 228 * 1024,
+        }
+    }
+
     /// The NVRTC `--gpu-architecture` value and cache directory name.
     pub fn name(self) -> &'static str {
         match self {

@@ -29,6 +29,7 @@ use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig
 use std::ffi::c_void;
 
 pub mod batch;
+pub mod kvcache;
 pub mod variant;
 pub use batch::{batch_slices, BatchSlice, MAX_LAUNCH_BATCH};
 pub use variant::{AttnVariant, MaskKind, VariantKind};

@@ -15,7 +15,7 @@ use crate::arch::Arch;
 use crate::jit::precompile as pc;
 
 /// Compile every production configuration of every kernel family (attention forward,
-/// attention backward, dense GEMM (wmma, sm90, sm90 split-k reduce), 2:4 sparse) for each arch name (no GPU needed); reports in that order.
+/// attention backward, kv-cache attention (split forward, combine, append), dense GEMM (wmma, sm90, sm90 split-k reduce), 2:4 sparse) for each arch name (no GPU needed); reports in that order.
 /// With `check_spills`, a spilling configuration is a CompileError.
 pub fn precompile(archs: &[String], check_spills: bool) -> Result<Vec<pc::Report>> {
     let archs = archs
@@ -32,6 +32,13 @@ pub fn precompile(archs: &[String], check_spills: bool) -> Result<Vec<pc::Report
         .collect();
     let mut reports = pc::precompile(&fwd)?;
     reports.extend(pc::precompile(&bwd)?);
+    let kvcache: Vec<_> = archs.iter().flat_map(|a| attention::kvcache::production_specs(*a)).collect();
+    reports.extend(pc::precompile(&kvcache)?);
+    for a in &archs {
+        let (combine, append) = attention::kvcache::production_helper_specs(*a);
+        reports.extend(pc::precompile(&combine)?);
+        reports.extend(pc::precompile(&append)?);
+    }
     let gemm_wmma: Vec<_> = archs
         .iter()
         .flat_map(|a| gemm::wmma::production_specs(*a))

@@ -4,6 +4,7 @@
 mod args;
 mod attention;
 mod attention_bwd;
+mod attention_kvcache;
 mod dlpack;
 mod env;
 pub mod errors;
@@ -22,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     jit::register(m)?;
     attention::register(m)?;
     attention_bwd::register(m)?;
+    attention_kvcache::register(m)?;
     gemm::register(m)?;
     dlpack::register(m)?;
     profiler::register(m)?;

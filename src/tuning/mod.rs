@@ -1,6 +1,7 @@
 //! Tile-size heuristics: pure functions, unit-tested on CPU.
 pub mod attention;
 pub mod attention_bwd;
+pub mod attention_kvcache;
 pub mod gemm;
 pub mod gemm_sm90;
 pub mod grid;
