@@ -335,26 +335,58 @@ def test_bad_variant_arguments_rejected_before_the_op(captured, kwargs, exc, nee
     assert captured == []
 
 
-def test_block_table_raises(captured):
+def test_block_table_is_forward_only(captured):
     cu = torch.tensor([0, 4], dtype=torch.int32)
+    pages = _t(2, 4, 4, 32)
+    bt = torch.zeros(1, 1, dtype=torch.int32)
     with pytest.raises(NotImplementedError, match="block_table"):
-        fai.flash_attn_varlen_func(_t(4, 4, 32), _t(4, 4, 32), _t(4, 4, 32), cu, cu, 4, 4,
-                                   block_table=torch.zeros(1, 1, dtype=torch.int32))
+        fai.flash_attn_varlen_func(_t(4, 4, 32).requires_grad_(), pages, pages, cu, cu, 4, 4, block_table=bt)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        fai.flash_attn_varlen_func(_t(4, 4, 32), pages, pages, cu, cu, 4, 4, dropout_p=0.1, block_table=bt)
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^k: expected rank 4"):
+        fai.flash_attn_varlen_func(_t(4, 4, 32), _t(4, 4, 32), _t(4, 4, 32), cu, cu, 4, 4, block_table=bt)
+    assert captured == []
 
 
-def test_kvcache_not_implemented():
+def test_kvcache_on_cpu_tensors_names_the_device():
     q = _t(1, 1, 4, 32)
-    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
+    with pytest.raises(ferroattn.errors.DeviceError, match="q"):
         ferroattn.flash_attn_with_kvcache(q, _t(1, 8, 4, 32), _t(1, 8, 4, 32))
+
+
+def test_kvcache_arguments_checked_before_the_op():
+    q, kc = _t(1, 1, 4, 32), _t(1, 8, 4, 32)
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^num_splits"):
+        ferroattn.flash_attn_with_kvcache(q, kc, kc, num_splits=129)
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^num_splits"):
+        ferroattn.flash_attn_with_kvcache(q, kc, kc, num_splits=True)
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^cache_seqlens"):
+        ferroattn.flash_attn_with_kvcache(q, kc, kc, _t(1, 1, 4, 32), _t(1, 1, 4, 32), cache_seqlens=8)
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^v"):
+        ferroattn.flash_attn_with_kvcache(q, kc, kc, _t(1, 1, 4, 32))
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^rotary_cos"):
+        ferroattn.flash_attn_with_kvcache(q, kc, kc, rotary_cos=_t(8, 8), rotary_sin=_t(8, 8))
+    with pytest.raises(ferroattn.errors.DTypeError, match="^cache_seqlens"):
+        ferroattn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=2.5)
+    with pytest.raises(AssertionError):
+        ferroattn.flash_attn_with_kvcache(q, kc.transpose(-1, -2), kc)
 
 
 def test_unsupported_raise_on_fake_tensors_too():
     with FakeTensorMode():
         q = torch.empty(1, 4, 4, 32, dtype=BF16, device="cuda")
         cu = torch.tensor([0, 4], dtype=torch.int32, device="cuda")
-        with pytest.raises(NotImplementedError, match="block_table"):
-            fai.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 4, 4,
-                                       block_table=torch.zeros(1, 1, dtype=torch.int32, device="cuda"))
+        pages = torch.empty(3, 16, 4, 32, dtype=BF16, device="cuda")
+        bt = torch.zeros(1, 2, dtype=torch.int32, device="cuda")
+        out = fai.flash_attn_varlen_func(q[0], pages, pages, cu, cu, 4, 4, block_table=bt)
+        assert out.shape == q[0].shape
+        # the kv-cache call traces through the fake impls of its two ops
+        kc = torch.empty(1, 64, 2, 32, dtype=BF16, device="cuda")
+        k1 = torch.empty(1, 4, 2, 32, dtype=BF16, device="cuda")
+        cos = torch.empty(64, 8, dtype=BF16, device="cuda")
+        out, lse = fai.flash_attn_with_kvcache(q, kc, kc, k1, k1, cos, cos, cache_seqlens=3, causal=True,
+                                               return_softmax_lse=True)
+        assert out.shape == q.shape and lse.shape == (1, 4, 4)
         # the implemented variants, dropout included, trace through the fake impl
         slopes = torch.empty(4, dtype=torch.float32, device="cuda")
         out = fai.flash_attn_func(q, q, q, softcap=5.0, window_size=(1, 1), alibi_slopes=slopes, s_aux=slopes)

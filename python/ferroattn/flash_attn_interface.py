@@ -22,7 +22,7 @@ keyword-only ``s_aux`` (one logit per query head, (h,), that joins every row's s
 no value; differentiable: its gradient is returned when it requires grad; transformers passes
 GPT-OSS's sinks under this name).
 
-Training: every function except ``flash_attn_with_kvcache`` is differentiable. Gradients flow to
+Training: every function except ``flash_attn_with_kvcache`` (and a paged ``block_table`` call) is differentiable. Gradients flow to
 q, k and v (or to the packed ``qkv`` / ``kv`` through the views taken of it) and come back in the
 inputs' shapes and dtypes; the head-dim padding is differentiable (``F.pad`` + slice). The backward
 is the custom op ``ferroattn::attn_bwd`` (:mod:`ferroattn.ops.attention_bwd`), called from the
@@ -35,8 +35,8 @@ NotImplementedError naming the input; a second derivative (``create_graph=True``
 the gradients) raises torch's RuntimeError (no formula); ``torch.func.grad`` / ``vjp`` / ``jacrev``
 raise FerroattnError (a RuntimeError) naming ferroattn and the input.
 
-Not implemented yet, and never silently ignored (``NotImplementedError`` naming the argument):
-``block_table`` (paged KV) and ``flash_attn_with_kvcache``.
+Paged KV (``block_table``) runs forward only, as in flash_attn (NotImplementedError naming what is
+missing: the backward, dropout); ``flash_attn_with_kvcache`` is inference only.
 
 Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (subclasses of
 ``RuntimeError``, like flash_attn's checks), naming the argument, expected and actual value.
@@ -75,6 +75,7 @@ from .ops.attention import check_fwd_meta as _check_fwd_meta
 from .ops.attention import check_softmax_scale as _check_scale_value
 from .ops.attention import run_attn_fwd as _attn_fwd_op
 from .ops.attention import run_attn_fwd_dmask as _attn_fwd_dmask_op
+from .ops import kvcache as _kvcache
 from .ops.variant import AttnVariant
 
 __all__ = [
@@ -105,18 +106,21 @@ def _maybe_contiguous(x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_tensors(q, k, v, varlen: bool) -> int:
+def _check_tensors(q, k, v, varlen: bool, paged: bool = False) -> int:
     """q, k, v must be tensors of the layout's rank whose head dims are equal and <= 256; checked
-    here on the user's (unpadded) values, before the head dim is padded to a multiple of 8.
+    here on the user's (unpadded) values, before the head dim is padded to a multiple of 8
+    (``paged``: k, v are the pages (num_pages, page_size, heads_k, head_dim)).
     Returns the head dim. Raises DTypeError (not a tensor) or ArgumentError (rank, head dim)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
             raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     rank = 3 if varlen else 4
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != rank:
-            layout = "(total, heads, head_dim) in varlen mode" if varlen else "(batch, seqlen, heads, head_dim)"
-            raise ArgumentError(f"{name}: expected rank {rank} {layout}, got rank {x.dim()} "
+        want = 4 if paged and name != "q" else rank
+        if x.dim() != want:
+            layout = ("(num_pages, page_size, heads_k, head_dim) with block_table" if want == 4 and paged
+                      else "(total, heads, head_dim) in varlen mode" if varlen else "(batch, seqlen, heads, head_dim)")
+            raise ArgumentError(f"{name}: expected rank {want} {layout}, got rank {x.dim()} "
                                 f"(shape {tuple(x.shape)})")
     head_dim = q.shape[-1]
     if head_dim > 256:
@@ -332,9 +336,16 @@ def _reject_functorch_reverse(q: Tensor, k: Tensor, v: Tensor) -> None:
                 f"tracked by a torch.func grad transform")
 
 
-def _check_supported(block_table: Optional[Tensor] = None) -> None:
-    if block_table is not None:
-        raise _not_implemented("block_table (paged KV cache)")
+def _check_paged(block_table: Optional[Tensor], dropout_p: float, q: Tensor, k: Tensor, v: Tensor) -> None:
+    """A paged varlen call (``block_table``) is a forward of the kv-cache path: no dropout, no
+    gradient (flash_attn 2 has no backward through a block table either)."""
+    if block_table is None:
+        return
+    _check_optional_tensor(block_table, "block_table")
+    if dropout_p > 0.0:
+        raise _not_implemented("dropout_p > 0 with block_table (paged KV)")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise _not_implemented("the backward through block_table (paged KV; run it under torch.no_grad())")
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
@@ -348,10 +359,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     Every step on q/k/v (the padding, the copy of a non-contiguous last dim, the slice of the
     output) is an autograd-visible torch op, so gradients reach the caller's tensors."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    head_dim = _check_tensors(q, k, v, varlen)
+    head_dim = _check_tensors(q, k, v, varlen, block_table is not None)
     _reject_functorch_reverse(q, k, v)
     dropout_p = _check_dropout(dropout_p)
-    _check_supported(block_table)
+    _check_paged(block_table, dropout_p, q, k, v)
     softcap = _check_softcap(softcap)
     _check_optional_tensor(alibi_slopes, "alibi_slopes")
     _check_optional_tensor(s_aux, "s_aux")
@@ -369,7 +380,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                                           max_seqlen_k, dropout_p, q.device)
     pad = (8 - head_dim % 8) % 8
     if ((pad or any(x.stride(-1) != 1 for x in (q, k, v))) and q.device.type != "cpu"
-            and not torch.compiler.is_compiling()):
+            and not torch.compiler.is_compiling() and block_table is None):
         # A copy is coming: run the op's validation first, on the caller's tensors (no copy of a
         # bad input; messages show the caller's shapes). Without a copy the op validates the
         # caller's tensors itself; under torch.compile the op's fake impl validates at trace
@@ -380,8 +391,12 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
         q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
     else:
         q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
-    out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    softmax_scale, variant, deterministic)
+    if block_table is not None:   # paged KV: the kv-cache path, key lengths from cu_seqlens_k
+        out, softmax_lse = _kvcache.run_attn_fwd_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, None, 0,
+                                                         None, None, block_table, softmax_scale, variant)
+    else:
+        out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        softmax_scale, variant, deterministic)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -491,8 +506,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         max_seqlen_q, max_seqlen_k: ints (Python or numpy; ArgumentError otherwise), the longest
             q / k sequence (>= every length).
         causal: bottom-right aligned per sequence; turned off when max_seqlen_q == 1.
-        block_table: must be None (paged KV not implemented). Other arguments (deterministic
-            included) as flash_attn_func.
+        block_table: None, or int32 (b, max_pages) with contiguous rows: k and v are then a paged
+            cache (num_pages, page_size, h_k, d) of any page size >= 1, sequence i's key j in page
+            ``block_table[i, j // page_size]``, row ``j % page_size`` (forward only: no dropout, no
+            backward; NotImplementedError otherwise). Other arguments (deterministic included) as
+            flash_attn_func.
 
     Returns:
         out (total_q, h, d); with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
@@ -539,8 +557,124 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                             softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False):
-    """flash_attn 2.x ``flash_attn_with_kvcache`` (decode with an in-place KV-cache append; inference
-    only, no backward and no ``deterministic`` argument, as in flash_attn). Not implemented yet:
-    always raises NotImplementedError (the kvcache issue). For decoding today,
-    call :func:`flash_attn_func` with q (b, 1, h, d) and the cache slices as k, v."""
-    raise _not_implemented("flash_attn_with_kvcache (KV-cache decode with in-place append)")
+    """flash_attn 2.x ``flash_attn_with_kvcache``: attention of a few new query tokens over a key/value
+    cache, optionally appending new keys/values to the cache in place first (inference only: no
+    backward, no dropout; as in flash_attn).
+
+    Args:
+        q: (b, s_q, h, d), fp16/bf16, CUDA; d <= 256 (padded to a multiple of 8 as flash_attn does).
+        k_cache, v_cache: (b_cache, s_cache, h_k, d), or with ``block_table`` the paged cache
+            (num_pages, page_size, h_k, d) with ANY page size >= 1 (flash_attn 2 needs multiples of
+            256); q's dtype; ``stride(-1) == 1`` (AssertionError otherwise: they are updated in
+            place, never copied).
+        k, v: None or (b, s_new, h_k, d): written into the cache at positions
+            ``cache_seqlens[b] .. + s_new`` (k rotated when rotary_cos/sin are given) before the
+            attention, which then sees them. Need ``cache_seqlens``.
+        rotary_cos, rotary_sin: None or (seqlen_ro, rotary_dim / 2) in q's dtype, contiguous;
+            rotary_dim a multiple of 16 <= d; seqlen_ro >= the cache's capacity. Only with k/v: k is
+            rotated at positions ``cache_seqlens + t``, q at ``cache_seqlens + i`` when causal or
+            local, else every q token at ``cache_seqlens`` (RoFormer, Su et al. 2021).
+        rotary_interleaved: True pairs dims (0, 1), (2, 3), … (GPT-J); False pairs (j, j + rd / 2)
+            (GPT-NeoX).
+        cache_seqlens: None (the whole cache), an int (every sequence), or int32 (b,) on q's device:
+            the cache lengths before the append. Values past the cache are clamped on the device:
+            nothing outside k_cache / v_cache is read or written.
+        cache_batch_idx: None or int32 (b,): the cache row of each batch entry (not with paging).
+        cache_leftpad: None or int32 (b,): the first valid key row of each cache row (not with
+            paging); positions (causal, window, ALiBi) count from it.
+        block_table: None or int32 (b, max_pages) with contiguous rows: the pages of each sequence.
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as :func:`flash_attn_func`,
+            bottom-right aligned on each sequence's length (cache_seqlens + s_new − leftpad).
+        num_splits: 0 (heuristic), or 1..128 blocks per sequence over the keys.
+        return_softmax_lse: also return softmax_lse fp32 (b, h, s_q).
+
+    Returns: out (b, s_q, h, d) in q's dtype, or ``(out, softmax_lse)``.
+
+    Raises: AssertionError (a cache whose last dim is not contiguous, as flash_attn); the
+    ferroattn.errors classes naming the argument for bad dtypes, shapes, devices; ArgumentError
+    when ``cache_seqlens`` (an int) + s_new passes the cache, or, with a paged cache and a real
+    int32 ``cache_seqlens`` outside CUDA-graph capture and torch.compile, when its maximum + s_new
+    passes ``block_table``'s capacity (one device-to-host read, as flash_attn 2.8 does).
+    """
+    assert k_cache.stride(-1) == 1, "k_cache must have contiguous last dimension"
+    assert v_cache.stride(-1) == 1, "v_cache must have contiguous last dimension"
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, Tensor):
+            raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                    ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                    ("block_table", block_table), ("alibi_slopes", alibi_slopes)):
+        _check_optional_tensor(x, name)
+    if q.dim() != 4:
+        raise ArgumentError(f"q: expected rank 4 (batch, seqlen_q, heads, head_dim), got rank {q.dim()} "
+                            f"(shape {tuple(q.shape)})")
+    if (k is None) != (v is None):
+        raise ArgumentError(f"{'v' if k is not None else 'k'}: expected a tensor (given together with "
+                            f"{'k' if k is not None else 'v'}), got None")
+    if rotary_cos is not None or rotary_sin is not None:
+        if k is None:
+            raise ArgumentError("rotary_cos: expected None without new k / v to append (rotary applies to the "
+                                "appended keys and q), got a tensor")
+        if rotary_cos is None or rotary_sin is None:
+            raise ArgumentError("rotary_sin: expected rotary_cos and rotary_sin together, got only one of the two")
+    head_dim = q.shape[-1]
+    if head_dim > 256:
+        raise ArgumentError(f"q: expected head dim <= 256, got head dim {head_dim}")
+    softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
+    causal = _check_causal(causal)
+    window_size = _check_window(window_size)
+    softcap = _check_softcap(softcap)
+    rotary_interleaved = _check_flag(rotary_interleaved, "rotary_interleaved")
+    return_softmax_lse = _check_return_flag(return_softmax_lse, "return_softmax_lse")
+    splits = _as_int(num_splits) if not isinstance(num_splits, (bool, np.bool_)) else None
+    if splits is None or not 0 <= splits <= 128:
+        raise ArgumentError(f"num_splits: expected an int in [0, 128] (0 = heuristic), got {num_splits!r}")
+    capacity = _kvcache.cache_capacity(k_cache, block_table)
+    s_new = 0 if k is None else k.shape[1]
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, (bool, np.bool_)):
+        n = int(cache_seqlens)
+        if not 0 <= n or n + s_new > capacity:
+            raise ArgumentError(f"cache_seqlens: expected an int in [0, {capacity - s_new}] (the cache holds {capacity} "
+                                f"keys, {s_new} are appended), got {n}")
+        cache_seqlens = torch.full((q.shape[0],), n, dtype=torch.int32, device=q.device)
+    elif cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
+        raise DTypeError(f"cache_seqlens: expected an int, an int32 tensor or None, got {type(cache_seqlens).__name__}")
+    if k is not None and cache_seqlens is None:
+        raise ArgumentError("cache_seqlens: expected an int or an int32 (batch,) tensor when k and v are appended, "
+                            "got None")
+    if block_table is not None and cache_seqlens is not None:
+        _check_paged_capacity(cache_seqlens, s_new, capacity)
+    variant = AttnVariant.from_flash_attn(causal, window_size, softcap, alibi_slopes, None, q.shape[1], capacity)
+    q_per_token = variant.causal or variant.window_left >= 0 or variant.window_right >= 0
+    pad = (8 - head_dim % 8) % 8
+    q = F.pad(q, [0, pad]) if pad else _maybe_contiguous(q)
+    kc, vc = (F.pad(k_cache, [0, pad]), F.pad(v_cache, [0, pad])) if pad else (k_cache, v_cache)
+    if k is not None:
+        kn, vn = (F.pad(k, [0, pad]), F.pad(v, [0, pad])) if pad else (_maybe_contiguous(k), _maybe_contiguous(v))
+        q_rot = _kvcache.run_kv_append(kc, vc, kn, vn, q if rotary_cos is not None else None, rotary_cos, rotary_sin,
+                                       cache_seqlens, cache_batch_idx, block_table, rotary_interleaved, q_per_token)
+        if rotary_cos is not None:
+            q = q_rot
+    out, softmax_lse = _kvcache.run_attn_fwd_kvcache(q, kc, vc, None, None, 0, cache_seqlens, s_new, cache_leftpad,
+                                                     cache_batch_idx, block_table, softmax_scale, variant, splits)
+    if pad:
+        out = out[..., :head_dim]
+        if k is not None:   # the padded copies took the append: write it back (flash_attn does the same)
+            k_cache.copy_(kc[..., :head_dim])
+            v_cache.copy_(vc[..., :head_dim])
+    return (out, softmax_lse) if return_softmax_lse else out
+
+
+def _check_paged_capacity(cache_seqlens: Tensor, s_new: int, capacity: int) -> None:
+    """flash_attn 2.8's guard for paged caches: ``max(cache_seqlens) + s_new`` must fit the block
+    table's capacity (ArgumentError naming ``block_table``). It reads the values (a device-to-host
+    copy), so it runs only on a real int32 tensor outside CUDA-graph capture and torch.compile; the
+    kernels clamp lengths to the capacity in any case."""
+    if (torch.compiler.is_compiling() or isinstance(cache_seqlens, torch._subclasses.fake_tensor.FakeTensor)
+            or cache_seqlens.device.type == "meta" or cache_seqlens.dtype != torch.int32 or cache_seqlens.numel() == 0
+            or (cache_seqlens.device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+        return
+    longest = int(cache_seqlens.max().item()) + s_new
+    if longest > capacity:
+        raise ArgumentError(f"block_table: expected a capacity (max_pages x page_size = {capacity}) of at least "
+                            f"max(cache_seqlens) + seqlen_new = {longest}, got {capacity}")

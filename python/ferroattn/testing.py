@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "max_abs_diff", "assert_close_to_ref",
-           "random_cu_seqlens", "attention_grads_ref", "normalise_window"]
+           "random_cu_seqlens", "attention_grads_ref", "normalise_window", "rotary_ref", "paged_to_contiguous",
+           "kvcache_ref"]
 
 
 def normalise_window(window_size: Sequence[int], seqlen_k: int, causal: bool = False) -> Tuple[int, int]:
@@ -334,3 +335,87 @@ def attention_grads_ref(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, causal: b
     inputs = (q_, k_, v_) if s_ is None else (q_, k_, v_, s_)
     grads = torch.autograd.grad(out, inputs, dout.to(out.dtype), allow_unused=True)
     return tuple(g if g is not None else torch.zeros_like(x) for g, x in zip(grads, inputs))
+
+
+def rotary_ref(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool) -> Tensor:
+    """Rotary embedding (Su et al., "RoFormer", 2021) of ``x`` (b, s, h, d) at ``positions``
+    (b, s) int: the first rotary_dim = 2 · cos.shape[1] dims are rotated by the angles of row
+    ``positions[b, s]`` of cos / sin (seqlen_ro, rotary_dim / 2); pairs (j, j + rotary_dim / 2)
+    (GPT-NeoX) or, ``interleaved``, (2j, 2j + 1) (GPT-J): (x1, x2) -> (x1 cos − x2 sin,
+    x2 cos + x1 sin), computed in fp32 and rounded once to x's dtype; the other dims unchanged."""
+    rd = cos.shape[1] * 2
+    c = cos[positions].float().unsqueeze(2)   # (b, s, 1, rd / 2)
+    sn = sin[positions].float().unsqueeze(2)
+    xr = x[..., :rd].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        y = torch.stack((x1 * c - x2 * sn, x2 * c + x1 * sn), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
+        y = torch.cat((x1 * c - x2 * sn, x2 * c + x1 * sn), dim=-1)
+    return torch.cat((y.to(x.dtype), x[..., rd:]), dim=-1)
+
+
+def paged_to_contiguous(pages: Tensor, block_table: Tensor) -> Tensor:
+    """The contiguous view of a paged cache: (num_pages, page_size, h_k, d) pages and a (b, max_pages)
+    int block table -> (b, max_pages · page_size, h_k, d) (a copy)."""
+    b, n = block_table.shape
+    return pages[block_table.long().flatten()].reshape(b, n * pages.shape[1], *pages.shape[2:])
+
+
+def kvcache_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None,
+                rotary_cos: Optional[Tensor] = None, rotary_sin: Optional[Tensor] = None,
+                cache_seqlens: Optional[Tensor] = None, cache_batch_idx: Optional[Tensor] = None,
+                cache_leftpad: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
+                softmax_scale: Optional[float] = None, causal: bool = False, window_size: Sequence[int] = (-1, -1),
+                softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
+                upcast: bool = True) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """flash_attn 2's ``flash_attn_with_kvcache`` in plain torch (arguments as there; cache_seqlens an
+    int32 (b,) tensor or None). Returns (out, lse, k_cache_after, v_cache_after): out (b, s_q, h, d)
+    in fp32 (``upcast``) or q's dtype, lse fp32 (b, h, s_q), and the updated caches (copies; the
+    inputs are not modified), paged caches as pages.
+
+    Semantics: k (rotated at positions cache_seqlens + t) and v are written at rows
+    cache_seqlens[b] + t of cache row cache_batch_idx[b] (or b; pages through block_table); q is
+    rotated at cache_seqlens + i when causal or local, else at cache_seqlens; sequence b then attends
+    to keys [leftpad_b, cache_seqlens[b] + s_new) of its cache row with positions counted from
+    leftpad_b (:func:`attention_ref` per sequence, the window normalised with the cache's capacity)."""
+    b, s_q, h, d = q.shape
+    s_new = 0 if k is None else k.shape[1]
+    kc, vc = k_cache.clone(), v_cache.clone()
+    cont_k = paged_to_contiguous(kc, block_table) if block_table is not None else kc
+    cont_v = paged_to_contiguous(vc, block_table) if block_table is not None else vc
+    rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(b, device=q.device)
+    capacity = cont_k.shape[1]
+    lens = cache_seqlens.long() if cache_seqlens is not None else torch.full((b,), capacity, device=q.device)
+    left, right = normalise_window(window_size, capacity, causal and not (s_q == 1 and alibi_slopes is None))
+    per_token = causal or left >= 0 or right >= 0
+    if rotary_cos is not None and k is not None:
+        pos_k = lens[:, None] + torch.arange(s_new, device=q.device)[None]
+        k = rotary_ref(k, rotary_cos, rotary_sin, pos_k, rotary_interleaved)
+        pos_q = lens[:, None] + (torch.arange(s_q, device=q.device)[None] if per_token else 0)
+        q = rotary_ref(q, rotary_cos, rotary_sin, pos_q.expand(b, s_q), rotary_interleaved)
+    outs, lses = [], []
+    for i in range(b):
+        r = int(rows[i])
+        n = int(lens[i])
+        if k is not None:
+            cont_k[r, n:n + s_new] = k[i]
+            cont_v[r, n:n + s_new] = v[i]
+        lp = int(cache_leftpad[i]) if cache_leftpad is not None else 0
+        kk, vv = cont_k[r:r + 1, lp:n + s_new], cont_v[r:r + 1, lp:n + s_new]
+        slopes = alibi_slopes[i:i + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        o, l = attention_ref(q[i:i + 1], kk, vv, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                             softcap=softcap, alibi_slopes=slopes, upcast=upcast, window_seqlen_k=capacity)
+        outs.append(o)
+        lses.append(l)
+    if block_table is not None:   # write the contiguous copy back into the pages
+        n_pages = block_table.shape[1]
+        page = kc.shape[1]
+        for i in range(b):
+            for j in range(n_pages):
+                kc[int(block_table[i, j])] = cont_k[i, j * page:(j + 1) * page]
+                vc[int(block_table[i, j])] = cont_v[i, j * page:(j + 1) * page]
+    else:
+        kc, vc = cont_k, cont_v
+    return torch.cat(outs), torch.cat(lses), kc, vc
