@@ -14,7 +14,7 @@
 #   after precompile, or the notebooks pay the JIT compilation), train (`bench training`:
 #   Llama-3.2-1B-config training ferroattn vs sdpa, step-0 gradients vs fp32, attention peak
 #   memory at 16k), bench (`bench attention`, forward), bench_bwd (`bench attention --backward`),
-#   bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, fa2
+#   bench_decode (`bench decode`; BENCH_DECODE_ARGS), bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, fa2
 #   (flash-attention's own tests/test_flash_attn.py run against ferroattn through .fa2suite/run.sh,
 #   a deterministic sample of FA2_CORE / FA2_REST cases per test function; opt-in: runs only when
 #   named in GPU_CHECK_STAGES, and needs .fa2suite carried, made here by
@@ -77,16 +77,16 @@ SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
 FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
-ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
+ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd bench_decode bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
 OPT_IN_STAGES="fa2"              # run only when named in GPU_CHECK_STAGES (not part of "all")
 STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
 # Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd, bench_gemm,
 # bench_sparse24, fa2) keeps free for each selected stage after it.
 declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=90 [notebooks]=400 [train]=180
-                [bench]=200 [bench_bwd]=330 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [fa2]=240
+                [bench]=200 [bench_bwd]=330 [bench_decode]=240 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [fa2]=240
                 [memcheck]=150 [racecheck]=180)
-declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [fa2]=120
+declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_decode]=90 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [fa2]=120
                  [memcheck]=100 [racecheck]=80)
 
 # Under the sanitizer: FERROATTN_LINEINFO=1 (kernels compiled with -lineinfo, so reports name
@@ -128,6 +128,14 @@ do_bench() {
     [ "$budget" -lt 30 ] && budget=30
     # shellcheck disable=SC2086
     "$PY" -m ferroattn bench attention --out "$OUT" --rep-ms 40 --time-budget-s "$budget" ${BENCH_ARGS:-}
+}
+
+do_bench_decode() {
+    # the decode benchmark stops starting new points 45 s before its stage limit
+    local budget=$(( $1 - 45 ))
+    [ "$budget" -lt 30 ] && budget=30
+    # shellcheck disable=SC2086
+    "$PY" -m ferroattn bench decode --out "$OUT" --time-budget-s "$budget" ${BENCH_DECODE_ARGS:-}
 }
 
 do_bench_bwd() {
@@ -192,7 +200,7 @@ do_fa2() {  # do_fa2 LIMIT: flash-attention's tests/test_flash_attn.py through .
     python3 -c 'import einops' 2>/dev/null || echo "warning: einops not importable (flash-attention's tests import it)"
     rm -rf "$res" "$OUT/fa2_summary.json"
     echo "fa2: FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40}, pytest budget ${budget} s"
-    FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40} timeout -s INT -k 20 "$budget" bash .fa2suite/run.sh "$res"
+    FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40} timeout -s INT -k 20 "$budget" bash .fa2suite/run.sh "$res" ${FA2_ARGS:-}
     rc=$?
     # at most 8 files come back: the summary at the top level, the XML and the log in logs.tar.gz
     [ -f "$res/fa2_summary.json" ] && cp -f "$res/fa2_summary.json" "$OUT/fa2_summary.json"
@@ -368,6 +376,7 @@ stage train "${CAP[train]}" bash "$SELF" __fn train
 # the benchmarks get what is left after keeping time for the selected stages after them (capped)
 if selected bench; then lim=$(elastic_limit bench); stage bench "$lim" bash "$SELF" __fn bench "$lim"; fi
 if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$lim" bash "$SELF" __fn bench_bwd "$lim"; fi
+if selected bench_decode; then lim=$(elastic_limit bench_decode); stage bench_decode "$lim" bash "$SELF" __fn bench_decode "$lim"; fi
 if selected bench_gemm; then lim=$(elastic_limit bench_gemm); stage bench_gemm "$lim" bash "$SELF" __fn bench_gemm "$lim"; fi
 if selected bench_sparse24; then lim=$(elastic_limit bench_sparse24); stage bench_sparse24 "$lim" bash "$SELF" __fn bench_sparse24 "$lim"; fi
 stage pytest "${CAP[pytest]}" env FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" ${PYTEST_TARGETS:-tests}
