@@ -220,9 +220,8 @@ def test_paged_varlen_matches_reference(page):
     v_packed = torch.cat([vc[i, :n] for i, n in enumerate(lens_k)])
     q = rand(sum(lens_q), h, d)
     for causal in (False, True):
-        ref, _ = attention_varlen_ref(q, k_packed, v_packed, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
-        ref_lp, _ = attention_varlen_ref(q, k_packed, v_packed, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                         upcast=False)
+        ref, _ = attention_varlen_ref(q, k_packed, v_packed, cu_q, cu_k, causal=causal)
+        ref_lp, _ = attention_varlen_ref(q, k_packed, v_packed, cu_q, cu_k, causal=causal, upcast=False)
         out = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                      block_table=bt)
         assert_close_to_ref(out.float(), ref, ref_lp.float(), factor=3.0)

@@ -167,14 +167,14 @@ def test_valid_cpu_call_is_rejected_only_for_the_device():
 
 def test_value_checks_skipped_for_fake_and_meta():
     """Decreasing cu_seqlens cannot be detected without data: fake/meta calls trace fine."""
-    from ferroattn.ops.attention import _values_available
+    from ferroattn.ops.attention import values_available
 
     with FakeTensorMode():
         cu = torch.tensor([0, 6, 4], dtype=torch.int32, device="cuda")
-        assert not _values_available(cu)
+        assert not values_available(cu)
         q = torch.empty(9, 6, 32, dtype=BF16, device="cuda")
         out = flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
         assert out.shape == q.shape
     meta = torch.tensor([0, 6, 4], dtype=torch.int32).to("meta")
-    assert not _values_available(meta)
-    assert _values_available(torch.tensor([0, 6, 4], dtype=torch.int32))
+    assert not values_available(meta)
+    assert values_available(torch.tensor([0, 6, 4], dtype=torch.int32))

@@ -18,13 +18,14 @@
 // Launch: grid (ceil(max(s_q) * group / 16) * num_splits, h_k, b), 128 threads, dynamic shared
 // memory attn_fwd_kvcache_sm80_smem_bytes<HeadDim, BlockN, Stages>() (AttnKvcacheConfig::smem_bytes
 // in src/tuning/attention_kvcache.rs): the Q tile and Stages K and V tiles; the block merge reuses
-// the K/V ring for 4 x 16 x (HeadDim + 8) fp32 values (static_asserted to fit).
+// them for 4 x 16 x (HeadDim + 8) fp32 values (static_asserted to fit).
 //
 // Template parameters:
 //   HeadDim  multiple of 32 in [32, 256]; params.base.head_dim (multiple of 8, <= HeadDim) is the
 //            real one: other columns load as 0 and are not written.
 //   BlockN   keys per K/V tile: 64 (16 per warp).
-//   Stages   >= 2: K/V tile ring depth (tile t + Stages - 1 is fetched while tile t is used).
+//   Stages   >= 1: K/V tile ring depth (tile t + Stages - 1 is fetched while tile t is used;
+//            1: each tile is loaded, then used).
 //   Paged    keys through base.block_table (else contiguous or varlen rows).
 //   V        the variant (attention/variant.cuh); no dropout.
 //   T        __half or __nv_bfloat16.
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
     static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
                   "HeadDim must be a multiple of 32 in [32, 256]");
     static_assert(BlockN == 64, "4 warps x 16 keys per tile");
-    static_assert(Stages >= 2, "Stages must be >= 2");
+    static_assert(Stages >= 1, "Stages must be >= 1");
     static_assert(!V::kDropout, "no dropout in the kv-cache forward");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
     constexpr int kThreads = 128;
@@ -115,8 +116,8 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
     constexpr int DT = HeadDim / 8;    // n8 tiles of O
     constexpr int kORow = HeadDim + 8; // fp32 row stride of the block merge (conflict-light)
     constexpr unsigned kRowBytes = HeadDim * 2;
-    static_assert(4 * kRows * kORow * 4 <= 2 * Stages * BlockN * HeadDim * 2,
-                  "the block merge must fit in the K/V ring");
+    static_assert(4 * kRows * kORow * 4 <= attn_fwd_kvcache_sm80_smem_bytes<HeadDim, BlockN, Stages>(),
+                  "the block merge must fit in the Q tile and the K/V ring");
     using Tr = DTypeTraits<T>;
     const AttnFwdParams& p = kp.base;
 
@@ -207,7 +208,20 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
         const T* gk = static_cast<const T*>(p.k);
         const T* gv = static_cast<const T*>(p.v);
         const int* bt = Paged ? kp.block_table + static_cast<long long>(batch) * kp.block_table_batch_stride : nullptr;
-        auto load_kv = [&](int tile, int slot) {
+        // Paged: the page of each of this thread's rows of a tile (block_table entries, clamped).
+        // With few passes per thread the entries of tile t + Stages are read one iteration ahead
+        // (`next_page`), so the block-table load's latency is off the path of the K/V loads.
+        constexpr bool kPrefetch = Paged && kPasses <= 8;
+        auto fetch_pages = [&](int tile, int (&pg)[kPasses]) {
+            if constexpr (Paged) {
+#pragma unroll
+                for (int i = 0; i < kPasses; ++i) {
+                    const int j = tile * BlockN + lr0 + i * kRowsPerPass;
+                    pg[i] = j < sq.len_k ? kvcache_detail::clamp_index(bt[j / kp.page_size], kp.cache_batches) : 0;
+                }
+            }
+        };
+        auto load_kv = [&](int tile, int slot, const int (&pg)[kPasses]) {
             const int j0 = tile * BlockN;
 #pragma unroll
             for (int i = 0; i < kPasses; ++i) {
@@ -218,9 +232,9 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
                 long long k_off = 0, v_off = 0;
                 if (ok) {
                     if constexpr (Paged) {
-                        const int page = j / kp.page_size;
-                        const int page_row = j - page * kp.page_size;
-                        const long long phys = kvcache_detail::clamp_index(bt[page], kp.cache_batches);
+                        const int page_row = j % kp.page_size;
+                        const long long phys = kPrefetch ? pg[i]
+                            : kvcache_detail::clamp_index(bt[j / kp.page_size], kp.cache_batches);
                         k_off = phys * p.k_batch_stride + static_cast<long long>(page_row) * p.k_row_stride + k_col;
                         v_off = phys * p.v_batch_stride + static_cast<long long>(page_row) * p.v_row_stride + v_col;
                     } else {
@@ -234,12 +248,24 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
                 cp_async_16_zfill(smem_u32(sV + s_off), gv + v_off, ok);
             }
         };
+        [[maybe_unused]] int next_page[kPasses];
+        [[maybe_unused]] int cur_page[kPasses];
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) next_page[i] = cur_page[i] = 0;
         // Commit groups: tile t_begin + s (with Q in the first) for s < Stages - 1, then one per
-        // iteration, so tile t is complete when at most Stages - 2 groups are pending.
+        // iteration, so tile t is complete when at most Stages - 2 groups are pending. One stage
+        // (small shared memory, d 256): each iteration loads its own tile and waits for it.
 #pragma unroll
         for (int s = 0; s < Stages - 1; ++s) {
-            if (t_begin + s < t_end) load_kv(t_begin + s, s);
+            if (t_begin + s < t_end) {
+                if constexpr (kPrefetch) fetch_pages(t_begin + s, cur_page);
+                load_kv(t_begin + s, s, cur_page);
+            }
             cp_async_commit();
+        }
+        if constexpr (Stages == 1) cp_async_commit();   // Q alone
+        if constexpr (kPrefetch) {
+            if (t_begin + Stages - 1 < t_end) fetch_pages(t_begin + Stages - 1, next_page);
         }
 
         attn_variant::ScoreMod<V> smod[2] = {
@@ -255,10 +281,26 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
 
         for (int tile = t_begin; tile < t_end; ++tile) {
             const int it = tile - t_begin;
-            cp_async_wait<Stages - 2>();
-            __syncthreads();   // tile `tile` visible; every warp is done with the slot refilled next
-            if (tile + Stages - 1 < t_end) load_kv(tile + Stages - 1, (it + Stages - 1) % Stages);
-            cp_async_commit();
+            if constexpr (Stages == 1) {
+                __syncthreads();   // every warp is done with the previous tile
+                load_kv(tile, 0, next_page);
+                cp_async_commit();
+                if constexpr (kPrefetch) {
+                    if (tile + 1 < t_end) fetch_pages(tile + 1, next_page);
+                }
+                cp_async_wait<0>();
+                __syncthreads();   // tile `tile` (and Q) visible
+            } else {
+                cp_async_wait<Stages - 2>();
+                __syncthreads();   // tile `tile` visible; every warp is done with the slot refilled next
+                if (tile + Stages - 1 < t_end) {
+                    load_kv(tile + Stages - 1, (it + Stages - 1) % Stages, next_page);
+                    if constexpr (kPrefetch) {
+                        if (tile + Stages < t_end) fetch_pages(tile + Stages, next_page);
+                    }
+                }
+                cp_async_commit();
+            }
             const unsigned slot_bytes = static_cast<unsigned>(it % Stages) * (BlockN * kRowBytes);
 
             // ---- S = Q K_slice^T (16 rows x 16 keys) ----
@@ -353,8 +395,8 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
             s_l[warp][g + 8 * h] = row_sum[h];
         }
     }
-    __syncthreads();   // also: every warp is done with the K/V ring, which the merge reuses
-    float* sO = reinterpret_cast<float*>(sK);
+    __syncthreads();   // also: every warp is done with Q and the K/V ring, which the merge reuses
+    float* sO = reinterpret_cast<float*>(smem_raw);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = g + 8 * h;

@@ -70,6 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _native
 from .errors import ArgumentError, DTypeError, FerroattnError
 from .ops.attention import check_fwd_meta as _check_fwd_meta
 from .ops.attention import check_softmax_scale as _check_scale_value
@@ -348,6 +349,22 @@ def _check_paged(block_table: Optional[Tensor], dropout_p: float, q: Tensor, k: 
         raise _not_implemented("the backward through block_table (paged KV; run it under torch.no_grad())")
 
 
+def _decode_shaped(q: Tensor, k: Tensor, v: Tensor, max_seqlen_q: int, max_seqlen_k: int, variant: AttnVariant,
+                   return_attn_probs: bool) -> bool:
+    """Whether a (non-paged) call runs on the kv-cache kernel: decode-shaped sizes
+    (``tuning::attention_kvcache::use_kvcache_path``: few query rows per kv head, many keys), no
+    dropout, no returned softmax, and nothing to differentiate (the kv-cache op has no backward)."""
+    if return_attn_probs and variant.dropout_p > 0.0:
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (variant.sinks is not None and variant.sinks.requires_grad)):
+        return False
+    if torch.compiler.is_compiling():   # traced calls keep one graph for every length (the forward op)
+        return False
+    group = max(q.shape[-2] // max(k.shape[-2], 1), 1)
+    return _native.attn_use_kvcache_path(int(max_seqlen_q), group, int(max_seqlen_k), variant.dropout_p > 0.0)
+
+
 def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                dropout_p: float, softmax_scale: Optional[float], causal: bool,
@@ -391,7 +408,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
         q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
     else:
         q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
-    if block_table is not None:   # paged KV: the kv-cache path, key lengths from cu_seqlens_k
+    if block_table is not None or _decode_shaped(q, k, v, max_seqlen_q, max_seqlen_k, variant, return_attn_probs):
+        # paged KV, or few queries against many keys without autograd: the kv-cache path (key
+        # lengths from cu_seqlens_k in varlen; the split-KV kernel with packed GQA rows)
         out, softmax_lse = _kvcache.run_attn_fwd_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, None, 0,
                                                          None, None, block_table, softmax_scale, variant)
     else:
@@ -594,7 +613,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ferroattn.errors classes naming the argument for bad dtypes, shapes, devices; ArgumentError
     when ``cache_seqlens`` (an int) + s_new passes the cache, or, with a paged cache and a real
     int32 ``cache_seqlens`` outside CUDA-graph capture and torch.compile, when its maximum + s_new
-    passes ``block_table``'s capacity (one device-to-host read, as flash_attn 2.8 does).
+    passes ``block_table``'s capacity (a device-to-host read, as flash_attn 2.8 does; once per
+    version of the tensor: :func:`ferroattn.ops.kvcache.check_paged_capacity`).
     """
     assert k_cache.stride(-1) == 1, "k_cache must have contiguous last dimension"
     assert v_cache.stride(-1) == 1, "v_cache must have contiguous last dimension"
@@ -643,7 +663,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ArgumentError("cache_seqlens: expected an int or an int32 (batch,) tensor when k and v are appended, "
                             "got None")
     if block_table is not None and cache_seqlens is not None:
-        _check_paged_capacity(cache_seqlens, s_new, capacity)
+        _kvcache.check_paged_capacity(cache_seqlens, s_new, capacity)
     variant = AttnVariant.from_flash_attn(causal, window_size, softcap, alibi_slopes, None, q.shape[1], capacity)
     q_per_token = variant.causal or variant.window_left >= 0 or variant.window_right >= 0
     pad = (8 - head_dim % 8) % 8
@@ -663,18 +683,3 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             k_cache.copy_(kc[..., :head_dim])
             v_cache.copy_(vc[..., :head_dim])
     return (out, softmax_lse) if return_softmax_lse else out
-
-
-def _check_paged_capacity(cache_seqlens: Tensor, s_new: int, capacity: int) -> None:
-    """flash_attn 2.8's guard for paged caches: ``max(cache_seqlens) + s_new`` must fit the block
-    table's capacity (ArgumentError naming ``block_table``). It reads the values (a device-to-host
-    copy), so it runs only on a real int32 tensor outside CUDA-graph capture and torch.compile; the
-    kernels clamp lengths to the capacity in any case."""
-    if (torch.compiler.is_compiling() or isinstance(cache_seqlens, torch._subclasses.fake_tensor.FakeTensor)
-            or cache_seqlens.device.type == "meta" or cache_seqlens.dtype != torch.int32 or cache_seqlens.numel() == 0
-            or (cache_seqlens.device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
-        return
-    longest = int(cache_seqlens.max().item()) + s_new
-    if longest > capacity:
-        raise ArgumentError(f"block_table: expected a capacity (max_pages x page_size = {capacity}) of at least "
-                            f"max(cache_seqlens) + seqlen_new = {longest}, got {capacity}")

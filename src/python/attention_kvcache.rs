@@ -41,6 +41,14 @@ fn attn_kvcache_num_splits(device: i32, batch: i64, seqlen_q: i64, heads: i64, h
     op::plan_splits(device, batch, seqlen_q, heads, heads_k, key_len, head_dim, paged, num_splits)
 }
 
+/// Whether a flash_attn_func / varlen call of these sizes runs on the kv-cache kernel
+/// (tuning::attention_kvcache::use_kvcache_path).
+#[pyfunction]
+fn attn_use_kvcache_path(seqlen_q: u64, group: u64, seqlen_k: u64, dropout: bool) -> bool {
+    let kind = crate::ops::attention::VariantKind { dropout, ..Default::default() };
+    crate::tuning::attention_kvcache::use_kvcache_path(seqlen_q, group, seqlen_k, kind)
+}
+
 /// Launch the kv-cache attention forward (and the split combine when `o_accum` is given) on
 /// `stream`. Validates everything first; never synchronises.
 #[pyfunction]
@@ -150,6 +158,7 @@ fn kv_append(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attn_kvcache_check, m)?)?;
     m.add_function(wrap_pyfunction!(attn_kvcache_num_splits, m)?)?;
+    m.add_function(wrap_pyfunction!(attn_use_kvcache_path, m)?)?;
     m.add_function(wrap_pyfunction!(attn_fwd_kvcache, m)?)?;
     m.add_function(wrap_pyfunction!(kv_append, m)?)?;
     Ok(())

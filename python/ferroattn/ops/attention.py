@@ -48,10 +48,12 @@ from .variant import visible_pairs as visible_pairs
 
 __all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "check_varlen_values", "tensor_meta",
            "attn_fwd_flops", "causal_pairs", "lse_shape", "rank_error", "positive_scale", "check_softmax_scale",
-           "scale_is_zero", "check_fwd_meta", "visible_pairs", "AttnVariant", "attn_fwd_dmask", "run_attn_fwd_dmask"]
+           "scale_is_zero", "check_fwd_meta", "values_available", "visible_pairs", "AttnVariant", "attn_fwd_dmask", "run_attn_fwd_dmask"]
 
-#: Check the *values* of real cu_seqlens before a launch (one tiny device-to-host copy, i.e. a
-#: sync, for CUDA tensors; never done while capturing a CUDA graph nor on fake/meta tensors).
+#: Check the *values* of real cu_seqlens (and of a paged call's cache_seqlens,
+#: :func:`ferroattn.ops.kvcache.check_paged_capacity`) before a launch (one tiny device-to-host
+#: copy, i.e. a sync, for CUDA tensors, once per tensor version; never done while capturing a CUDA
+#: graph nor on fake/meta tensors).
 #: Disable with the environment variable ``FERROATTN_CHECK_CU_SEQLENS=0`` or by setting this to
 #: False when the host sync matters more than the check.
 CHECK_CU_SEQLENS_VALUES: bool = os.environ.get("FERROATTN_CHECK_CU_SEQLENS", "1") != "0"
@@ -74,7 +76,7 @@ def _check_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 # ---------------------------------------------------------------------------------------------
 # data-dependent cu_seqlens checks (Python: they need the values)
 # ---------------------------------------------------------------------------------------------
-def _values_available(t: Optional[Tensor]) -> bool:
+def values_available(t: Optional[Tensor]) -> bool:
     """True when reading ``t``'s values is possible and allowed: a real (not fake, not meta)
     int32, 1-D, contiguous tensor, not on a stream that is being captured into a CUDA graph."""
     if t is None or not CHECK_CU_SEQLENS_VALUES:
@@ -98,7 +100,7 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
     would leave rows unwritten).
 
     These checks need the data, so they run only on real tensors outside CUDA-graph capture (see
-    :func:`_values_available`); for a CUDA tensor they copy ``batch + 1`` int32 values to the host,
+    :func:`values_available`); for a CUDA tensor they copy ``batch + 1`` int32 values to the host,
     which synchronises with the current stream. Raises :class:`~ferroattn.errors.ArgumentError`
     naming the argument and the offending value.
 
@@ -109,7 +111,7 @@ def check_cu_seqlens_values(cu_seqlens: Optional[Tensor], name: str, rows: int,
     consumer or a custom kernel) are not seen, and the stale values are not re-checked; the kernel
     clamps cu_seqlens values, so such a tensor gives wrong output for the affected rows but never
     an out-of-bounds access."""
-    if not _values_available(cu_seqlens):
+    if not values_available(cu_seqlens):
         return
     # A model calls every layer with the same cu_seqlens tensor: check (and sync) once per tensor
     # version, not once per call (inference tensors, which have no version, on every call).
@@ -508,7 +510,7 @@ def _pairs(seqlen_q, seqlen_k, causal: bool, window=(-1, -1)):
 
 
 def _seqlens(cu: Tensor) -> Optional[Sequence[int]]:
-    if not _values_available(cu):
+    if not values_available(cu):
         return None
     vals = cu.tolist()
     return [b - a for a, b in zip(vals[:-1], vals[1:])]

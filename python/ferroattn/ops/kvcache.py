@@ -26,6 +26,9 @@ from torch import Tensor
 
 from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
+from .._tensor_memo import TensorMemo
+from ..errors import ArgumentError
+from .attention import values_available
 from ._eager import plain_eager
 from ._to_native import launch as _launch
 from ._to_native import tensor_meta
@@ -33,7 +36,28 @@ from ._to_native import tile_aligned as _tile_aligned
 from .variant import AttnVariant
 
 __all__ = ["attn_fwd_kvcache", "kv_append", "run_attn_fwd_kvcache", "run_kv_append", "check_kvcache_meta",
-           "cache_capacity"]
+           "cache_capacity", "check_paged_capacity"]
+
+_CHECKED = TensorMemo(trust_inference=False)
+
+
+def check_paged_capacity(cache_seqlens: Tensor, s_new: int, capacity: int) -> None:
+    """flash_attn 2.8's guard for paged caches: ``max(cache_seqlens) + s_new`` must fit the block
+    table's capacity (ArgumentError naming ``block_table``). It reads the values, which for a CUDA
+    tensor is a device-to-host copy (a sync), so it runs only where reading is allowed
+    (:func:`ferroattn.ops.attention.values_available`: a real int32 tensor, outside CUDA-graph capture
+    and torch.compile, unless ``CHECK_CU_SEQLENS_VALUES`` is off) and once per version of the tensor
+    (a model's layers share one ``cache_seqlens``). The kernels clamp every length to the capacity
+    whether or not this check runs: nothing outside the cache is read or written."""
+    if torch.compiler.is_compiling() or not values_available(cache_seqlens):
+        return
+    if _CHECKED.get(cache_seqlens, extra=(s_new, capacity), default=False):
+        return
+    longest = int(cache_seqlens.max().item()) + s_new
+    if longest > capacity:
+        raise ArgumentError(f"block_table: expected a capacity (max_pages x page_size = {capacity}) of at least "
+                            f"max(cache_seqlens) + seqlen_new = {longest}, got {capacity}")
+    _CHECKED.put(cache_seqlens, True, extra=(s_new, capacity))
 
 
 def cache_capacity(k_cache: Tensor, block_table: Optional[Tensor], packed: bool = False) -> int:
