@@ -238,7 +238,7 @@ do_sanitize() {
     # forward cases, then backward cases; the stage's exit code is the first non-zero one
     local tool=$1 rc=0 r script
     if [ -z "$CS" ]; then echo "compute-sanitizer not found on PATH or under /usr/local/cuda*/bin"; return 127; fi
-    for script in ${SANITIZE_SCRIPTS:-scripts/sanitize_attention.py scripts/sanitize_attention_bwd.py scripts/sanitize_gemm.py}; do
+    for script in ${SANITIZE_SCRIPTS:-scripts/sanitize_attention.py scripts/sanitize_kvcache.py scripts/sanitize_attention_bwd.py scripts/sanitize_gemm.py}; do
         echo "--- $tool: $script"
         if [ "$script" = scripts/sanitize_gemm.py ]; then
             sanitize_one "$tool" "$script" "${GEMM_SANITIZER_FILTER-}"   # every kernel it launches

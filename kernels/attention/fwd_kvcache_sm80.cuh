@@ -196,77 +196,73 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
             cp_async_16_zfill(smem_u32(sQ + r * HeadDim + swizzle_chunk<kChunks>(r, c) * 8), src, ok);
         }
 
-        // ---- K/V tile loads: thread -> chunk column c, rows r0 + i * kRowsPerPass ----
-        // (head dims whose chunk count does not divide 128, e.g. 96: the last threads idle)
-        constexpr int kRowsPerPass = kThreads / kChunks;
-        constexpr int kPasses = (BlockN + kRowsPerPass - 1) / kRowsPerPass;
+        // ---- K/V tile loads: thread -> chunk column c and kRowsPerThread consecutive rows ----
+        // (head dims whose chunk count does not divide 128, e.g. 96: the last threads idle, rows
+        // past the tile are skipped). Consecutive rows let a paged load find its page once per
+        // tile: when the page size is a multiple of kRowsPerThread, a thread's rows of a tile lie
+        // in one page (tiles start at multiples of 64 keys), and that page's block-table entry is
+        // read one iteration ahead (`next_page`), off the path of the K/V loads; other page sizes
+        // look up every row.
+        constexpr int kGroups = kThreads / kChunks;
+        constexpr int kRowsPerThread = (BlockN + kGroups - 1) / kGroups;
         const int lc = tid % kChunks;
-        const int lr0 = tid / kChunks;
-        const bool col_ok = lc * 8 < head_dim && lr0 < kRowsPerPass;
+        const int lr0 = (tid / kChunks) * kRowsPerThread;
+        const bool col_ok = lc * 8 < head_dim && tid / kChunks < kGroups;
         const long long k_col = static_cast<long long>(head_k) * p.k_head_stride + lc * 8;
         const long long v_col = static_cast<long long>(head_k) * p.v_head_stride + lc * 8;
         const T* gk = static_cast<const T*>(p.k);
         const T* gv = static_cast<const T*>(p.v);
         const int* bt = Paged ? kp.block_table + static_cast<long long>(batch) * kp.block_table_batch_stride : nullptr;
-        // Paged: the page of each of this thread's rows of a tile (block_table entries, clamped).
-        // With few passes per thread the entries of tile t + Stages are read one iteration ahead
-        // (`next_page`), so the block-table load's latency is off the path of the K/V loads.
-        constexpr bool kPrefetch = Paged && kPasses <= 8;
-        auto fetch_pages = [&](int tile, int (&pg)[kPasses]) {
-            if constexpr (Paged) {
-#pragma unroll
-                for (int i = 0; i < kPasses; ++i) {
-                    const int j = tile * BlockN + lr0 + i * kRowsPerPass;
-                    pg[i] = j < sq.len_k ? kvcache_detail::clamp_index(bt[j / kp.page_size], kp.cache_batches) : 0;
-                }
-            }
+        const bool one_page = Paged && kp.page_size % kRowsPerThread == 0;
+        // The page of this thread's first row of `tile` (one_page), clamped; 0 past the keys.
+        auto fetch_page = [&](int tile) -> int {
+            const int j = tile * BlockN + lr0;
+            return (Paged && one_page && j < sq.len_k) ? kvcache_detail::clamp_index(bt[j / kp.page_size], kp.cache_batches) : 0;
         };
-        auto load_kv = [&](int tile, int slot, const int (&pg)[kPasses]) {
-            const int j0 = tile * BlockN;
+        auto load_kv = [&](int tile, int slot, int page) {
+            const int j0 = tile * BlockN + lr0;
+            long long k_base, v_base;   // row j0's offsets (one_page / contiguous)
+            if constexpr (Paged) {
+                const int page_row = j0 % kp.page_size;
+                k_base = static_cast<long long>(page) * p.k_batch_stride + static_cast<long long>(page_row) * p.k_row_stride + k_col;
+                v_base = static_cast<long long>(page) * p.v_batch_stride + static_cast<long long>(page_row) * p.v_row_stride + v_col;
+            } else {
+                k_base = sq.cache_b * p.k_batch_stride + (sq.k_row0 + j0) * p.k_row_stride + k_col;
+                v_base = sq.cache_b * p.v_batch_stride + (sq.k_row0 + j0) * p.v_row_stride + v_col;
+            }
 #pragma unroll
-            for (int i = 0; i < kPasses; ++i) {
-                const int r = lr0 + i * kRowsPerPass;
-                if (BlockN % kRowsPerPass != 0 && (r >= BlockN || lr0 >= kRowsPerPass)) continue;
-                const int j = j0 + r;
+            for (int i = 0; i < kRowsPerThread; ++i) {
+                const int r = lr0 + i;
+                if (BlockN % kGroups != 0 && r >= BlockN) continue;
+                const int j = j0 + i;
                 const bool ok = col_ok && j < sq.len_k;
-                long long k_off = 0, v_off = 0;
-                if (ok) {
-                    if constexpr (Paged) {
-                        const int page_row = j % kp.page_size;
-                        const long long phys = kPrefetch ? pg[i]
-                            : kvcache_detail::clamp_index(bt[j / kp.page_size], kp.cache_batches);
-                        k_off = phys * p.k_batch_stride + static_cast<long long>(page_row) * p.k_row_stride + k_col;
-                        v_off = phys * p.v_batch_stride + static_cast<long long>(page_row) * p.v_row_stride + v_col;
-                    } else {
-                        const long long row = sq.k_row0 + j;
-                        k_off = sq.cache_b * p.k_batch_stride + row * p.k_row_stride + k_col;
-                        v_off = sq.cache_b * p.v_batch_stride + row * p.v_row_stride + v_col;
+                long long k_off = k_base + i * p.k_row_stride, v_off = v_base + i * p.v_row_stride;
+                if constexpr (Paged) {
+                    if (!one_page && ok) {
+                        const int pg = j / kp.page_size;
+                        const long long phys = kvcache_detail::clamp_index(bt[pg], kp.cache_batches);
+                        const long long row = j - pg * kp.page_size;
+                        k_off = phys * p.k_batch_stride + row * p.k_row_stride + k_col;
+                        v_off = phys * p.v_batch_stride + row * p.v_row_stride + v_col;
                     }
                 }
+                if (!ok) k_off = v_off = 0;
                 const int s_off = (slot * BlockN + r) * HeadDim + swizzle_chunk<kChunks>(r, lc) * 8;
                 cp_async_16_zfill(smem_u32(sK + s_off), gk + k_off, ok);
                 cp_async_16_zfill(smem_u32(sV + s_off), gv + v_off, ok);
             }
         };
-        [[maybe_unused]] int next_page[kPasses];
-        [[maybe_unused]] int cur_page[kPasses];
-#pragma unroll
-        for (int i = 0; i < kPasses; ++i) next_page[i] = cur_page[i] = 0;
+        int next_page = 0;
         // Commit groups: tile t_begin + s (with Q in the first) for s < Stages - 1, then one per
         // iteration, so tile t is complete when at most Stages - 2 groups are pending. One stage
         // (small shared memory, d 256): each iteration loads its own tile and waits for it.
 #pragma unroll
         for (int s = 0; s < Stages - 1; ++s) {
-            if (t_begin + s < t_end) {
-                if constexpr (kPrefetch) fetch_pages(t_begin + s, cur_page);
-                load_kv(t_begin + s, s, cur_page);
-            }
+            if (t_begin + s < t_end) load_kv(t_begin + s, s, fetch_page(t_begin + s));
             cp_async_commit();
         }
         if constexpr (Stages == 1) cp_async_commit();   // Q alone
-        if constexpr (kPrefetch) {
-            if (t_begin + Stages - 1 < t_end) fetch_pages(t_begin + Stages - 1, next_page);
-        }
+        if (t_begin + Stages - 1 < t_end) next_page = fetch_page(t_begin + Stages - 1);
 
         attn_variant::ScoreMod<V> smod[2] = {
             attn_variant::ScoreMod<V>(p, row_head[0], batch, sq.seqlen_q, sq.len_k),
@@ -285,9 +281,7 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
                 __syncthreads();   // every warp is done with the previous tile
                 load_kv(tile, 0, next_page);
                 cp_async_commit();
-                if constexpr (kPrefetch) {
-                    if (tile + 1 < t_end) fetch_pages(tile + 1, next_page);
-                }
+                if (tile + 1 < t_end) next_page = fetch_page(tile + 1);
                 cp_async_wait<0>();
                 __syncthreads();   // tile `tile` (and Q) visible
             } else {
@@ -295,9 +289,7 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
                 __syncthreads();   // tile `tile` visible; every warp is done with the slot refilled next
                 if (tile + Stages - 1 < t_end) {
                     load_kv(tile + Stages - 1, (it + Stages - 1) % Stages, next_page);
-                    if constexpr (kPrefetch) {
-                        if (tile + Stages < t_end) fetch_pages(tile + Stages, next_page);
-                    }
+                    if (tile + Stages < t_end) next_page = fetch_page(tile + Stages);
                 }
                 cp_async_commit();
             }

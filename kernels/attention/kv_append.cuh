@@ -114,7 +114,7 @@ __device__ __forceinline__ void copy_row(const KvAppendParams& p, const T* src, 
 }  // namespace kv_append_detail
 
 template <typename T>
-__global__ void __launch_bounds__(128) kv_append(const KvAppendParams p) {
+__global__ void __launch_bounds__(128) attn_kv_append(const KvAppendParams p) {
     const int lane = threadIdx.x % 32;
     long long item = static_cast<long long>(blockIdx.x) * 4 + threadIdx.x / 32;
     const long long kv_items = static_cast<long long>(p.batch) * p.s_new * p.heads_k;

@@ -73,7 +73,7 @@ impl SplitCombineConfig {
     }
 }
 
-/// The cache append with rotary embedding (`ferroattn::kv_append<T>`, kernels/attention/kv_append.cuh).
+/// The cache append with rotary embedding (`ferroattn::attn_kv_append<T>`, kernels/attention/kv_append.cuh).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KvAppendConfig {
     pub dtype: DType,
@@ -81,7 +81,7 @@ pub struct KvAppendConfig {
 }
 
 impl KvAppendConfig {
-    pub const KERNEL: &'static str = "ferroattn::kv_append";
+    pub const KERNEL: &'static str = "ferroattn::attn_kv_append";
     pub const HEADER: &'static str = "attention/kv_append.cuh";
     pub fn name_expression(&self) -> String {
         format!("{}<{}>", Self::KERNEL, self.dtype.cuda_type())

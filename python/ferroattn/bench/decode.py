@@ -98,6 +98,37 @@ def measure_point(p: dict, pages: tuple, rounds: int, rep_ms: float) -> dict[str
     return row
 
 
+def host_cost(n_calls: int = 2000) -> dict[str, Any]:
+    """Host time per call (µs) of one decode step, b 1, L 1024, GQA 32/8, d 128, bf16: ours through
+    ``flash_attn_with_kvcache`` (without and with a one-token append) and ``flash_attn_func``
+    (routed to the same kernel), against SDPA (default backend) on the same q / K / V
+    (:func:`ferroattn.bench.timing.host_us_per_call`: N back-to-back calls, one sync)."""
+    import torch
+    import torch.nn.functional as F
+    from ferroattn import flash_attn_func, flash_attn_with_kvcache
+    from .timing import host_us_per_call
+    q = torch.randn(1, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1, 1024, 8, 128, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    k1, v1 = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16, device="cuda"), torch.randn(1, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    lens = torch.full((1,), 1000, dtype=torch.int32, device="cuda")
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cases = {
+        "ours_kvcache": lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens),
+        "ours_kvcache_append": lambda: flash_attn_with_kvcache(q, k, v, k1, v1, cache_seqlens=lens, causal=True),
+        "ours_flash_attn_func": lambda: flash_attn_func(q, k, v),
+        "sdpa": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
+    }
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, fn in cases.items():
+            try:
+                out[name] = host_us_per_call(fn, n_calls)
+            except Exception as e:  # noqa: BLE001  (recorded)
+                out[name] = f"{type(e).__name__}: {e}"
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m ferroattn bench decode``."""
     parser.add_argument("--quick", action="store_true", help="GQA 32/8, d 128, q of 1 token, caches 1k/8k/32k")
@@ -140,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"b {p['b']:4d} L {p['L']:6d} h {p['h']}/{p['h_k']} d {p['d']} s_q {p['s_q']}: ours "
               f"{row['ms']['ours'] * 1e3:8.1f} us {row['gbps']['ours']:7.0f} GB/s | {peer_txt} | paged/contig {paged_txt}",
               flush=True)
+    host = host_cost() if not skipped or rows else {}
+    if host:
+        print("host us per call (b 1, L 1024, h 32/8, d 128):",
+              " ".join(f"{n} {v:.1f}" for n, v in host.items() if isinstance(v, float)), flush=True)
     per_peer = {}
     for n in PEERS:
         ratios = [r["ratio"][n] for r in rows if n in r["ratio"]]
@@ -147,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             per_peer[n] = dict(median_ratio=statistics.median(ratios), min_ratio=min(ratios), points=len(ratios))
     paged = [x for r in rows for x in r["paged_vs_contiguous"].values()]
     big = [r["gbps"]["ours"] for r in rows if r["b"] * r["L"] >= 256 * 1024]
-    summary = dict(per_peer=per_peer, paged_vs_contiguous_min=min(paged) if paged else None,
+    summary = dict(per_peer=per_peer, host_us=host, paged_vs_contiguous_min=min(paged) if paged else None,
                    ours_min_gbps_where_b_x_L_ge_256k=min(big) if big else None, copy=copy)
     result = dict(meta=run_metadata(), args=vars(args) | {"func": None}, rows=rows, skipped=skipped, summary=summary)
     os.makedirs(args.out, exist_ok=True)

@@ -102,6 +102,8 @@ def tile_aligned(t: Tensor) -> Tensor:
     if t.dim() == 0 or t.numel() == 0 or t.stride(-1) != 1:
         return t  # empty: nothing is read; stride(-1) != 1: the Rust validation names the error
     elem = t.element_size()
+    if t.is_contiguous() and (t.shape[-1] * elem) % 16 == 0 and t.data_ptr() % 16 == 0:
+        return t  # the common case, decided without a walk over the strides
     if t.data_ptr() % 16 == 0 and all(
             (st * elem) % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
         return t

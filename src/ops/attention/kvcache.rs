@@ -737,7 +737,7 @@ mod tests {
             reports.extend(crate::jit::precompile::precompile(&append).unwrap());
         }
         for r in &reports {
-            println!("{} {} regs {} spill {}/{}", r.config, r.arch, r.resources.registers, r.resources.spill_stores, r.resources.spill_loads);
+            println!("{} {} regs {} spill {}/{} stack {}", r.config, r.arch, r.resources.registers, r.resources.spill_stores, r.resources.spill_loads, r.resources.stack_bytes);
         }
         crate::jit::precompile::check_spills(&reports).unwrap();
     }
