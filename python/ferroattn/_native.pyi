@@ -86,6 +86,38 @@ def attn_fwd(
     CUstream of q's device (as for any CUDA driver call, a made-up handle is undefined behaviour
     and may crash the process; an int outside [0, 2**64) raises ArgumentError)."""
 
+def attn_kvcache_check(
+    q: TensorMeta, k_cache: TensorMeta, v_cache: TensorMeta, cu_seqlens_q: Optional[TensorMeta],
+    cu_seqlens_k: Optional[TensorMeta], max_seqlen_q: int, cache_seqlens: Optional[TensorMeta], seqlen_k_add: int,
+    cache_leftpad: Optional[TensorMeta], cache_batch_idx: Optional[TensorMeta], block_table: Optional[TensorMeta],
+    variant: AttnVariantLike,
+) -> None:
+    """Validate a kv-cache attention call from metadata alone (the checks and errors of attn_fwd_kvcache)."""
+def attn_kvcache_num_splits(device: int, batch: int, seqlen_q: int, heads: int, heads_k: int, key_len: int,
+                            head_dim: int, paged: bool, num_splits: int) -> int:
+    """Key splits per sequence of a kv-cache call on `device` (num_splits 0 = heuristic, 1..128 kept);
+    ArgumentError outside [0, 128]. The caller sizes the split partials from it."""
+def attn_use_kvcache_path(seqlen_q: int, group: int, seqlen_k: int, dropout: bool) -> bool:
+    """Whether a flash_attn_func / varlen call of these sizes runs on the kv-cache kernel."""
+def attn_fwd_kvcache(
+    q: DLPackLike, k_cache: DLPackLike, v_cache: DLPackLike, out: DLPackLike, softmax_lse: DLPackLike,
+    cu_seqlens_q: Optional[DLPackLike], cu_seqlens_k: Optional[DLPackLike], max_seqlen_q: int,
+    cache_seqlens: Optional[DLPackLike], seqlen_k_add: int, cache_leftpad: Optional[DLPackLike],
+    cache_batch_idx: Optional[DLPackLike], block_table: Optional[DLPackLike], o_accum: Optional[DLPackLike],
+    lse_accum: Optional[DLPackLike], softmax_scale: float, variant: AttnVariantLike, stream: int,
+) -> None:
+    """Launch the split-KV attention forward over a key/value cache (src/ops/attention/kvcache.rs) and,
+    with the fp32 partials o_accum (splits, b, h, s_q, d) / lse_accum (splits, b, h, s_q), their
+    combine, on `stream`. Validates everything first; never synchronises."""
+def kv_append(
+    k_cache: DLPackLike, v_cache: DLPackLike, k: DLPackLike, v: DLPackLike, q: Optional[DLPackLike],
+    q_rot: Optional[DLPackLike], rotary_cos: Optional[DLPackLike], rotary_sin: Optional[DLPackLike],
+    cache_seqlens: DLPackLike, cache_batch_idx: Optional[DLPackLike], block_table: Optional[DLPackLike],
+    rotary_interleaved: bool, q_per_token: bool, stream: int,
+) -> None:
+    """Write k (rotated) and v into the cache at cache_seqlens (in place; positions past the cache and
+    indices outside it are skipped) and q rotated into q_rot, on `stream`."""
+
 def attn_bwd_check(
     dout: TensorMeta, q: TensorMeta, k: TensorMeta, v: TensorMeta, out: TensorMeta,
     softmax_lse: TensorMeta, cu_seqlens_q: Optional[TensorMeta], cu_seqlens_k: Optional[TensorMeta],
