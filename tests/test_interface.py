@@ -393,3 +393,32 @@ def test_unsupported_raise_on_fake_tensors_too():
         assert out.shape == q.shape and out.dtype == BF16
         out = fai.flash_attn_func(q, q, q, dropout_p=0.5, softcap=5.0)
         assert out.shape == q.shape and out.dtype == BF16
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda T, i32: dict(k=T(2, 2, 64), v=T(2, 2, 64)), "^k: expected shape"),
+    (lambda T, i32: dict(k=T(2, 1, 3, 64), v=T(2, 1, 3, 64)), "^k: expected"),
+    (lambda T, i32: dict(k=T(3, 1, 2, 64), v=T(3, 1, 2, 64)), "^k: expected shape"),
+    (lambda T, i32: dict(k=T(2, 1, 2, 64), v=T(2, 1, 2, 64), rotary_cos=T(64, 12), rotary_sin=T(64, 12)), "^rotary_cos"),
+    (lambda T, i32: dict(k=T(2, 1, 2, 64), v=T(2, 1, 2, 64), rotary_cos=T(10, 16), rotary_sin=T(10, 16)), "^rotary_cos"),
+    (lambda T, i32: dict(k=T(2, 1, 2, 64), v=T(2, 1, 2, 64), rotary_cos=T(64, 40), rotary_sin=T(64, 40)), "^rotary_cos"),
+])
+def test_kvcache_append_is_validated_on_fake_tensors(make, needle):
+    with FakeTensorMode():
+        def T(*s, dt=BF16):
+            return torch.empty(*s, dtype=dt, device="cuda")
+        q, kc, sl = T(2, 1, 8, 64), T(2, 64, 2, 64), T(2, dt=torch.int32)
+        with pytest.raises(ferroattn.errors.FerroattnError, match=needle):
+            ferroattn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=sl, **make(T, torch.int32))
+        # an empty page pool for a non-empty batch, and out-of-range scalars on the op itself
+        with pytest.raises(ferroattn.errors.ArgumentError, match="^k_cache"):
+            ferroattn.flash_attn_with_kvcache(q, T(0, 16, 2, 64), T(0, 16, 2, 64), block_table=T(2, 1, dt=torch.int32))
+        with pytest.raises(ferroattn.errors.ArgumentError, match="^num_splits"):
+            torch.ops.ferroattn.attn_fwd_kvcache(q, kc, kc, None, None, 0, sl, 0, None, None, None, 0.1, False,
+                                                 num_splits=129)
+        with pytest.raises(ferroattn.errors.ArgumentError, match="^softmax_scale"):
+            torch.ops.ferroattn.attn_fwd_kvcache(q, kc, kc, None, None, 0, sl, 0, None, None, None, float("nan"), False)
+        assert ferroattn.flash_attn_with_kvcache(q, kc, kc, softmax_scale=-1.0).shape == q.shape
+        out = ferroattn.flash_attn_with_kvcache(q, kc, kc, T(2, 1, 2, 64), T(2, 1, 2, 64), T(64, 16), T(64, 16),
+                                                cache_seqlens=sl)
+        assert out.shape == q.shape

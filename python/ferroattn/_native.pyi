@@ -109,6 +109,12 @@ def attn_fwd_kvcache(
     """Launch the split-KV attention forward over a key/value cache (src/ops/attention/kvcache.rs) and,
     with the fp32 partials o_accum (splits, b, h, s_q, d) / lse_accum (splits, b, h, s_q), their
     combine, on `stream`. Validates everything first; never synchronises."""
+def kv_append_check(
+    k_cache: TensorMeta, v_cache: TensorMeta, k: TensorMeta, v: TensorMeta, q: Optional[TensorMeta],
+    q_rot: Optional[TensorMeta], rotary_cos: Optional[TensorMeta], rotary_sin: Optional[TensorMeta],
+    cache_seqlens: Optional[TensorMeta], cache_batch_idx: Optional[TensorMeta], block_table: Optional[TensorMeta],
+) -> None:
+    """Validate a cache append from metadata alone (the checks and errors of kv_append)."""
 def kv_append(
     k_cache: DLPackLike, v_cache: DLPackLike, k: DLPackLike, v: DLPackLike, q: Optional[DLPackLike],
     q_rot: Optional[DLPackLike], rotary_cos: Optional[DLPackLike], rotary_sin: Optional[DLPackLike],

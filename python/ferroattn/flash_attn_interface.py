@@ -616,11 +616,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     passes ``block_table``'s capacity (a device-to-host read, as flash_attn 2.8 does; once per
     version of the tensor: :func:`ferroattn.ops.kvcache.check_paged_capacity`).
     """
-    assert k_cache.stride(-1) == 1, "k_cache must have contiguous last dimension"
-    assert v_cache.stride(-1) == 1, "v_cache must have contiguous last dimension"
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, Tensor):
             raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    assert k_cache.stride(-1) == 1, "k_cache must have contiguous last dimension"
+    assert v_cache.stride(-1) == 1, "v_cache must have contiguous last dimension"
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                     ("block_table", block_table), ("alibi_slopes", alibi_slopes)):
@@ -628,6 +628,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if q.dim() != 4:
         raise ArgumentError(f"q: expected rank 4 (batch, seqlen_q, heads, head_dim), got rank {q.dim()} "
                             f"(shape {tuple(q.shape)})")
+    for name, x in (("k", k), ("v", v)):
+        if x is not None and (x.dim() != 4 or x.shape[0] != q.shape[0]):
+            raise ArgumentError(f"{name}: expected shape ({q.shape[0]}, seqlen_new, heads_k, head_dim) (q's batch), got "
+                                f"shape {tuple(x.shape)}")
     if (k is None) != (v is None):
         raise ArgumentError(f"{'v' if k is not None else 'k'}: expected a tensor (given together with "
                             f"{'k' if k is not None else 'v'}), got None")
@@ -638,6 +642,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if rotary_cos is None or rotary_sin is None:
             raise ArgumentError("rotary_sin: expected rotary_cos and rotary_sin together, got only one of the two")
     head_dim = q.shape[-1]
+    if rotary_cos is not None and rotary_cos.dim() == 2 and 2 * rotary_cos.shape[1] > head_dim:
+        raise ArgumentError(f"rotary_cos: expected rotary_dim = 2 x dim 1 <= the head dim {head_dim}, got "
+                            f"{2 * rotary_cos.shape[1]}")
     if head_dim > 256:
         raise ArgumentError(f"q: expected head dim <= 256, got head dim {head_dim}")
     softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
@@ -653,6 +660,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     s_new = 0 if k is None else k.shape[1]
     if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, (bool, np.bool_)):
         n = int(cache_seqlens)
+        if s_new > capacity:
+            raise ArgumentError(f"k: expected at most {capacity} new tokens (the cache's capacity), got {s_new}")
         if not 0 <= n or n + s_new > capacity:
             raise ArgumentError(f"cache_seqlens: expected an int in [0, {capacity - s_new}] (the cache holds {capacity} "
                                 f"keys, {s_new} are appended), got {n}")

@@ -33,6 +33,25 @@ fn attn_kvcache_check(q: MetaTuple, k_cache: MetaTuple, v_cache: MetaTuple, cu_s
     Ok(())
 }
 
+/// Validate a cache append from metadata alone (the checks and errors of kv_append).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn kv_append_check(k_cache: MetaTuple, v_cache: MetaTuple, k: MetaTuple, v: MetaTuple, q: Option<MetaTuple>,
+                   q_rot: Option<MetaTuple>, rotary_cos: Option<MetaTuple>, rotary_sin: Option<MetaTuple>,
+                   cache_seqlens: Option<MetaTuple>, cache_batch_idx: Option<MetaTuple>,
+                   block_table: Option<MetaTuple>) -> Result<()> {
+    let (kc, vc, kn, vn) = (meta("k_cache", k_cache)?, meta("v_cache", v_cache)?, meta("k", k)?, meta("v", v)?);
+    let opt = |arg: &str, t: Option<MetaTuple>| t.map(|t| meta(arg, t)).transpose();
+    let (q, qr, cos, sin) = (opt("q", q)?, opt("q_rot", q_rot)?, opt("rotary_cos", rotary_cos)?, opt("rotary_sin", rotary_sin)?);
+    let (sl, bi, bt) = (int32_meta("cache_seqlens", cache_seqlens)?, int32_meta("cache_batch_idx", cache_batch_idx)?,
+                        int32_meta("block_table", block_table)?);
+    let kv = op::KvCache { cache_seqlens: sl.as_ref(), seqlen_k_add: 0, cache_leftpad: None,
+                           cache_batch_idx: bi.as_ref(), block_table: bt.as_ref() };
+    let metas = op::AppendMetas { k_new: &kn, v_new: &vn, q: q.as_ref(), q_rot: qr.as_ref(), cos: cos.as_ref(), sin: sin.as_ref() };
+    op::validate_append(&kc, &vc, &metas, &kv)?;
+    Ok(())
+}
+
 /// The split count of a kv-cache call on `device` (ops::attention::kvcache::plan_splits).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -161,5 +180,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attn_use_kvcache_path, m)?)?;
     m.add_function(wrap_pyfunction!(attn_fwd_kvcache, m)?)?;
     m.add_function(wrap_pyfunction!(kv_append, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_append_check, m)?)?;
     Ok(())
 }

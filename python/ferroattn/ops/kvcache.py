@@ -28,7 +28,7 @@ from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
-from .attention import values_available
+from .attention import check_softmax_scale, positive_scale, values_available
 from ._eager import plain_eager
 from ._to_native import launch as _launch
 from ._to_native import tensor_meta
@@ -79,6 +79,15 @@ def check_kvcache_meta(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seql
         tensor_meta(cache_leftpad), tensor_meta(cache_batch_idx), tensor_meta(block_table), variant.for_check())
 
 
+def _check_scalars(softmax_scale, num_splits) -> None:
+    """The scalar arguments the Rust launch would reject, checked where the fake impl can too:
+    softmax_scale finite in fp32 (any sign: <= 0 is mapped exactly by ``positive_scale``),
+    num_splits in [0, 128]."""
+    check_softmax_scale(softmax_scale)
+    if isinstance(num_splits, int) and not 0 <= num_splits <= 128:
+        raise ArgumentError(f"num_splits: expected an int in [0, 128] (0 = heuristic), got {num_splits}")
+
+
 def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor], max_seqlen_q: int) -> Tuple[int, ...]:
     if cu_seqlens_q is not None:
         return (q.shape[1], q.shape[0])
@@ -119,6 +128,11 @@ def _attn_fwd_kvcache_impl(
     Device-side lengths and indices are clamped to the cache: no value reads outside k/v_cache.
     """
     variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
+    if q.dim() != (3 if cu_seqlens_q is not None else 4) or (cu_seqlens_q is not None and cu_seqlens_q.dim() != 1):
+        check_kvcache_meta(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, cache_seqlens, seqlen_k_add,
+                           cache_leftpad, cache_batch_idx, block_table, variant)   # names the bad rank
+        raise ArgumentError(f"q: expected rank {3 if cu_seqlens_q is not None else 4}, got rank {q.dim()}")
+    _check_scalars(softmax_scale, num_splits)
     out = torch.empty_like(q)
     lse = torch.empty(_lse_shape(q, cu_seqlens_q, max_seqlen_q), dtype=torch.float32, device=q.device)
     varlen = cu_seqlens_q is not None
@@ -137,6 +151,7 @@ def _attn_fwd_kvcache_impl(
         if splits > 1:
             o_accum = torch.empty((splits, batch, heads, s_q, d), dtype=torch.float32, device=q.device)
             lse_accum = torch.empty((splits, batch, heads, s_q), dtype=torch.float32, device=q.device)
+    q, softmax_scale = positive_scale(q, float(softmax_scale))
     q = _tile_aligned(q)
     _launch(_native.attn_fwd_kvcache, q.device,
             (q, k_cache, v_cache, out, lse, cu_seqlens_q, cu_seqlens_k),
@@ -157,6 +172,7 @@ def _attn_fwd_kvcache_fake(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_
     variant = AttnVariant.from_op_args(causal, window_left, window_right, softcap, alibi_slopes, sinks)
     check_kvcache_meta(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, cache_seqlens, seqlen_k_add,
                        cache_leftpad, cache_batch_idx, block_table, variant)
+    _check_scalars(softmax_scale, num_splits)
     return (torch.empty_like(q),
             q.new_empty(_lse_shape(q, cu_seqlens_q, max_seqlen_q), dtype=torch.float32))
 
@@ -201,17 +217,30 @@ def _kv_append_impl(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, q: O
     _launch(_native.kv_append, k.device,
             (k_cache, v_cache, k, v, q, q_rot if q is not None else None, rotary_cos, rotary_sin, cache_seqlens,
              cache_batch_idx, block_table),
-            (bool(rotary_interleaved), bool(q_per_token)), lambda: None)
+            (bool(rotary_interleaved), bool(q_per_token)),
+            lambda: _check_append_meta(k_cache, v_cache, k, v, q, q_rot if q is not None else None, rotary_cos,
+                                       rotary_sin, cache_seqlens, cache_batch_idx, block_table))
     return q_rot
 
 
 kv_append = torch.library.custom_op("ferroattn::kv_append", mutates_args=("k_cache", "v_cache"))(_kv_append_impl)
 
 
+def _check_append_meta(k_cache, v_cache, k, v, q, q_rot, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                       block_table) -> None:
+    """The Rust validation of ``kv_append`` on metadata (no data touched)."""
+    _native.kv_append_check(tensor_meta(k_cache), tensor_meta(v_cache), tensor_meta(k), tensor_meta(v), tensor_meta(q),
+                            tensor_meta(q_rot), tensor_meta(rotary_cos), tensor_meta(rotary_sin),
+                            tensor_meta(cache_seqlens), tensor_meta(cache_batch_idx), tensor_meta(block_table))
+
+
 @kv_append.register_fake
 def _kv_append_fake(k_cache, v_cache, k, v, q, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, block_table,
                     rotary_interleaved, q_per_token):
-    return torch.empty_like(q, memory_format=torch.contiguous_format) if q is not None else k.new_empty(0)
+    q_rot = torch.empty_like(q, memory_format=torch.contiguous_format) if q is not None else k.new_empty(0)
+    _check_append_meta(k_cache, v_cache, k, v, q, q_rot if q is not None else None, rotary_cos, rotary_sin,
+                       cache_seqlens, cache_batch_idx, block_table)
+    return q_rot
 
 
 def run_kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, q: Optional[Tensor],

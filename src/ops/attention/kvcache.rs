@@ -255,6 +255,9 @@ pub fn validate_cache(k: &TensorMeta, v: &TensorMeta, q: &TensorMeta, batch: i64
         }
         (k.shape[1], k.shape[1].max(1))
     };
+    if !packed && cache_batches == 0 && batch > 0 {
+        return Err(arg_err("k_cache", "at least one cache row or page (dim 0) for a non-empty batch", format!("shape {}", fmt_shape(&k.shape))));
+    }
     if cache_rows > i32::MAX as i64 || cache_batches > i32::MAX as i64 {
         return Err(arg_err("k_cache", format!("at most {} keys per sequence and rows / pages", i32::MAX), format!("shape {}", fmt_shape(&k.shape))));
     }
@@ -530,10 +533,36 @@ fn strides3(t: &TensorMeta) -> [i64; 3] {
     [t.strides[0], t.strides[1], t.strides[2]]
 }
 
-/// Validate and launch the cache append (kernels/attention/kv_append.cuh): k_new (rotated) and
-/// v_new into the cache at cache_seqlens, q rotated into q_rot. `kv.cache_seqlens` is required.
-pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv: &KvCache<&TensorView>, stream: u64) -> Result<()> {
-    let (kn, vn) = (&a.k_new.meta, &a.v_new.meta);
+/// The validated sizes of a cache append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendProblem {
+    pub cache: CacheLayout,
+    pub batch: i64,
+    pub s_new: i64,
+    pub heads_k: i64,
+    pub head_dim: i64,
+    pub s_q: i64,
+    pub heads: i64,
+    pub rotary_dim: i64,
+    pub seqlen_ro: i64,
+}
+
+/// The append's metadata (`AppendArgs` as metadata; `q` / `q_rot`, `cos` / `sin` optional pairs).
+pub struct AppendMetas<'a> {
+    pub k_new: &'a TensorMeta,
+    pub v_new: &'a TensorMeta,
+    pub q: Option<&'a TensorMeta>,
+    pub q_rot: Option<&'a TensorMeta>,
+    pub cos: Option<&'a TensorMeta>,
+    pub sin: Option<&'a TensorMeta>,
+}
+
+/// Validate a cache append from metadata alone (`kv.cache_seqlens` is required): k / v
+/// (b, s_new, h_k, d) of the cache's heads and head dim and dtype, at most the cache's capacity
+/// new tokens; cos / sin (seqlen_ro >= capacity, rotary_dim / 2) contiguous in k's dtype with
+/// rotary_dim a multiple of 16 <= d; q / q_rot (b, s_q, h, d).
+pub fn validate_append(k_cache: &TensorMeta, v_cache: &TensorMeta, a: &AppendMetas, kv: &KvCache<&TensorMeta>) -> Result<AppendProblem> {
+    let (kn, vn) = (a.k_new, a.v_new);
     if !matches!(kn.dtype, DType::F16 | DType::BF16) {
         return Err(Error::dtype("k", "float16 or bfloat16", kn.dtype));
     }
@@ -543,7 +572,7 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
     check_shape("v", vn, &kn.shape, " (k's shape)")?;
     check_strides("v", vn)?;
     let (batch, s_new, heads_k, d) = (kn.shape[0], kn.shape[1], kn.shape[2], kn.shape[3]);
-    let cache = validate_cache(&k_cache.meta, &v_cache.meta, kn, batch, false, &kv.map(|t| &t.meta))?;
+    let cache = validate_cache(k_cache, v_cache, kn, batch, false, kv)?;
     if cache.heads_k != heads_k || cache.head_dim != d {
         return Err(arg_err("k", format!("(batch, seqlen_new, {}, {}) (the cache's heads and head dim)", cache.heads_k, cache.head_dim),
                            format!("shape {}", fmt_shape(&kn.shape))));
@@ -551,13 +580,15 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
     if d % 8 != 0 || d > 256 {
         return Err(arg_err("k", "head dim a multiple of 8 in 8..=256", d));
     }
+    if s_new > cache.cache_rows {
+        return Err(arg_err("k", format!("at most {} new tokens (the cache's capacity)", cache.cache_rows), s_new));
+    }
     if kv.cache_seqlens.is_none() {
         return Err(arg_err("cache_seqlens", "a tensor when k and v are appended", "None"));
     }
     let (rotary_dim, seqlen_ro) = match (a.cos, a.sin) {
         (None, None) => (0, 0),
-        (Some(c), Some(s)) => {
-            let (cm, sm) = (&c.meta, &s.meta);
+        (Some(cm), Some(sm)) => {
             check_dtype("rotary_cos", cm, kn.dtype, " (q's dtype)")?;
             check_dtype("rotary_sin", sm, kn.dtype, " (q's dtype)")?;
             if cm.ndim() != 2 {
@@ -571,13 +602,12 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
             if cm.shape[0] < cache.cache_rows {
                 return Err(arg_err("rotary_cos", format!("at least {} rows (the cache's capacity)", cache.cache_rows), cm.shape[0]));
             }
-            for (arg, t) in [("rotary_cos", c), ("rotary_sin", s)] {
-                if t.meta.strides != TensorMeta::contiguous_strides(&t.meta.shape) {
-                    return Err(arg_err(arg, "a contiguous tensor", format!("strides {:?}", t.meta.strides)));
+            for (arg, t) in [("rotary_cos", cm), ("rotary_sin", sm)] {
+                if t.strides != TensorMeta::contiguous_strides(&t.shape) {
+                    return Err(arg_err(arg, "a contiguous tensor", format!("strides {:?}", t.strides)));
                 }
-                check_device(arg, &t.meta, "k", kn)?;
-                if !t.ptr.is_multiple_of(16) {
-                    return Err(arg_err(arg, "a 16-byte aligned data pointer", format!("{:#x}", t.ptr)));
+                if kn.device.is_cuda() {
+                    check_device(arg, t, "k", kn)?;
                 }
             }
             (rd, cm.shape[0])
@@ -586,19 +616,16 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
     };
     let (s_q, heads) = match (a.q, a.q_rot) {
         (Some(q), Some(qr)) => {
-            check_rank("q", &q.meta, &[4], "(batch, seqlen_q, heads, head_dim)")?;
-            check_dtype("q", &q.meta, kn.dtype, " (k's dtype)")?;
-            check_strides("q", &q.meta)?;
-            let (qb, qs, qh, qd) = (q.meta.shape[0], q.meta.shape[1], q.meta.shape[2], q.meta.shape[3]);
-            if qb != batch || qd != d {
-                return Err(arg_err("q", format!("shape ({batch}, seqlen_q, heads, {d})"), format!("shape {}", fmt_shape(&q.meta.shape))));
+            check_rank("q", q, &[4], "(batch, seqlen_q, heads, head_dim)")?;
+            check_dtype("q", q, kn.dtype, " (k's dtype)")?;
+            check_strides("q", q)?;
+            if q.shape[0] != batch || q.shape[3] != d {
+                return Err(arg_err("q", format!("shape ({batch}, seqlen_q, heads, {d})"), format!("shape {}", fmt_shape(&q.shape))));
             }
-            check_shape("q_rot", &qr.meta, &q.meta.shape, " (q's shape)")?;
-            check_dtype("q_rot", &qr.meta, kn.dtype, "")?;
-            check_dense("q_rot", &qr.meta)?;
-            check_tile_layout("q", q)?;
-            check_tile_layout("q_rot", qr)?;
-            (qs, qh)
+            check_shape("q_rot", qr, &q.shape, " (q's shape)")?;
+            check_dtype("q_rot", qr, kn.dtype, "")?;
+            check_dense("q_rot", qr)?;
+            (q.shape[1], q.shape[2])
         }
         (None, None) => (0, 0),
         _ => return Err(arg_err("q_rot", "given together with q", "only one of the two")),
@@ -607,6 +634,35 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
         return Err(Error::device("k", "a CUDA tensor", kn.device));
     }
     check_device("v", vn, "k", kn)?;
+    Ok(AppendProblem { cache, batch, s_new, heads_k, head_dim: d, s_q, heads, rotary_dim, seqlen_ro })
+}
+
+/// Validate and launch the cache append (kernels/attention/kv_append.cuh): k_new (rotated) and
+/// v_new into the cache at cache_seqlens, q rotated into q_rot. `kv.cache_seqlens` is required.
+pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv: &KvCache<&TensorView>, stream: u64) -> Result<()> {
+    let metas = AppendMetas {
+        k_new: &a.k_new.meta,
+        v_new: &a.v_new.meta,
+        q: a.q.map(|t| &t.meta),
+        q_rot: a.q_rot.map(|t| &t.meta),
+        cos: a.cos.map(|t| &t.meta),
+        sin: a.sin.map(|t| &t.meta),
+    };
+    let ap = validate_append(&k_cache.meta, &v_cache.meta, &metas, &kv.map(|t| &t.meta))?;
+    let AppendProblem { cache, batch, s_new, heads_k, head_dim: d, s_q, heads, rotary_dim, seqlen_ro } = ap;
+    let (kn, vn) = (&a.k_new.meta, &a.v_new.meta);
+    for (arg, t) in [("rotary_cos", a.cos), ("rotary_sin", a.sin)] {
+        if let Some(t) = t {
+            if !t.ptr.is_multiple_of(16) {
+                return Err(arg_err(arg, "a 16-byte aligned data pointer", format!("{:#x}", t.ptr)));
+            }
+        }
+    }
+    for (arg, t) in [("q", a.q), ("q_rot", a.q_rot)] {
+        if let Some(t) = t {
+            check_tile_layout(arg, t)?;
+        }
+    }
     if batch == 0 || (s_new == 0 && s_q == 0) {
         return Ok(());
     }
