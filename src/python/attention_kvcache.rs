@@ -162,12 +162,14 @@ fn kv_append(
         block_table: bt.as_ref().map(|t| &t.view),
     };
     let args = op::AppendArgs {
-        k_new: &kn.view,
-        v_new: &vn.view,
-        q: q.as_ref().map(|t| &t.view),
-        q_rot: qr.as_ref().map(|t| &t.view),
-        cos: cos.as_ref().map(|t| &t.view),
-        sin: sin.as_ref().map(|t| &t.view),
+        tensors: op::AppendTensors {
+            k_new: &kn.view,
+            v_new: &vn.view,
+            q: q.as_ref().map(|t| &t.view),
+            q_rot: qr.as_ref().map(|t| &t.view),
+            cos: cos.as_ref().map(|t| &t.view),
+            sin: sin.as_ref().map(|t| &t.view),
+        },
         interleaved: rotary_interleaved,
         q_per_token,
     };

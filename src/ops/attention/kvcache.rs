@@ -515,15 +515,20 @@ pub fn attn_fwd_kvcache(q: &TensorView, k: &TensorView, v: &TensorView, out: &Te
     Ok(())
 }
 
-/// The append's tensors (views): k_new / v_new (b, s_new, h_k, d); q / q_rot (b, s_q, h, d) when q
-/// is rotated; cos / sin (seqlen_ro, rotary_dim / 2) in q's dtype.
+/// The append's tensors (`T`: views or metadata): k_new / v_new (b, s_new, h_k, d); q / q_rot
+/// (b, s_q, h, d) when q is rotated; cos / sin (seqlen_ro, rotary_dim / 2) in q's dtype.
+pub struct AppendTensors<T> {
+    pub k_new: T,
+    pub v_new: T,
+    pub q: Option<T>,
+    pub q_rot: Option<T>,
+    pub cos: Option<T>,
+    pub sin: Option<T>,
+}
+
+/// The append's tensors and flags.
 pub struct AppendArgs<'a> {
-    pub k_new: &'a TensorView,
-    pub v_new: &'a TensorView,
-    pub q: Option<&'a TensorView>,
-    pub q_rot: Option<&'a TensorView>,
-    pub cos: Option<&'a TensorView>,
-    pub sin: Option<&'a TensorView>,
+    pub tensors: AppendTensors<&'a TensorView>,
     pub interleaved: bool,
     /// Query token i at position cache_seqlens + i (causal / local calls), else all at cache_seqlens.
     pub q_per_token: bool,
@@ -547,15 +552,8 @@ pub struct AppendProblem {
     pub seqlen_ro: i64,
 }
 
-/// The append's metadata (`AppendArgs` as metadata; `q` / `q_rot`, `cos` / `sin` optional pairs).
-pub struct AppendMetas<'a> {
-    pub k_new: &'a TensorMeta,
-    pub v_new: &'a TensorMeta,
-    pub q: Option<&'a TensorMeta>,
-    pub q_rot: Option<&'a TensorMeta>,
-    pub cos: Option<&'a TensorMeta>,
-    pub sin: Option<&'a TensorMeta>,
-}
+/// The append's metadata.
+pub type AppendMetas<'a> = AppendTensors<&'a TensorMeta>;
 
 /// Validate a cache append from metadata alone (`kv.cache_seqlens` is required): k / v
 /// (b, s_new, h_k, d) of the cache's heads and head dim and dtype, at most the cache's capacity
@@ -640,25 +638,26 @@ pub fn validate_append(k_cache: &TensorMeta, v_cache: &TensorMeta, a: &AppendMet
 /// Validate and launch the cache append (kernels/attention/kv_append.cuh): k_new (rotated) and
 /// v_new into the cache at cache_seqlens, q rotated into q_rot. `kv.cache_seqlens` is required.
 pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv: &KvCache<&TensorView>, stream: u64) -> Result<()> {
+    let t = &a.tensors;
     let metas = AppendMetas {
-        k_new: &a.k_new.meta,
-        v_new: &a.v_new.meta,
-        q: a.q.map(|t| &t.meta),
-        q_rot: a.q_rot.map(|t| &t.meta),
-        cos: a.cos.map(|t| &t.meta),
-        sin: a.sin.map(|t| &t.meta),
+        k_new: &t.k_new.meta,
+        v_new: &t.v_new.meta,
+        q: t.q.map(|t| &t.meta),
+        q_rot: t.q_rot.map(|t| &t.meta),
+        cos: t.cos.map(|t| &t.meta),
+        sin: t.sin.map(|t| &t.meta),
     };
     let ap = validate_append(&k_cache.meta, &v_cache.meta, &metas, &kv.map(|t| &t.meta))?;
     let AppendProblem { cache, batch, s_new, heads_k, head_dim: d, s_q, heads, rotary_dim, seqlen_ro } = ap;
-    let (kn, vn) = (&a.k_new.meta, &a.v_new.meta);
-    for (arg, t) in [("rotary_cos", a.cos), ("rotary_sin", a.sin)] {
+    let (kn, vn) = (&t.k_new.meta, &t.v_new.meta);
+    for (arg, t) in [("rotary_cos", t.cos), ("rotary_sin", t.sin)] {
         if let Some(t) = t {
             if !t.ptr.is_multiple_of(16) {
                 return Err(arg_err(arg, "a 16-byte aligned data pointer", format!("{:#x}", t.ptr)));
             }
         }
     }
-    for (arg, t) in [("q", a.q), ("q_rot", a.q_rot)] {
+    for (arg, t) in [("q", t.q), ("q_rot", t.q_rot)] {
         if let Some(t) = t {
             check_tile_layout(arg, t)?;
         }
@@ -666,7 +665,7 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
     if batch == 0 || (s_new == 0 && s_q == 0) {
         return Ok(());
     }
-    for (arg, t) in [("k", a.k_new), ("v", a.v_new), ("k_cache", k_cache), ("v_cache", v_cache)] {
+    for (arg, t) in [("k", t.k_new), ("v", t.v_new), ("k_cache", k_cache), ("v_cache", v_cache)] {
         check_not_null(arg, t)?;
         check_tile_layout(arg, t)?;
     }
@@ -675,14 +674,14 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
     let kvs = |t: &TensorMeta| [t.strides[0], t.strides[1], t.strides[2]];
     let zero = [0i64; 3];
     let mut prm = KvAppendParams {
-        k_new: a.k_new.ptr as *const c_void,
-        v_new: a.v_new.ptr as *const c_void,
+        k_new: t.k_new.ptr as *const c_void,
+        v_new: t.v_new.ptr as *const c_void,
         k_cache: k_cache.ptr as *mut c_void,
         v_cache: v_cache.ptr as *mut c_void,
-        q: a.q.map_or(std::ptr::null(), |t| t.ptr as *const c_void),
-        q_rot: a.q_rot.map_or(std::ptr::null_mut(), |t| t.ptr as *mut c_void),
-        cos: a.cos.map_or(std::ptr::null(), |t| t.ptr as *const c_void),
-        sin: a.sin.map_or(std::ptr::null(), |t| t.ptr as *const c_void),
+        q: t.q.map_or(std::ptr::null(), |t| t.ptr as *const c_void),
+        q_rot: t.q_rot.map_or(std::ptr::null_mut(), |t| t.ptr as *mut c_void),
+        cos: t.cos.map_or(std::ptr::null(), |t| t.ptr as *const c_void),
+        sin: t.sin.map_or(std::ptr::null(), |t| t.ptr as *const c_void),
         seqlens: kv.cache_seqlens.map_or(std::ptr::null(), |t| t.ptr as *const i32),
         batch_idx: kv.cache_batch_idx.map_or(std::ptr::null(), |t| t.ptr as *const i32),
         block_table: kv.block_table.map_or(std::ptr::null(), |t| t.ptr as *const i32),
@@ -690,8 +689,8 @@ pub fn kv_append(k_cache: &TensorView, v_cache: &TensorView, a: &AppendArgs, kv:
         vn: strides3(vn),
         kc: kvs(&k_cache.meta),
         vc: kvs(&v_cache.meta),
-        qs: a.q.map_or(zero, |t| strides3(&t.meta)),
-        qr: a.q_rot.map_or(zero, |t| strides3(&t.meta)),
+        qs: t.q.map_or(zero, |t| strides3(&t.meta)),
+        qr: t.q_rot.map_or(zero, |t| strides3(&t.meta)),
         block_table_batch_stride: kv.block_table.map_or(0, |t| t.meta.strides[0]),
         batch: batch as i32,
         s_new: s_new as i32,
