@@ -351,7 +351,7 @@ def _check_paged(block_table: Optional[Tensor], dropout_p: float, q: Tensor, k: 
 
 def _decode_shaped(q: Tensor, k: Tensor, v: Tensor, max_seqlen_q: int, max_seqlen_k: int, variant: AttnVariant,
                    return_attn_probs: bool) -> bool:
-    """Whether a (non-paged) call runs on the kv-cache kernel: decode-shaped sizes
+    """Whether a (non-paged, padded) call runs on the kv-cache kernel: decode-shaped sizes
     (``tuning::attention_kvcache::use_kvcache_path``: few query rows per kv head, many keys), no
     dropout, no returned softmax, and nothing to differentiate (the kv-cache op has no backward)."""
     if return_attn_probs and variant.dropout_p > 0.0:
@@ -361,6 +361,8 @@ def _decode_shaped(q: Tensor, k: Tensor, v: Tensor, max_seqlen_q: int, max_seqle
         return False
     if torch.compiler.is_compiling():   # traced calls keep one graph for every length (the forward op)
         return False
+    if q.dim() != 4 or max(int(max_seqlen_q), int(max_seqlen_k)) > 2**31 - 1:
+        return False   # padded calls only (varlen keeps its value checks); huge lengths: the op's errors
     group = max(q.shape[-2] // max(k.shape[-2], 1), 1)
     return _native.attn_use_kvcache_path(int(max_seqlen_q), group, int(max_seqlen_k), variant.dropout_p > 0.0)
 
