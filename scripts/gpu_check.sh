@@ -59,10 +59,11 @@
 # seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
 # TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
 # PYTEST_TARGETS (pytest stage: test paths, default "tests"), FA2_CORE / FA2_REST (fa2 stage: cases
-# sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), NOTEBOOKS (notebook paths for the notebooks
-# stage, default all), SANITIZE_SCRIPTS (the sanitizer stages' scripts, default all three),
+# sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), FA2_ARGS (extra
+# pytest arguments of the fa2 stage, e.g. "-k kvcache"), BENCH_DECODE_ARGS (bench decode), NOTEBOOKS (notebook paths for the notebooks
+# stage, default all), SANITIZE_SCRIPTS (the sanitizer stages' scripts, default all four),
 # GPU_CHECK_KERNEL_CACHE (kernel cache dir, default a fresh one under /tmp/gpu_check; a dir outside it
-# survives into the next call on a still-warm machine), BENCH_GEMM_ARGS / BENCH_SPARSE24_ARGS, SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_* and attn_bwd_* kernels;
+# survives into the next call on a still-warm machine), BENCH_GEMM_ARGS / BENCH_SPARSE24_ARGS, SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_*, attn_bwd_*, attn_split_combine and attn_kv_append kernels;
 # empty = check every kernel).
 set -u
 set -o pipefail
