@@ -377,6 +377,26 @@ pub fn validate(
     check_device("k", k, "q", q)?;
     check_device("v", v, "q", q)?;
 
+    check_outputs(out, lse, q, varlen, batch, heads, seqlen_q, total_q)?;
+    Ok(Problem {
+        varlen,
+        batch,
+        seqlen_q,
+        seqlen_k,
+        heads,
+        heads_k,
+        head_dim: d,
+        dtype: q.dtype,
+        device: q.device.id,
+    })
+}
+
+/// `out` (q's device, dtype and shape, dense) and `softmax_lse` (fp32, (batch, heads, seqlen_q)
+/// padded or (heads, total_q) varlen, dense) of a forward, when given: shared by every forward
+/// family.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_outputs(out: Option<&TensorMeta>, lse: Option<&TensorMeta>, q: &TensorMeta, varlen: bool, batch: i64,
+                            heads: i64, seqlen_q: i64, total_q: i64) -> Result<()> {
     if let Some(o) = out {
         check_device("out", o, "q", q)?;
         check_dtype("out", o, q.dtype, " (q's dtype)")?;
@@ -396,17 +416,7 @@ pub fn validate(
         check_strides("softmax_lse", l)?;
         check_dense("softmax_lse", l)?;
     }
-    Ok(Problem {
-        varlen,
-        batch,
-        seqlen_q,
-        seqlen_k,
-        heads,
-        heads_k,
-        head_dim: d,
-        dtype: q.dtype,
-        device: q.device.id,
-    })
+    Ok(())
 }
 
 /// (batch, row, head) strides of a validated q/k/v/out-like tensor; varlen tensors have no

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
 use crate::launch::launch;
 use crate::launch_record::{LaunchInfo, LaunchShape, Work};
-use crate::ops::attention::{check_dense, check_tile_layout, params, AttnFwdParams, AttnVariant, Problem};
+use crate::ops::attention::{check_dense, check_outputs, check_tile_layout, params, AttnFwdParams, AttnVariant, Problem};
 use crate::ops::validate::{check_device, check_dtype, check_not_null, check_shape, check_strides};
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::attention_kvcache::{
@@ -346,20 +346,7 @@ pub fn validate(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, out: Option<&Ten
     if !q.device.is_cuda() {
         return Err(Error::device("q", "a CUDA tensor", q.device));
     }
-    if let Some(o) = out {
-        check_device("out", o, "q", q)?;
-        check_dtype("out", o, q.dtype, " (q's dtype)")?;
-        check_shape("out", o, &q.shape, " (q's shape)")?;
-        check_strides("out", o)?;
-        check_dense("out", o)?;
-    }
-    if let Some(l) = lse {
-        check_device("softmax_lse", l, "q", q)?;
-        check_dtype("softmax_lse", l, DType::F32, "")?;
-        let want = if varlen { vec![heads, q.shape[0]] } else { vec![batch, heads, seqlen_q] };
-        check_shape("softmax_lse", l, &want, "")?;
-        check_dense("softmax_lse", l)?;
-    }
+    check_outputs(out, lse, q, varlen, batch, heads, seqlen_q, q.shape[0])?;
     let base = Problem {
         varlen,
         batch,
