@@ -1,7 +1,8 @@
 """CPU: the shipped 2:4 dispatch table and margin (python/ferroattn/sparse24.py) choose the sparse kernel on the
 medium LLM shapes where GPU time measured it faster than dense and cuSPARSELt
-(bench/results/sparse24_splitk_s8/call1_split_*.json), and dense where it is slower; the entries whose native
-schedule is the 128-row wgmma_sp tile: bench/results/sparse24_sched_s9/call2_sweep_20261130T1341.json."""
+(bench/results/sparse24_splitk_20261130T1105/call1_split_*.json), and dense where it is slower; the entries
+whose native schedule is the 128-row wgmma_sp tile:
+bench/results/sparse24_schedules_20261130T1333/call2_sweep_20261130T1341.json."""
 import pytest
 
 from ferroattn import sparse24

@@ -44,12 +44,14 @@ impl WmmaTile {
     /// that wait only for the copies they need and for the slot they refill (copies 2 tiles
     /// ahead, so a warp may run a tile ahead of the slowest one); one block per SM. Interior
     /// blocks run this loop, edge blocks the single-buffered one with `__syncthreads`
-    /// (kernels/gemm/wmma.cuh), which keeps every layout spill-free. H200 (bench/results/gemm_wmma_s8/,
-    /// paired vs cuBLAS on 12 target points): median 0.534x, min 0.517x, where the same tile with
-    /// one `__syncthreads` per tile and 3 stages (the previous default) gave 0.463x / 0.421x,
-    /// 256 x 128 x 64 with mbarriers 0.509x, 128 x 128 x 64 (two blocks per SM) 0.477x. Persistent
-    /// (bench/results/gemm_wmma_s8/w4/: the next tile's fill under this tile's epilogue): 1.030x the
-    /// non-persistent kernel (paired median on 8 k = 4096 points + 8192^3; 0.996-1.056). The
+    /// (kernels/gemm/wmma.cuh), which keeps every layout spill-free. H200
+    /// (bench/results/gemm_wmma_tuning_20261130T1106/, paired vs cuBLAS on 12 target points):
+    /// median 0.534x, min 0.517x, where the same tile with one `__syncthreads` per tile and 3
+    /// stages (the previous default) gave 0.463x / 0.421x, 256 x 128 x 64 with mbarriers 0.509x,
+    /// 128 x 128 x 64 (two blocks per SM) 0.477x. Persistent
+    /// (bench/results/gemm_wmma_tuning_20261130T1106/persistent_grid_20261130T1220/: the next
+    /// tile's fill under this tile's epilogue): 1.030x the non-persistent kernel (paired median
+    /// on 8 k = 4096 points + 8192^3; 0.996-1.056). The
     /// unrolled plain epilogue and the stream-k tail (bench/NOTES.md "WMMA path"): 1.109x the
     /// persistent kernel without them (paired median on 9 target points, 1.080-1.134; vs cuBLAS median
     /// 0.550, min 0.529 there, where it gave 0.498 / 0.479). Its ring

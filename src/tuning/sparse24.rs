@@ -603,7 +603,8 @@ pub fn parse_wgmma_stream_k(value: Option<&str>) -> Option<StreamKPolicy> {
 /// one hand-off of a stream-K partial sum (128 KiB of fp32 written or read by one SM through L2; the
 /// fused split-k measured ~5-6 us per sequential hand-off = write + read). The stream-K model
 /// (`wgmma_stream_k_cost`) predicted 0.86-0.96x of whole tiles where the H200 measured 0.79-0.96x
-/// SLOWER (bench/results/sparse24_sched_s9/): it only picks the tail of the forced ("on") form.
+/// SLOWER (bench/results/sparse24_schedules_20261130T1333/): it only picks the tail of the forced
+/// ("on") form.
 pub const WGMMA_BM128_STAGE: f64 = 0.65;
 /// Fewest rows (tokens) for which the auto rule takes the 128-row tile: one whole 128-token tile. At 64
 /// rows it measured no better than split-k (H200: 64 x 11008 x 4096 0.979 / 0.982x, 64 x 14336 x 4096
@@ -702,8 +703,8 @@ pub fn wgmma_stream_k_tail(tiles: u64, k_tiles: u64, sms: u64) -> (u64, f64) {
 /// -> 7 x 0.55 = 3.85 < 4); else whole tiles. The auto rule never
 /// picks stream-K: on the H200 it measured slower than whole tiles on every shape tried
 /// (0.79-0.96x; e.g. 2048 x 11008 x 4096 fp16 182.7 vs 174.6 us), so it stays opt-in.
-/// Measured (H200, GPU time, 5 paired rounds, bf16 / fp16, us, bench/results/sparse24_sched_s9/;
-/// previous schedule -> 128-row tile):
+/// Measured (H200, GPU time, 5 paired rounds, bf16 / fp16, us,
+/// bench/results/sparse24_schedules_20261130T1333/; previous schedule -> 128-row tile):
 /// 256 x 4096 x 4096 27.8 -> 20.2 / 27.9 -> 20.5 (was split 3), 512 x 4096 x 4096 32.6 -> 21.2 (whole
 /// tiles), 384 x 4096 x 4096 28.9 -> 20.7 (split 2), 128 x 11008 x 4096 36.1 -> 26.7 (split 3), 128 x 14336
 /// x 4096 37.2 -> 29.3 (whole), 512 x 4096 x 11008 52.1 -> 44.8 / 52.6 -> 45.0 (fused split 2), 1024^3

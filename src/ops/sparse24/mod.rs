@@ -685,7 +685,7 @@ fn wgmma_enabled() -> bool {
 
 /// Rows (tokens) from which backend "auto" runs wgmma_sp where it can run (sm_90a, TMA-aligned x,
 /// not disabled); mma_sp below (its small tiles suit decode-sized calls). 46 because with split-k
-/// (GPU time only, bench/results/sparse24_splitk_s8/): wgmma_sp (split where the rule
+/// (GPU time only, bench/results/sparse24_splitk_20261130T1105/): wgmma_sp (split where the rule
 /// says) beats mma_sp on all four LLM weight shapes at 64, 96 and 128 rows in bf16 and fp16 (e.g.
 /// 64 x 4096 x 11008: 31.0 vs 51.4 us; 64 x 4096 x 4096: 21.6 vs 22.3), mma_sp wins at 16 rows
 /// everywhere (15.3 vs 19.7 us at 4096 x 4096). 46 is the boundary of python/ferroattn/sparse24.py's
