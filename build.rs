@@ -29,7 +29,7 @@ fn collect(dir: &Path, root: &Path, out: &mut Vec<(String, PathBuf)>) {
 fn main() {
     // read at run time: `env!` would freeze the directory the build script was first compiled in,
     // and cargo reuses that binary for another checkout sharing the target dir, which then
-    // embedded the other checkout's kernels (seen in sessions 4-7)
+    // embedded the other checkout's kernels
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let root = PathBuf::from(manifest_dir).join("kernels");
     println!("cargo:rerun-if-changed=kernels");
