@@ -18,7 +18,6 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::arch::Arch;
 use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
-use crate::launch::launch;
 use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_dtype, check_i32, check_not_null, check_shape, check_strides,
@@ -30,6 +29,8 @@ use std::ffi::c_void;
 
 pub mod batch;
 pub mod kvcache;
+pub mod sm80;
+pub mod sm90;
 pub mod variant;
 pub use batch::{batch_slices, BatchSlice, MAX_LAUNCH_BATCH};
 pub use variant::{AttnVariant, MaskKind, VariantKind};
@@ -94,15 +95,20 @@ pub struct AttnFwdParams {
 
 impl_kernel_spec!(
     AttnFwdConfig,
-    kernel: |_| AttnFwdConfig::KERNEL,
-    header: |_| "attention/fwd_sm80.cuh",
+    kernel: |c| c.kernel(),
+    header: |c| c.header(),
     smem: |c| c.smem_bytes(),
 );
 
-/// What `precompile` builds for this family.
+/// What `precompile` builds for the forward families (sm80 everywhere, sm90 on sm_90a).
 pub fn production_specs(arch: Arch) -> Vec<AttnFwdConfig> {
-    fwd_production_configs(arch)
+    let mut specs = fwd_production_configs(arch);
+    specs.extend(crate::tuning::attention_sm90::fwd_production_configs(arch));
+    specs
 }
+
+/// The loaded kernels of both forward families.
+pub(crate) static KERNELS: KernelMap<AttnFwdConfig> = KernelMap::new();
 
 /// The validated problem size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -506,7 +512,8 @@ pub fn params(
     prm
 }
 
-/// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config.
+/// Grid (ceil(seqlen_q / block_m), heads, batch), block num_warps*32, smem from the config (both
+/// families).
 /// `p` is one launch's problem (`Problem::slice`: batch at most `MAX_LAUNCH_BATCH`).
 pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
     LaunchShape {
@@ -519,8 +526,6 @@ pub fn launch_shape(p: &Problem, config: &AttnFwdConfig) -> LaunchShape {
         dynamic_smem_bytes: config.smem_bytes(),
     }
 }
-
-static KERNELS: KernelMap<AttnFwdConfig> = KernelMap::new();
 
 /// Validate everything, then launch on `stream` (raw CUstream; 0 = legacy default) in the
 /// primary context of q's device. Never synchronises. Empty inputs launch nothing; a batch
@@ -582,25 +587,17 @@ pub fn attn_fwd(
         check_tile_layout(arg, t)?;
     }
     let arch = crate::device::arch(p.device)?;
-    let config = fwd_config(p.head_dim as u32, kind, p.dtype, arch);
-    // The first slice is the widest: its grid stands for every launch's.
-    launch_shape(&p.slice(BatchSlice::first(p.batch)), &config).check()?;
-    let kernel = KERNELS.get(&config, p.device)?;
     let prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, variant);
     let sizes = AttnSizes::new(&p, &q.meta, &k.meta);
-    // A batch beyond the grid's z limit: one launch per slice (batch.rs).
-    for s in batch_slices(p.batch) {
-        let mut slice_prm = prm.slice(p.dtype, s);
-        let info = LaunchInfo {
-            op: "ferroattn::attn_fwd",
-            work: sizes.slice(s).fwd(variant.window()),
-        };
-        // SAFETY: `slice_prm` mirrors the kernel's AttnFwdParams; its pointers lie within the
-        // caller's tensors, which the caller keeps alive in stream order (torch's caching
-        // allocator does).
-        unsafe { launch(kernel, p.device, &launch_shape(&p.slice(s), &config), stream, &mut slice_prm, &info)? };
+    let work = |s: BatchSlice| LaunchInfo { op: "ferroattn::attn_fwd", work: sizes.slice(s).fwd(variant.window()) };
+    let family = crate::tuning::knobs::get()?.attn_fwd_family;
+    if let Some(launch) = sm90::prepare(&p, kind, arch, family, q, k, v, out, &prm)? {
+        // SAFETY: as below; the maps describe the caller's q, k, v and out.
+        return unsafe { launch.launch(stream, &work(BatchSlice::first(p.batch))) };
     }
-    Ok(())
+    // SAFETY: `prm` mirrors the kernel's AttnFwdParams; its pointers lie within the caller's
+    // tensors, which the caller keeps alive in stream order (torch's caching allocator does).
+    unsafe { sm80::launch(&p, fwd_config(p.head_dim as u32, kind, p.dtype, arch), &prm, stream, work) }
 }
 
 #[cfg(test)]

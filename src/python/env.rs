@@ -53,7 +53,26 @@ fn device_info(py: Python<'_>, ordinal: i32) -> Result<Py<PyDict>> {
     Ok(d.unbind())
 }
 
+/// Change one tuning knob (src/tuning/knobs.rs) for the rest of the process: `value` in its
+/// environment variable's text form. ArgumentError for an unknown name or a malformed value.
+#[pyfunction]
+fn set_tuning_knob(name: &str, value: &str) -> Result<()> {
+    crate::tuning::knobs::set(name, value)
+}
+
+/// {knob name: value} of every tuning knob (the environment's until set_tuning_knob changes one).
+#[pyfunction]
+fn tuning_knobs(py: Python<'_>) -> Result<Py<PyDict>> {
+    let d = PyDict::new(py);
+    for (name, value) in crate::tuning::knobs::get()?.items() {
+        d.set_item(name, value)?;
+    }
+    Ok(d.unbind())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(set_tuning_knob, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning_knobs, m)?)?;
     m.add_function(wrap_pyfunction!(_configure, m)?)?;
     m.add_function(wrap_pyfunction!(nvrtc_version, m)?)?;
     m.add_function(wrap_pyfunction!(header_dir, m)?)?;

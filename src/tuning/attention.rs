@@ -7,19 +7,29 @@ use crate::dtype::DType;
 use crate::arch::Arch;
 use crate::ops::attention::variant::{MaskKind, VariantKind};
 
-/// One specialisation of the sm80-family attention forward kernel
-/// (`ferroattn::attn_fwd_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V, T>` in
-/// kernels/attention/fwd_sm80.cuh). It is the single source of truth for that kernel's
+/// The attention-forward kernel families (DESIGN.md §7): `Sm80` (mma.sync, every GPU >= sm_80,
+/// kernels/attention/fwd_sm80.cuh) and `Sm90` (wgmma + TMA, sm_90a, kernels/attention/fwd_sm90.cuh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnFwdFamily {
+    Sm80,
+    Sm90,
+}
+
+/// One specialisation of an attention-forward kernel: the single source of truth for its
 /// template arguments, launch shape and cache key.
+///   Sm80: `ferroattn::attn_fwd_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V, T>`;
+///   Sm90: `ferroattn::attn_fwd_sm90<HeadDim, BlockN, Stages, V, T>` (block_m 128, 12 warps:
+///         src/tuning/attention_sm90.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnFwdConfig {
-    /// Head dim the kernel is instantiated for: a multiple of 32 in 32..=256; the call's
-    /// actual head dim (a multiple of 8, <= this) is masked inside the kernel.
+    pub family: AttnFwdFamily,
+    /// Head dim the kernel is instantiated for (sm80: a multiple of 32 in 32..=256; sm90: 64,
+    /// 128 or 256); the call's actual head dim (a multiple of 8, <= this) is masked.
     pub head_dim: u32,
     pub block_m: u32,
     pub block_n: u32,
     pub num_warps: u32,
-    /// cp.async pipeline depth for K and V tiles.
+    /// K/V pipeline depth (cp.async stages on sm80, TMA ring slots on sm90).
     pub stages: u32,
     /// The variant's compile-time part (kernels/attention/variant.cuh).
     pub variant: VariantKind,
@@ -28,32 +38,54 @@ pub struct AttnFwdConfig {
 }
 
 impl AttnFwdConfig {
-    pub const KERNEL: &'static str = "ferroattn::attn_fwd_sm80";
+    /// The kernel template of this family.
+    pub fn kernel(&self) -> &'static str {
+        match self.family {
+            AttnFwdFamily::Sm80 => "ferroattn::attn_fwd_sm80",
+            AttnFwdFamily::Sm90 => "ferroattn::attn_fwd_sm90",
+        }
+    }
+
+    /// The file under kernels/ that defines it.
+    pub fn header(&self) -> &'static str {
+        match self.family {
+            AttnFwdFamily::Sm80 => "attention/fwd_sm80.cuh",
+            AttnFwdFamily::Sm90 => "attention/fwd_sm90.cuh",
+        }
+    }
 
     /// The NVRTC name expression that instantiates this specialisation.
     pub fn name_expression(&self) -> String {
-        format!(
-            "{}<{}, {}, {}, {}, {}, {}, {}>",
-            Self::KERNEL,
-            self.head_dim,
-            self.block_m,
-            self.block_n,
-            self.num_warps,
-            self.stages,
-            self.variant.cuda_type(),
-            self.dtype.cuda_type()
-        )
+        let (v, t) = (self.variant.cuda_type(), self.dtype.cuda_type());
+        match self.family {
+            AttnFwdFamily::Sm80 => format!(
+                "{}<{}, {}, {}, {}, {}, {v}, {t}>",
+                self.kernel(),
+                self.head_dim,
+                self.block_m,
+                self.block_n,
+                self.num_warps,
+                self.stages
+            ),
+            AttnFwdFamily::Sm90 => {
+                format!("{}<{}, {}, {}, {v}, {t}>", self.kernel(), self.head_dim, self.block_n, self.stages)
+            }
+        }
     }
 
     pub fn threads(&self) -> u32 {
         self.num_warps * 32
     }
 
-    /// Dynamic shared memory in bytes: the Q tile plus `stages` K tiles and `stages` V tiles
-    /// (the formula kernels/attention/fwd_sm80.cuh documents and static_asserts against).
+    /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert
+    /// against). Sm80: the Q tile plus `stages` K tiles and `stages` V tiles. Sm90: the same
+    /// tiles plus 1 + 3 x stages mbarriers and 1 KiB of alignment slack (AttnSm90Smem::kTotal).
     pub fn smem_bytes(&self) -> u32 {
-        let elem = 2;
-        (self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim) * elem
+        let tiles = (self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim) * 2;
+        match self.family {
+            AttnFwdFamily::Sm80 => tiles,
+            AttnFwdFamily::Sm90 => tiles + 8 * (1 + 3 * self.stages) + 1024,
+        }
     }
 }
 
@@ -87,7 +119,7 @@ pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch)
     let hd = kernel_head_dim(head_dim);
     let (block_m, block_n, num_warps, stages) = fwd_tile(hd, variant);
     let mut config =
-        AttnFwdConfig { head_dim: hd, block_m, block_n, num_warps, stages, variant, dtype, arch };
+        AttnFwdConfig { family: AttnFwdFamily::Sm80, head_dim: hd, block_m, block_n, num_warps, stages, variant, dtype, arch };
     // GPUs with less shared memory per block (sm_86/89: 99 KiB) get a shallower K/V pipeline.
     while config.smem_bytes() > arch.max_smem_per_block() && config.stages > 1 {
         config.stages -= 1;

@@ -406,7 +406,7 @@ fn production_specs_cover_fwd_config() {
         }
         assert!(specs
             .iter()
-            .all(|s| s.header() == "attention/fwd_sm80.cuh" && s.arch == arch));
+            .all(|s| s.arch == arch && (s.header() == "attention/fwd_sm80.cuh" || (arch == Arch::Sm90a && s.header() == "attention/fwd_sm90.cuh"))));
     }
     let cfg = fwd_config(64, VariantKind::from_causal(true), DType::BF16, Arch::Sm90a);
     assert_eq!(

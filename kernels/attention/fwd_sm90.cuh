@@ -1,0 +1,448 @@
+// ferroattn — attention forward, sm90 family (sm_90a): TMA + mbarrier pipeline, warp-specialised,
+// wgmma with S = Q K^T from shared memory and O += P V with P from registers.
+//
+// What: the same function as attention/fwd_sm80.cuh (O = softmax(scale * Q K^T [+ variant]) V,
+// LSE per row in natural log, fp32; FlashAttention-2 semantics, bottom-right causal, GQA, empty
+// rows -> O = 0 and LSE = +inf, every variant of attention/variant.cuh), in the FlashAttention-3
+// design (Shah et al., "FlashAttention-3: Fast and Accurate Attention with Asynchrony and
+// Low-precision", 2024, §3.1-3.2): a producer warp issues TMA loads of Q once and of K/V through a
+// Stages-deep shared-memory ring on mbarriers; two consumer warpgroups each own 64 query rows and
+// overlap, within the warpgroup, the next tile's S = Q K^T with this tile's O += P V while the
+// softmax runs (the next S is issued before the previous P V, and the softmax of the next S runs
+// while that P V is in flight).
+//
+// Layouts: padded only (q/o (b, s_q, h, d), k/v (b, s_k, h_k, d), lse (b, h, s_q) fp32; strides
+// in AttnFwdParams, last dim contiguous). q, k, v are read and o is written only through the TMA
+// tensor maps of AttnFwdSm90Params (src/ops/attention/sm90.rs builds them): rank 4 (head dim,
+// rows, heads, batch), 128-byte swizzle, boxes of 64 elements x BlockM (q), BlockN (k, v), 64 (o).
+// The maps' head-dim extent is the call's head_dim (<= HeadDim): columns past it load as zero
+// and are not stored; rows past s_q / s_k load as zero and are not stored.
+//
+// Launch: grid (ceil(s_q / 128), h, b) with b <= 65535, 384 threads, dynamic shared memory
+// AttnSm90Smem::kTotal bytes (the formula of AttnFwdSm90Config::smem_bytes in
+// src/tuning/attention_sm90.rs). For causal masks blockIdx.x is reversed (heaviest tiles first).
+// Warpgroup 0: the producer (setmaxnreg 24; one thread issues every copy). Warpgroups 1, 2: the
+// consumers (setmaxnreg 240), rows 64 (wg - 1) .. + 63 of the 128-row query tile.
+//
+// Template parameters: HeadDim 64, 128 or 256; BlockN keys per tile, a multiple of 16 (of 32 with
+// dropout) for which common/wgmma.cuh has an SS wrapper; Stages >= 2 K/V ring slots; V the
+// variant (attention/variant.cuh); T __half or __nv_bfloat16.
+//
+// Shared memory (1024-aligned base): Q (HeadDim / 64 chunks of 128 rows x 128 B), K ring, V ring
+// (Stages slots of HeadDim / 64 chunks of BlockN rows x 128 B), all in the canonical 128B-swizzle
+// layout (16-byte chunk q of row r at q ^ (r % 8)); then mbarriers q_full, k_full[Stages],
+// v_full[Stages] (count 1: producer expect_tx + TMA complete_tx) and empty[Stages] (count 8: lane 0
+// of each consumer warp once that slot's P V has completed). The epilogue stages each warpgroup's
+// O in its own 64 rows of the Q tile and stores it with TMA.
+// wgmma operands: S: A = Q (K-major, desc SBO 1024, k16 step +32 B, +16 KiB per 64-column chunk),
+// B = K (K-major likewise); O: A = P (registers: the S accumulator layout packed to 16 bits, see
+// common/wgmma.cuh), B = V (MN-major: LBO = one 64-column chunk = BlockN x 128 B, SBO 1024, k16
+// step = 16 key rows = 2048 B).
+// Work per block: the key tiles holding [n_begin, n_end) that some row of the tile sees
+// (variant.cuh RowKeys), last tile first (the masked diagonal and key-tail tiles come first);
+// a tile is masked only where it is not wholly visible to the warpgroup's 64 rows.
+//
+// PTX features (sm_90a): wgmma.mma_async (SS and RS), cp.async.bulk.tensor.4d (load, store),
+// mbarrier, setmaxnreg, named barriers, fence.proxy.async, ex2.approx, tanh.approx.
+#pragma once
+#include "common/dtype.cuh"
+#include "common/ptx.cuh"
+#include "common/hopper.cuh"
+#include "attention/params.cuh"
+#include "attention/variant.cuh"
+
+namespace ferroattn {
+
+// Kernel parameters (mirror: `AttnFwdSm90Params` in src/ops/attention/sm90.rs; change both
+// together). The forward's params plus the four tensor maps.
+struct AttnFwdSm90Params {
+    TmaMap tma_q;   // q: dims (head_dim, s_q, h, b), box (64, 128, 1, 1)
+    TmaMap tma_k;   // k: dims (head_dim, s_k, h_k, b), box (64, BlockN, 1, 1)
+    TmaMap tma_v;   // v: like k
+    TmaMap tma_o;   // o: dims (head_dim, s_q, h, b), box (64, 64, 1, 1)
+    AttnFwdParams p;
+};
+
+// Shared-memory map of attn_fwd_sm90 (offsets from the 1024-aligned base).
+template <int HeadDim, int BlockN, int Stages>
+struct AttnSm90Smem {
+    // Enumerators, not static constexpr members: NVRTC emits the latter as .global variables.
+    enum : unsigned {
+        kChunks = HeadDim / 64,
+        kQChunk = 128u * 128u,                 // 128 rows x 64 elements
+        kQBytes = kChunks * kQChunk,
+        kKVChunk = BlockN * 128u,              // BlockN rows x 64 elements
+        kKVBytes = kChunks * kKVChunk,         // one ring slot of K (or V)
+        kBars = kQBytes + 2u * Stages * kKVBytes,
+        kTotal = kBars + 8u * (1u + 3u * Stages) + 1024u,
+    };
+    unsigned base;
+    __device__ __forceinline__ explicit AttnSm90Smem(const void* raw)
+        : base((sm90::smem_addr(raw) + 1023u) & ~1023u) {}
+    __device__ __forceinline__ unsigned q() const { return base; }
+    __device__ __forceinline__ unsigned k(int s) const { return base + kQBytes + s * kKVBytes; }
+    __device__ __forceinline__ unsigned v(int s) const { return base + kQBytes + (Stages + s) * kKVBytes; }
+    __device__ __forceinline__ unsigned q_full() const { return base + kBars; }
+    __device__ __forceinline__ unsigned k_full(int s) const { return base + kBars + 8u * (1 + s); }
+    __device__ __forceinline__ unsigned v_full(int s) const { return base + kBars + 8u * (1 + Stages + s); }
+    __device__ __forceinline__ unsigned empty(int s) const { return base + kBars + 8u * (1 + 2 * Stages + s); }
+};
+
+template <int HeadDim, int BlockN, int Stages, class V, typename T>
+__global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ AttnFwdSm90Params P) {
+    using namespace sm90;
+    using Sm = AttnSm90Smem<HeadDim, BlockN, Stages>;
+    using Tr = DTypeTraits<T>;
+    using Drop = attn_variant::DropoutMask<V>;
+    constexpr int BlockM = 128;
+    constexpr int NJ = BlockN / 8;      // 8-column chunks of S per thread row
+    constexpr int KP = BlockN / 16;     // k16 steps of P V
+    constexpr int DJ = HeadDim / 8;     // 8-column chunks of O
+    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "HeadDim is 64, 128 or 256");
+    static_assert(BlockN % 16 == 0 && BlockN >= 16 && BlockN <= 256, "BlockN: a multiple of 16 in 16..256");
+    static_assert(!V::kDropout || BlockN % 32 == 0, "dropout units span 32 keys");
+    static_assert(Stages >= 2, "Stages >= 2");
+    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
+    static_assert(Sm::kTotal <= 227u * 1024u, "tiles do not fit in 227 KiB of shared memory");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const Sm sm(smem_raw);
+    const AttnFwdParams& p = P.p;
+
+    // Warp-uniform role index (see kernels/gemm/sm90.cuh).
+    const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+    const int tid = threadIdx.x % 128;
+    const int m_block = V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                                   : static_cast<int>(blockIdx.x);
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int seqlen_q = p.seqlen_q;
+    const int seqlen_k = p.seqlen_k;
+    const int m_start = m_block * BlockM;
+    const attn_variant::RowKeys<V> rk(p, seqlen_q, seqlen_k);
+    const int n_end = rk.end(min(m_start + BlockM, seqlen_q));
+    const int n_begin = rk.begin(m_start);
+    const int n_blocks = (n_end + BlockN - 1) / BlockN;
+    const int j_first = n_begin / BlockN;
+    const int n_iter = n_end > n_begin ? n_blocks - j_first : 0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(sm.q_full(), 1);
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+            mbar_init(sm.k_full(s), 1);
+            mbar_init(sm.v_full(s), 1);
+            mbar_init(sm.empty(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ---- producer ----
+        setmaxnreg_dec<24>();
+        if (tid == 0) {
+            tma_prefetch_map(&P.tma_q);
+            tma_prefetch_map(&P.tma_k);
+            tma_prefetch_map(&P.tma_v);
+            const int head_k = head / (p.num_heads / p.num_heads_k);
+            mbar_expect_tx(sm.q_full(), Sm::kQBytes);
+#pragma unroll
+            for (int c = 0; c < Sm::kChunks; ++c)
+                tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, m_start, head, batch);
+            int stage = 0;
+            unsigned phase = 0;
+            for (int it = 0; it < n_iter; ++it) {
+                const int n0 = (n_blocks - 1 - it) * BlockN;
+                mbar_wait(sm.empty(stage), phase ^ 1u);
+                mbar_expect_tx(sm.k_full(stage), Sm::kKVBytes);
+#pragma unroll
+                for (int c = 0; c < Sm::kChunks; ++c)
+                    tma_load_4d(sm.k(stage) + c * Sm::kKVChunk, &P.tma_k, sm.k_full(stage), c * 64, n0, head_k, batch);
+                mbar_expect_tx(sm.v_full(stage), Sm::kKVBytes);
+#pragma unroll
+                for (int c = 0; c < Sm::kChunks; ++c)
+                    tma_load_4d(sm.v(stage) + c * Sm::kKVChunk, &P.tma_v, sm.v_full(stage), c * 64, n0, head_k, batch);
+                if (++stage == Stages) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup cw owns tile rows 64 cw .. 64 cw + 63 ----
+    setmaxnreg_inc<240>();
+    const int cw = wg - 1;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int wg_m0 = m_start + cw * 64;
+    const int row0 = wg_m0 + warp * 16 + g;   // this thread's rows: row0 (h = 0), row0 + 8 (h = 1)
+
+    const unsigned long long dq = wgmma_desc(sm.q() + cw * 8192u, 16u, 1024u);
+    const unsigned long long dk0 = wgmma_desc(sm.k(0), 16u, 1024u);
+    const unsigned long long dv0 = wgmma_desc(sm.v(0), Sm::kKVChunk, 1024u);
+
+    float acc_o[HeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < HeadDim / 2; ++i) acc_o[i] = 0.f;
+    float row_max[2], row_sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        row_max[h] = -FERROATTN_INF;
+        row_sum[h] = 0.f;
+        if constexpr (V::kSinks) {
+            // The sink joins the softmax as a column of raw score sink_raw and no value.
+            row_max[h] = attn_variant::sink_raw(p, head);
+            row_sum[h] = t == 0 ? 1.f : 0.f;
+        }
+    }
+    const attn_variant::ScoreMod<V> smod(p, head, batch, seqlen_q, seqlen_k);
+    const Drop drop(p, head, batch);
+    const float scale_log2 = p.softmax_scale_log2;
+
+    // S = Q K^T of ring slot s into acc (overwritten).
+    auto issue_qk = [&](float (&acc)[BlockN / 2], int s) {
+        const unsigned long long dk = desc_at(dk0, s * static_cast<int>(Sm::kKVBytes));
+#pragma unroll
+        for (int ks = 0; ks < HeadDim / 16; ++ks) {
+            const int c = ks / 4, kk = ks % 4;
+            wgmma_ss<T, BlockN, 0, 0>(acc, desc_at(dq, c * Sm::kQChunk + kk * 32),
+                                      desc_at(dk, c * Sm::kKVChunk + kk * 32), ks != 0);
+        }
+    };
+    // O += P V of ring slot s.
+    auto issue_pv = [&](const unsigned (&pa)[KP][4], int s) {
+        const unsigned long long dv = desc_at(dv0, s * static_cast<int>(Sm::kKVBytes));
+#pragma unroll
+        for (int kk = 0; kk < KP; ++kk) wgmma_rs<T, HeadDim, 1>(acc_o, pa[kk], desc_at(dv, kk * 2048), 1);
+    };
+    // The online-softmax step of key tile j (FA2 Alg. 1 in base 2): score modification, mask,
+    // running max and sum, P = exp2(s * scale_log2 - m) in fp32 into pf, and corr[h], the factor
+    // O must be rescaled by. Runs while the previous tile's P V is in flight, so it only does fp32
+    // work on registers no wgmma reads: acc (the S accumulators) is only read (it is the next S
+    // wgmma's operand), and the conversion of P to 16 bits waits for `pack` (defining the RS
+    // operand's registers while a wgmma is in flight makes ptxas serialise every wgmma, C7513).
+    auto softmax = [&](const float (&acc)[BlockN / 2], int j, float (&corr)[2], float (&s)[BlockN / 2]) {
+        // The copy is pinned after the caller's wgmma wait (an empty asm ordered after it).
+#pragma unroll
+        for (int i = 0; i < BlockN / 2; ++i) {
+            s[i] = acc[i];
+            asm volatile("" : "+f"(s[i]) :: "memory");
+        }
+        const int n_start = j * BlockN;
+        if constexpr (V::kSoftcap || V::kAlibi) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int jj = 0; jj < NJ; ++jj)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        s[4 * jj + 2 * h + e] = smod.apply(s[4 * jj + 2 * h + e], row0 + 8 * h,
+                                                           n_start + 8 * jj + 2 * t + e);
+        }
+        const bool need_mask = n_start + BlockN > seqlen_k || !rk.tile_full(wg_m0, 64, n_start, BlockN);
+        if (need_mask) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + 8 * h;
+                const int c0 = n_start + 2 * t;
+                const int lim = rk.hi(row) - c0;
+                const int lo = rk.lo(row) - c0;
+#pragma unroll
+                for (int jj = 0; jj < NJ; ++jj)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int c = 8 * jj + e;
+                        if (c >= lim || (V::kLocal && c < lo)) s[4 * jj + 2 * h + e] = -FERROATTN_INF;
+                    }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = row_max[h];
+#pragma unroll
+            for (int jj = 0; jj < NJ; ++jj) mx = fmaxf(mx, fmaxf(s[4 * jj + 2 * h], s[4 * jj + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_scaled = (mx == -FERROATTN_INF) ? 0.f : mx * scale_log2;
+            corr[h] = exp2_fast(row_max[h] * scale_log2 - m_scaled);
+            row_max[h] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < NJ; ++jj)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pv = exp2_fast(fmaf(s[4 * jj + 2 * h + e], scale_log2, -m_scaled));
+                    s[4 * jj + 2 * h + e] = pv;
+                    sum += pv;
+                }
+            row_sum[h] = row_sum[h] * corr[h] + sum;
+        }
+    };
+    // P of key tile j (fp32, from softmax) into the RS operand pk. Dropout (the row sums, hence
+    // the LSE, are of the undropped P): the kept words of each 32-key unit mask the packed P;
+    // 1 / (1 - p) joins the epilogue's 1 / sum. With the returned softmax (testing), the undropped
+    // P (negated where dropped) and the running max per 16 keys are written too.
+    auto pack = [&](const float (&s)[BlockN / 2], int j, unsigned (&pk)[KP][4]) {
+        const int n_start = j * BlockN;
+        [[maybe_unused]] uint4 keepw[V::kDropout ? BlockN / 32 : 1];
+        if constexpr (V::kDropout) {
+#pragma unroll
+            for (int q4 = 0; q4 < BlockN / 32; ++q4) keepw[q4] = drop.frag(row0, n_start + q4 * 32, t);
+        }
+        if constexpr (V::kReturnSoftmax) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + 8 * h;
+                const bool row_ok = row < seqlen_q && row < p.s_dmask_rows;
+                const long long row_off = row_ok
+                    ? (static_cast<long long>(batch) * p.num_heads + head) * p.s_dmask_rows + row : 0;
+                if (row_ok && t == 0) {
+                    const float m_nat = row_max[h] == -FERROATTN_INF ? -FERROATTN_INF : row_max[h] * p.raw_scale;
+#pragma unroll
+                    for (int q16 = 0; q16 < BlockN / 16; ++q16) {
+                        const int grp = n_start / 16 + q16;
+                        if (grp < p.s_dmask_cols / 16) p.s_dmask_max[row_off * (p.s_dmask_cols / 16) + grp] = m_nat;
+                    }
+                }
+#pragma unroll
+                for (int jj = 0; jj < NJ; ++jj) {
+                    const int col = n_start + 8 * jj + 2 * t;
+                    const bool k0 = Drop::frag_keep(keepw[jj / 4], h, jj % 4, 0);
+                    const bool k1 = Drop::frag_keep(keepw[jj / 4], h, jj % 4, 1);
+                    const float p0 = s[4 * jj + 2 * h], p1 = s[4 * jj + 2 * h + 1];
+                    if (row_ok && col + 1 < p.s_dmask_cols)
+                        *reinterpret_cast<unsigned*>(static_cast<T*>(p.s_dmask) + row_off * p.s_dmask_cols + col) =
+                            Tr::pack2(k0 ? p0 : -p0, k1 ? p1 : -p1);
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KP; ++kk) {
+            pk[kk][0] = Tr::pack2(s[8 * kk + 0], s[8 * kk + 1]);
+            pk[kk][1] = Tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
+            pk[kk][2] = Tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
+            pk[kk][3] = Tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
+            if constexpr (V::kDropout) {   // chunks 2kk, 2kk + 1: elements nn, nn + 1 of a unit
+                const uint4& w = keepw[(2 * kk) / 4];
+                const int nn = (2 * kk) % 4;
+                pk[kk][0] &= Drop::frag_pair_mask(w, 0, nn);
+                pk[kk][1] &= Drop::frag_pair_mask(w, 1, nn);
+                pk[kk][2] &= Drop::frag_pair_mask(w, 0, nn + 1);
+                pk[kk][3] &= Drop::frag_pair_mask(w, 1, nn + 1);
+            }
+        }
+    };
+
+    mbar_wait(sm.q_full(), 0u);
+    if (n_iter > 0) {
+        float acc_s[BlockN / 2];
+        unsigned pa[KP][4];
+        float corr[2];
+        int stage = 0;
+        unsigned phase = 0;
+        int j = n_blocks - 1;
+        mbar_wait(sm.k_full(stage), phase);
+        wgmma_fence();
+        issue_qk(acc_s, stage);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(acc_s);
+        {
+            float pf[BlockN / 2];
+            softmax(acc_s, j, corr, pf);   // O is 0: corr is not needed
+            pack(pf, j, pa);
+        }
+#pragma unroll 1
+        for (int it = 1; it < n_iter; ++it) {
+            const int prev = stage;
+            const unsigned prev_phase = phase;
+            if (++stage == Stages) {
+                stage = 0;
+                phase ^= 1u;
+            }
+            --j;
+            mbar_wait(sm.k_full(stage), phase);
+            fence_accumulators(acc_s);
+            fence_accumulators(acc_o);
+            fence_fragments(pa);
+            wgmma_fence();
+            issue_qk(acc_s, stage);
+            wgmma_commit();
+            mbar_wait(sm.v_full(prev), prev_phase);
+            wgmma_fence();
+            issue_pv(pa, prev);
+            wgmma_commit();
+            wgmma_wait<1>();   // S of tile j is ready; P V of tile j + 1 may still run
+            float pf[BlockN / 2];
+            softmax(acc_s, j, corr, pf);
+            wgmma_wait<0>();
+            fence_accumulators(acc_o);
+            fence_fragments(pa);
+            if (lane == 0) mbar_arrive(sm.empty(prev));
+#pragma unroll
+            for (int jj = 0; jj < DJ; ++jj) {
+                acc_o[4 * jj + 0] *= corr[0];
+                acc_o[4 * jj + 1] *= corr[0];
+                acc_o[4 * jj + 2] *= corr[1];
+                acc_o[4 * jj + 3] *= corr[1];
+            }
+            pack(pf, j, pa);
+        }
+        mbar_wait(sm.v_full(stage), phase);
+        fence_accumulators(acc_o);
+        fence_fragments(pa);
+        wgmma_fence();
+        issue_pv(pa, stage);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(acc_o);
+        if (lane == 0) mbar_arrive(sm.empty(stage));
+    }
+
+    // ---- epilogue: normalise, LSE, O through this warpgroup's rows of the Q tile, TMA store ----
+    float* lse = p.lse + static_cast<long long>(batch) * p.lse_batch_stride
+               + static_cast<long long>(head) * p.lse_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = row_sum[h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const bool empty = !(sum > 0.f);
+        const float inv = empty ? 0.f : (V::kDropout ? drop.scale : 1.f) / sum;
+        const int row = row0 + 8 * h;
+        if (t == 0 && row < seqlen_q) lse[row] = empty ? FERROATTN_INF : row_max[h] * p.raw_scale + logf(sum);
+#pragma unroll
+        for (int jj = 0; jj < DJ; ++jj) {
+            acc_o[4 * jj + 2 * h] *= inv;
+            acc_o[4 * jj + 2 * h + 1] *= inv;
+        }
+    }
+    if (wg_m0 >= seqlen_q) return;   // uniform over the warpgroup: no row of it is stored
+    named_barrier(1 + cw, 128);      // every warp of the warpgroup is past its last wgmma on Q
+#pragma unroll
+    for (int jj = 0; jj < DJ; ++jj) {
+        const unsigned chunk = sm.q() + (jj / 8) * Sm::kQChunk;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = cw * 64 + warp * 16 + g + 8 * h;   // tile row
+            const unsigned addr = chunk + r * 128u + ((static_cast<unsigned>(jj % 8) ^ (r % 8)) << 4) + 4u * t;
+            st_shared_b32(addr, Tr::pack2(acc_o[4 * jj + 2 * h], acc_o[4 * jj + 2 * h + 1]));
+        }
+    }
+    fence_proxy_async_smem();
+    named_barrier(1 + cw, 128);
+    if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < Sm::kChunks; ++c)
+            tma_store_4d(&P.tma_o, sm.q() + c * Sm::kQChunk + cw * 8192u, c * 64, wg_m0, head, batch);
+        bulk_commit();
+        bulk_wait_all();
+    }
+}
+
+}  // namespace ferroattn

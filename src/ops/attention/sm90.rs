@@ -1,0 +1,205 @@
+//! The sm90 attention-forward family (kernels/attention/fwd_sm90.cuh: TMA, mbarriers, wgmma,
+//! warp specialisation) for sm_90a: tensor maps, parameters and the launch. `prepare` says
+//! whether a call runs here; everything it declines runs on the sm80 family (never an error).
+
+use crate::arch::Arch;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::launch::launch as launch_kernel;
+use crate::launch_record::LaunchInfo;
+use crate::ops::attention::{launch_shape, AttnFwdParams, Problem, VariantKind, KERNELS, MAX_LAUNCH_BATCH};
+use crate::tensor::TensorView;
+use crate::tma::{Swizzle, TensorMap, Tiled};
+use crate::tuning::attention::AttnFwdConfig;
+use crate::tuning::attention_sm90::{fwd_config, BLOCK_M};
+use crate::tuning::knobs::FamilyChoice;
+
+/// Mirror of `struct AttnFwdSm90Params` in kernels/attention/fwd_sm90.cuh (change both
+/// together): the forward's parameters after the four tensor maps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnFwdSm90Params {
+    pub tma_q: TensorMap,
+    pub tma_k: TensorMap,
+    pub tma_v: TensorMap,
+    pub tma_o: TensorMap,
+    pub p: AttnFwdParams,
+}
+
+/// Whether the sm90 kernel takes a call of this shape: sm_90a (and the knob not set to sm80),
+/// padded layout, a batch within one grid, a head dim with a specialisation. The tensor maps
+/// must also encode (`prepare`).
+pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice) -> bool {
+    family != FamilyChoice::Sm80
+        && arch == Arch::Sm90a
+        && !p.varlen
+        && p.batch <= MAX_LAUNCH_BATCH
+        && crate::tuning::attention_sm90::kernel_head_dim(p.head_dim as u32).is_some()
+}
+
+/// The rank-4 map (head dim, rows, heads, batch) of a padded q/k/v/out-like tensor, box
+/// (64, `box_rows`, 1, 1), 128-byte swizzle. A dim of size 1 gets the packed stride (it is never
+/// stepped over; TMA wants every stride a multiple of 16 bytes).
+fn map(arg: &str, t: &TensorView, dtype: DType, box_rows: u32) -> Result<TensorMap> {
+    let (shape, strides) = (&t.meta.shape, &t.meta.strides);
+    let elem = dtype.size_bytes() as u64;
+    let round16 = |x: u64| x.div_ceil(16).max(1) * 16;
+    // dims innermost first: head dim, rows, heads, batch (shape is (b, s, h, d))
+    let dims = [shape[3] as u64, (shape[1] as u64).max(1), shape[2] as u64, shape[0] as u64];
+    let given = [strides[1] as u64 * elem, strides[2] as u64 * elem, strides[0] as u64 * elem];
+    let mut strides_bytes = [0u64; 3];
+    let mut packed = dims[0] * elem;
+    for i in 0..3 {
+        strides_bytes[i] = if dims[i + 1] > 1 { given[i] } else { round16(packed) };
+        packed = strides_bytes[i] * dims[i + 1];
+    }
+    Tiled {
+        dtype,
+        ptr: t.ptr,
+        dims: dims.to_vec(),
+        strides_bytes: strides_bytes.to_vec(),
+        box_dims: vec![64, box_rows, 1, 1],
+        swizzle: Swizzle::B128,
+    }
+    .encode(arg)
+}
+
+/// One sm90 launch, ready to go.
+pub struct Prepared {
+    config: AttnFwdConfig,
+    params: AttnFwdSm90Params,
+    device: i32,
+    problem: Problem,
+}
+
+/// The sm90 launch of a validated call, or None when the sm90 family does not take it
+/// (`supports`, or a tensor map the driver rejects: the call then runs on sm80).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    p: &Problem,
+    kind: VariantKind,
+    arch: Arch,
+    family: FamilyChoice,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    out: &TensorView,
+    prm: &AttnFwdParams,
+) -> Result<Option<Prepared>> {
+    if !supports(p, arch, family) {
+        return Ok(None);
+    }
+    let Some(config) = fwd_config(p.head_dim as u32, kind, p.dtype, arch) else { return Ok(None) };
+    let maps = (|| -> Result<_> {
+        Ok((
+            map("q", q, p.dtype, BLOCK_M)?,
+            map("k", k, p.dtype, config.block_n)?,
+            map("v", v, p.dtype, config.block_n)?,
+            map("out", out, p.dtype, 64)?,
+        ))
+    })();
+    let Ok((tma_q, tma_k, tma_v, tma_o)) = maps else { return Ok(None) };
+    Ok(Some(Prepared {
+        config,
+        params: AttnFwdSm90Params { tma_q, tma_k, tma_v, tma_o, p: *prm },
+        device: p.device,
+        problem: *p,
+    }))
+}
+
+impl Prepared {
+    pub fn config(&self) -> &AttnFwdConfig {
+        &self.config
+    }
+
+    /// # Safety
+    /// The tensors the maps and parameters describe stay alive in stream order.
+    pub unsafe fn launch(mut self, stream: u64, info: &LaunchInfo) -> Result<()> {
+        let shape = launch_shape(&self.problem, &self.config);
+        shape.check()?;
+        let kernel = KERNELS.get(&self.config, self.device)?;
+        // SAFETY: `params` mirrors AttnFwdSm90Params; forwarded from the caller.
+        unsafe { launch_kernel(kernel, self.device, &shape, stream, &mut self.params, info) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn params_layout_matches_the_kernel() {
+        assert_eq!(align_of::<AttnFwdSm90Params>(), 128);
+        assert_eq!(offset_of!(AttnFwdSm90Params, tma_k), 128);
+        assert_eq!(offset_of!(AttnFwdSm90Params, tma_o), 384);
+        assert_eq!(offset_of!(AttnFwdSm90Params, p), 512);
+        assert_eq!(size_of::<AttnFwdSm90Params>() % 128, 0);
+    }
+
+    fn problem(varlen: bool, batch: i64, head_dim: i64) -> Problem {
+        Problem {
+            varlen,
+            batch,
+            seqlen_q: 512,
+            seqlen_k: 512,
+            heads: 8,
+            heads_k: 2,
+            head_dim,
+            dtype: DType::BF16,
+            device: 0,
+        }
+    }
+
+    #[test]
+    fn supports_padded_hopper_calls_within_one_grid() {
+        let p = problem(false, 2, 128);
+        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Auto));
+        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Sm90));
+        assert!(!supports(&p, Arch::Sm90a, FamilyChoice::Sm80));
+        assert!(!supports(&p, Arch::Sm80, FamilyChoice::Sm90));
+        assert!(!supports(&p, Arch::Sm120, FamilyChoice::Auto));
+        assert!(!supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Auto));
+        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1, 128), Arch::Sm90a, FamilyChoice::Auto));
+        assert!(supports(&problem(false, 1, 8), Arch::Sm90a, FamilyChoice::Auto));
+        assert!(supports(&problem(false, 1, 256), Arch::Sm90a, FamilyChoice::Auto));
+    }
+
+    /// One specialisation per head dim compiles for sm_90a; prints ptxas's report (registers,
+    /// spills, wgmma serialisation warnings). `-- --ignored sm90_fwd_compiles --nocapture`.
+    #[test]
+    #[ignore]
+    fn sm90_fwd_compiles() {
+        use crate::jit::KernelSpec;
+        let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
+        let filter = std::env::var("FERROATTN_TEST_SM90_HD").ok();
+        for hd in [64u32, 128, 256] {
+            if filter.as_deref().is_some_and(|f| f != hd.to_string()) {
+                continue;
+            }
+            let c = fwd_config(hd, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a).unwrap();
+            let opts = crate::jit::nvrtc::options(Arch::Sm90a).unwrap();
+            let t = std::time::Instant::now();
+            let out = crate::jit::nvrtc::compile(&c.program(), &c.name_expression(), &opts, "sm_90a");
+            match out {
+                Ok(o) => eprintln!("{} ({:.1} s)\n{}", c.name_expression(), t.elapsed().as_secs_f64(), o.log),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Every production sm90 configuration compiles without spills (36 NVRTC compiles;
+    /// `python -m ferroattn precompile --check-spills` covers it with the other families).
+    #[test]
+    #[ignore]
+    fn sm90_fwd_production_specs_compile_without_spills() {
+        let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
+        let specs = crate::tuning::attention_sm90::fwd_production_configs(Arch::Sm90a);
+        let reports = crate::jit::precompile::precompile(&specs).unwrap();
+        for r in &reports {
+            eprintln!("{} regs {} spills {}/{}", r.config, r.resources.registers, r.resources.spill_stores, r.resources.spill_loads);
+        }
+        crate::jit::precompile::check_spills(&reports).unwrap();
+        assert_eq!(reports.len(), specs.len());
+    }
+}

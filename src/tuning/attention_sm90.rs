@@ -1,0 +1,120 @@
+//! Tile choices of the Hopper attention forward (kernels/attention/fwd_sm90.cuh): pure
+//! functions, unit-tested on CPU.
+//!
+//! The kernel is a 128-row query tile on two consumer warpgroups of 64 rows plus one producer
+//! warpgroup; what varies per head dim is the key tile (BlockN) and the K/V ring depth (Stages),
+//! bounded by registers (S, P and O accumulators of a consumer thread: BlockN / 2 + BlockN / 4 +
+//! HeadDim / 2 fp32/b32 within setmaxnreg 240) and by the 227 KiB of shared memory a block may use.
+
+use crate::arch::Arch;
+use crate::dtype::DType;
+use crate::ops::attention::variant::VariantKind;
+use crate::tuning::attention::{production_variants, AttnFwdConfig, AttnFwdFamily};
+
+/// Query rows per block (two consumer warpgroups of 64).
+pub const BLOCK_M: u32 = 128;
+/// Warps per block: one producer and two consumer warpgroups.
+pub const NUM_WARPS: u32 = 12;
+
+/// The kernel head dim a call's head dim runs on, or None above 256.
+pub fn kernel_head_dim(head_dim: u32) -> Option<u32> {
+    match head_dim {
+        0..=64 => Some(64),
+        65..=128 => Some(128),
+        129..=256 => Some(256),
+        _ => None,
+    }
+}
+
+/// (block_n, stages) per kernel head dim. d 64: 128-key tiles, 3 slots (112 KiB). d 128:
+/// 128-key tiles, 2 slots (160 KiB). d 256: 80-key tiles, 2 slots (225 KiB; O alone holds 128
+/// registers per consumer thread); with dropout 64 keys (its units span 32 keys).
+pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32) {
+    match head_dim {
+        64 => (128, 3),
+        128 => (128, 2),
+        _ if variant.dropout => (64, 2),
+        _ => (80, 2),
+    }
+}
+
+/// The sm90 configuration of a call, or None where the kernel has no specialisation (head dim
+/// above 256, an arch other than sm_90a).
+pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch) -> Option<AttnFwdConfig> {
+    if arch != Arch::Sm90a {
+        return None;
+    }
+    let hd = kernel_head_dim(head_dim)?;
+    let (block_n, stages) = fwd_tile(hd, variant);
+    Some(AttnFwdConfig {
+        family: AttnFwdFamily::Sm90,
+        head_dim: hd,
+        block_m: BLOCK_M,
+        block_n,
+        num_warps: NUM_WARPS,
+        stages,
+        variant,
+        dtype,
+        arch,
+    })
+}
+
+/// Every configuration `precompile` builds for `arch`: the production variants at head dims
+/// 64, 128, 256 in both 16-bit dtypes (none off sm_90a).
+pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
+    let mut out = Vec::new();
+    for hd in [64, 128, 256] {
+        for v in production_variants() {
+            for dtype in [DType::F16, DType::BF16] {
+                out.extend(fwd_config(hd, v, dtype, arch));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tuning::attention::tests::assert_fits_smem;
+
+    #[test]
+    fn head_dims_map_to_the_three_kernels() {
+        assert_eq!(kernel_head_dim(8), Some(64));
+        assert_eq!(kernel_head_dim(64), Some(64));
+        assert_eq!(kernel_head_dim(72), Some(128));
+        assert_eq!(kernel_head_dim(192), Some(256));
+        assert_eq!(kernel_head_dim(264), None);
+        assert!(fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm80).is_none());
+        let c = fwd_config(96, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a).unwrap();
+        assert_eq!((c.head_dim, c.block_n, c.stages), (128, 128, 2));
+        assert_eq!(
+            c.name_expression(),
+            "ferroattn::attn_fwd_sm90<128, 128, 2, ferroattn::AttnVariant<1, false, false, false, false, false>, __nv_bfloat16>"
+        );
+    }
+
+    #[test]
+    fn production_configs_fit_and_respect_the_kernel_rules() {
+        let configs = fwd_production_configs(Arch::Sm90a);
+        assert_eq!(configs.len(), 3 * production_variants().len() * 2);
+        assert!(fwd_production_configs(Arch::Sm80).is_empty());
+        for c in &configs {
+            assert_fits_smem(c);
+            assert_eq!(c.block_n % 16, 0);
+            assert!(!c.variant.dropout || c.block_n % 32 == 0, "{}", c.name_expression());
+            assert!(c.stages >= 2);
+            // The live accumulators of a consumer thread while P V runs: S and its fp32 P copy
+            // (block_n / 2 each), the 16-bit P operand (block_n / 4), O (head_dim / 2), within
+            // setmaxnreg 240.
+            assert!(c.block_n + c.block_n / 4 + c.head_dim / 2 <= 240, "{}", c.name_expression());
+        }
+    }
+
+    #[test]
+    fn smem_formula_matches_the_kernel_layout() {
+        let c = fwd_config(256, VariantKind::PLAIN, DType::F16, Arch::Sm90a).unwrap();
+        // Q 64 KiB + 2 x (K 40 KiB + V 40 KiB) + 7 barriers + slack
+        assert_eq!(c.smem_bytes(), 65536 + 4 * 40960 + 56 + 1024);
+    }
+}
