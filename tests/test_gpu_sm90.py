@@ -1,0 +1,194 @@
+"""GPU tests of the Hopper attention forward (kernels/attention/fwd_sm90.cuh; ``-m gpu``, skipped
+without CUDA or off sm_90): with the family knob forced to ``sm90`` (``_native.set_tuning_knob``),
+``flash_attn_func`` forwards are checked against ferroattn.testing with the flash-attention pass
+rule (out within 2 · the same-dtype reference's error; LSE within LSE_ATOL) over head dims 32..256
+(the 64/128/256 kernels and the rounded-up ones in between), fp16/bf16, causal and not,
+s_q != s_k both ways (rows that see no key: O = 0, LSE = +inf), lengths 1 / 97 / 113 / 1025,
+GQA and MQA, every variant (local window, softcap, ALiBi (h,) and (b, h), sinks, dropout with the
+mask read back from S_dmask), non-contiguous q/k/v; every output written (NaN-poisoned
+allocator); the launch record names the sm90 kernel; the knob set to ``sm80`` sends the same call to
+the sm80 kernel and both agree; CUDA-graph capture and replay; torch.compile(fullgraph=True); a
+rejected call leaves the next valid one working.
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import ferroattn._native as native
+from ferroattn.flash_attn_interface import flash_attn_func
+from ferroattn.testing import assert_close_to_ref, attention_ref
+
+from _gpu_common import BF16, DEV, FP16, assert_lse_close, capture_graph, poison_allocator
+
+pytestmark = pytest.mark.gpu
+
+
+def _is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(autouse=True)
+def _sm90_forced():
+    if not _is_hopper():
+        pytest.skip("the sm90 family needs an sm_90 GPU")
+    before = native.tuning_knobs()["attn_fwd_family"]
+    native.set_tuning_knob("attn_fwd_family", "sm90")
+    yield
+    native.set_tuning_knob("attn_fwd_family", before)
+
+
+def _kernels_of(f):
+    """Run f() with the launch recorder on; returns (f's result, the kernel names launched)."""
+    native.profiler_drain()
+    native.profiler_enable(True)
+    try:
+        out = f()
+        torch.cuda.synchronize()
+    finally:
+        native.profiler_enable(False)
+    return out, [r["kernel"] for r in native.profiler_drain()]
+
+
+def _inputs(b, s_q, s_k, h, h_k, d, dtype, scale=1.0):
+    q = torch.randn(b, s_q, h, d, device=DEV, dtype=dtype) * scale
+    k = torch.randn(b, s_k, h_k, d, device=DEV, dtype=dtype) * scale
+    v = torch.randn(b, s_k, h_k, d, device=DEV, dtype=dtype)
+    return q, k, v
+
+
+def _check(q, k, v, **kw):
+    poison_allocator(q, q.shape[0] * q.shape[2] * q.shape[1] * 4)
+    (out, lse, _), kernels = _kernels_of(lambda: flash_attn_func(q, k, v, return_attn_probs=True, **kw))
+    assert any("attn_fwd_sm90" in n for n in kernels), kernels
+    ref, ref_lse = attention_ref(q, k, v, **kw)
+    ref_lp, _ = attention_ref(q, k, v, upcast=False, **kw)
+    assert_close_to_ref(out, ref, ref_lp)
+    assert_lse_close(lse, ref_lse)
+    return out, lse
+
+
+SHAPES = [  # (b, s_q, s_k, h, h_k)
+    (1, 1, 1, 2, 1),
+    (2, 113, 203, 4, 2),
+    (1, 203, 113, 4, 4),     # s_q > s_k: with causal the first rows see no key
+    (2, 256, 256, 8, 1),     # MQA
+    (1, 1025, 1025, 2, 2),
+    (3, 97, 1, 2, 1),
+]
+
+
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 160, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_matches_reference(d, causal, shape):
+    b, s_q, s_k, h, h_k = shape
+    dtype = BF16 if (d + s_q) % 2 else FP16
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, dtype)
+    out, lse = _check(q, k, v, causal=causal)
+    if causal and s_q > s_k:
+        empty = s_q - s_k   # rows 0 .. s_q - s_k - 1 see no key
+        assert torch.all(out[:, :empty] == 0)
+        assert torch.all(torch.isinf(lse[:, :, :empty]) & (lse[:, :, :empty] > 0))
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("variant", ["window", "window_two_sided", "softcap", "softcap_window", "alibi_h",
+                                     "alibi_bh", "sinks"])
+def test_variants_match_reference(d, variant):
+    b, s_q, s_k, h, h_k = 2, 333, 517, 4, 2
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, BF16)
+    kw = {}
+    if variant == "window":
+        kw = dict(causal=True, window_size=(100, 0))
+    elif variant == "window_two_sided":
+        kw = dict(window_size=(64, 48))
+    elif variant == "softcap":
+        kw = dict(causal=True, softcap=30.0)
+        q, k, v = _inputs(b, s_q, s_k, h, h_k, d, BF16, scale=3.0)
+    elif variant == "softcap_window":
+        kw = dict(causal=True, softcap=20.0, window_size=(128, 0))
+    elif variant == "alibi_h":
+        kw = dict(causal=True, alibi_slopes=torch.rand(h, device=DEV, dtype=torch.float32) * 0.3)
+    elif variant == "alibi_bh":
+        kw = dict(alibi_slopes=torch.rand(b, h, device=DEV, dtype=torch.float32) * 0.3)
+    elif variant == "sinks":
+        if "s_aux" not in inspect.signature(flash_attn_func).parameters:
+            pytest.skip("s_aux not in flash_attn_func's signature")
+        kw = dict(causal=True, window_size=(64, 0), s_aux=torch.randn(h, device=DEV, dtype=torch.float32))
+    _check(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_matches_reference_with_its_mask(d, causal):
+    b, s_q, s_k, h, h_k = 2, 200, 300, 4, 2
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, FP16)
+    torch.manual_seed(7)
+    (out, lse, s_dmask), kernels = _kernels_of(
+        lambda: flash_attn_func(q, k, v, dropout_p=0.17, causal=causal, return_attn_probs=True))
+    assert any("attn_fwd_sm90" in n for n in kernels), kernels
+    keep = (s_dmask >= 0)[:, :, :s_q, :s_k]
+    ref, ref_lse = attention_ref(q, k, v, causal=causal, dropout_p=0.17, dropout_mask=keep)
+    ref_lp, _ = attention_ref(q, k, v, causal=causal, dropout_p=0.17, dropout_mask=keep, upcast=False)
+    assert_close_to_ref(out, ref, ref_lp)
+    assert_lse_close(lse, ref_lse)
+    # the same seed gives the same mask on the sm80 family (one Philox rule for every kernel)
+    native.set_tuning_knob("attn_fwd_family", "sm80")
+    torch.manual_seed(7)
+    (out80, _, s_dmask80), kernels80 = _kernels_of(
+        lambda: flash_attn_func(q, k, v, dropout_p=0.17, causal=causal, return_attn_probs=True))
+    assert not any("attn_fwd_sm90" in n for n in kernels80), kernels80
+    assert torch.equal(s_dmask80 >= 0, s_dmask >= 0)
+    assert_close_to_ref(out80, ref, ref_lp)
+
+
+def test_non_contiguous_inputs_and_both_families_agree():
+    base = torch.randn(2, 300, 6, 2, 128, device=DEV, dtype=BF16)
+    q, k, v = base[:, :, :4, 0], base[:, :, 4:5, 0], base[:, :, 5:6, 1]   # strided heads / rows
+    out90, lse90 = _check(q, k, v, causal=True)
+    native.set_tuning_knob("attn_fwd_family", "sm80")
+    (out80, lse80, _), kernels = _kernels_of(lambda: flash_attn_func(q, k, v, causal=True, return_attn_probs=True))
+    assert not any("attn_fwd_sm90" in n for n in kernels)
+    assert (out90.float() - out80.float()).abs().max() < 2e-2
+    assert (lse90 - lse80).abs().max() < 1e-3
+
+
+def test_varlen_and_huge_batch_fall_back_to_sm80():
+    from ferroattn.flash_attn_interface import flash_attn_varlen_func
+
+    q = torch.randn(300, 4, 64, device=DEV, dtype=BF16)
+    cu = torch.tensor([0, 100, 300], device=DEV, dtype=torch.int32)
+    _, kernels = _kernels_of(lambda: flash_attn_varlen_func(q, q[:, :2], q[:, :2], cu, cu, 200, 200, causal=True))
+    assert kernels and not any("attn_fwd_sm90" in n for n in kernels), kernels
+
+
+def test_cuda_graph_replays_and_compile():
+    q, k, v = _inputs(2, 512, 512, 4, 2, 128, BF16)
+    graph, static = capture_graph(lambda: flash_attn_func(q, k, v, causal=True))
+    ref, _ = attention_ref(q, k, v, causal=True)
+    ref_lp, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    ref, _ = attention_ref(q, k, v, causal=True)
+    ref_lp, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert_close_to_ref(static, ref, ref_lp)
+    compiled = torch.compile(lambda a, b_, c: flash_attn_func(a, b_, c, causal=True), fullgraph=True)
+    assert_close_to_ref(compiled(q, k, v), ref, ref_lp)
+
+
+def test_rejected_call_leaves_the_next_one_working():
+    q, k, v = _inputs(1, 128, 128, 2, 2, 64, BF16)
+    with pytest.raises((ValueError, RuntimeError)):
+        flash_attn_func(q, k[..., :32], v, causal=True)
+    _check(q, k, v, causal=True)
+
+
+def test_knob_rejects_malformed_values():
+    with pytest.raises(ValueError, match="attn_fwd_family|value"):
+        native.set_tuning_knob("attn_fwd_family", "hopper")
+    with pytest.raises(ValueError, match="name"):
+        native.set_tuning_knob("no_such_knob", "sm80")
+    assert native.tuning_knobs()["attn_fwd_family"] == "sm90"
