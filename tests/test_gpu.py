@@ -456,4 +456,5 @@ def test_eager_fast_path_matches_the_op_and_stays_visible():
         flash_attn_func(q, k, k, causal=True)
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
-    assert "ferroattn::attn_fwd" in names and any("attn_fwd_sm80" in n for n in names), sorted(names)[:20]
+    kernels = [n for n in names if "attn_fwd_sm80" in n or "attn_fwd_sm90" in n]   # either family
+    assert "ferroattn::attn_fwd" in names and kernels, sorted(n for n in names if "attn" in n)

@@ -220,6 +220,13 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
 #pragma unroll
         for (int kk = 0; kk < KP; ++kk) wgmma_rs<T, HeadDim, 1>(acc_o, pa[kk], desc_at(dv, kk * 2048), 1);
     };
+    // Ping-pong of the two consumer warpgroups (FlashAttention-3 §3.1): each issues its GEMMs
+    // only in its turn (named barrier 3 + cw over both warpgroups: this one waits, the other
+    // arrives when it has issued its own), so one warpgroup's softmax runs while the other's
+    // GEMMs occupy the tensor cores. Warpgroup 0 has the first turn. Both run the same number of
+    // turns (n_iter + 1); the last arrival of warpgroup 1 is left unmatched at exit.
+    auto turn_wait = [&]() { named_barrier(3 + cw, 256); };
+    auto turn_pass = [&]() { named_barrier_arrive(3 + (cw ^ 1), 256); };
     // The online-softmax step of key tile j (FA2 Alg. 1 in base 2): score modification, mask,
     // running max and sum, P = exp2(s * scale_log2 - m) in fp32 into pf, and corr[h], the factor
     // O must be rescaled by. Runs while the previous tile's P V is in flight, so it only does fp32
@@ -340,6 +347,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
 
     mbar_wait(sm.q_full(), 0u);
     if (n_iter > 0) {
+        if (cw == 1) turn_pass();
         float acc_s[BlockN / 2];
         unsigned pa[KP][4];
         float corr[2];
@@ -347,9 +355,11 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         unsigned phase = 0;
         int j = n_blocks - 1;
         mbar_wait(sm.k_full(stage), phase);
+        turn_wait();
         wgmma_fence();
         issue_qk(acc_s, stage);
         wgmma_commit();
+        turn_pass();
         wgmma_wait<0>();
         fence_accumulators(acc_s);
         {
@@ -370,13 +380,15 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             fence_accumulators(acc_s);
             fence_accumulators(acc_o);
             fence_fragments(pa);
+            mbar_wait(sm.v_full(prev), prev_phase);
+            turn_wait();
             wgmma_fence();
             issue_qk(acc_s, stage);
             wgmma_commit();
-            mbar_wait(sm.v_full(prev), prev_phase);
             wgmma_fence();
             issue_pv(pa, prev);
             wgmma_commit();
+            turn_pass();
             wgmma_wait<1>();   // S of tile j is ready; P V of tile j + 1 may still run
             float pf[BlockN / 2];
             softmax(acc_s, j, corr, pf);
@@ -396,9 +408,11 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         mbar_wait(sm.v_full(stage), phase);
         fence_accumulators(acc_o);
         fence_fragments(pa);
+        turn_wait();
         wgmma_fence();
         issue_pv(pa, stage);
         wgmma_commit();
+        turn_pass();
         wgmma_wait<0>();
         fence_accumulators(acc_o);
         if (lane == 0) mbar_arrive(sm.empty(stage));

@@ -129,6 +129,10 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
+// Arrive at barrier `id` without waiting (the other side of a named_barrier over `count` threads).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
 __device__ __forceinline__ void st_shared_b32(unsigned addr, unsigned v) {
     asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v));
 }
