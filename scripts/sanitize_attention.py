@@ -270,13 +270,17 @@ def run_cases(prog: str, description: str, cases, argv=None) -> int:
     """The command line of the sanitizer scripts (this one and sanitize_attention_bwd.py).
 
     ``cases`` are (name, run function, case tuple); ``--list`` prints each name and the rest of
-    its tuple (no GPU needed). Otherwise every case runs (seed 0), printing ``PASS name: what it
+    its tuple (no GPU needed); ``--only a,b`` keeps the cases whose name contains a or b. Otherwise every case runs (seed 0), printing ``PASS name: what it
     returned`` or ``FAIL name: error`` and finally ``<prog>: N/M cases passed``. Returns 0 when
     all passed, 1 when one failed, 3 without a CUDA GPU.
     """
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    ap.add_argument("--only", default="", help="comma-separated substrings: run only the cases whose name contains one")
     args = ap.parse_args(argv)
+    if args.only:
+        keys = [k for k in args.only.split(",") if k]
+        cases = [c for c in cases if any(k in c[0] for k in keys)]
     if args.list:
         for name, _, c in cases:
             print(name, "(" + ", ".join(_short(x) for x in c[1:]) + ")")
