@@ -41,6 +41,23 @@ def capture_graph(f, warmup: int = 2):
     return graph, static
 
 
+def launch_records(fn):
+    """Run ``fn`` with the launch recorder on; return (fn's result, the records of our kernels it
+    launched: dicts with "kernel", "config", "grid", ... from ``_native.profiler_drain``)."""
+    from ferroattn import _native
+
+    torch.cuda.synchronize()
+    _native.profiler_enable(False)
+    _native.profiler_drain()
+    _native.profiler_enable(True)
+    try:
+        result = fn()
+        torch.cuda.synchronize()
+    finally:
+        _native.profiler_enable(False)
+    return result, _native.profiler_drain()
+
+
 def assert_lse_close(lse, ref_lse):
     """softmax_lse (fp32, the reference's shape) within LSE_ATOL · (1 + max|finite ref_lse|) of the
     fp32 reference; equal infinities (rows that see no key) count as equal."""

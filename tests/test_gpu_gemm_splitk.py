@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from ferroattn import _native
 from ferroattn.gemm import matmul
 
+from _gpu_common import launch_records
+
 pytestmark = pytest.mark.gpu
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -85,19 +87,7 @@ def assert_close(got, want, what=""):
     assert err <= TOL * scale + 1e-6, f"{what}: max|err| {err:.3e} > {TOL} * max|ref| {scale:.3e}"
 
 
-def recorded(fn):
-    """Run ``fn`` with the launch recorder on; return (fn's result, the kernel names launched)."""
-    torch.cuda.synchronize()
-    _native.profiler_enable(False)
-    _native.profiler_drain()
-    _native.profiler_enable(True)
-    try:
-        result = fn()
-        torch.cuda.synchronize()
-    finally:
-        _native.profiler_enable(False)
-    recs = _native.profiler_drain()
-    return result, recs
+recorded = launch_records   # (fn's result, the launch records of our kernels)
 
 
 def kernels(recs):

@@ -21,7 +21,7 @@ import ferroattn._native as native
 from ferroattn.flash_attn_interface import flash_attn_func
 from ferroattn.testing import assert_close_to_ref, attention_ref
 
-from _gpu_common import BF16, DEV, FP16, assert_lse_close, capture_graph, poison_allocator
+from _gpu_common import BF16, DEV, FP16, assert_lse_close, capture_graph, launch_records, poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -42,14 +42,8 @@ def _sm90_forced():
 
 def _kernels_of(f):
     """Run f() with the launch recorder on; returns (f's result, the kernel names launched)."""
-    native.profiler_drain()
-    native.profiler_enable(True)
-    try:
-        out = f()
-        torch.cuda.synchronize()
-    finally:
-        native.profiler_enable(False)
-    return out, [r["kernel"] for r in native.profiler_drain()]
+    out, records = launch_records(f)
+    return out, [r["kernel"] for r in records]
 
 
 def _inputs(b, s_q, s_k, h, h_k, d, dtype, scale=1.0):
