@@ -28,8 +28,10 @@ use crate::ops::validate::{
 };
 use crate::ops::work::AttnSizes;
 use crate::tensor::{TensorMeta, TensorView};
-use crate::tuning::attention_bwd::{bwd_plan, bwd_production_configs, AttnBwdConfig};
+use crate::tuning::attention_bwd::{bwd_plan, bwd_production_configs, AttnBwdConfig, BwdKind};
 use std::ffi::c_void;
+
+pub mod sm90;
 
 /// Mirror of `struct AttnBwdParams` in kernels/attention/bwd_params.cuh (change both together).
 #[repr(C)]
@@ -398,7 +400,12 @@ pub fn attn_bwd(
         check_not_null("alibi_slopes", a)?;
     }
     let arch = crate::device::arch(p.device)?;
-    let plan = bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch);
+    // The Hopper plan where it takes the call (sm90.rs), else the sm80 family's.
+    let family = crate::tuning::knobs::get()?.attn_bwd_family;
+    let (plan, maps) = match sm90::prepare(&p, t, kind, deterministic, arch, family) {
+        Some((plan, maps)) => (plan, Some(maps)),
+        None => (bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch), None),
+    };
     // Everything that can fail before the first launch: grid limits (the first slice is the
     // widest: its grids stand for every slice's), compile / module load.
     let launches = launch_shapes(&p.slice(BatchSlice::first(p.batch)), &plan);
@@ -422,6 +429,14 @@ pub fn attn_bwd(
                 op: "ferroattn::attn_bwd",
                 work: slice_sizes.bwd(config.kind, variant.window(), deterministic),
             };
+            if let (BwdKind::DkDvSm90, Some(maps)) = (config.kind, &maps) {
+                // (the Hopper plan runs one slice: sm90::supports)
+                let mut hp = sm90::params(maps, slice_prm);
+                // SAFETY: `hp` mirrors AttnBwdSm90Params; its maps and pointers describe the
+                // caller's tensors, kept alive in stream order as below.
+                unsafe { launch(kernel, p.device, &shape, stream, &mut hp, &info)? };
+                continue;
+            }
             // SAFETY: `slice_prm` mirrors the kernels' AttnBwdParams; its pointers lie within
             // the caller's tensors, which the caller keeps alive in stream order (torch's
             // caching allocator does).

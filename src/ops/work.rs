@@ -144,6 +144,7 @@ impl AttnSizes {
     /// - Preprocess: 0 FLOPs; reads dout, out, writes softmax_d, zeroes dq_accum (default plan).
     /// - DkDv: products S, dP (with dK or dQ), dV, dK, dQ as enabled; reads q, k, v, dout,
     ///   softmax_lse, softmax_d (with dK or dQ), writes dk, dv, dq_accum as enabled.
+    /// - DkDvSm90: as DkDv with dK, dV and dQ.
     /// - Dq: S, dP, dQ; reads q, k, v, dout, softmax_lse, softmax_d, writes dq.
     /// - ConvertDq: 0 FLOPs; reads dq_accum, writes dq.
     pub fn bwd(&self, kind: BwdKind, window: Window, deterministic: bool) -> Work {
@@ -153,6 +154,7 @@ impl AttnSizes {
                 let zeroed = if deterministic { 0.0 } else { self.accum() };
                 self.work(0.0, 2.0 * self.q_like() + self.row_stat() + zeroed)
             }
+            BwdKind::DkDvSm90 => self.bwd(BwdKind::DkDv { dk: true, dv: true, dq: true }, window, deterministic),
             BwdKind::DkDv { dk, dv, dq } => {
                 let ds = dk || dq;
                 let products = 1 + [ds, dv, dk, dq].iter().filter(|&&b| b).count() as u64;

@@ -32,6 +32,10 @@ pub enum BwdKind {
     /// `ferroattn::attn_bwd_convert_dq<HeadDim, BlockM, T>`: dq = T(softmax_scale · dq_accum).
     /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
     ConvertDq,
+    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T>` (kernels/attention/bwd_sm90.cuh, sm_90a):
+    /// dK, dV and the atomic dQ (into dq_accum) of one 128-key tile with wgmma and TMA; the Hopper
+    /// plan's middle kernel (`bwd_plan_sm90`). Grid (ceil(seqlen_k / 128), num_heads_k, batch).
+    DkDvSm90,
 }
 
 /// One specialisation of one backward kernel: template arguments, launch shape, cache key.
@@ -62,6 +66,7 @@ impl AttnBwdConfig {
             BwdKind::DkDv { .. } => "ferroattn::attn_bwd_dkdv_sm80",
             BwdKind::Dq => "ferroattn::attn_bwd_dq_sm80",
             BwdKind::ConvertDq => "ferroattn::attn_bwd_convert_dq",
+            BwdKind::DkDvSm90 => "ferroattn::attn_bwd_sm90",
         }
     }
 
@@ -71,6 +76,7 @@ impl AttnBwdConfig {
             BwdKind::Preprocess | BwdKind::ConvertDq => "attention/bwd_prep.cuh",
             BwdKind::DkDv { .. } => "attention/bwd_dkdv_sm80.cuh",
             BwdKind::Dq => "attention/bwd_dq_sm80.cuh",
+            BwdKind::DkDvSm90 => "attention/bwd_sm90.cuh",
         }
     }
 
@@ -88,6 +94,7 @@ impl AttnBwdConfig {
                 format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}{direct}>", self.kernel())
             }
             BwdKind::Dq => format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {t}>", self.kernel()),
+            BwdKind::DkDvSm90 => format!("{}<{hd}, {st}, {c}, {t}>", self.kernel()),
         }
     }
 
@@ -140,10 +147,17 @@ impl AttnBwdConfig {
     ///   tiles (block_m × block_n each), 16-bit; `stages` × (LSE, D) rows; plus 16 KiB of fp32
     ///   dQ staging where `wide_dq_staged()`.
     /// - Dq: Q and dO tiles (block_m × d each) and `stages` × (K and V tiles, block_n × d each).
+    /// - DkDvSm90 (`AttnBwdSm90Smem` in bwd_sm90.cuh): K and V (block_n × d each), `stages` ×
+    ///   (Q and dO, block_m × d each), two dSᵀ tiles (block_n × block_m), 16-bit; two fp32 dQ
+    ///   staging tiles (block_m rows of 64 fp32 padded to 288 B); `stages` × (LSE, D) rows;
+    ///   (1 + 2 `stages`) mbarriers of 8 B; 1 KiB of alignment slack.
     /// - Preprocess / ConvertDq: none.
     pub fn smem_bytes(&self) -> u32 {
         let (d, bm, bn, st) = (self.head_dim, self.block_m, self.block_n, self.stages);
         match self.kind {
+            BwdKind::DkDvSm90 => {
+                (2 * bn * d + 2 * st * bm * d + 2 * bn * bm) * 2 + 2 * bm * 288 + st * bm * 8 + 8 * (1 + 2 * st) + 1024
+            }
             BwdKind::Preprocess | BwdKind::ConvertDq => 0,
             BwdKind::DkDv { .. } if self.is_wide() => {
                 let stage = if self.wide_dq_staged() { 8 * 16 * 32 * 4 } else { 0 };
@@ -161,14 +175,14 @@ impl AttnBwdConfig {
     /// Grid for a problem: (x, y, z).
     pub fn grid(&self, seqlen_q: u64, seqlen_k: u64, heads: u64, heads_k: u64, batch: u64) -> (u64, u64, u64) {
         match self.kind {
-            BwdKind::DkDv { .. } => (seqlen_k.div_ceil(self.block_n as u64), heads_k, batch),
+            BwdKind::DkDv { .. } | BwdKind::DkDvSm90 => (seqlen_k.div_ceil(self.block_n as u64), heads_k, batch),
             _ => (seqlen_q.div_ceil(self.block_m as u64), heads, batch),
         }
     }
 
     /// Needs the fp32 dq_accum workspace.
     pub fn uses_dq_accum(&self) -> bool {
-        matches!(self.kind, BwdKind::DkDv { dq: true, .. } | BwdKind::ConvertDq)
+        matches!(self.kind, BwdKind::DkDv { dq: true, .. } | BwdKind::ConvertDq | BwdKind::DkDvSm90)
     }
 }
 
@@ -344,7 +358,41 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
     plan
 }
 
-/// Every configuration `bwd_plan` can return for `arch` at the production points: what
+/// Variants the Hopper backward leaves to the sm80 plan: at kernel head dim 128 the local window
+/// (alone and with softcap) and dropout with a mask spill (ptxas sm_90a, f16 = bf16: local 16 B,
+/// softcap-local 28 B, dropout-causal 44 B of spill stores; every other production variant 0).
+fn sm90_declines(kernel_head_dim: u32, v: VariantKind) -> bool {
+    kernel_head_dim == 128 && (v.mask == MaskKind::Local || (v.dropout && v.mask != MaskKind::None))
+}
+
+/// Stages of the Hopper backward's query ring.
+pub const SM90_STAGES: u32 = 2;
+
+/// The Hopper backward's plan (preprocess → `BwdKind::DkDvSm90` → dQ conversion) where its
+/// kernel has a specialisation: sm_90a, the atomic-dQ path (not `deterministic`), head dims up to
+/// 128 (kernel head dim 64 or 128). None elsewhere (the call takes `bwd_plan`). The caller also
+/// needs the padded layout and the tensor maps (src/ops/attention_bwd/sm90.rs).
+pub fn bwd_plan_sm90(head_dim: u32, variant: VariantKind, deterministic: bool, dtype: DType, arch: Arch) -> Option<Vec<AttnBwdConfig>> {
+    let hd = if head_dim <= 64 { 64 } else { 128 };
+    if arch != Arch::Sm90a || deterministic || head_dim > 128 || sm90_declines(hd, variant.for_backward()) {
+        return None;
+    }
+    let mut plan = bwd_plan(head_dim, variant, false, dtype, arch);
+    plan[1] = AttnBwdConfig {
+        kind: BwdKind::DkDvSm90,
+        head_dim: hd,
+        block_m: 64,
+        block_n: 128,
+        num_warps: 12,
+        stages: SM90_STAGES,
+        variant: variant.for_backward(),
+        dtype,
+        arch,
+    };
+    Some(plan)
+}
+
+/// Every configuration `bwd_plan` (and, on sm_90a, `bwd_plan_sm90`) can return for `arch` at the production points: what
 /// `precompile` builds (held to no spills by `precompile --check-spills`). The score-modifying
 /// and local variants' atomic-dQ dK/dV kernels take the smaller tiles of `dkdv_dq_tile` and, in
 /// the wide kernel, the direct dQ reductions of `WIDE_DQ_DIRECT` where the default ones spill.
@@ -352,7 +400,8 @@ pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
     for (hd, variant, dtype) in production_points() {
         for deterministic in [false, true] {
-            for c in bwd_plan(hd, variant, deterministic, dtype, arch) {
+            let hopper = bwd_plan_sm90(hd, variant, deterministic, dtype, arch).unwrap_or_default();
+            for c in bwd_plan(hd, variant, deterministic, dtype, arch).into_iter().chain(hopper) {
                 if !out.contains(&c) {
                     out.push(c);
                 }
@@ -405,6 +454,34 @@ mod tests {
         ] {
             assert!(!c.dq_staged(), "{c:?}");
         }
+    }
+
+    #[test]
+    fn hopper_plan_takes_the_atomic_path_up_to_head_dim_128() {
+        let local = VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN };
+        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a).unwrap();
+        let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90, BwdKind::ConvertDq]);
+        assert_eq!((p[1].head_dim, p[1].block_m, p[1].block_n, p[1].threads()), (128, 64, 128, 384));
+        assert_eq!(
+            p[1].name_expression(),
+            "ferroattn::attn_bwd_sm90<128, 2, ferroattn::AttnVariant<1, false, false, false, false, false>, __nv_bfloat16>"
+        );
+        // K, V 64 KiB + 2 x (Q, dO) 64 KiB + 2 dS^T 32 KiB + 2 staging tiles + LSE/D + 5 barriers + slack
+        assert_eq!(p[1].smem_bytes(), 65536 + 65536 + 32768 + 2 * 64 * 288 + 1024 + 40 + 1024);
+        assert_eq!(p[1].grid(1000, 300, 8, 2, 3), (3, 2, 3));
+        assert!(p[1].uses_dq_accum());
+        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a).unwrap()[1].head_dim, 64);
+        for (hd, v, det, arch) in [
+            (128, VariantKind::CAUSAL, true, Arch::Sm90a),
+            (160, VariantKind::CAUSAL, false, Arch::Sm90a),
+            (128, VariantKind::CAUSAL, false, Arch::Sm80),
+            (128, local, false, Arch::Sm90a),
+            (128, VariantKind { dropout: true, ..VariantKind::CAUSAL }, false, Arch::Sm90a),
+        ] {
+            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch).is_none(), "{hd} {v:?} {det} {arch:?}");
+        }
+        assert!(bwd_plan_sm90(128, VariantKind { dropout: true, ..VariantKind::PLAIN }, false, DType::BF16, Arch::Sm90a).is_some());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! | variable | values (default first) | effect |
 //! |---|---|---|
 //! | `FERROATTN_ATTN_FWD_FAMILY` | `auto`, `sm80`, `sm90` | attention-forward kernel family: `auto` and `sm90` take the Hopper kernel wherever it supports the call (on sm_90a), `sm80` always the mma.sync kernel |
+//! | `FERROATTN_ATTN_BWD_FAMILY` | `auto`, `sm80`, `sm90` | attention-backward family, likewise (the Hopper dK/dV/dQ kernel of the atomic-dQ plan) |
 
 use crate::error::{Error, Result};
 use std::sync::RwLock;
@@ -46,16 +47,21 @@ impl FamilyChoice {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Knobs {
     pub attn_fwd_family: FamilyChoice,
+    pub attn_bwd_family: FamilyChoice,
 }
 
 /// (knob name, environment variable) of every knob.
-pub const KNOBS: [(&str, &str); 1] = [("attn_fwd_family", "FERROATTN_ATTN_FWD_FAMILY")];
+pub const KNOBS: [(&str, &str); 2] = [
+    ("attn_fwd_family", "FERROATTN_ATTN_FWD_FAMILY"),
+    ("attn_bwd_family", "FERROATTN_ATTN_BWD_FAMILY"),
+];
 
 impl Knobs {
     /// Set knob `name` from its text form; `source` names the variable or argument in errors.
     fn set_text(&mut self, name: &str, value: &str, source: &str) -> Result<()> {
         match name {
             "attn_fwd_family" => self.attn_fwd_family = FamilyChoice::parse(source, value)?,
+            "attn_bwd_family" => self.attn_bwd_family = FamilyChoice::parse(source, value)?,
             other => {
                 let names: Vec<_> = KNOBS.iter().map(|(n, _)| *n).collect();
                 return Err(Error::argument("name", format!("one of {}", names.join(", ")), format!("{other:?}")));
@@ -77,7 +83,7 @@ impl Knobs {
 
     /// (name, value) of every knob.
     pub fn items(&self) -> Vec<(&'static str, &'static str)> {
-        vec![("attn_fwd_family", self.attn_fwd_family.name())]
+        vec![("attn_fwd_family", self.attn_fwd_family.name()), ("attn_bwd_family", self.attn_bwd_family.name())]
     }
 }
 
@@ -122,6 +128,9 @@ mod tests {
         let e = k.set_text("attn_family", "sm80", "value").unwrap_err().to_string();
         assert!(e.contains("attn_fwd_family"), "{e}");
         k.set_text("attn_fwd_family", "sm80", "value").unwrap();
-        assert_eq!(k.items(), vec![("attn_fwd_family", "sm80")]);
+        k.set_text("attn_bwd_family", "sm90", "value").unwrap();
+        assert_eq!(k.items(), vec![("attn_fwd_family", "sm80"), ("attn_bwd_family", "sm90")]);
+        let e = k.set_text("attn_bwd_family", "fast", "FERROATTN_ATTN_BWD_FAMILY").unwrap_err().to_string();
+        assert!(e.contains("FERROATTN_ATTN_BWD_FAMILY") && e.contains("fast"), "{e}");
     }
 }

@@ -40,7 +40,7 @@ pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice) -> bool {
 /// The rank-4 map (head dim, rows, heads, batch) of a padded q/k/v/out-like tensor, box
 /// (64, `box_rows`, 1, 1), 128-byte swizzle. A dim of size 1 gets the packed stride (it is never
 /// stepped over; TMA wants every stride a multiple of 16 bytes).
-fn map(arg: &str, t: &TensorView, dtype: DType, box_rows: u32) -> Result<TensorMap> {
+pub(crate) fn map(arg: &str, t: &TensorView, dtype: DType, box_rows: u32) -> Result<TensorMap> {
     let (shape, strides) = (&t.meta.shape, &t.meta.strides);
     let elem = dtype.size_bytes() as u64;
     let round16 = |x: u64| x.div_ceil(16).max(1) * 16;

@@ -1,0 +1,152 @@
+//! The sm90 attention-backward family (kernels/attention/bwd_sm90.cuh: TMA, mbarriers, wgmma,
+//! warp specialisation) for sm_90a: its tensor maps, parameters and the choice of plan.
+//! `prepare` says whether a call runs the Hopper plan (`bwd_plan_sm90`); everything it declines
+//! runs `bwd_plan` (the sm80 family; never an error).
+
+use super::{AttnBwdParams, BwdTensors};
+use crate::arch::Arch;
+use crate::error::Result;
+use crate::ops::attention::sm90::map;
+use crate::ops::attention::{Problem, VariantKind, MAX_LAUNCH_BATCH};
+use crate::tma::TensorMap;
+use crate::tuning::attention_bwd::{bwd_plan_sm90, AttnBwdConfig};
+use crate::tuning::knobs::FamilyChoice;
+
+/// Mirror of `struct AttnBwdSm90Params` in kernels/attention/bwd_sm90.cuh (change both
+/// together): the backward's parameters after the four tensor maps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnBwdSm90Params {
+    pub tma_q: TensorMap,
+    pub tma_k: TensorMap,
+    pub tma_v: TensorMap,
+    pub tma_do: TensorMap,
+    pub p: AttnBwdParams,
+}
+
+/// Whether the Hopper backward may take a call of this shape: the knob not set to sm80, the
+/// padded layout and a batch within one grid (the plan itself also needs sm_90a, the atomic-dQ
+/// path and a head dim up to 128: `bwd_plan_sm90`).
+pub fn supports(p: &Problem, family: FamilyChoice) -> bool {
+    family != FamilyChoice::Sm80 && !p.varlen && p.batch <= MAX_LAUNCH_BATCH
+}
+
+/// The Hopper plan of a validated call and its tensor maps, or None when the call runs the sm80
+/// plan (`supports`, `bwd_plan_sm90`, or a tensor map the driver rejects).
+pub fn prepare(
+    p: &Problem,
+    t: &BwdTensors<'_>,
+    kind: VariantKind,
+    deterministic: bool,
+    arch: Arch,
+    family: FamilyChoice,
+) -> Option<(Vec<AttnBwdConfig>, [TensorMap; 4])> {
+    if !supports(p, family) {
+        return None;
+    }
+    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch)?;
+    let maps = (|| -> Result<_> {
+        Ok([
+            map("q", t.q, p.dtype, 64)?,
+            map("k", t.k, p.dtype, 128)?,
+            map("v", t.v, p.dtype, 128)?,
+            map("dout", t.dout, p.dtype, 64)?,
+        ])
+    })();
+    maps.ok().map(|m| (plan, m))
+}
+
+/// The sm90 kernel's parameters: the maps of `prepare` and the backward's parameters.
+pub fn params(maps: &[TensorMap; 4], p: AttnBwdParams) -> AttnBwdSm90Params {
+    let [tma_q, tma_k, tma_v, tma_do] = *maps;
+    AttnBwdSm90Params { tma_q, tma_k, tma_v, tma_do, p }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use std::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn params_layout_matches_the_kernel() {
+        assert_eq!(align_of::<AttnBwdSm90Params>(), 128);
+        assert_eq!(offset_of!(AttnBwdSm90Params, tma_k), 128);
+        assert_eq!(offset_of!(AttnBwdSm90Params, tma_do), 384);
+        assert_eq!(offset_of!(AttnBwdSm90Params, p), 512);
+        assert_eq!(size_of::<AttnBwdSm90Params>() % 128, 0);
+    }
+
+    fn problem(varlen: bool, batch: i64) -> Problem {
+        Problem {
+            varlen,
+            batch,
+            seqlen_q: 512,
+            seqlen_k: 512,
+            heads: 8,
+            heads_k: 2,
+            head_dim: 128,
+            dtype: DType::BF16,
+            device: 0,
+        }
+    }
+
+    #[test]
+    fn supports_padded_calls_within_one_grid_unless_the_knob_says_sm80() {
+        assert!(supports(&problem(false, 2), FamilyChoice::Auto));
+        assert!(supports(&problem(false, 2), FamilyChoice::Sm90));
+        assert!(!supports(&problem(false, 2), FamilyChoice::Sm80));
+        assert!(!supports(&problem(true, 2), FamilyChoice::Auto));
+        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1), FamilyChoice::Sm90));
+    }
+
+    /// Both production head dims compile for sm_90a; prints ptxas's report (registers, spills,
+    /// wgmma serialisation warnings). `-- --ignored sm90_bwd_compiles --nocapture`;
+    /// FERROATTN_TEST_SM90_BWD_VARIANT=plain|causal|local|softcap|alibi|dropout picks the variant.
+    #[test]
+    #[ignore]
+    fn sm90_bwd_compiles() {
+        use crate::jit::KernelSpec;
+        use crate::ops::attention::MaskKind;
+        let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
+        let filter = std::env::var("FERROATTN_TEST_SM90_HD").ok();
+        let v = match std::env::var("FERROATTN_TEST_SM90_BWD_VARIANT").as_deref() {
+            Ok("plain") => VariantKind::PLAIN,
+            Ok("local") => VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN },
+            Ok("softcap") => VariantKind { softcap: true, ..VariantKind::CAUSAL },
+            Ok("alibi") => VariantKind { alibi: true, ..VariantKind::CAUSAL },
+            Ok("dropout") => VariantKind { dropout: true, ..VariantKind::CAUSAL },
+            _ => VariantKind::CAUSAL,
+        };
+        for hd in [64u32, 128] {
+            if filter.as_deref().is_some_and(|f| f != hd.to_string()) {
+                continue;
+            }
+            let c = bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a).unwrap()[1];
+            let opts = crate::jit::nvrtc::options(Arch::Sm90a).unwrap();
+            let t = std::time::Instant::now();
+            let out = crate::jit::nvrtc::compile(&c.program(), &c.name_expression(), &opts, "sm_90a");
+            match out {
+                Ok(o) => eprintln!("{} ({:.1} s)\n{}", c.name_expression(), t.elapsed().as_secs_f64(), o.log),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Every production sm90 backward configuration compiles without spills (`python -m
+    /// ferroattn precompile --check-spills` covers it with the other families).
+    #[test]
+    #[ignore]
+    fn sm90_bwd_production_specs_compile_without_spills() {
+        use crate::tuning::attention_bwd::{bwd_production_configs, BwdKind};
+        let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
+        let specs: Vec<_> =
+            bwd_production_configs(Arch::Sm90a).into_iter().filter(|c| c.kind == BwdKind::DkDvSm90).collect();
+        let reports = crate::jit::precompile::precompile(&specs).unwrap();
+        for r in &reports {
+            eprintln!("{} regs {} spills {}/{}", r.config, r.resources.registers, r.resources.spill_stores, r.resources.spill_loads);
+        }
+        crate::jit::precompile::check_spills(&reports).unwrap();
+        assert_eq!(reports.len(), specs.len());
+    }
+}

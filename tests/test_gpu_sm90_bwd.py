@@ -1,0 +1,188 @@
+"""GPU tests of the Hopper attention backward (kernels/attention/bwd_sm90.cuh; ``-m gpu``, skipped
+without CUDA or off sm_90): with the backward family knob forced to ``sm90``
+(``_native.set_tuning_knob("attn_bwd_family", "sm90")``), the gradients of ``flash_attn_func`` are
+checked against ferroattn.testing's autograd reference with the flash-attention pass rule (factor 3
+over the same-dtype reference's error) over head dims 32..128 (the 64 and 128 kernels and the
+rounded-up ones), fp16/bf16, causal and not, s_q != s_k both ways (rows and keys that see nothing),
+lengths 1 / 97 / 113 / 1025 (query and key tails), GQA and MQA, the variants the Hopper plan takes
+(softcap, ALiBi (h,) and (b, h), sinks, dropout with the mask read back from S_dmask, the local
+window at head dim 64); every gradient written (NaN-poisoned allocator); the launch record names
+the sm90 kernel; calls it declines (deterministic, varlen, head dim > 128, the d128 local window)
+run the sm80 plan; the two families agree; CUDA-graph capture and replay.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ferroattn._native as native
+from ferroattn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from ferroattn.testing import assert_close_to_ref, attention_grads_ref
+
+from _gpu_common import BF16, DEV, FP16, capture_graph, launch_records, poison_allocator
+
+pytestmark = pytest.mark.gpu
+
+SM90 = "attn_bwd_sm90"
+
+
+def _is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(autouse=True)
+def _sm90_forced():
+    if not _is_hopper():
+        pytest.skip("the sm90 family needs an sm_90 GPU")
+    before = native.tuning_knobs()["attn_bwd_family"]
+    native.set_tuning_knob("attn_bwd_family", "sm90")
+    yield
+    native.set_tuning_knob("attn_bwd_family", before)
+
+
+def _leaf(*shape, dtype=BF16, scale=1.0):
+    return (torch.randn(*shape, device=DEV, dtype=dtype) * scale).requires_grad_(True)
+
+
+def _grads(q, k, v, dout, **kw):
+    """(out, grads, kernel names of the backward) of flash_attn_func; gradients NaN-poisoned first."""
+    out = flash_attn_func(q, k, v, **kw)
+    poison_allocator(q, k, v, 2 * q.numel() * 4)
+    grads, records = launch_records(lambda: torch.autograd.grad(out, (q, k, v), dout))
+    return out, grads, [r["kernel"] for r in records]
+
+
+def _check(q, k, v, expect_sm90=True, **kw):
+    dout = torch.randn(q.shape[:-1] + (v.shape[-1],), device=DEV, dtype=q.dtype)
+    _, grads, kernels = _grads(q, k, v, dout, **kw)
+    assert any(SM90 in n for n in kernels) == expect_sm90, kernels
+    ref_kw = {key: val for key, val in kw.items() if key != "deterministic"}
+    refs = attention_grads_ref(q, k, v, dout, **ref_kw)
+    refs_lp = attention_grads_ref(q, k, v, dout, upcast=False, **ref_kw)
+    for name, g, r, r_lp, x in zip(("dq", "dk", "dv"), grads, refs, refs_lp, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        assert torch.isfinite(g).all(), f"{name} is not finite"
+        assert_close_to_ref(g, r, r_lp, factor=3.0, atol=1e-5, name=name)
+    return grads
+
+
+SHAPES = [  # (b, s_q, s_k, h, h_k)
+    (1, 1, 1, 2, 1),
+    (2, 113, 203, 4, 2),
+    (1, 203, 113, 4, 4),     # s_q > s_k: with causal the first rows see no key
+    (2, 256, 256, 8, 1),     # MQA
+    (1, 1025, 1025, 2, 2),
+    (3, 97, 1, 2, 1),
+]
+
+
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_backward_matches_reference(d, causal, dtype, shape):
+    b, sq, sk, h, hk = shape
+    torch.manual_seed(d * 1000 + sq + 7 * sk)
+    q, k, v = _leaf(b, sq, h, d, dtype=dtype), _leaf(b, sk, hk, d, dtype=dtype), _leaf(b, sk, hk, d, dtype=dtype)
+    _check(q, k, v, causal=causal)
+
+
+def _variant_kwargs(variant, b, h):
+    if variant == "softcap":
+        return dict(causal=True, softcap=30.0), ()
+    if variant == "softcap_plain":
+        return dict(softcap=5.0), ()
+    if variant == "alibi_h":
+        return dict(causal=True, alibi_slopes=torch.rand(h, device=DEV) * 0.3), ()
+    if variant == "alibi_bh":
+        return dict(alibi_slopes=torch.rand(b, h, device=DEV) * 0.3), ()
+    if variant == "sinks":
+        return dict(causal=True), (torch.randn(h, device=DEV).requires_grad_(True),)
+    if variant == "window":
+        return dict(window_size=(37, 5)), ()
+    raise AssertionError(variant)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("variant", ["softcap", "softcap_plain", "alibi_h", "alibi_bh", "sinks", "window"])
+def test_variants_match_reference(d, variant):
+    b, sq, sk, h, hk = 2, 301, 257, 4, 2
+    torch.manual_seed(d + len(variant))
+    q, k, v = _leaf(b, sq, h, d, scale=2.0), _leaf(b, sk, hk, d), _leaf(b, sk, hk, d)
+    kw, extra = _variant_kwargs(variant, b, h)
+    if extra:
+        # sinks: flash_attn_func takes them as s_aux (GPT-OSS); the gradient is checked too
+        kw["s_aux"] = extra[0]
+        dout = torch.randn_like(q)
+        out = flash_attn_func(q, k, v, **kw)
+        grads, records = launch_records(lambda: torch.autograd.grad(out, (q, k, v, extra[0]), dout))
+        assert any(SM90 in r["kernel"] for r in records)
+        ref_kw = dict(kw)
+        refs = attention_grads_ref(q, k, v, dout, **ref_kw)
+        refs_lp = attention_grads_ref(q, k, v, dout, upcast=False, **ref_kw)
+        for name, g, r, r_lp in zip(("dq", "dk", "dv", "ds_aux"), grads, refs, refs_lp):
+            assert torch.isfinite(g).all(), name
+            assert_close_to_ref(g, r, r_lp, factor=3.0, atol=1e-5, name=name)
+        return
+    # the d128 local window is left to the sm80 plan (tuning/attention_bwd.rs sm90_declines)
+    _check(q, k, v, expect_sm90=not (variant == "window" and d == 128), **kw)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_matches_reference_with_its_mask(d, causal):
+    b, sq, sk, h, hk = 2, 193, 257, 4, 2
+    torch.manual_seed(5 + d)
+    q, k, v = _leaf(b, sq, h, d), _leaf(b, sk, hk, d), _leaf(b, sk, hk, d)
+    out, _, s_dmask = flash_attn_func(q, k, v, 0.17, causal=causal, return_attn_probs=True)
+    mask = s_dmask[..., :sq, :sk] >= 0
+    dout = torch.randn_like(out)
+    grads, records = launch_records(lambda: torch.autograd.grad(out, (q, k, v), dout))
+    # d128 dropout with a mask is left to the sm80 plan (sm90_declines)
+    assert any(SM90 in r["kernel"] for r in records) == (d == 64 or not causal)
+    kw = dict(causal=causal, dropout_p=0.17, dropout_mask=mask)
+    refs = attention_grads_ref(q, k, v, dout, **kw)
+    refs_lp = attention_grads_ref(q, k, v, dout, upcast=False, **kw)
+    for name, g, r, r_lp in zip(("dq", "dk", "dv"), grads, refs, refs_lp):
+        assert torch.isfinite(g).all(), name
+        assert_close_to_ref(g, r, r_lp, factor=3.0, atol=1e-5, name=name)
+
+
+def test_families_agree_and_declined_calls_run_sm80():
+    torch.manual_seed(3)
+    q, k, v = _leaf(2, 333, 8, 128), _leaf(2, 333, 2, 128), _leaf(2, 333, 2, 128)
+    dout = torch.randn_like(q)
+    _, g90, kern90 = _grads(q, k, v, dout, causal=True)
+    native.set_tuning_knob("attn_bwd_family", "sm80")
+    _, g80, kern80 = _grads(q, k, v, dout, causal=True)
+    native.set_tuning_knob("attn_bwd_family", "sm90")
+    assert any(SM90 in n for n in kern90) and not any(SM90 in n for n in kern80)
+    for a, b_ in zip(g90, g80):
+        # two fp32 accumulation orders of the same products: within a few bf16 ulps
+        assert (a.float() - b_.float()).abs().max() <= 2e-2 * (1 + b_.float().abs().max())
+    # declined: deterministic, head dim > 128, varlen
+    _check(q, k, v, expect_sm90=False, causal=True, deterministic=True)
+    q2, k2, v2 = _leaf(1, 100, 2, 192), _leaf(1, 100, 2, 192), _leaf(1, 100, 2, 192)
+    _check(q2, k2, v2, expect_sm90=False)
+    cu = torch.tensor([0, 50, 130], device=DEV, dtype=torch.int32)
+    qv, kv, vv = _leaf(130, 4, 64), _leaf(130, 2, 64), _leaf(130, 2, 64)
+    out = flash_attn_varlen_func(qv, kv, vv, cu, cu, 80, 80, causal=True)
+    _, records = launch_records(lambda: torch.autograd.grad(out, (qv, kv, vv), torch.randn_like(out)))
+    assert not any(SM90 in r["kernel"] for r in records)
+
+
+def test_cuda_graph_replays_the_backward():
+    torch.manual_seed(11)
+    q, k, v = _leaf(1, 512, 4, 128), _leaf(1, 512, 4, 128), _leaf(1, 512, 4, 128)
+    dout = torch.randn_like(q)
+
+    def step():
+        out = flash_attn_func(q, k, v, causal=True)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    eager = step()
+    graph, outs = capture_graph(step)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b_ in zip(outs, eager):
+        assert torch.equal(a, b_) or (a.float() - b_.float()).abs().max() <= 1e-2 * (1 + b_.float().abs().max())
