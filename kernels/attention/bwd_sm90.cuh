@@ -160,6 +160,10 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     // Head dim 128: both warpgroups compute dQ, one 64-column chunk each; 64: one warpgroup the
     // whole tile, alternating by tile.
     constexpr bool kDqSplit = HeadDim == 128;
+    // Head dim 64: dQ of tile it - 1 is issued with S^T, dP^T of tile it and runs while the scores
+    // are formed. Head dim 128: dQ of tile it after the barrier that completes its dS^T (its
+    // accumulators do not fit next to S^T, dP^T, dK and dV: every earlier placement spills).
+    constexpr bool kDqPipelined = HeadDim == 64;
     constexpr float kLog2e = 1.4426950408889634f;
     static_assert(HeadDim == 64 || HeadDim == 128, "HeadDim is 64 or 128");
     static_assert(Stages >= 2, "Stages >= 2");
@@ -279,9 +283,59 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     // The warpgroup's keys all exist and every pair of a query tile is visible: no mask.
     const bool keys_full = n0 + cw * 64 + 64 <= seqlen_k;
 
+    // dQ = dS K of tile `it` (dS^T buffer it & 1) into acc_q (issued, committed; not waited).
+    auto issue_dq = [&](float (&acc_q)[32], int it) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KN; ++ks)
+            wgmma_ss<T, 64, 1, 1>(acc_q, desc_at(dds_a, (it & 1) * static_cast<int>(Sm::kDsBytes) + ks * 2048),
+                                  desc_at(dk_mn, ks * 2048), ks != 0);
+        wgmma_commit();
+    };
+    // The completed dQ of query tile (hq, m_start), 64 rows x 64 columns fp32, through this
+    // warpgroup's staging tile into dq_accum (bulk reductions, row by row, rows < seqlen_q).
+    auto reduce_dq = [&](const float (&acc_q)[32], int hq, int m_start) {
+        const unsigned stg = sm.stage(cw);
+        if (warp == 0) bulk_wait_read<0>();   // the previous tile's reductions have read it
+        named_barrier(2 + cw, 128);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned row = static_cast<unsigned>(warp * 16 + g + 8 * h);
+                st_shared_v2_f32(stg + row * Sm::kStageRow + (8u * jj + 2u * t) * 4u, acc_q[4 * jj + 2 * h],
+                                 acc_q[4 * jj + 2 * h + 1]);
+            }
+        fence_proxy_async_smem();
+        named_barrier(2 + cw, 128);
+        if (warp == 0) {
+            const int col0 = kDqSplit ? cw * 64 : 0;
+            const int cols = min(64, blk.head_dim - col0);
+            if (cols > 0) {
+                float* gdq = prm.dq_accum
+                    + attn_bwd_detail::slice_off<true>(blk.sq, batch, hq, prm.dqa_batch_stride, prm.dqa_row_stride,
+                                                       prm.dqa_head_stride)
+                    + col0;
+#pragma unroll
+                for (int r = lane; r < BlockM; r += 32)
+                    if (m_start + r < seqlen_q)
+                        attn_bwd_detail::bulk_reduce_add_f32(gdq + static_cast<long long>(m_start + r) * prm.dqa_row_stride,
+                                                             stg + r * Sm::kStageRow, static_cast<unsigned>(cols) * 4u);
+            }
+            bulk_commit();
+        }
+    };
+    // Whether this warpgroup computes tile it's dQ (warpgroup-uniform).
+    auto dq_here = [&](int it) { return kDqSplit || (it & 1) == cw; };
+
+    // Per warpgroup and tile it: S^T, dP^T of it (kDqPipelined: with dQ of it - 1), the scores,
+    // dV, dK of it (kDqPipelined: dQ of it - 1 is reduced while they run), dS^T of it stored; the
+    // barrier that completes dS^T of it (both warpgroups) ends the iteration (then, head dim 128,
+    // dQ of it; kDqPipelined: dQ of the last tile follows the loop).
     mbar_wait(sm.kv_full(), 0u);
     int stage = 0;
     unsigned phase = 0;
+    int prev_hq = 0, prev_m = 0;
 #pragma unroll 1
     for (int it = 0; it < n_iter; ++it) {
         const int hq = blk.head_k * blk.group + it / blk.per_head;
@@ -290,7 +344,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         if constexpr (V::kDropout) drop.set_head(fp, hq, batch);
         const int qoff = stage * static_cast<int>(Sm::kQBytes);
 
-        // ---- S^T = K_w Q^T (group 1), dP^T = V_w dO^T (group 2) ----
+        // ---- S^T = K_w Q^T, dP^T = V_w dO^T (one group), then dQ of tile it - 1 ----
         float acc_s[BlockM / 2], acc_dp[BlockM / 2];
         mbar_wait(sm.full(stage), phase);
         wgmma_fence();
@@ -300,7 +354,6 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
             wgmma_ss<T, BlockM, 0, 0>(acc_s, desc_at(dk_a, c * Sm::kKVChunk + kk * 32),
                                       desc_at(dq_b, qoff + c * Sm::kQChunk + kk * 32), ks != 0);
         }
-        wgmma_commit();
 #pragma unroll
         for (int ks = 0; ks < KD; ++ks) {
             const int c = ks / 4, kk = ks % 4;
@@ -308,6 +361,9 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                                       desc_at(ddo_b, qoff + c * Sm::kQChunk + kk * 32), ks != 0);
         }
         wgmma_commit();
+        const bool dq_prev = kDqPipelined && it > 0 && dq_here(it - 1);
+        float acc_q[32];
+        if (dq_prev) issue_dq(acc_q, it - 1);
 
         // Visible queries of this thread's keys (tile-relative [qlo, qhi)), where a mask is needed.
         const bool need_mask = !keys_full || !rk.tile_full(m_start, BlockM, n0 + cw * 64, 64);
@@ -329,11 +385,15 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
             for (int kk = 0; kk < KQ; ++kk) keep[kk] = drop.frag_t16(m_start + 16 * kk, n0 + cw * 64 + warp * 16, t, g);
         }
 
-        // ---- P^T (Z o P^T under dropout) and dS^T = P^T o (dP^T - D) in one pass over the
-        // accumulators, packed to the RS operands of dV += (Z o P^T) dO and dK += dS^T Q ----
-        wgmma_wait<0>();
+        if (dq_prev) {
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
         fence_accumulators(acc_s);
         fence_accumulators(acc_dp);
+        // ---- P^T (Z o P^T under dropout) and dS^T = P^T o (dP^T - D) in one pass over the
+        // accumulators, packed to the RS operands of dV += (Z o P^T) dO and dK += dS^T Q ----
         unsigned pa[KQ][4], da[KQ][4];
         {
             const unsigned lse_s = sm.lse(stage);
@@ -393,8 +453,13 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dk, da[kk], desc_at(dq_mn, qoff + kk * 2048), 1);
         wgmma_commit();
+        if (dq_prev) {
+            wgmma_wait<1>();   // dQ of tile it - 1 (dV, dK of it may still run)
+            fence_accumulators(acc_q);
+            reduce_dq(acc_q, prev_hq, prev_m);
+        }
 
-        // ---- dS^T into buffer it & 1 (key rows, 128-byte swizzle), then dQ = dS K (group 5) ----
+        // ---- dS^T of tile it into buffer it & 1 (key rows, 128-byte swizzle) ----
         const unsigned dsb = sm.ds(it & 1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -405,57 +470,30 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                               da[jj / 2][(jj & 1) * 2 + h]);
         }
         fence_proxy_async_smem();
-        // dV and dK complete before dQ starts: their 16-bit operands die here (registers).
-        wgmma_wait<0>();
+        wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
         fence_accumulators(acc_dk);
         fence_accumulators(acc_dv);
         if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
-        named_barrier(1, 256);   // both warpgroups' dS^T rows are in
-        if (kDqSplit || (it & 1) == cw) {   // warpgroup-uniform
-            float acc_q[64 / 2];
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < KN; ++ks)
-                wgmma_ss<T, 64, 1, 1>(acc_q, desc_at(dds_a, (it & 1) * static_cast<int>(Sm::kDsBytes) + ks * 2048),
-                                      desc_at(dk_mn, ks * 2048), ks != 0);
-            wgmma_commit();
+        named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
+        if (!kDqPipelined && dq_here(it)) {
+            issue_dq(acc_q, it);
             wgmma_wait<0>();
             fence_accumulators(acc_q);
-            // dQ (64 rows x 64 columns, fp32) through this warpgroup's staging tile into dq_accum.
-            const unsigned stg = sm.stage(cw);
-            if (warp == 0) bulk_wait_read<0>();   // the previous tile's reductions have read it
-            named_barrier(2 + cw, 128);
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const unsigned row = static_cast<unsigned>(warp * 16 + g + 8 * h);
-                    st_shared_v2_f32(stg + row * Sm::kStageRow + (8u * jj + 2u * t) * 4u, acc_q[4 * jj + 2 * h],
-                                     acc_q[4 * jj + 2 * h + 1]);
-                }
-            fence_proxy_async_smem();
-            named_barrier(2 + cw, 128);
-            if (warp == 0) {
-                const int col0 = kDqSplit ? cw * 64 : 0;
-                const int cols = min(64, blk.head_dim - col0);
-                if (cols > 0) {
-                    float* gdq = prm.dq_accum
-                        + attn_bwd_detail::slice_off<true>(blk.sq, batch, hq, prm.dqa_batch_stride, prm.dqa_row_stride,
-                                                           prm.dqa_head_stride)
-                        + col0;
-#pragma unroll
-                    for (int r = lane; r < BlockM; r += 32)
-                        if (m_start + r < seqlen_q)
-                            attn_bwd_detail::bulk_reduce_add_f32(gdq + static_cast<long long>(m_start + r) * prm.dqa_row_stride,
-                                                                 stg + r * Sm::kStageRow, static_cast<unsigned>(cols) * 4u);
-                }
-                bulk_commit();
-            }
+            reduce_dq(acc_q, hq, m_start);
         }
+        prev_hq = hq;
+        prev_m = m_start;
         if (++stage == Stages) {
             stage = 0;
             phase ^= 1u;
         }
+    }
+    if (kDqPipelined && dq_here(n_iter - 1)) {
+        float acc_q[32];
+        issue_dq(acc_q, n_iter - 1);
+        wgmma_wait<0>();
+        fence_accumulators(acc_q);
+        reduce_dq(acc_q, prev_hq, prev_m);
     }
     if (warp == 0) bulk_wait_read<0>();   // staging tiles stay valid until read
 

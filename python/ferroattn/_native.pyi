@@ -35,7 +35,7 @@ def set_tuning_knob(name: str, value: str) -> None:
     environment variable, e.g. ``set_tuning_knob("attn_fwd_family", "sm80")``). Raises
     ArgumentError (a ValueError) for an unknown name or a malformed value."""
 def tuning_knobs() -> dict:
-    """{knob name: value} of every tuning knob (``attn_fwd_family``: auto / sm80 / sm90)."""
+    """{knob name: value} of every tuning knob (``attn_fwd_family``, ``attn_bwd_family``: auto / sm80 / sm90)."""
 def device_info(ordinal: int = 0) -> dict:
     """{name, sm: (major, minor), arch: "sm_90a", sm_count, total_memory_bytes, driver_version}.
     Raises NoDeviceError when there is no driver/GPU."""
