@@ -160,10 +160,6 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     // Head dim 128: both warpgroups compute dQ, one 64-column chunk each; 64: one warpgroup the
     // whole tile, alternating by tile.
     constexpr bool kDqSplit = HeadDim == 128;
-    // Head dim 64: dQ of tile it - 1 is issued with S^T, dP^T of tile it and runs while the scores
-    // are formed. Head dim 128: dQ of tile it after the barrier that completes its dS^T (its
-    // accumulators do not fit next to S^T, dP^T, dK and dV: every earlier placement spills).
-    constexpr bool kDqPipelined = HeadDim == 64;
     constexpr float kLog2e = 1.4426950408889634f;
     static_assert(HeadDim == 64 || HeadDim == 128, "HeadDim is 64 or 128");
     static_assert(Stages >= 2, "Stages >= 2");
@@ -328,14 +324,11 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     // Whether this warpgroup computes tile it's dQ (warpgroup-uniform).
     auto dq_here = [&](int it) { return kDqSplit || (it & 1) == cw; };
 
-    // Per warpgroup and tile it: S^T, dP^T of it (kDqPipelined: with dQ of it - 1), the scores,
-    // dV, dK of it (kDqPipelined: dQ of it - 1 is reduced while they run), dS^T of it stored; the
-    // barrier that completes dS^T of it (both warpgroups) ends the iteration (then, head dim 128,
-    // dQ of it; kDqPipelined: dQ of the last tile follows the loop).
+    // Per warpgroup and tile it: S^T and dP^T, the scores, dV and dK, dS^T stored, the barrier
+    // that completes dS^T (both warpgroups), dQ and its reduction.
     mbar_wait(sm.kv_full(), 0u);
     int stage = 0;
     unsigned phase = 0;
-    int prev_hq = 0, prev_m = 0;
 #pragma unroll 1
     for (int it = 0; it < n_iter; ++it) {
         const int hq = blk.head_k * blk.group + it / blk.per_head;
@@ -361,9 +354,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                                       desc_at(ddo_b, qoff + c * Sm::kQChunk + kk * 32), ks != 0);
         }
         wgmma_commit();
-        const bool dq_prev = kDqPipelined && it > 0 && dq_here(it - 1);
         float acc_q[32];
-        if (dq_prev) issue_dq(acc_q, it - 1);
 
         // Visible queries of this thread's keys (tile-relative [qlo, qhi)), where a mask is needed.
         const bool need_mask = !keys_full || !rk.tile_full(m_start, BlockM, n0 + cw * 64, 64);
@@ -385,11 +376,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
             for (int kk = 0; kk < KQ; ++kk) keep[kk] = drop.frag_t16(m_start + 16 * kk, n0 + cw * 64 + warp * 16, t, g);
         }
 
-        if (dq_prev) {
-            wgmma_wait<1>();
-        } else {
-            wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
         fence_accumulators(acc_s);
         fence_accumulators(acc_dp);
         // ---- P^T (Z o P^T under dropout) and dS^T = P^T o (dP^T - D) in one pass over the
@@ -453,11 +440,6 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dk, da[kk], desc_at(dq_mn, qoff + kk * 2048), 1);
         wgmma_commit();
-        if (dq_prev) {
-            wgmma_wait<1>();   // dQ of tile it - 1 (dV, dK of it may still run)
-            fence_accumulators(acc_q);
-            reduce_dq(acc_q, prev_hq, prev_m);
-        }
 
         // ---- dS^T of tile it into buffer it & 1 (key rows, 128-byte swizzle) ----
         const unsigned dsb = sm.ds(it & 1);
@@ -475,25 +457,19 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         fence_accumulators(acc_dv);
         if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
         named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
-        if (!kDqPipelined && dq_here(it)) {
+        // dQ of tile it (its accumulators do not fit next to S^T, dP^T, dK and dV at head dim 128:
+        // issued with the next tile's scores or with dV, dK it spills; at head dim 64 the former
+        // measured slower, bench/NOTES.md "Hopper backward").
+        if (dq_here(it)) {
             issue_dq(acc_q, it);
             wgmma_wait<0>();
             fence_accumulators(acc_q);
             reduce_dq(acc_q, hq, m_start);
         }
-        prev_hq = hq;
-        prev_m = m_start;
         if (++stage == Stages) {
             stage = 0;
             phase ^= 1u;
         }
-    }
-    if (kDqPipelined && dq_here(n_iter - 1)) {
-        float acc_q[32];
-        issue_dq(acc_q, n_iter - 1);
-        wgmma_wait<0>();
-        fence_accumulators(acc_q);
-        reduce_dq(acc_q, prev_hq, prev_m);
     }
     if (warp == 0) bulk_wait_read<0>();   // staging tiles stay valid until read
 

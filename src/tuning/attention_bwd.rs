@@ -13,6 +13,7 @@ use crate::dtype::DType;
 use crate::arch::Arch;
 use crate::ops::attention::variant::{MaskKind, VariantKind};
 use crate::tuning::attention::{kernel_head_dim, production_points};
+use crate::tuning::knobs::FamilyChoice;
 
 /// Which backward kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -372,9 +373,24 @@ pub const SM90_STAGES: u32 = 2;
 /// kernel has a specialisation: sm_90a, the atomic-dQ path (not `deterministic`), head dims up to
 /// 128 (kernel head dim 64 or 128). None elsewhere (the call takes `bwd_plan`). The caller also
 /// needs the padded layout and the tensor maps (src/ops/attention_bwd/sm90.rs).
-pub fn bwd_plan_sm90(head_dim: u32, variant: VariantKind, deterministic: bool, dtype: DType, arch: Arch) -> Option<Vec<AttnBwdConfig>> {
+/// `family`: `Auto` takes the Hopper plan only where it measured faster than the sm80 plan (kernel
+/// head dim 128: 1.07-1.09x at 1k-8k tokens; at 64 it ran 0.60-0.74x, bench/NOTES.md "Hopper
+/// backward"), `Sm90` wherever the kernel has a specialisation (tests, A/B runs), `Sm80` never.
+pub fn bwd_plan_sm90(
+    head_dim: u32,
+    variant: VariantKind,
+    deterministic: bool,
+    dtype: DType,
+    arch: Arch,
+    family: FamilyChoice,
+) -> Option<Vec<AttnBwdConfig>> {
     let hd = if head_dim <= 64 { 64 } else { 128 };
-    if arch != Arch::Sm90a || deterministic || head_dim > 128 || sm90_declines(hd, variant.for_backward()) {
+    let chosen = match family {
+        FamilyChoice::Sm80 => false,
+        FamilyChoice::Auto => hd == 128,
+        FamilyChoice::Sm90 => true,
+    };
+    if !chosen || arch != Arch::Sm90a || deterministic || head_dim > 128 || sm90_declines(hd, variant.for_backward()) {
         return None;
     }
     let mut plan = bwd_plan(head_dim, variant, false, dtype, arch);
@@ -400,7 +416,7 @@ pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
     for (hd, variant, dtype) in production_points() {
         for deterministic in [false, true] {
-            let hopper = bwd_plan_sm90(hd, variant, deterministic, dtype, arch).unwrap_or_default();
+            let hopper = bwd_plan_sm90(hd, variant, deterministic, dtype, arch, FamilyChoice::Sm90).unwrap_or_default();
             for c in bwd_plan(hd, variant, deterministic, dtype, arch).into_iter().chain(hopper) {
                 if !out.contains(&c) {
                     out.push(c);
@@ -459,7 +475,8 @@ mod tests {
     #[test]
     fn hopper_plan_takes_the_atomic_path_up_to_head_dim_128() {
         let local = VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN };
-        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a).unwrap();
+        let sm90 = FamilyChoice::Sm90;
+        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto).unwrap();
         let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
         assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90, BwdKind::ConvertDq]);
         assert_eq!((p[1].head_dim, p[1].block_m, p[1].block_n, p[1].threads()), (128, 64, 128, 384));
@@ -471,7 +488,10 @@ mod tests {
         assert_eq!(p[1].smem_bytes(), 65536 + 65536 + 32768 + 2 * 64 * 288 + 1024 + 40 + 1024);
         assert_eq!(p[1].grid(1000, 300, 8, 2, 3), (3, 2, 3));
         assert!(p[1].uses_dq_accum());
-        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a).unwrap()[1].head_dim, 64);
+        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90).unwrap()[1].head_dim, 64);
+        // the dispatcher's choice: head dim 128 only (64 measured slower); the sm80 knob: never
+        assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto).is_none());
+        assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80).is_none());
         for (hd, v, det, arch) in [
             (128, VariantKind::CAUSAL, true, Arch::Sm90a),
             (160, VariantKind::CAUSAL, false, Arch::Sm90a),
@@ -479,9 +499,9 @@ mod tests {
             (128, local, false, Arch::Sm90a),
             (128, VariantKind { dropout: true, ..VariantKind::CAUSAL }, false, Arch::Sm90a),
         ] {
-            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch).is_none(), "{hd} {v:?} {det} {arch:?}");
+            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90).is_none(), "{hd} {v:?} {det} {arch:?}");
         }
-        assert!(bwd_plan_sm90(128, VariantKind { dropout: true, ..VariantKind::PLAIN }, false, DType::BF16, Arch::Sm90a).is_some());
+        assert!(bwd_plan_sm90(128, VariantKind { dropout: true, ..VariantKind::PLAIN }, false, DType::BF16, Arch::Sm90a, sm90).is_some());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! | variable | values (default first) | effect |
 //! |---|---|---|
 //! | `FERROATTN_ATTN_FWD_FAMILY` | `auto`, `sm80`, `sm90` | attention-forward kernel family: `auto` and `sm90` take the Hopper kernel wherever it supports the call (on sm_90a), `sm80` always the mma.sync kernel |
-//! | `FERROATTN_ATTN_BWD_FAMILY` | `auto`, `sm80`, `sm90` | attention-backward family, likewise (the Hopper dK/dV/dQ kernel of the atomic-dQ plan) |
+//! | `FERROATTN_ATTN_BWD_FAMILY` | `auto`, `sm80`, `sm90` | attention-backward family: `sm90` takes the Hopper dK/dV/dQ kernel wherever its plan supports the call, `auto` only where it measured faster (`tuning::attention_bwd::bwd_plan_sm90`), `sm80` never |
 
 use crate::error::{Error, Result};
 use std::sync::RwLock;

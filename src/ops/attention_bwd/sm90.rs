@@ -44,7 +44,7 @@ pub fn prepare(
     if !supports(p, family) {
         return None;
     }
-    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch)?;
+    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family)?;
     let maps = (|| -> Result<_> {
         Ok([
             map("q", t.q, p.dtype, 64)?,
@@ -122,7 +122,7 @@ mod tests {
             if filter.as_deref().is_some_and(|f| f != hd.to_string()) {
                 continue;
             }
-            let c = bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a).unwrap()[1];
+            let c = bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, FamilyChoice::Sm90).unwrap()[1];
             let opts = crate::jit::nvrtc::options(Arch::Sm90a).unwrap();
             let t = std::time::Instant::now();
             let out = crate::jit::nvrtc::compile(&c.program(), &c.name_expression(), &opts, "sm_90a");
