@@ -55,7 +55,7 @@
 // warpgroup: 64 rows x 64 fp32, rows padded to 288 B); Stages x (LSE * log2(e), D) rows (64 fp32
 // each); mbarriers kv_full (count 1), full[Stages] (count 32: the producer warp's lanes after
 // their LSE / D stores, lane 0 with the TMA bytes) and empty[Stages] (count 8: lane 0 of each
-// consumer warp once that slot's four products have completed).
+// consumer warp, after a warp barrier, once that slot's four products have completed).
 // Epilogue: dV and softmax_scale * dK through the K / V tiles (common/swizzle.cuh layout) and
 // store_dv / store_dk of bwd_dkdv_block.cuh.
 //
@@ -455,7 +455,10 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
         fence_accumulators(acc_dk);
         fence_accumulators(acc_dv);
-        if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
+        // Q, dO, LSE, D of this slot are no longer read: lane 0 of each warp arrives after a warp
+        // barrier (the other lanes' LSE / D loads are ordered before its release).
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sm.empty(stage));
         named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
         // dQ of tile it (its accumulators do not fit next to S^T, dP^T, dK and dV at head dim 128:
         // issued with the next tile's scores or with dV, dK it spills; at head dim 64 the former
