@@ -54,8 +54,10 @@
 // key rows x 64 queries x 2 B, swizzled likewise); two dQ staging tiles (one per consumer
 // warpgroup: 64 rows x 64 fp32, rows padded to 288 B); Stages x (LSE * log2(e), D) rows (64 fp32
 // each); mbarriers kv_full (count 1), full[Stages] (count 32: the producer warp's lanes after
-// their LSE / D stores, lane 0 with the TMA bytes) and empty[Stages] (count 8: lane 0 of each
-// consumer warp, after a warp barrier, once that slot's four products have completed).
+// their LSE / D stores, lane 0 with the TMA bytes), empty[Stages] (count 8: lane 0 of each
+// consumer warp once that slot's four products have completed) and stat_empty[Stages] (count 256:
+// every consumer thread once its LSE / D loads of the slot are done; a thread's release orders its
+// own loads only, so each arrives).
 // Epilogue: dV and softmax_scale * dK through the K / V tiles (common/swizzle.cuh layout) and
 // store_dv / store_dk of bwd_dkdv_block.cuh.
 //
@@ -105,7 +107,7 @@ struct AttnBwdSm90Smem {
         kOffLse = kOffStage + 2u * kStageBytes,
         kOffD = kOffLse + Stages * kBlockM * 4u,
         kBars = kOffD + Stages * kBlockM * 4u,
-        kTotal = kBars + 8u * (1u + 2u * Stages) + 1024u,
+        kTotal = kBars + 8u * (1u + 3u * Stages) + 1024u,
     };
     unsigned base;
     __device__ __forceinline__ explicit AttnBwdSm90Smem(const void* raw)
@@ -121,6 +123,7 @@ struct AttnBwdSm90Smem {
     __device__ __forceinline__ unsigned kv_full() const { return base + kBars; }
     __device__ __forceinline__ unsigned full(int s) const { return base + kBars + 8u * (1 + s); }
     __device__ __forceinline__ unsigned empty(int s) const { return base + kBars + 8u * (1 + Stages + s); }
+    __device__ __forceinline__ unsigned stat_empty(int s) const { return base + kBars + 8u * (1 + 2 * Stages + s); }
 };
 
 namespace attn_bwd_detail {
@@ -189,6 +192,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         for (int s = 0; s < Stages; ++s) {
             mbar_init(sm.full(s), 32);
             mbar_init(sm.empty(s), 8);
+            mbar_init(sm.stat_empty(s), 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -216,6 +220,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
             for (int it = 0; it < n_iter; ++it) {
                 const int hq = blk.head_k * blk.group + it / blk.per_head;
                 const int m_start = (blk.m_first + it % blk.per_head) * BlockM;
+                mbar_wait(sm.stat_empty(stage), phase ^ 1u);   // LSE / D of the slot's last use read
                 mbar_wait(sm.empty(stage), phase ^ 1u);
                 const long long l_off = attn_bwd_detail::slice_off<true>(blk.sq, batch, hq, fp.lse_batch_stride, 1,
                                                                          fp.lse_head_stride) + m_start;
@@ -430,6 +435,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                 da[kk][3] = Tr::pack2(acc_dp[8 * kk + 6], acc_dp[8 * kk + 7]);
             }
         }
+        mbar_arrive(sm.stat_empty(stage));   // this thread's LSE / D loads of the slot are done
         fence_fragments(pa);
         fence_fragments(da);
         fence_accumulators(acc_dv);
@@ -455,10 +461,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
         fence_accumulators(acc_dk);
         fence_accumulators(acc_dv);
-        // Q, dO, LSE, D of this slot are no longer read: lane 0 of each warp arrives after a warp
-        // barrier (the other lanes' LSE / D loads are ordered before its release).
-        __syncwarp();
-        if (lane == 0) mbar_arrive(sm.empty(stage));
+        if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
         named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
         // dQ of tile it (its accumulators do not fit next to S^T, dP^T, dK and dV at head dim 128:
         // issued with the next tile's scores or with dV, dK it spills; at head dim 64 the former
