@@ -96,11 +96,7 @@ namespace ferroattn {
 // WithDQ the tile is unused, kept so that the layout does not depend on the flag otherwise).
 template <int HeadDim, bool WithDQ>
 __host__ __device__ constexpr int attn_bwd_dkdv_sm80_ds_bufs() {
-#ifdef FERROATTN_BWD_DS_SINGLE
-    return 1;   // experiments only
-#else
     return (WithDQ && HeadDim <= 128) ? 2 : 1;
-#endif
 }
 
 // dQ reductions staged through shared memory (sm_90, kernel head dims 64 and 128, WithDQ): each
@@ -111,10 +107,10 @@ __host__ __device__ constexpr int attn_bwd_dkdv_sm80_ds_bufs() {
 // (bench/NOTES.md "Backward v6"). The staging tile adds BlockM*HeadDim*4 bytes of shared memory.
 template <int HeadDim, bool WithDQ>
 __host__ __device__ constexpr bool attn_bwd_dkdv_sm80_dq_stage() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(FERROATTN_BWD_DQ_DIRECT)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
     return WithDQ && (HeadDim == 64 || HeadDim == 128);
 #else
-    return false;   // FERROATTN_BWD_DQ_DIRECT: experiments only (the v5 reductions)
+    return false;
 #endif
 }
 
@@ -187,9 +183,6 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     constexpr bool kDS = WithDK || WithDQ;      // dP and dS needed
     // Queries per compute step: the largest of BlockM, 64, 32, 16 dividing BlockM whose S^T
     // (and dP^T) accumulators fit next to dK/dV within kAccBudget fp32 registers per thread.
-#ifdef FERROATTN_BWD_ACC_BUDGET
-    constexpr int kAccBudget = FERROATTN_BWD_ACC_BUDGET;   // experiments only
-#else
     // Two key tiles per warp (MT = 2) need more registers for fragments and addresses, and the
     // single-stage loop (loads issued inside the loop) for its addresses: both spill at 192. Head
     // dims below 128 ending in a 4-chunk swizzle group (d = 96) carry 4 more address registers
@@ -199,7 +192,6 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     constexpr bool kVariantTerms = V::kDropout || V::kSoftcap || V::kAlibi || V::kLocal;
     constexpr int kAccBudget = (HeadDim % 64 != 0 && HeadDim < 128) ? 128
                              : (MT >= 2 || Stages == 1 || kVariantTerms) ? 160 : 192;
-#endif
     constexpr int kAccFixed = MT * HeadDim / 2 * ((WithDK ? 1 : 0) + (WithDV ? 1 : 0));
     constexpr int kAccPerQ = MT * (kDS ? 2 : 1);   // registers per 2 queries of the step
     constexpr int kSubM =
@@ -363,14 +355,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
     auto dq_phase = [&](int hq, int m_start, int rows_q, unsigned ds_off) {
         {
             constexpr int kQT = BlockM / 16;                                 // m16 query tiles
-#ifdef FERROATTN_BWD_DQ_QT2
-            // experiments only: a warp takes 2 query m16 tiles (sharing each K fragment) and
-            // half the columns, where the warps still cover every column with >= 16 each.
-            constexpr int kQG = (NumWarps >= kQT && kQT % 2 == 0 && HeadDim <= 128
-                                 && HeadDim / (NumWarps / (kQT / 2)) >= 16) ? 2 : 1;
-#else
             constexpr int kQG = 1;                                           // m16 query tiles per warp group
-#endif
             constexpr int kQGroups = kQT / kQG;
             constexpr int kDqSplit = NumWarps >= kQGroups ? NumWarps / kQGroups : 1;   // warps per query group
             constexpr int kQTPerWarp = NumWarps >= kQGroups ? 1 : kQGroups / NumWarps;
@@ -379,11 +364,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             constexpr int kDqChunk = (kDqCols <= 64) ? kDqCols
                                    : (kDqCols % 64 == 0) ? 64
                                    : (kDqCols % 32 == 0) ? 32 : 16;        // columns per pass
-#ifdef FERROATTN_BWD_DQ_ROLLED
-            constexpr int kDqUnroll = 1;   // experiments only
-#else
             constexpr int kDqUnroll = HeadDim <= 128 ? BlockN / 16 : 1;
-#endif
             const int dq_col0 = kDqSplit == 1 ? 0 : (warp / kQGroups) * kDqCols;
             float* gdQ = params.dq_accum
                 + attn_bwd_detail::slice_off<true>(sq, batch, hq, params.dqa_batch_stride,
@@ -392,13 +373,6 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
             // A operand (dS, 16 queries x 16 keys) from the stored dS^T, .trans: key row
             // (lane%8) + 8*(lane/16), query chunk 2*qt + (lane/8)%2.
             const int arow = (lane % 8) + 8 * (lane / 16);
-#ifdef FERROATTN_BWD_DQ_NORED
-            // experiments only (timing): the dQ product without its reductions; the condition is
-            // never true at run time but keeps the product alive.
-            const bool kRedOn = params.dqa_head_stride == -123456789LL;
-#else
-            constexpr bool kRedOn = true;
-#endif
 #pragma unroll
             for (int qi = 0; qi < kQTPerWarp; ++qi) {
                 const int qg = NumWarps >= kQGroups ? warp % kQGroups : warp + qi * NumWarps;
@@ -484,7 +458,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                         const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
                         const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
                         const int row = qt * 16 + g + (odd ? 8 : 0);
-                        if (col_ok && row < rows_q && kRedOn) {
+                        if (col_ok && row < rows_q) {
                             float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
                                      + col + 4 * (t >> 1);
                             if (odd) attn_bwd_detail::red_add_v4_f32(p, r0, r1, acc_q[u][nt][2], acc_q[u][nt][3]);
@@ -494,7 +468,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const int row = qt * 16 + g + 8 * h;
-                            if (col_ok && row < rows_q && kRedOn) {
+                            if (col_ok && row < rows_q) {
                                 float* p = gdQ + static_cast<long long>(row) * params.dqa_row_stride
                                          + col + 2 * t;
                                 attn_bwd_detail::red_add_f32(p, acc_q[u][nt][2 * h]);
@@ -529,7 +503,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dkdv_sm80(const AttnBw
                             asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                                          : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                                          : "r"(sbase + r * (kDqCols * 4) + ((c ^ (r & 7)) << 4)) : "memory");
-                            if (vqg * 16 + r < rows_q && col < head_dim && kRedOn)
+                            if (vqg * 16 + r < rows_q && col < head_dim)
                                 attn_bwd_detail::red_add_v4_f32(p, v.x, v.y, v.z, v.w);
                             p += step;
                         }

@@ -50,9 +50,6 @@
 // The block set-up, dK/dV stores, K/V and query-tile loads and pipeline prologue are the ones
 // of bwd_dkdv_sm80.cuh (attention/bwd_dkdv_block.cuh). Not standalone: included by
 // attention/bwd_dkdv_sm80.cuh after its attn_bwd_detail helpers (red_add_*, zero_frags).
-// Experiment macros (default off; timing only, bench/NOTES.md v8): FERROATTN_BWD_WIDE_DQ_DIRECT
-// (no staging), FERROATTN_BWD_WIDE_DQ_PASSES=N, FERROATTN_BWD_WIDE_DQ_FIRST (dQ before dV/dK),
-// FERROATTN_BWD_WIDE_UNROLL=N, FERROATTN_BWD_WIDE_STAGE_VOLATILE.
 // PTX features: as bwd_dkdv_sm80.cuh, plus st.shared.v2.f32 / ld.shared.v4.f32 (staging).
 #pragma once
 #include "common/dtype.cuh"
@@ -81,10 +78,10 @@ __host__ __device__ constexpr bool attn_bwd_dkdv_sm80_wide() {
 // DqDirect and the shared-memory size.
 template <int HeadDim, bool WithDQ, bool DqDirect = false>
 __host__ __device__ constexpr bool attn_bwd_dkdv_wide_dq_stage() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(FERROATTN_BWD_WIDE_DQ_DIRECT)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
     return WithDQ && HeadDim == 256 && !DqDirect;
 #else
-    return false;   // FERROATTN_BWD_WIDE_DQ_DIRECT: experiments only (direct reductions)
+    return false;
 #endif
 }
 
@@ -113,20 +110,11 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
     constexpr int NC = kCols / 8;             // n8 tiles per warp (dK, dV, dQ)
     // dQ column passes per warp (fewer live dQ accumulators next to dK/dV): 2 (32 columns) with
     // the staged sm_90 reductions, else 4 (16 columns: the one-stage sm_80 tile spills with 2).
-#ifdef FERROATTN_BWD_WIDE_DQ_PASSES
-    constexpr int kDqPasses = FERROATTN_BWD_WIDE_DQ_PASSES;   // experiments only
-#else
     constexpr int kDqPasses = attn_bwd_dkdv_wide_dq_stage<HeadDim, WithDQ, DqDirect>() ? 2 : 4;
-#endif
     constexpr int kDqCols = kCols / kDqPasses;
     // Unroll of the dV/dK query-step loop and of the dQ key-step loop (1: registers).
-#ifdef FERROATTN_BWD_WIDE_UNROLL
-    constexpr int kDkdvUnroll = FERROATTN_BWD_WIDE_UNROLL;   // experiments only
-    constexpr int kDqUnroll = FERROATTN_BWD_WIDE_UNROLL;
-#else
     constexpr int kDkdvUnroll = 1;
     constexpr int kDqUnroll = 1;
-#endif
     static_assert(kDqCols % 16 == 0, "dQ pass: a multiple of 16 columns");
     constexpr unsigned kRowBytes = HeadDim * 2;
     constexpr unsigned kPRowBytes = BlockN * 2;   // P / dS rows (queries), 8 chunks
@@ -338,11 +326,6 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
         }
         __syncthreads();   // P and dS complete
 
-#ifdef FERROATTN_BWD_WIDE_DQ_FIRST
-        constexpr bool kDqFirst = true;   // experiments only
-#else
-        constexpr bool kDqFirst = false;
-#endif
         auto dkdv_products = [&]() {
         // ---- dV += P^T dO, dK += dS^T Q (32 keys x kCols columns per warp) ----
 #pragma unroll (kDkdvUnroll)
@@ -372,7 +355,7 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
         }
 
         };
-        if constexpr (!kDqFirst) dkdv_products();
+        dkdv_products();
         // ---- dQ_tile = dS K (32 queries x kCols columns per warp), added to dq_accum ----
         if constexpr (WithDQ) {
             const int hq = head_k * group + it / per_head;
@@ -414,14 +397,6 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
                     constexpr int kCh = kDqCols / 4;      // 16-byte chunks per staged row
                     constexpr int kSR = 512 / kDqCols;    // rows per staged chunk
                     constexpr int kHPer = kSR / 8;        // accumulator row halves per chunk
-#ifdef FERROATTN_BWD_WIDE_STAGE_VOLATILE
-                    // experiments only: lane / warp from a volatile %tid read (nothing held
-                    // through the main loop for the staging addresses)
-                    const int vt = tid_x_volatile();
-                    const int lane = vt % 32, g = lane / 4, t = lane % 4, warp = vt / 32;
-                    const int qw_q = (warp % 2) * 32, cw = (warp / 2) * kCols;
-                    const unsigned smem0 = smem_u32(smem_raw);
-#endif
                     const unsigned sb = smem0 + kOffStage + warp * 2048;
                     const int col0 = cw + pass * kDqCols;
 #pragma unroll
@@ -496,7 +471,6 @@ __device__ __forceinline__ void dkdv_wide(const AttnBwdParams& params) {
                 }
             }
         }
-        if constexpr (kDqFirst) dkdv_products();
     }
     cp_async_wait<0>();   // only empty groups can remain
     __syncthreads();      // every warp is done with K, V

@@ -233,11 +233,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
     // production configs compile without spills; ptxas needs the rest for addresses and
     // fragments; S wider than 64 keys needs more temporaries). kSplit: more than one step per
     // K/V tile.
-#ifdef FERROATTN_ACC_BUDGET
-    constexpr int kAccBudget = FERROATTN_ACC_BUDGET;   // experiments only
-#else
     constexpr int kAccBudget = BlockN > 64 ? 160 : 192;
-#endif
     constexpr int kSubN =
         (MT * (HeadDim + BlockN) / 2 <= kAccBudget) ? BlockN
         : (BlockN % 64 == 0 && MT * (HeadDim + 64) / 2 <= kAccBudget) ? 64
@@ -466,11 +462,7 @@ __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdPara
             // unrolled as well (no spills at d = 160..256), letting ptxas overlap the fragment
             // loads of one group with the mma of the previous one.
             constexpr int kGroups = (kChunks & ~7) / 8;
-#ifdef FERROATTN_QK_ROLLED
-            constexpr bool kUnrollGroups = false;   // experiments only
-#else
             constexpr bool kUnrollGroups = MT == 1;
-#endif
             if constexpr (kUnrollGroups) {
 #pragma unroll
                 for (int grp = 0; grp < kGroups; ++grp) {
