@@ -339,3 +339,29 @@ def test_run_end_to_end_with_stubs(cpu_bench, monkeypatch, tmp_path, capsys):
     result, code = attention.run(out_dir=str(tmp_path / "b"), dtypes=["bf16"], head_dims=[64], seqlens=[8192],
                                  peer_names=["math"], time_budget_s=0.0)
     assert code == 1 and all(p["skipped"] for p in result["points"])
+
+
+def test_flop_counts_share_the_native_formula():
+    """The benchmarks' and the ops' FLOP counts come from ``_native.attn_flops`` (one formula):
+    forward 2 products, backward 5, over the same visible pairs."""
+    import torch
+
+    from ferroattn import _native
+    from ferroattn.bench.report import bwd_flops, fwd_bwd_flops, fwd_flops, visible_pairs
+    from ferroattn.ops.attention import attn_fwd_flops
+    from ferroattn.ops.attention_bwd import attn_bwd_flops
+
+    assert (_native.ATTN_FWD_PRODUCTS, _native.ATTN_BWD_PRODUCTS) == (2, 5)
+    assert _native.attn_flops(2, 10, 128) == 2 * 2 * 10 * 128
+    b, h, hk, s_q, s_k, d = 2, 4, 2, 300, 517, 64
+    for causal, window in [(False, (-1, -1)), (True, (-1, -1)), (False, (33, 7))]:
+        pairs = b * h * visible_pairs(s_q, s_k, causal, window)
+        assert fwd_flops(b, h, s_q, s_k, d, causal, window) == 4 * pairs * d
+        assert bwd_flops(b, h, s_q, s_k, d, causal, window) == 10 * pairs * d
+        assert fwd_bwd_flops(b, h, s_q, s_k, d, causal, window) == 14 * pairs * d
+        q = torch.empty(b, s_q, h, d, device="meta", dtype=torch.float16)
+        k = torch.empty(b, s_k, hk, d, device="meta", dtype=torch.float16)
+        args = (q, k, k, None, None, s_q, s_k, 0.125, causal, False, window[0], window[1])
+        assert attn_fwd_flops(*args) == 4 * pairs * d
+        lse = torch.empty(b, h, s_q, device="meta")
+        assert attn_bwd_flops(q, q, k, k, q, lse, *args[3:]) == 10 * pairs * d

@@ -69,6 +69,18 @@ class AttnVariantLike(Protocol):
     s_dmask: object
     s_dmask_max: object
 
+ATTN_FWD_PRODUCTS: int
+ATTN_BWD_PRODUCTS: int
+
+
+def attn_flops(products: int, pairs: int, head_dim: int) -> int:
+    """FLOPs of ``products`` attention products (``ATTN_FWD_PRODUCTS`` = 2: S = Q Kᵀ, O = P V;
+    ``ATTN_BWD_PRODUCTS`` = 5: S, dP, dV, dK, dQ) over ``pairs`` visible (query, key) pairs summed
+    over batch and query heads: ``2 · products · pairs · head_dim`` (the one formula every
+    attention FLOP figure uses)."""
+    ...
+
+
 def attn_visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window_left: int, window_right: int) -> int:
     """(query, key) pairs of one (batch, head) that the mask shows (-1 = unbounded side)."""
 def attn_fwd_check(

@@ -25,6 +25,19 @@ use crate::ops::attention::Problem;
 use crate::tensor::TensorMeta;
 use crate::tuning::attention_bwd::BwdKind;
 
+/// Products of the attention forward (S = Q Kᵀ, O = P V) and of its backward (S, dP, dV, dK, dQ;
+/// FlashAttention-2 paper §3.2): the counting convention of every attention FLOP figure (the
+/// launch records, the ops' FLOP counts, the benchmarks).
+pub const ATTN_FWD_PRODUCTS: u64 = 2;
+pub const ATTN_BWD_PRODUCTS: u64 = 5;
+
+/// FLOPs of `products` attention products over `pairs` visible (query, key) pairs (summed over
+/// batch and query heads) at head dim `head_dim`: 2 · products · pairs · head_dim (each product
+/// is a multiply-add per pair and head-dim element). The one home of the attention FLOP formula.
+pub fn attn_product_flops(products: u64, pairs: u128, head_dim: u64) -> u128 {
+    2 * products as u128 * pairs * head_dim as u128
+}
+
 pub use crate::ops::attention::variant::{visible_pairs, Window};
 
 /// The window of a plain (`false`) or causal (`true`) call.
@@ -90,9 +103,10 @@ impl AttnSizes {
             * visible_pairs(self.seqlen_q, self.seqlen_k, window)) as f64
     }
 
-    /// FLOPs of `products` tensor-core products over the unmasked pairs: 2·products·pairs·d.
+    /// FLOPs of `products` tensor-core products over the unmasked pairs (`attn_product_flops`).
     fn product_flops(&self, products: u64, window: Window) -> f64 {
-        2.0 * products as f64 * self.pairs(window) * self.head_dim as f64
+        let pairs = self.batch as u128 * self.heads as u128 * visible_pairs(self.seqlen_q, self.seqlen_k, window);
+        attn_product_flops(products, pairs, self.head_dim) as f64
     }
 
     /// Bytes of a tensor shaped like q (q, out, dout, dq).

@@ -47,7 +47,15 @@ def fwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
     for name, v in (("b", b), ("h", h), ("s_q", s_q), ("s_k", s_k), ("d", d)):
         if v < 0:
             raise ValueError(f"{name}: expected >= 0, got {v}")
-    return 4.0 * b * h * d * visible_pairs(s_q, s_k, causal, window_size)
+    return _flops("ATTN_FWD_PRODUCTS", b, h, s_q, s_k, d, causal, window_size)
+
+
+def _flops(products: str, b, h, s_q, s_k, d, causal, window_size) -> float:
+    """FLOPs of the named product count (``_native.ATTN_FWD_PRODUCTS`` / ``ATTN_BWD_PRODUCTS``)
+    over the visible pairs, by ``_native.attn_flops`` (the one formula)."""
+    from ferroattn import _native
+    pairs = int(b) * int(h) * visible_pairs(s_q, s_k, causal, window_size)
+    return float(_native.attn_flops(getattr(_native, products), pairs, int(d)))
 
 
 #: How the benchmarks count FLOPs (for the raw JSON's config).
@@ -55,22 +63,18 @@ FLOPS_RULE = ("forward 4*b*h*d*visible_pairs(s_q, s_k, causal, window_size) "
               "(ferroattn.ops.attention.visible_pairs; causal with s_q == s_k: s*(s+1)/2 pairs)")
 
 
-#: Backward FLOPs per forward FLOP (FlashAttention convention: the backward runs 5 matmuls of the
-#: forward's size, the forward 2, so backward = 2.5x forward and forward+backward = 3.5x).
-BWD_FACTOR = 2.5
-FWD_BWD_FACTOR = 1.0 + BWD_FACTOR
-
-
 def bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
               window_size: Sequence[int] = (-1, -1)) -> float:
-    """Attention backward FLOPs (dQ, dK, dV): 2.5 x :func:`fwd_flops` (same visible pairs)."""
-    return BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal, window_size)
+    """Attention backward FLOPs (dQ, dK, dV): its 5 products over the same visible pairs, i.e.
+    2.5 x :func:`fwd_flops` (FlashAttention convention; ``_native.ATTN_BWD_PRODUCTS``)."""
+    fwd_flops(b, h, s_q, s_k, d, causal, window_size)   # the argument checks
+    return _flops("ATTN_BWD_PRODUCTS", b, h, s_q, s_k, d, causal, window_size)
 
 
 def fwd_bwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
                   window_size: Sequence[int] = (-1, -1)) -> float:
     """Forward + backward FLOPs: 3.5 x :func:`fwd_flops`."""
-    return FWD_BWD_FACTOR * fwd_flops(b, h, s_q, s_k, d, causal, window_size)
+    return fwd_flops(b, h, s_q, s_k, d, causal, window_size) + bwd_flops(b, h, s_q, s_k, d, causal, window_size)
 
 
 def tflops(flops: float, ms: float | None) -> float | None:

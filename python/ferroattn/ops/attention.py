@@ -535,7 +535,7 @@ def attn_fwd_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             pairs = sum(_pairs(a, b, causal, window) for a, b in zip(lens_q, lens_k))
         else:
             pairs = (cu_seqlens_q.shape[0] - 1) * _pairs(max_seqlen_q, max_seqlen_k, causal, window)
-    return 4 * h * d * pairs
+    return int(_native.attn_flops(_native.ATTN_FWD_PRODUCTS, h * pairs, d))
 
 
 register_flop_formula(torch.ops.ferroattn.attn_fwd, get_raw=True)(attn_fwd_flops)

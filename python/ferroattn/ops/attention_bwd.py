@@ -188,7 +188,8 @@ def attn_bwd_flops(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, 
     -- five matmuls per visible (i, j) pair and head (recomputed S = q kᵀ, dV = Pᵀ dO, dP = dO vᵀ,
     dQ = dS k, dK = dSᵀ q) against the forward's two, FlashAttention-2's convention (§4.1)."""
     return attn_fwd_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                          causal, deterministic, window_left, window_right) * 5 // 2
+                          causal, deterministic, window_left, window_right) \
+        * _native.ATTN_BWD_PRODUCTS // _native.ATTN_FWD_PRODUCTS
 
 
 register_flop_formula(torch.ops.ferroattn.attn_bwd, get_raw=True)(attn_bwd_flops)
