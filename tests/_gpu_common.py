@@ -1,7 +1,10 @@
 """Shared by the GPU test files (test_gpu.py, test_gpu_backward.py, test_gpu_adversarial.py,
 test_gpu_adversarial_bwd.py): the device they run on, the dtypes they cover, the LSE tolerance,
-random-input factories, the allocator poisoning, the gradient check and the transformers setup."""
+random-input factories, the allocator poisoning, the gradient check, the transformers setup and
+the Hopper-family knob forcing of the sm90 tests."""
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -101,3 +104,21 @@ def llama_transformers():
     register()
     torch.manual_seed(0)
     return transformers
+
+
+@contextlib.contextmanager
+def sm90_knob_forced(knob: str):
+    """Run the block with tuning knob ``knob`` (``attn_fwd_family`` / ``attn_bwd_family``) set to
+    ``sm90`` and restore it after; skips the test off sm_90 (the Hopper kernels need sm_90a)."""
+    import pytest
+
+    import ferroattn._native as native
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("the sm90 family needs an sm_90 GPU")
+    before = native.tuning_knobs()[knob]
+    native.set_tuning_knob(knob, "sm90")
+    try:
+        yield
+    finally:
+        native.set_tuning_knob(knob, before)

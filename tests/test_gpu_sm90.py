@@ -21,23 +21,15 @@ import ferroattn._native as native
 from ferroattn.flash_attn_interface import flash_attn_func
 from ferroattn.testing import assert_close_to_ref, attention_ref
 
-from _gpu_common import BF16, DEV, FP16, assert_lse_close, capture_graph, launch_records, poison_allocator
+from _gpu_common import sm90_knob_forced, BF16, DEV, FP16, assert_lse_close, capture_graph, launch_records, poison_allocator
 
 pytestmark = pytest.mark.gpu
 
 
-def _is_hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
 @pytest.fixture(autouse=True)
 def _sm90_forced():
-    if not _is_hopper():
-        pytest.skip("the sm90 family needs an sm_90 GPU")
-    before = native.tuning_knobs()["attn_fwd_family"]
-    native.set_tuning_knob("attn_fwd_family", "sm90")
-    yield
-    native.set_tuning_knob("attn_fwd_family", before)
+    with sm90_knob_forced("attn_fwd_family"):
+        yield
 
 
 def _kernels_of(f):

@@ -280,6 +280,28 @@ __global__ void scale(AttnFwdParams p) {
         }
     }
 
+    /// Compile one specialisation for `arch` and print ptxas's report (registers, spills, wgmma
+    /// serialisation warnings) with the compile time; panics on a compile error. For the ignored
+    /// `*_compiles` tests that kernel work runs by hand.
+    pub fn print_compile<K: crate::jit::KernelSpec>(spec: &K, arch: Arch) {
+        let opts = options(arch).unwrap();
+        let t = std::time::Instant::now();
+        match compile(&spec.program(), &spec.name_expression(), &opts, arch.name()) {
+            Ok(o) => eprintln!("{} ({:.1} s)\n{}", spec.name_expression(), t.elapsed().as_secs_f64(), o.log),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Precompile `specs`, print each one's registers and spills, and assert that none spills.
+    pub fn assert_compile_without_spills<K: crate::jit::KernelSpec>(specs: &[K]) {
+        let reports = crate::jit::precompile::precompile(specs).unwrap();
+        for r in &reports {
+            eprintln!("{} regs {} spills {}/{}", r.config, r.resources.registers, r.resources.spill_stores, r.resources.spill_loads);
+        }
+        crate::jit::precompile::check_spills(&reports).unwrap();
+        assert_eq!(reports.len(), specs.len());
+    }
+
     #[test]
     fn log_nuls_become_newlines() {
         assert_eq!(clean_log(b"a\0b\0\0"), "a\nb");

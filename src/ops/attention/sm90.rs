@@ -170,7 +170,6 @@ mod tests {
     #[test]
     #[ignore]
     fn sm90_fwd_compiles() {
-        use crate::jit::KernelSpec;
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
         let filter = std::env::var("FERROATTN_TEST_SM90_HD").ok();
         for hd in [64u32, 128, 256] {
@@ -178,13 +177,7 @@ mod tests {
                 continue;
             }
             let c = fwd_config(hd, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a).unwrap();
-            let opts = crate::jit::nvrtc::options(Arch::Sm90a).unwrap();
-            let t = std::time::Instant::now();
-            let out = crate::jit::nvrtc::compile(&c.program(), &c.name_expression(), &opts, "sm_90a");
-            match out {
-                Ok(o) => eprintln!("{} ({:.1} s)\n{}", c.name_expression(), t.elapsed().as_secs_f64(), o.log),
-                Err(e) => panic!("{e}"),
-            }
+            crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
         }
     }
 
@@ -195,11 +188,6 @@ mod tests {
     fn sm90_fwd_production_specs_compile_without_spills() {
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
         let specs = crate::tuning::attention_sm90::fwd_production_configs(Arch::Sm90a);
-        let reports = crate::jit::precompile::precompile(&specs).unwrap();
-        for r in &reports {
-            eprintln!("{} regs {} spills {}/{}", r.config, r.resources.registers, r.resources.spill_stores, r.resources.spill_loads);
-        }
-        crate::jit::precompile::check_spills(&reports).unwrap();
-        assert_eq!(reports.len(), specs.len());
+        crate::jit::nvrtc::tests::assert_compile_without_spills(&specs);
     }
 }

@@ -106,7 +106,6 @@ mod tests {
     #[test]
     #[ignore]
     fn sm90_bwd_compiles() {
-        use crate::jit::KernelSpec;
         use crate::ops::attention::MaskKind;
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
         let filter = std::env::var("FERROATTN_TEST_SM90_HD").ok();
@@ -123,13 +122,7 @@ mod tests {
                 continue;
             }
             let c = bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, FamilyChoice::Sm90).unwrap()[1];
-            let opts = crate::jit::nvrtc::options(Arch::Sm90a).unwrap();
-            let t = std::time::Instant::now();
-            let out = crate::jit::nvrtc::compile(&c.program(), &c.name_expression(), &opts, "sm_90a");
-            match out {
-                Ok(o) => eprintln!("{} ({:.1} s)\n{}", c.name_expression(), t.elapsed().as_secs_f64(), o.log),
-                Err(e) => panic!("{e}"),
-            }
+            crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
         }
     }
 
@@ -142,11 +135,6 @@ mod tests {
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
         let specs: Vec<_> =
             bwd_production_configs(Arch::Sm90a).into_iter().filter(|c| c.kind == BwdKind::DkDvSm90).collect();
-        let reports = crate::jit::precompile::precompile(&specs).unwrap();
-        for r in &reports {
-            eprintln!("{} regs {} spills {}/{}", r.config, r.resources.registers, r.resources.spill_stores, r.resources.spill_loads);
-        }
-        crate::jit::precompile::check_spills(&reports).unwrap();
-        assert_eq!(reports.len(), specs.len());
+        crate::jit::nvrtc::tests::assert_compile_without_spills(&specs);
     }
 }
