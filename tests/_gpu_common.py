@@ -106,6 +106,18 @@ def llama_transformers():
     return transformers
 
 
+#: (b, s_q, s_k, h, h_k) of the sm90 forward and backward tests: a single row and key, query and
+#: key tails, s_q > s_k (with causal the first rows see no key), MQA, a long sequence, s_k = 1.
+SM90_SHAPES = [
+    (1, 1, 1, 2, 1),
+    (2, 113, 203, 4, 2),
+    (1, 203, 113, 4, 4),
+    (2, 256, 256, 8, 1),
+    (1, 1025, 1025, 2, 2),
+    (3, 97, 1, 2, 1),
+]
+
+
 @contextlib.contextmanager
 def sm90_knob_forced(knob: str):
     """Run the block with tuning knob ``knob`` (``attn_fwd_family`` / ``attn_bwd_family``) set to

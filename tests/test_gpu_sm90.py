@@ -21,7 +21,7 @@ import ferroattn._native as native
 from ferroattn.flash_attn_interface import flash_attn_func
 from ferroattn.testing import assert_close_to_ref, attention_ref
 
-from _gpu_common import sm90_knob_forced, BF16, DEV, FP16, assert_lse_close, capture_graph, launch_records, poison_allocator
+from _gpu_common import SM90_SHAPES, sm90_knob_forced, BF16, DEV, FP16, assert_lse_close, capture_graph, launch_records, poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -56,14 +56,7 @@ def _check(q, k, v, **kw):
     return out, lse
 
 
-SHAPES = [  # (b, s_q, s_k, h, h_k)
-    (1, 1, 1, 2, 1),
-    (2, 113, 203, 4, 2),
-    (1, 203, 113, 4, 4),     # s_q > s_k: with causal the first rows see no key
-    (2, 256, 256, 8, 1),     # MQA
-    (1, 1025, 1025, 2, 2),
-    (3, 97, 1, 2, 1),
-]
+SHAPES = SM90_SHAPES
 
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 160, 192, 256])
