@@ -62,6 +62,7 @@
 # sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), FA2_ARGS (extra
 # pytest arguments of the fa2 stage, e.g. "-k kvcache"), BENCH_DECODE_ARGS (bench decode), NOTEBOOKS (notebook paths for the notebooks
 # stage, default all), SANITIZE_SCRIPTS (the sanitizer stages' scripts, default all four),
+# GPU_CHECK_CAP_<STAGE> (a stage's cap in seconds, e.g. GPU_CHECK_CAP_FA2=480),
 # GPU_CHECK_KERNEL_CACHE (kernel cache dir, default a fresh one under /tmp/gpu_check; a dir outside it
 # survives into the next call on a still-warm machine), BENCH_GEMM_ARGS / BENCH_SPARSE24_ARGS, SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_*, attn_bwd_*, attn_split_combine and attn_kv_append kernels;
 # empty = check every kernel).
@@ -89,6 +90,11 @@ declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [p
                 [memcheck]=150 [racecheck]=180)
 declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_decode]=90 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [fa2]=120
                  [memcheck]=100 [racecheck]=80)
+# GPU_CHECK_CAP_<STAGE> (upper-case stage name, e.g. GPU_CHECK_CAP_FA2=480) overrides a stage's cap
+for _n in "${!CAP[@]}"; do
+    _v="GPU_CHECK_CAP_${_n^^}"
+    [ -n "${!_v:-}" ] && CAP[$_n]=${!_v}
+done
 
 # Under the sanitizer: FERROATTN_LINEINFO=1 (kernels compiled with -lineinfo, so reports name
 # source lines) and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own cudaMalloc, so an
