@@ -59,7 +59,8 @@
 # seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
 # TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
 # PYTEST_TARGETS (pytest stage: test paths, default "tests"), FA2_CORE / FA2_REST (fa2 stage: cases
-# sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), FA2_ARGS (extra
+# sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), FA2_WORKERS (fa2 stage: pytest-xdist
+# worker processes, default 14, 0 = none), FA2_ARGS (extra
 # pytest arguments of the fa2 stage, e.g. "-k kvcache"), BENCH_DECODE_ARGS (bench decode), NOTEBOOKS (notebook paths for the notebooks
 # stage, default all), SANITIZE_SCRIPTS (the sanitizer stages' scripts, default all four),
 # GPU_CHECK_CAP_<STAGE> (a stage's cap in seconds, e.g. GPU_CHECK_CAP_FA2=480),
@@ -207,7 +208,12 @@ do_fa2() {  # do_fa2 LIMIT: flash-attention's tests/test_flash_attn.py through .
     python3 -c 'import einops' 2>/dev/null || echo "warning: einops not importable (flash-attention's tests import it)"
     rm -rf "$res" "$OUT/fa2_summary.json"
     echo "fa2: FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40}, pytest budget ${budget} s"
-    FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40} timeout -s INT -k 20 "$budget" bash .fa2suite/run.sh "$res" ${FA2_ARGS:-}
+    # pytest-xdist (in the GPU image) runs the cases and their first-call JIT compilations in
+    # FA2_WORKERS processes (default 14; 0 = one process): the 40/40 sample takes ~140 s, not hours
+    local workers=()
+    if [ "${FA2_WORKERS:-14}" != 0 ] && python3 -c 'import xdist' 2>/dev/null; then workers=(-n "${FA2_WORKERS:-14}"); fi
+    echo "fa2: pytest workers: ${workers[*]:-none}"
+    FA2_CORE=${FA2_CORE:-40} FA2_REST=${FA2_REST:-40} timeout -s INT -k 20 "$budget" bash .fa2suite/run.sh "$res" "${workers[@]}" ${FA2_ARGS:-}
     rc=$?
     # at most 8 files come back: the summary at the top level, the XML and the log in logs.tar.gz
     [ -f "$res/fa2_summary.json" ] && cp -f "$res/fa2_summary.json" "$OUT/fa2_summary.json"
