@@ -225,6 +225,15 @@ def test_paged_varlen_matches_reference(page):
         out = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                      block_table=bt)
         assert_close_to_ref(out.float(), ref, ref_lp.float(), factor=3.0)
+    # a q that requires grad (flash-attention's own paged varlen test): the same forward, and a
+    # backward that raises instead of ignoring the block table
+    qg = q.detach().clone().requires_grad_()
+    out_g = flash_attn_varlen_func(qg, k_cache, v_cache, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                   block_table=bt)
+    assert out_g.requires_grad and torch.equal(out_g.detach(), out)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        out_g.sum().backward()
+    assert qg.grad is None
 
 
 def test_kvcache_argument_errors():

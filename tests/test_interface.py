@@ -335,12 +335,28 @@ def test_bad_variant_arguments_rejected_before_the_op(captured, kwargs, exc, nee
     assert captured == []
 
 
-def test_block_table_is_forward_only(captured):
+def test_block_table_is_forward_only(captured, monkeypatch):
     cu = torch.tensor([0, 4], dtype=torch.int32)
     pages = _t(2, 4, 4, 32)
     bt = torch.zeros(1, 1, dtype=torch.int32)
+    seen = []
+
+    def fake_kvcache(q, *args):
+        seen.append((q.requires_grad, torch.is_grad_enabled()))
+        return torch.full_like(q, 3.0), torch.zeros(q.shape[1], q.shape[0])
+
+    # a grad-requiring q runs the forward (flash_attn accepts it); the backward raises
+    monkeypatch.setattr(fai._kvcache, "run_attn_fwd_kvcache", fake_kvcache)
+    q = _t(4, 4, 32).requires_grad_()
+    out, lse, _ = fai.flash_attn_varlen_func(q, pages, pages, cu, cu, 4, 4, block_table=bt, return_attn_probs=True)
+    assert seen == [(True, False)] and out.requires_grad and not lse.requires_grad
+    assert torch.all(out == 3.0)
     with pytest.raises(NotImplementedError, match="block_table"):
-        fai.flash_attn_varlen_func(_t(4, 4, 32).requires_grad_(), pages, pages, cu, cu, 4, 4, block_table=bt)
+        out.sum().backward()
+    assert q.grad is None
+    with torch.no_grad():
+        fai.flash_attn_varlen_func(q, pages, pages, cu, cu, 4, 4, block_table=bt)
+    assert seen[-1] == (True, False)
     with pytest.raises(NotImplementedError, match="block_table"):
         fai.flash_attn_varlen_func(_t(4, 4, 32), pages, pages, cu, cu, 4, 4, dropout_p=0.1, block_table=bt)
     with pytest.raises(ferroattn.errors.ArgumentError, match="^k: expected rank 4"):

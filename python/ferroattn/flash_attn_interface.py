@@ -35,8 +35,10 @@ NotImplementedError naming the input; a second derivative (``create_graph=True``
 the gradients) raises torch's RuntimeError (no formula); ``torch.func.grad`` / ``vjp`` / ``jacrev``
 raise FerroattnError (a RuntimeError) naming ferroattn and the input.
 
-Paged KV (``block_table``) runs forward only, as in flash_attn (NotImplementedError naming what is
-missing: the backward, dropout); ``flash_attn_with_kvcache`` is inference only.
+Paged KV (``block_table``) runs forward only, as in flash_attn: dropout raises NotImplementedError,
+and inputs that require grad are accepted but the backward raises NotImplementedError naming
+``block_table`` (under torch.compile the forward already raises); ``flash_attn_with_kvcache`` is
+inference only.
 
 Errors: bad dtypes/devices/shapes raise the classes of :mod:`ferroattn.errors` (subclasses of
 ``RuntimeError``, like flash_attn's checks), naming the argument, expected and actual value.
@@ -337,16 +339,40 @@ def _reject_functorch_reverse(q: Tensor, k: Tensor, v: Tensor) -> None:
                 f"tracked by a torch.func grad transform")
 
 
+_PAGED_BACKWARD = "the backward through block_table (paged KV; run it under torch.no_grad())"
+
+
 def _check_paged(block_table: Optional[Tensor], dropout_p: float, q: Tensor, k: Tensor, v: Tensor) -> None:
-    """A paged varlen call (``block_table``) is a forward of the kv-cache path: no dropout, no
-    gradient (flash_attn 2 has no backward through a block table either)."""
+    """A paged varlen call (``block_table``) is a forward of the kv-cache path: no dropout, and no
+    backward (flash_attn 2 has none through a block table either). Tensors that require grad are
+    accepted in eager mode, as flash_attn accepts them: the output then carries a gradient function
+    that raises NotImplementedError when the backward runs (:class:`_PagedForward`). Under
+    torch.compile, which traces the backward with the forward, they are rejected here."""
     if block_table is None:
         return
     _check_optional_tensor(block_table, "block_table")
     if dropout_p > 0.0:
         raise _not_implemented("dropout_p > 0 with block_table (paged KV)")
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise _not_implemented("the backward through block_table (paged KV; run it under torch.no_grad())")
+    if torch.compiler.is_compiling() and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise _not_implemented(_PAGED_BACKWARD)
+
+
+class _PagedForward(torch.autograd.Function):
+    """The paged varlen forward seen by autograd when an input requires grad: ``forward`` runs the
+    kv-cache path (``run``: a function of no arguments returning ``(out, softmax_lse)``), and
+    ``backward`` raises NotImplementedError naming ``block_table``, so a forward that is never
+    differentiated works (as in flash_attn 2) and a backward fails loudly instead of returning
+    gradients that ignore the block table."""
+
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        out, softmax_lse = run()
+        ctx.mark_non_differentiable(softmax_lse)
+        return out, softmax_lse
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise _not_implemented(_PAGED_BACKWARD)
 
 
 def _decode_shaped(q: Tensor, k: Tensor, v: Tensor, max_seqlen_q: int, max_seqlen_k: int, variant: AttnVariant,
@@ -413,8 +439,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     if block_table is not None or _decode_shaped(q, k, v, max_seqlen_q, max_seqlen_k, variant, return_attn_probs):
         # paged KV, or few queries against many keys without autograd: the kv-cache path (key
         # lengths from cu_seqlens_k in varlen; the split-KV kernel with packed GQA rows)
-        out, softmax_lse = _kvcache.run_attn_fwd_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, None, 0,
-                                                         None, None, block_table, softmax_scale, variant)
+        def run():
+            return _kvcache.run_attn_fwd_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, None, 0, None,
+                                                 None, block_table, softmax_scale, variant)
+        inputs = (q, k, v) if variant.sinks is None else (q, k, v, variant.sinks)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+            out, softmax_lse = _PagedForward.apply(run, *inputs)   # paged: the backward raises
+        else:
+            out, softmax_lse = run()
     else:
         out, softmax_lse = _attn_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                         softmax_scale, variant, deterministic)
@@ -529,9 +561,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         causal: bottom-right aligned per sequence; turned off when max_seqlen_q == 1.
         block_table: None, or int32 (b, max_pages) with contiguous rows: k and v are then a paged
             cache (num_pages, page_size, h_k, d) of any page size >= 1, sequence i's key j in page
-            ``block_table[i, j // page_size]``, row ``j % page_size`` (forward only: no dropout, no
-            backward; NotImplementedError otherwise). Other arguments (deterministic included) as
-            flash_attn_func.
+            ``block_table[i, j // page_size]``, row ``j % page_size`` (forward only: dropout raises
+            NotImplementedError; with inputs that require grad the output's backward raises it).
+            Other arguments (deterministic included) as flash_attn_func.
 
     Returns:
         out (total_q, h, d); with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
