@@ -6,7 +6,7 @@
 //   ALiBi     score -= slope_h · |i + s_k − s_q − j|       (Press et al., "Train Short, Test Long", 2022)
 //   dropout   after the softmax, P_ij is kept with probability 1 − p and scaled by 1/(1 − p)
 //             (Srivastava et al., 2014; FlashAttention-2 §3.1): the mask is a pure function of
-//             (seed, batch, head, i, j) through Philox4x32-10 (Salmon et al., "Parallel random
+//             (seed, batch, head, i, j) through Philox4x32-7 (Salmon et al., "Parallel random
 //             numbers: as easy as 1, 2, 3", SC 2011), so the backward regenerates it exactly
 //   sinks     one logit per query head joins every row's softmax and carries no value
 //             (GPT-OSS style "attention sinks"; Xiao et al., "Efficient Streaming LMs with
@@ -162,11 +162,14 @@ struct ScoreMod {
     }
 };
 
-// Philox4x32-10 (Salmon et al., SC 2011): four 32-bit words from a 128-bit counter and a 64-bit
-// key.
-__device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1) {
+// Philox4x32-R (Salmon et al., SC 2011): four 32-bit words from a 128-bit counter and a 64-bit
+// key, in kPhiloxRounds rounds. 7 rounds, as FlashAttention-2's dropout uses: the paper's table of
+// minimum rounds has Philox4x32-7 passing TestU01's BigCrush (10 is its default with a safety
+// margin); each round is two 32-bit multiplies per 16 mask bytes, the bulk of dropout's cost.
+constexpr int kPhiloxRounds = 7;
+__device__ __forceinline__ uint4 philox4x32(uint4 c, unsigned k0, unsigned k1) {
 #pragma unroll
-    for (int r = 0; r < 10; ++r) {
+    for (int r = 0; r < kPhiloxRounds; ++r) {
         const unsigned lo0 = 0xD2511F53u * c.x, hi0 = __umulhi(0xD2511F53u, c.x);
         const unsigned lo1 = 0xCD9E8D57u * c.z, hi1 = __umulhi(0xCD9E8D57u, c.z);
         c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
@@ -179,7 +182,7 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1
 // The dropout mask of one (batch, query head), a pure function of (seed, batch, head, i, j) shared
 // by every kernel, forward and backward, whatever its thread layout.
 //
-// Units: one Philox4x32-10 call (counter (col unit, row unit, batch, head), key = the 64-bit seed)
+// Units: one Philox4x32-7 call (counter (col unit, row unit, batch, head), key = the 64-bit seed)
 // gives 16 random bytes, one per element of a unit of 2 rows x 8 keys:
 //   rows {16a + r, 16a + r + 8}  (r < 8)          row unit ur = 8a + r        = (i >> 4) · 8 + (i & 7)
 //   keys {32c + 2u + e + 8k}     (u < 4, e, k < 4) col unit uc = 4c + u        = (j >> 5) · 4 + ((j >> 1) & 3)
@@ -226,7 +229,7 @@ struct DropoutMask {
     }
     // The kept-byte words of unit (ur, uc).
     __device__ __forceinline__ uint4 unit(unsigned ur, unsigned uc) const {
-        uint4 w = philox4x32_10(make_uint4(uc, ur, batch, head), k0, k1);
+        uint4 w = philox4x32(make_uint4(uc, ur, batch, head), k0, k1);
         w.x = keep_bytes(w.x);
         w.y = keep_bytes(w.y);
         w.z = keep_bytes(w.z);

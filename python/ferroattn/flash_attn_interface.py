@@ -475,7 +475,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             after the softmax (each P_ij kept with probability 1 − p, scaled by 1/(1 − p); the
             kernels compare random bytes, as FlashAttention-2 does, so the drop probability is p
             rounded to a multiple of 1/256); pass 0.0 at eval time, as with flash_attn. The mask
-            comes from a Philox4x32-10 key drawn with
+            comes from Philox4x32-7 (as in FlashAttention-2) under a key drawn with
             torch's CUDA generator (``torch.manual_seed`` reproduces it; CUDA graphs redraw it per
             replay) and is regenerated exactly in the backward.
         softmax_scale: scale of q kᵀ before the softmax, a real number finite in fp32 (nan, inf,

@@ -36,6 +36,7 @@ from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
+from ._eager import plain_eager
 from ._to_native import as_int as _as_int
 from ._to_native import launch as _launch
 from ._to_native import reject_forward_ad as _reject_forward_ad
@@ -345,13 +346,7 @@ def run_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
     naming the tracked input (:func:`ferroattn.ops._to_native.reject_forward_ad`), checked here on
     the caller's tensors, where functorch's tangents are still visible."""
     _reject_forward_ad("ferroattn::attn_fwd", (("q", q), ("k", k), ("v", v)))
-    if (q.device.type == "cuda" and type(q) is Tensor
-            and not torch.compiler.is_compiling()
-            and torch._C._len_torch_dispatch_stack() == 0
-            and not torch.autograd.profiler._is_profiler_enabled
-            and not torch._C._are_functorch_transforms_active()
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                                  or (variant.sinks is not None and variant.sinks.requires_grad)))):
+    if plain_eager((q, k, v, cu_seqlens_q, cu_seqlens_k, variant.alibi_slopes, variant.sinks, variant.rng_state)):
         return _attn_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               softmax_scale, variant.causal, deterministic, *variant.op_args())
     return attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, variant.causal,
