@@ -113,6 +113,16 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001  (recorded)
                 res["pieces_us"][name] = f"{type(e).__name__}: {e}"
             torch.cuda.synchronize()
+        # the native launcher alone on each forward family (sm90: 4 tensor maps per launch)
+        before = _native.tuning_knobs()["attn_fwd_family"]
+        for family in ("sm80", "sm90"):
+            _native.set_tuning_knob("attn_fwd_family", family)
+            try:
+                res["pieces_us"][f"native_attn_fwd_direct_{family}"] = per_call(pieces["native_attn_fwd_direct"], n)
+            except Exception as e:  # noqa: BLE001  (recorded)
+                res["pieces_us"][f"native_attn_fwd_direct_{family}"] = f"{type(e).__name__}: {e}"
+            torch.cuda.synchronize()
+        _native.set_tuning_knob("attn_fwd_family", before)
     path = os.path.join(a.out, "host_time_breakdown.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

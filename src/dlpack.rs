@@ -1,9 +1,13 @@
 //! DLPack exchange (api-contracts §5) through the `dlpark` crate.
 //!
 //! Import: any DLPack producer or capsule (versioned or legacy) becomes an [`Imported`]
-//! that owns the managed tensor (its deleter runs exactly once when it is dropped; the
-//! capsule is renamed `used_*`) and a [`TensorView`] (strides in elements, NULL strides →
-//! C-contiguous, pointer = data + byte_offset).
+//! holding a [`TensorView`] (strides in elements, NULL strides → C-contiguous, pointer =
+//! data + byte_offset). A producer with DLPack 1.3's C exchange API and its borrowed view
+//! (`dltensor_from_py_object_no_sync`; torch 2.10 on) is read through that view: no managed
+//! tensor is made, and the Python object the caller passed keeps the memory alive for the call
+//! (a launch is ordered on the producer's stream, like every import here). Every other producer
+//! or capsule is imported as a managed tensor that the [`Imported`] owns (its deleter runs
+//! exactly once when it is dropped; a capsule is renamed `used_*`).
 //!
 //! Export: [`Buffer`] is Rust-allocated memory (host, or device via cuMemAlloc) shared by
 //! every capsule exported from it; it is freed when the Buffer and every consumer are gone.
@@ -14,15 +18,18 @@ use crate::error::{Error, Result};
 use crate::tensor::{fmt_shape, Device, TensorMeta, TensorView, DL_CPU, DL_CUDA};
 use dlpark::ffi::{DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::metadata::Dynamic;
+use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::python::{from_dlpack, DlpackExporter, ExportRequest, ImportedDlpack};
+use dlpark::tensor::TensorRef;
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// An imported tensor: keeps the producer's memory alive until dropped.
+/// An imported tensor: keeps the producer's memory alive until dropped (a borrowed view:
+/// the caller's Python object does).
 pub struct Imported {
-    _owner: ImportedDlpack,
+    _owner: Option<ImportedDlpack>,
     pub view: TensorView,
     /// Base data pointer as exported (before byte_offset).
     pub data: u64,
@@ -37,6 +44,9 @@ pub struct Imported {
 /// producer default (stream=-1) does not synchronise; the caller orders work by launching
 /// on the stream the data was produced on.
 pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
+    if let Some(t) = import_view(obj, arg) {
+        return t;
+    }
     // Producer errors keep their Python type (TypeError, BufferError, ...) and gain the argument name.
     let owner = from_dlpack(obj.as_borrowed(), None, None).map_err(|e| {
         PyErr::from_type(
@@ -49,6 +59,43 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
     let t = owner
         .validate()
         .map_err(|e| Error::argument(arg, "a valid DLPack tensor", e))?;
+    let (view, data, byte_offset) = describe(&t, arg)?;
+    Ok(Imported {
+        _owner: Some(owner),
+        view,
+        data,
+        byte_offset,
+        versioned,
+        read_only,
+    })
+}
+
+/// The import through the producer's borrowed view (module docs), or None when the producer
+/// offers none or the view fails (then the managed import runs and reports the producer's
+/// error with its own type). The view carries no flags: READ_ONLY cannot be set on it.
+fn import_view(obj: &Bound<'_, PyAny>, arg: &str) -> Option<Result<Imported>> {
+    let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
+    let described = api
+        .with_tensor_view_no_sync(obj.as_borrowed(), |raw, _stream| {
+            // SAFETY: the producer filled `raw` for the duration of this callback; it is read
+            // (and its shape / strides copied) only here.
+            let t = unsafe { TensorRef::from_raw(raw) }
+                .map_err(|e| Error::argument(arg, "a valid DLPack tensor", e))?;
+            describe(&t, arg)
+        })
+        .ok()?;
+    Some(described.map(|(view, data, byte_offset)| Imported {
+        _owner: None,
+        view,
+        data,
+        byte_offset,
+        versioned: true,
+        read_only: false,
+    }))
+}
+
+/// The TensorView of a validated DLPack tensor, its base data pointer and byte offset.
+fn describe(t: &TensorRef<'_>, arg: &str) -> Result<(TensorView, u64, u64)> {
     let triple = (t.dtype().code.0, t.dtype().bits, t.dtype().lanes);
     let dtype = DType::from_dl_triple(triple).ok_or_else(|| {
         Error::dtype(
@@ -77,14 +124,7 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
         },
         ptr: data.wrapping_add(byte_offset),
     };
-    Ok(Imported {
-        _owner: owner,
-        view,
-        data,
-        byte_offset,
-        versioned,
-        read_only,
-    })
+    Ok((view, data, byte_offset))
 }
 
 /// [`import`] for a tensor that will be written: a producer's READ_ONLY flag (DLPack 1.0) is an

@@ -9,16 +9,25 @@
 //! rank 1..=5; global address 16-byte aligned; every dim in 1..=2^32; every stride (bytes,
 //! dims 1..) a multiple of 16 below 2^40; box dims in 1..=256, the innermost box dim times the
 //! element size a multiple of 16 bytes and, when swizzled, at most the swizzle span.
+//!
+//! Host time: every Hopper launch needs its maps, and encoding one costs the driver more than
+//! moving its address. So [`Tiled::encode`] keeps, per thread, the last map encoded for each
+//! request without its address (dtype, dims, strides, box, swizzle: what a model's layers repeat
+//! call after call) and answers a repeat with that map, its address moved by
+//! `cuTensorMapReplaceAddress` when the tensor moved (the driver's own call for exactly this),
+//! or as it is when it did not. At most [`MAP_CACHE_ENTRIES`] requests are kept per thread.
 
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
 use cudarc::driver::sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// An encoded tensor map: 128 opaque bytes, 128-byte aligned (CUDA 13 `CUtensorMap`).
 pub type TensorMap = sys::CUtensorMap;
 
 /// Shared-memory swizzle of the box (the wgmma canonical layouts use 128 B).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Swizzle {
     None,
     B32,
@@ -71,7 +80,47 @@ fn data_type(dtype: DType) -> Option<sys::CUtensorMapDataType> {
     }
 }
 
+/// Requests (without their address) whose map [`Tiled::encode`] keeps per thread.
+pub const MAP_CACHE_ENTRIES: usize = 256;
+
+/// A request without its address, in fixed arrays (no allocation per lookup); `check` has
+/// bounded the rank to 1..=5.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct MapKey {
+    dtype: DType,
+    rank: usize,
+    dims: [u64; 5],
+    strides_bytes: [u64; 4],
+    box_dims: [u32; 5],
+    swizzle: Swizzle,
+}
+
+/// A kept map and the address it holds.
+struct Kept {
+    map: TensorMap,
+    ptr: u64,
+}
+
+thread_local! {
+    static MAPS: RefCell<HashMap<MapKey, Kept>> = RefCell::new(HashMap::new());
+}
+
 impl Tiled {
+    fn key(&self) -> MapKey {
+        let mut k = MapKey {
+            dtype: self.dtype,
+            rank: self.dims.len(),
+            dims: [0; 5],
+            strides_bytes: [0; 4],
+            box_dims: [0; 5],
+            swizzle: self.swizzle,
+        };
+        k.dims[..self.dims.len()].copy_from_slice(&self.dims);
+        k.strides_bytes[..self.strides_bytes.len()].copy_from_slice(&self.strides_bytes);
+        k.box_dims[..self.box_dims.len()].copy_from_slice(&self.box_dims);
+        k
+    }
+
     /// The driver's rules (module docs); `arg` names the tensor in errors.
     pub fn check(&self, arg: &str) -> Result<()> {
         let rank = self.dims.len();
@@ -115,10 +164,42 @@ impl Tiled {
         Ok(())
     }
 
-    /// Encode the map (no device work; needs the driver loaded). Out-of-bounds box elements
-    /// are filled with zeros on load.
+    /// The encoded map (no device work; needs the driver loaded): the kept map of the same
+    /// request when there is one (module docs), else a fresh encoding, which is then kept.
+    /// Out-of-bounds box elements are filled with zeros on load.
     pub fn encode(&self, arg: &str) -> Result<TensorMap> {
         self.check(arg)?;
+        let key = self.key();
+        let kept = MAPS.with(|m| {
+            let mut m = m.borrow_mut();
+            let kept = m.get_mut(&key)?;
+            if kept.ptr != self.ptr {
+                // SAFETY: `kept.map` is a map the driver encoded; the address meets the rules
+                // (checked above), so the call only rewrites the map's address field.
+                let r = unsafe { sys::cuTensorMapReplaceAddress(&mut kept.map, self.ptr as *mut std::ffi::c_void) };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return None; // encode afresh below (which reports the driver's error)
+                }
+                kept.ptr = self.ptr;
+            }
+            Some(kept.map)
+        });
+        if let Some(map) = kept {
+            return Ok(map);
+        }
+        let map = self.encode_fresh()?;
+        MAPS.with(|m| {
+            let mut m = m.borrow_mut();
+            if m.len() >= MAP_CACHE_ENTRIES {
+                m.clear();
+            }
+            m.insert(key, Kept { map, ptr: self.ptr });
+        });
+        Ok(map)
+    }
+
+    /// `cuTensorMapEncodeTiled` of a checked request.
+    fn encode_fresh(&self) -> Result<TensorMap> {
         let rank = self.dims.len();
         let ones = [1u32; 5];
         let mut map = std::mem::MaybeUninit::<TensorMap>::zeroed();
@@ -180,5 +261,21 @@ mod tests {
         assert!(Tiled { dtype: DType::I32, ..tiled() }.check("a").is_err());
         // unswizzled boxes may be wider than 128 bytes
         Tiled { box_dims: vec![128, 8, 1], swizzle: Swizzle::None, ..tiled() }.check("a").unwrap();
+    }
+
+    #[test]
+    fn kept_maps_are_keyed_by_everything_but_the_address() {
+        let k = tiled().key();
+        assert!(Tiled { ptr: 0x20000, ..tiled() }.key() == k);
+        for other in [
+            Tiled { dtype: DType::F16, ..tiled() },
+            Tiled { dims: vec![4096, 4095, 1], ..tiled() },
+            Tiled { strides_bytes: vec![8192, 32], ..tiled() },
+            Tiled { box_dims: vec![64, 64, 1], ..tiled() },
+            Tiled { swizzle: Swizzle::B64, box_dims: vec![32, 128, 1], ..tiled() },
+            Tiled { dims: vec![4096, 4096], strides_bytes: vec![8192], box_dims: vec![64, 128], ..tiled() },
+        ] {
+            assert!(other.key() != k);
+        }
     }
 }

@@ -75,6 +75,7 @@ from torch import Tensor
 from . import _native
 from .errors import ArgumentError, DTypeError, FerroattnError
 from .ops.attention import check_fwd_meta as _check_fwd_meta
+from .ops.attention import _F32_OVERFLOW  # the one fp32-finiteness bound (check_softmax_scale)
 from .ops.attention import check_softmax_scale as _check_scale_value
 from .ops.attention import run_attn_fwd as _attn_fwd_op
 from .ops.attention import run_attn_fwd_dmask as _attn_fwd_dmask_op
@@ -164,6 +165,8 @@ def _check_softmax_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         # head dim 0 is rejected by the op's validation; any scale gets it there
         return head_dim ** (-0.5) if head_dim > 0 else 1.0
+    if type(softmax_scale) is float and abs(softmax_scale) < _F32_OVERFLOW:   # the common case, decided at once
+        return softmax_scale
     if isinstance(softmax_scale, torch.SymFloat):
         return softmax_scale
     scale = _as_float(softmax_scale, "softmax_scale")
@@ -195,8 +198,10 @@ def _check_flag(flag, name: str) -> bool:
     """A flag (``causal``, ``deterministic``) as a bool: a bool, numpy bool, the ints 0 / 1 (or a
     one-element tensor holding one of these), or None (False). Anything else (e.g. the string
     ``"False"``) raises ArgumentError naming ``name`` rather than being truth-tested."""
-    if flag is None:
+    if flag is None or flag is False:
         return False
+    if flag is True:
+        return True
     if isinstance(flag, (bool, np.bool_)):
         return bool(flag)
     value = _as_int(flag)
@@ -209,6 +214,8 @@ def _check_return_flag(flag, name: str) -> bool:
     """``return_attn_probs`` as flash_attn reads it: its truth value (``if return_attn_probs``).
     A value with no truth value (a tensor of several elements, a meta tensor) raises
     ArgumentError naming ``name`` instead of torch's RuntimeError."""
+    if flag is False or flag is True:
+        return flag
     try:
         return bool(flag)
     except (TypeError, ValueError, RuntimeError):
@@ -224,7 +231,7 @@ def _check_softcap(softcap) -> float:
     [2**-60, 2**60] (the kernels work in float32 with the cap, its inverse and scale / cap).
     ArgumentError otherwise (a string, a bool, nan, inf, a negative value -- flash_attn would
     silently run without softcapping --, 1e300, 1e-50, or a tensor whose value cannot be read)."""
-    if softcap is None:
+    if softcap is None or (type(softcap) is float and softcap == 0.0):
         return 0.0
     value = _as_float(softcap, "softcap")
     if not (value == 0.0 or _SOFTCAP_MIN <= value <= _SOFTCAP_MAX):  # also false for nan
@@ -248,7 +255,7 @@ def _check_causal(causal) -> bool:
 def _check_dropout(dropout_p) -> float:
     """``dropout_p`` as a float: a real number in [0, 1) (None counts as 0); ArgumentError
     otherwise."""
-    if dropout_p is None:
+    if dropout_p is None or (type(dropout_p) is float and dropout_p == 0.0):
         return 0.0
     p = _as_float(dropout_p, "dropout_p")  # a bool is rejected as not a real number
     if not 0.0 <= p < 1.0:  # also false for nan
@@ -287,6 +294,10 @@ def _check_window(window_size) -> Tuple[int, int]:
         shown = (f"a {type(window_size).__name__} of shape {tuple(window_size.shape)} and dtype {window_size.dtype}"
                  if isinstance(window_size, (Tensor, np.ndarray)) else repr(window_size))
         return ArgumentError(f"window_size: expected a pair of ints (left, right), got {shown}")
+    if type(window_size) is tuple and len(window_size) == 2:   # the common case, decided at once
+        left, right = window_size
+        if type(left) is int and type(right) is int:
+            return left, right
     if isinstance(window_size, (Tensor, np.ndarray)):
         integral = (not window_size.dtype.is_floating_point and not window_size.dtype.is_complex
                     and window_size.dtype != torch.bool) if isinstance(window_size, Tensor) \
@@ -424,7 +435,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     variant = AttnVariant.from_flash_attn(causal, window_size, softcap, alibi_slopes, s_aux, max_seqlen_q,
                                           max_seqlen_k, dropout_p, q.device)
     pad = (8 - head_dim % 8) % 8
-    if ((pad or any(x.stride(-1) != 1 for x in (q, k, v))) and q.device.type != "cpu"
+    strided = q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
+    if ((pad or strided) and q.device.type != "cpu"
             and not torch.compiler.is_compiling() and block_table is None):
         # A copy is coming: run the op's validation first, on the caller's tensors (no copy of a
         # bad input; messages show the caller's shapes). Without a copy the op validates the
@@ -434,7 +446,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
         _check_fwd_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, head_dim + pad, variant)
     if pad:  # the padded copies are contiguous
         q, k, v = (F.pad(x, [0, pad]) for x in (q, k, v))
-    else:
+    elif strided:
         q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     if block_table is not None or _decode_shaped(q, k, v, max_seqlen_q, max_seqlen_k, variant, return_attn_probs):
         # paged KV, or few queries against many keys without autograd: the kv-cache path (key

@@ -99,11 +99,11 @@ def tile_aligned(t: Tensor) -> Tensor:
     16-byte copies, so the data pointer and every used stride (dims of size > 1, last dim
     excepted) must be multiples of 16 bytes; e.g. ``qkv[..., 1:65]`` is copied. Tensors whose
     last dim is not contiguous are returned as they are (the Rust validation names the error)."""
+    if t.is_contiguous() and t.dim() and t.data_ptr() % 16 == 0 and (t.shape[-1] * t.element_size()) % 16 == 0:
+        return t  # the common case, decided first and without a walk over the strides
     if t.dim() == 0 or t.numel() == 0 or t.stride(-1) != 1:
         return t  # empty: nothing is read; stride(-1) != 1: the Rust validation names the error
     elem = t.element_size()
-    if t.is_contiguous() and (t.shape[-1] * elem) % 16 == 0 and t.data_ptr() % 16 == 0:
-        return t  # the common case, decided without a walk over the strides
     if t.data_ptr() % 16 == 0 and all(
             (st * elem) % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
         return t

@@ -111,9 +111,24 @@ class AttnVariant:
         if sinks is not None and sinks.dtype != torch.float32 and sinks.is_floating_point():
             sinks = sinks.float()
         dropout_p = float(dropout_p or 0.0)
+        if dropout_p == 0.0 and alibi_slopes is None and sinks is None:
+            return cls._tensorless(bool(causal), int(left), int(right), float(softcap or 0.0))
         rng_state = draw_rng_state(device) if dropout_p > 0.0 else None
         return cls(bool(causal), int(left), int(right), float(softcap or 0.0), alibi_slopes, sinks, dropout_p,
                    rng_state)
+
+    @classmethod
+    def _tensorless(cls, causal: bool, window_left: int, window_right: int, softcap: float) -> "AttnVariant":
+        """The variant without tensors (no ALiBi, sinks or dropout) for these fields: one shared
+        instance per value (the class is frozen), so a model's calls build none (a frozen
+        dataclass costs ~1.5 µs to construct). At most :data:`_TENSORLESS_MAX` are kept."""
+        key = (causal, window_left, window_right, softcap)
+        v = _TENSORLESS.get(key)
+        if v is None:
+            if len(_TENSORLESS) >= _TENSORLESS_MAX:
+                _TENSORLESS.clear()
+            v = _TENSORLESS[key] = cls(causal, window_left, window_right, softcap)
+        return v
 
     # -- through the custom ops -------------------------------------------------------------
     def op_args(self) -> tuple:
@@ -125,6 +140,8 @@ class AttnVariant:
     @classmethod
     def from_op_args(cls, causal, window_left, window_right, softcap, alibi_slopes, sinks, dropout_p=0.0,
                      rng_state=None) -> "AttnVariant":
+        if alibi_slopes is None and sinks is None and dropout_p == 0.0 and rng_state is None:
+            return cls._tensorless(bool(causal), int(window_left), int(window_right), float(softcap))
         return cls(bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes, sinks,
                    float(dropout_p), rng_state)
 
@@ -148,6 +165,11 @@ class AttnVariant:
     def is_plain(self) -> bool:
         """No mask and no score modification."""
         return self == AttnVariant()
+
+
+#: the shared tensorless variants (AttnVariant._tensorless), and how many are kept at most
+_TENSORLESS: dict = {}
+_TENSORLESS_MAX = 1024
 
 
 def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False,
