@@ -58,7 +58,8 @@
 # Environment knobs: OUT (default ./out), PYTHON (default python3), GPU_CHECK_BUDGET_S (total
 # seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
 # TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
-# PYTEST_TARGETS (pytest stage: test paths, default "tests"), FA2_CORE / FA2_REST (fa2 stage: cases
+# PYTEST_TARGETS (pytest stage: test paths, default "tests"), PYTEST_WORKERS (pytest stage: pytest-xdist workers,
+# default 0 = one process; the timing files of SERIAL_TESTS then run alone afterwards), FA2_CORE / FA2_REST (fa2 stage: cases
 # sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), FA2_WORKERS (fa2 stage: pytest-xdist
 # worker processes, default 14, 0 = none), FA2_ARGS (extra
 # pytest arguments of the fa2 stage, e.g. "-k kvcache"), BENCH_DECODE_ARGS (bench decode), NOTEBOOKS (notebook paths for the notebooks
@@ -231,6 +232,37 @@ do_fa2() {  # do_fa2 LIMIT: flash-attention's tests/test_flash_attn.py through .
     [ "$core_failed" = 0 ]
 }
 
+# GPU test files whose figures are timings (overheads, training speed): never run beside others
+SERIAL_TESTS="tests/test_gpu_profiler.py tests/test_gpu_training.py"
+
+do_pytest() {  # pytest -m gpu over PYTEST_TARGETS; with PYTEST_WORKERS > 0 (pytest-xdist) in parallel,
+    # except the timing files of SERIAL_TESTS, which then run alone afterwards (junit_serial.xml)
+    local targets=(${PYTEST_TARGETS:-tests}) rc=0 rc2=0 f t
+    local common=(-m gpu -q -p no:cacheprovider)
+    if [ "${PYTEST_WORKERS:-0}" = 0 ] || ! "$PY" -c 'import xdist' 2>/dev/null; then
+        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" --junitxml="$WORK/logs/junit.xml" "${targets[@]}"
+        return
+    fi
+    local parallel=() serial=() ignore=()
+    for t in "${targets[@]}"; do
+        case " $SERIAL_TESTS " in *" $t "*) serial+=("$t"); continue ;; esac
+        parallel+=("$t")
+        for f in $SERIAL_TESTS; do [[ "$f" == "$t"/* ]] && { serial+=("$f"); ignore+=(--ignore="$f"); }; done
+    done
+    echo "pytest: ${PYTEST_WORKERS} workers over ${parallel[*]:-nothing} ${ignore[*]:-}; then alone: ${serial[*]:-nothing}"
+    if [ "${#parallel[@]}" -gt 0 ]; then
+        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" -n "$PYTEST_WORKERS" --junitxml="$WORK/logs/junit.xml" \
+            "${ignore[@]}" "${parallel[@]}"
+        rc=$?
+    fi
+    if [ "${#serial[@]}" -gt 0 ]; then
+        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" --junitxml="$WORK/logs/junit_serial.xml" "${serial[@]}"
+        rc2=$?
+    fi
+    [ "$rc" -ne 0 ] && return "$rc"
+    return "$rc2"
+}
+
 sanitize_one() {  # sanitize_one TOOL SCRIPT [FILTER]: run SCRIPT under compute-sanitizer TOOL
     local tool=$1 script=$2 rc
     local FILTER=${3-$FILTER}
@@ -392,7 +424,7 @@ if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$li
 if selected bench_decode; then lim=$(elastic_limit bench_decode); stage bench_decode "$lim" bash "$SELF" __fn bench_decode "$lim"; fi
 if selected bench_gemm; then lim=$(elastic_limit bench_gemm); stage bench_gemm "$lim" bash "$SELF" __fn bench_gemm "$lim"; fi
 if selected bench_sparse24; then lim=$(elastic_limit bench_sparse24); stage bench_sparse24 "$lim" bash "$SELF" __fn bench_sparse24 "$lim"; fi
-stage pytest "${CAP[pytest]}" env FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" ${PYTEST_TARGETS:-tests}
+stage pytest "${CAP[pytest]}" bash "$SELF" __fn pytest
 # flash-attention's suite: min(cap, what is left after keeping time for the selected stages after it)
 if selected fa2; then lim=$(elastic_limit fa2); stage fa2 "$lim" bash "$SELF" __fn fa2 "$lim"; fi
 stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck

@@ -87,6 +87,16 @@ def parse_junit(path: Path) -> dict | None:
     return c
 
 
+def merge_counts(parts: list) -> dict | None:
+    """The sum of :func:`parse_junit` counts (None entries left out; None when all are)."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    out = {k: sum(p[k] for p in parts) for k in ("tests", "failures", "errors", "skipped", "passed")}
+    out["failed_names"] = [n for p in parts for n in p["failed_names"]][:20]
+    return out
+
+
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
 
 
@@ -205,7 +215,8 @@ def build_summary(work: Path, out: Path, elapsed: int | None = None, stages_sele
     gpu = info.get("gpu") or {}
     pre = _read_json(work / "logs" / "precompile.json")
     first = _read_json(work / "logs" / "first_call.json")
-    tests = parse_junit(work / "logs" / "junit.xml") or parse_pytest_log(_read_text(work / "logs" / "pytest.log"))
+    tests = merge_counts([parse_junit(work / "logs" / name) for name in ("junit.xml", "junit_serial.xml")]) \
+        or parse_pytest_log(_read_text(work / "logs" / "pytest.log"))
     demo = _read_json(out / "demo.json")
     bench_file, bench = newest_bench(out)
     summary: dict[str, Any] = {
