@@ -232,8 +232,9 @@ do_fa2() {  # do_fa2 LIMIT: flash-attention's tests/test_flash_attn.py through .
     [ "$core_failed" = 0 ]
 }
 
-# GPU test files whose figures are timings (overheads, training speed): never run beside others
-SERIAL_TESTS="tests/test_gpu_profiler.py tests/test_gpu_training.py"
+# GPU test files (or node ids) whose figures are timings or device-wide memory readings: never run
+# beside others
+SERIAL_TESTS="tests/test_gpu_profiler.py tests/test_gpu_training.py tests/test_gpu.py::test_dlpack_buffer_cuda_consumed_by_torch_no_leak"
 
 do_pytest() {  # pytest -m gpu over PYTEST_TARGETS; with PYTEST_WORKERS > 0 (pytest-xdist) in parallel,
     # except the timing files of SERIAL_TESTS, which then run alone afterwards (junit_serial.xml)
@@ -247,7 +248,12 @@ do_pytest() {  # pytest -m gpu over PYTEST_TARGETS; with PYTEST_WORKERS > 0 (pyt
     for t in "${targets[@]}"; do
         case " $SERIAL_TESTS " in *" $t "*) serial+=("$t"); continue ;; esac
         parallel+=("$t")
-        for f in $SERIAL_TESTS; do [[ "$f" == "$t"/* ]] && { serial+=("$f"); ignore+=(--ignore="$f"); }; done
+        for f in $SERIAL_TESTS; do
+            if [[ "$f" == "$t"/* || "$f" == "$t"::* ]]; then
+                serial+=("$f")
+                if [[ "$f" == *::* ]]; then ignore+=(--deselect="$f"); else ignore+=(--ignore="$f"); fi
+            fi
+        done
     done
     echo "pytest: ${PYTEST_WORKERS} workers over ${parallel[*]:-nothing} ${ignore[*]:-}; then alone: ${serial[*]:-nothing}"
     if [ "${#parallel[@]}" -gt 0 ]; then

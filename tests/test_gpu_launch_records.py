@@ -18,6 +18,22 @@ B, S, H, D = 2, 1024, 8, 128
 BWD_KERNELS = ["attn_bwd_preprocess", "attn_bwd_dkdv_sm80", "attn_bwd_convert_dq"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def sm80_families():
+    """The records pinned here (kernel names, configs, FLOPs of each launch) are the sm80
+    family's: force it for forward and backward on every GPU (the Hopper family's records are
+    tests/test_gpu_sm90.py's)."""
+    from ferroattn import _native as n
+
+    knobs = ("attn_fwd_family", "attn_bwd_family")
+    before = {k: n.tuning_knobs()[k] for k in knobs}
+    for k in knobs:
+        n.set_tuning_knob(k, "sm80")
+    yield
+    for k in knobs:
+        n.set_tuning_knob(k, before[k])
+
+
 @pytest.fixture
 def native():
     """The extension with the recorder off and drained before and after the test."""

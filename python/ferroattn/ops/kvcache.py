@@ -148,11 +148,9 @@ def _attn_fwd_kvcache_impl(
         splits = _native.attn_kvcache_num_splits(
             q.device.index if q.device.index is not None else torch.cuda.current_device(), batch, s_q, heads,
             k_cache.shape[-2], cache_capacity(k_cache, block_table, packed), d, block_table is not None, int(num_splits))
-        if splits > 1:   # one allocation for both partials (each contiguous; d % 8 == 0 keeps lse 32-B aligned)
-            n_o = splits * batch * heads * s_q * d
-            work = torch.empty(n_o + splits * batch * heads * s_q, dtype=torch.float32, device=q.device)
-            o_accum = work[:n_o].view(splits, batch, heads, s_q, d)
-            lse_accum = work[n_o:].view(splits, batch, heads, s_q)
+        if splits > 1:
+            o_accum = torch.empty((splits, batch, heads, s_q, d), dtype=torch.float32, device=q.device)
+            lse_accum = torch.empty((splits, batch, heads, s_q), dtype=torch.float32, device=q.device)
     q, softmax_scale = positive_scale(q, float(softmax_scale))
     q = _tile_aligned(q)
     _launch(_native.attn_fwd_kvcache, q.device,
