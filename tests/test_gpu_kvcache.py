@@ -236,6 +236,33 @@ def test_paged_varlen_matches_reference(page):
     assert qg.grad is None
 
 
+@pytest.mark.parametrize("d", [32, 96, 224, 256])
+@pytest.mark.parametrize("page", [256, 512])
+@pytest.mark.parametrize("s_q,s_k", [(256, 108), (217, 128), (256, 512), (1023, 1024)])
+def test_paged_varlen_prefill_head_dims_and_pages(d, page, s_q, s_k):
+    # flash-attention's paged varlen test shapes: batch 8, 9 heads, random lengths up to s_q / s_k,
+    # pages from a pool three times the keys, every kernel head dim (224 runs on the 256 tile)
+    torch.manual_seed(d * 7 + page + s_q)
+    b, h = 8, 9
+    lens_q = torch.randint(1, s_q + 1, (b,)).tolist()
+    lens_k = torch.randint(1, s_k + 1, (b,)).tolist()
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+    n = math.ceil(s_k / page) * 3
+    pool = torch.randperm(b * n, device=DEV).to(torch.int32).reshape(b, n)
+    k_cache, v_cache = rand(b * n, page, h, d, dtype=FP16), rand(b * n, page, h, d, dtype=FP16)
+    kc, vc = paged_to_contiguous(k_cache, pool), paged_to_contiguous(v_cache, pool)
+    k_packed = torch.cat([kc[i, :m] for i, m in enumerate(lens_k)])
+    v_packed = torch.cat([vc[i, :m] for i, m in enumerate(lens_k)])
+    q = rand(sum(lens_q), h, d, dtype=FP16)
+    ref, _ = attention_varlen_ref(q, k_packed, v_packed, cu_q, cu_k, causal=True)
+    ref_lp, _ = attention_varlen_ref(q, k_packed, v_packed, cu_q, cu_k, causal=True, upcast=False)
+    out = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                 block_table=pool)
+    torch.cuda.synchronize()
+    assert_close_to_ref(out.float(), ref, ref_lp.float(), factor=3.0)
+
+
 def test_kvcache_argument_errors():
     q, kc = rand(2, 1, 4, 64), rand(2, 32, 2, 64)
     with pytest.raises(AssertionError):

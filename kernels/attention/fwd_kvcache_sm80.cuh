@@ -197,8 +197,9 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
         }
 
         // ---- K/V tile loads: thread -> chunk column c and kRowsPerThread consecutive rows ----
-        // (head dims whose chunk count does not divide 128, e.g. 96: the last threads idle, rows
-        // past the tile are skipped). Consecutive rows let a paged load find its page once per
+        // (head dims whose chunk count does not divide 128, e.g. 96 or 224: the threads past the
+        // last whole row group idle -- at 224, 4 groups of 28 leave threads 112..127, which must
+        // not write the shared rows 64..79 past the slot -- and rows past the tile are skipped). Consecutive rows let a paged load find its page once per
         // tile: when the page size is a multiple of kRowsPerThread, a thread's rows of a tile lie
         // in one page (tiles start at multiples of 64 keys), and that page's block-table entry is
         // read one iteration ahead (`next_page`), off the path of the K/V loads; other page sizes
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
         constexpr int kRowsPerThread = (BlockN + kGroups - 1) / kGroups;
         const int lc = tid % kChunks;
         const int lr0 = (tid / kChunks) * kRowsPerThread;
-        const bool col_ok = lc * 8 < head_dim && tid / kChunks < kGroups;
+        const bool col_ok = lc * 8 < head_dim;
         const long long k_col = static_cast<long long>(head_k) * p.k_head_stride + lc * 8;
         const long long v_col = static_cast<long long>(head_k) * p.v_head_stride + lc * 8;
         const T* gk = static_cast<const T*>(p.k);
@@ -219,7 +220,9 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
             const int j = tile * BlockN + lr0;
             return (Paged && one_page && j < sq.len_k) ? kvcache_detail::clamp_index(bt[j / kp.page_size], kp.cache_batches) : 0;
         };
+        const bool in_group = tid / kChunks < kGroups;   // false: an idle thread (no row group)
         auto load_kv = [&](int tile, int slot, int page) {
+            if (kThreads % kChunks != 0 && !in_group) return;
             const int j0 = tile * BlockN + lr0;
             long long k_base, v_base;   // row j0's offsets (one_page / contiguous)
             if constexpr (Paged) {
