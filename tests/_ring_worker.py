@@ -22,7 +22,7 @@ def _scores(q, k, scale, causal):
     return s
 
 
-def ref_block_forward(q, k, v, scale, causal):
+def _padded_forward(q, k, v, scale, causal):
     s = _scores(q, k, scale, causal)
     lse = torch.logsumexp(s, -1)
     p = torch.nan_to_num(torch.exp(s - lse[..., None]))
@@ -30,7 +30,35 @@ def ref_block_forward(q, k, v, scale, causal):
     return out.to(q.dtype), torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
 
 
-def ref_block_backward(dout, q, k, v, out, lse, scale, causal, deterministic):
+def _sequences(cu_q, cu_k):
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    return [(slice(a, b), slice(c, d)) for a, b, c, d in zip(cq[:-1], cq[1:], ck[:-1], ck[1:])]
+
+
+def ref_block_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
+    """The block kernels' forward (padded, or varlen: each sequence alone, LSE (h, total))."""
+    if cu_q is None:
+        return _padded_forward(q, k, v, scale, causal)
+    outs, lses = [], []
+    for sq, sk in _sequences(cu_q, cu_k):
+        o, l = _padded_forward(q[sq][None], k[sk][None], v[sk][None], scale, causal)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def ref_block_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
+    if cu_q is None:
+        return _padded_backward(dout, q, k, v, out, lse, scale, causal)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for sq, sk in _sequences(cu_q, cu_k):
+        g = _padded_backward(dout[sq][None], q[sq][None], k[sk][None], v[sk][None], out[sq][None], lse[:, sq][None],
+                             scale, causal)
+        dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+def _padded_backward(dout, q, k, v, out, lse, scale, causal):
     h, hk = q.shape[2], k.shape[2]
     p = torch.nan_to_num(torch.exp(_scores(q, k, scale, causal) - lse[..., None]))
     dp = torch.einsum("bqhd,bkhd->bhqk", dout, _expand(v, h))
@@ -51,6 +79,8 @@ def run(rank: int, world: int, port: int, case: dict, out_dir: str) -> None:
         from ferroattn.distributed import ring_flash_attn_func, zigzag_ring_flash_attn_func, zigzag_shard
 
         ring._block_forward, ring._block_backward = ref_block_forward, ref_block_backward
+        if "cu_seqlens" in case:
+            return _run_varlen(rank, world, case, out_dir)
         g = torch.Generator().manual_seed(case["seed"])
         b, s, h, hk, d = case["shape"]
         q, k, v, dout = (torch.randn(b, s * world, n, d, generator=g, dtype=torch.float64) for n in (h, hk, hk, h))
@@ -67,3 +97,26 @@ def run(rank: int, world: int, port: int, case: dict, out_dir: str) -> None:
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def varlen_inputs(case):
+    """The whole packed q, k, v, dout of a varlen case (float64), global cu_seqlens int32."""
+    g = torch.Generator().manual_seed(case["seed"])
+    total, (h, hk, d) = case["cu_seqlens"][-1], case["heads"]
+    q, k, v, dout = (torch.randn(total, n, d, generator=g, dtype=torch.float64) for n in (h, hk, hk, h))
+    return q, k, v, dout, torch.tensor(case["cu_seqlens"], dtype=torch.int32)
+
+
+def _run_varlen(rank, world, case, out_dir):
+    from ferroattn.distributed import ring_flash_attn_varlen_func, shard_varlen, zigzag_ring_flash_attn_varlen_func
+
+    q, k, v, dout, cu = varlen_inputs(case)
+    part = lambda x: shard_varlen(x, cu, rank, world, zigzag=case["zigzag"])  # noqa: E731
+    local_cu = (cu // world).to(torch.int32)
+    max_local = int((local_cu[1:] - local_cu[:-1]).max())
+    fn = zigzag_ring_flash_attn_varlen_func if case["zigzag"] else ring_flash_attn_varlen_func
+    ql, kl, vl = (part(x).requires_grad_() for x in (q, k, v))
+    out, lse, _ = fn(ql, kl, vl, local_cu, max_local, causal=case["causal"], return_attn_probs=True)
+    grads = torch.autograd.grad(out, (ql, kl, vl), part(dout))
+    torch.save({"out": out.detach(), "lse": lse, "grads": [x.detach() for x in grads]},
+               os.path.join(out_dir, f"rank{rank}.pt"))

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ferroattn.distributed import merge_attention, zigzag_shard, zigzag_unshard
+from ferroattn.distributed import (merge_attention, ring_flash_attn_varlen_func, shard_varlen, unshard_varlen,
+                                   zigzag_ring_flash_attn_varlen_func, zigzag_shard, zigzag_unshard)
 from ferroattn.distributed.ring import block_plan, ring_flash_attn_func
 from ferroattn.errors import ArgumentError
 
@@ -92,16 +93,14 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def _full_attention(q, k, v, dout, causal):
+def _full_attention(q, k, v, dout, causal, cu=None):
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
-    out, lse = _ring_worker.ref_block_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+    out, lse = _ring_worker.ref_block_forward(q, k, v, cu, cu, 0, 0, q.shape[-1] ** -0.5, causal)
     return out.detach(), lse, torch.autograd.grad(out, (q, k, v), dout)
 
 
-@pytest.mark.parametrize("world,zigzag,causal", [(2, False, True), (2, True, True), (3, False, False),
-                                                 (3, True, True), (2, False, False)])
-def test_ring_equals_full_attention_forward_and_backward(tmp_path, world, zigzag, causal):
-    case = {"seed": 7, "shape": (2, 4, 4, 2, 8), "zigzag": zigzag, "causal": causal}  # (b, local s, h, h_k, d)
+def _spawn_ring(tmp_path, world, case):
+    """Run ``case`` on ``world`` gloo ranks (tests/_ring_worker.py); each rank's saved results."""
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=_ring_worker.run, args=(r, world, port, case, str(tmp_path))) for r in range(world)]
@@ -110,7 +109,14 @@ def test_ring_equals_full_attention_forward_and_backward(tmp_path, world, zigzag
     for p in procs:
         p.join(120)
         assert p.exitcode == 0, f"rank process exited with {p.exitcode}"
-    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+@pytest.mark.parametrize("world,zigzag,causal", [(2, False, True), (2, True, True), (3, False, False),
+                                                 (3, True, True), (2, False, False)])
+def test_ring_equals_full_attention_forward_and_backward(tmp_path, world, zigzag, causal):
+    case = {"seed": 7, "shape": (2, 4, 4, 2, 8), "zigzag": zigzag, "causal": causal}  # (b, local s, h, h_k, d)
+    res = _spawn_ring(tmp_path, world, case)
     g = torch.Generator().manual_seed(case["seed"])
     b, s, h, hk, d = case["shape"]
     q, k, v, dout = (torch.randn(b, s * world, n, d, generator=g, dtype=torch.float64) for n in (h, hk, hk, h))
@@ -141,3 +147,64 @@ def test_ring_argument_errors():
         ring_flash_attn_func(q, q, q, window_size=(4, 0))
     with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
         ring_flash_attn_func(q, q, q)
+
+
+@pytest.mark.parametrize("world,zigzag,causal", [(2, False, True), (2, True, True), (3, True, True),
+                                                 (3, False, False), (2, True, False)])
+def test_varlen_ring_equals_full_varlen_attention(tmp_path, world, zigzag, causal):
+    # three sequences of different lengths (multiples of 2 · world), h 4 over h_k 2, d 8
+    unit = 2 * world
+    lens = [unit, 3 * unit, 2 * unit]
+    cu = [0] + [sum(lens[:i + 1]) for i in range(len(lens))]
+    case = {"seed": 11, "cu_seqlens": cu, "heads": (4, 2, 8), "zigzag": zigzag, "causal": causal}
+    res = _spawn_ring(tmp_path, world, case)
+    q, k, v, dout, cu_t = _ring_worker.varlen_inputs(case)
+    out, lse, grads = _full_attention(q, k, v, dout, causal, cu_t)
+    join = lambda parts, dim=0: unshard_varlen(parts, cu_t, zigzag=zigzag, dim=dim)  # noqa: E731
+    torch.testing.assert_close(join([r["out"] for r in res]), out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(join([r["lse"] for r in res], dim=1), lse, rtol=1e-10, atol=1e-10)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        torch.testing.assert_close(join([r["grads"][i] for r in res]), grads[i], rtol=1e-9, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("zigzag", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_varlen_layout_round_trip(world, zigzag):
+    unit = 2 * world if zigzag else world
+    cu = [0, unit, unit, 4 * unit, 6 * unit]   # an empty sequence included
+    x = torch.arange(cu[-1] * 2).view(cu[-1], 2)
+    parts = [shard_varlen(x, cu, r, world, zigzag=zigzag) for r in range(world)]
+    assert all(p.shape[0] == cu[-1] // world for p in parts)
+    assert torch.equal(unshard_varlen(parts, cu, zigzag=zigzag), x)
+    # the last rank's rows of sequence 2 (rows cu[2]..cu[3]): its chunk, then (zigzag) chunk 2·world − 1 − r
+    r, n = world - 1, (cu[3] - cu[2]) // unit
+    mine = list(range(cu[2] + r * n, cu[2] + (r + 1) * n))
+    if zigzag:
+        mine += list(range(cu[2] + (unit - 1 - r) * n, cu[2] + (unit - r) * n))
+    start = cu[2] // world
+    assert (parts[r][start:start + len(mine), 0] // 2).tolist() == mine
+    with pytest.raises(ArgumentError, match="^cu_seqlens: expected offsets from 0 whose lengths are multiples"):
+        shard_varlen(x, [1, 1 + unit], 0, world, zigzag=zigzag)
+    with pytest.raises(ArgumentError, match="^rank"):
+        shard_varlen(x, cu, world, world, zigzag=zigzag)
+
+
+def test_varlen_ring_argument_errors():
+    q = torch.zeros(8, 2, 8)
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    with pytest.raises(ArgumentError, match="^q: expected a 3-D tensor"):
+        ring_flash_attn_varlen_func(q[None], q, q, cu, 4)
+    with pytest.raises(ArgumentError, match=r"^k, v: expected q's total"):
+        ring_flash_attn_varlen_func(q, q[:4], q[:4], cu, 4)
+    with pytest.raises(NotImplementedError, match="^window_size"):
+        zigzag_ring_flash_attn_varlen_func(q, q, q, cu, 4, window_size=(2, 0))
+    with pytest.raises(ArgumentError, match="^cu_seqlens: expected an int32"):
+        ring_flash_attn_varlen_func(q, q, q, cu.long(), 4)
+    with pytest.raises(ArgumentError, match=r"^cu_seqlens: expected non-decreasing offsets from 0 to q's 8 rows"):
+        ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 4, 6], dtype=torch.int32), 4)
+    with pytest.raises(ArgumentError, match="^cu_seqlens: expected even local lengths"):
+        zigzag_ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 3, 8], dtype=torch.int32), 5)
+    with pytest.raises(ArgumentError, match="^max_seqlen: expected an int >= the longest local length 4"):
+        ring_flash_attn_varlen_func(q, q, q, cu, 3)
+    with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
+        ring_flash_attn_varlen_func(q, q, q, cu, 4)

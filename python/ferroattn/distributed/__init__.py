@@ -5,11 +5,16 @@ process group (NCCL on GPUs), forward and backward.
   ring and each rank merges the blocks' outputs through their softmax LSE (fp32).
 - :func:`zigzag_ring_flash_attn_func`: rank r holds chunks r and 2N − 1 − r (of 2N), so every rank
   does the same causal work (:func:`zigzag_shard` / :func:`zigzag_unshard` lay a sequence out).
+- :func:`ring_flash_attn_varlen_func` / :func:`zigzag_ring_flash_attn_varlen_func`: the same for
+  packed sequences (``cu_seqlens``), each sequence split across the ranks
+  (:func:`shard_varlen` / :func:`unshard_varlen`).
 
 Arguments as the ring-flash-attention project's functions (flash_attn's, plus ``group``)."""
-from .layout import zigzag_shard, zigzag_unshard
+from .layout import shard_varlen, unshard_varlen, zigzag_shard, zigzag_unshard
 from .merge import merge_attention
-from .ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
+from .ring import (ring_flash_attn_func, ring_flash_attn_varlen_func, zigzag_ring_flash_attn_func,
+                   zigzag_ring_flash_attn_varlen_func)
 
-__all__ = ["merge_attention", "ring_flash_attn_func", "zigzag_ring_flash_attn_func", "zigzag_shard",
+__all__ = ["merge_attention", "ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard_varlen",
+           "unshard_varlen", "zigzag_ring_flash_attn_func", "zigzag_ring_flash_attn_varlen_func", "zigzag_shard",
            "zigzag_unshard"]

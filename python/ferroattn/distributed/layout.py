@@ -35,3 +35,56 @@ def zigzag_unshard(parts, dim: int = 1) -> Tensor:
     halves = [p.chunk(2, dim=dim) for p in parts]
     order = [halves[r][0] for r in range(n)] + [halves[n - 1 - i][1] for i in range(n)]
     return torch.cat(order, dim=dim)
+
+
+def _offsets(cu_seqlens, world_size: int, zigzag: bool):
+    if world_size < 1:
+        raise ArgumentError(f"world_size: expected >= 1, got {world_size}")
+    c = cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else list(cu_seqlens)
+    unit = 2 * world_size if zigzag else world_size
+    lens = [b - a for a, b in zip(c[:-1], c[1:])]
+    if not c or c[0] != 0 or any(n < 0 or n % unit for n in lens):
+        raise ArgumentError(f"cu_seqlens: expected offsets from 0 whose lengths are multiples of {unit} "
+                            f"({'2 · ' if zigzag else ''}world_size), got {c}")
+    return c, lens, unit
+
+
+def shard_varlen(x: Tensor, cu_seqlens, rank: int, world_size: int, zigzag: bool = False, dim: int = 0) -> Tensor:
+    """Rank ``rank``'s part of packed sequences ``x`` (offsets ``cu_seqlens`` along ``dim``, the
+    global ones): each sequence split in ``world_size`` chunks (rank r takes chunk r) or, with
+    ``zigzag``, in 2·world_size chunks (rank r takes chunks r and 2·world_size − 1 − r), packed in
+    sequence order; its local offsets are ``cu_seqlens // world_size``. A new tensor. Raises
+    ArgumentError (lengths that do not split evenly, a rank outside the world)."""
+    if not 0 <= rank < world_size:
+        raise ArgumentError(f"rank: expected in [0, {world_size}), got {rank}")
+    c, lens, unit = _offsets(cu_seqlens, world_size, zigzag)
+    parts = []
+    for a, n in zip(c, lens):
+        chunks = x.narrow(dim, a, n).chunk(unit, dim=dim) if n else []
+        if not chunks:
+            continue
+        parts.append(chunks[rank])
+        if zigzag:
+            parts.append(chunks[unit - 1 - rank])
+    return torch.cat(parts, dim=dim) if parts else x.narrow(dim, 0, 0).clone()
+
+
+def unshard_varlen(parts, cu_seqlens, zigzag: bool = False, dim: int = 0) -> Tensor:
+    """The inverse of :func:`shard_varlen`: ``parts[r]`` is rank r's part; ``cu_seqlens`` the
+    global offsets. Returns the packed sequences along ``dim``."""
+    world = len(parts)
+    c, lens, unit = _offsets(cu_seqlens, world, zigzag)
+    per = [n // unit for n in lens]                  # chunk length of each sequence
+    take = 2 if zigzag else 1
+    seqs, pos = [], [0] * world
+    for n in per:
+        got = []
+        for r in range(world):
+            got.append(parts[r].narrow(dim, pos[r], take * n))
+            pos[r] += take * n
+        if zigzag:
+            halves = [g.chunk(2, dim=dim) if n else (g, g) for g in got]
+            seqs += [halves[r][0] for r in range(world)] + [halves[world - 1 - i][1] for i in range(world)]
+        else:
+            seqs += got
+    return torch.cat(seqs, dim=dim) if seqs else parts[0].narrow(dim, 0, 0).clone()
