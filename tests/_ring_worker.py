@@ -79,6 +79,8 @@ def run(rank: int, world: int, port: int, case: dict, out_dir: str) -> None:
         from ferroattn.distributed import ring_flash_attn_func, zigzag_ring_flash_attn_func, zigzag_shard
 
         ring._block_forward, ring._block_backward = ref_block_forward, ref_block_backward
+        if "llama3" in case:
+            return _run_llama3(rank, world, case, out_dir)
         if "cu_seqlens" in case:
             return _run_varlen(rank, world, case, out_dir)
         g = torch.Generator().manual_seed(case["seed"])
@@ -117,6 +119,21 @@ def _run_varlen(rank, world, case, out_dir):
     fn = zigzag_ring_flash_attn_varlen_func if case["zigzag"] else ring_flash_attn_varlen_func
     ql, kl, vl = (part(x).requires_grad_() for x in (q, k, v))
     out, lse, _ = fn(ql, kl, vl, local_cu, max_local, causal=case["causal"], return_attn_probs=True)
+    grads = torch.autograd.grad(out, (ql, kl, vl), part(dout))
+    torch.save({"out": out.detach(), "lse": lse, "grads": [x.detach() for x in grads]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _run_llama3(rank, world, case, out_dir):
+    from ferroattn.distributed import llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func
+
+    q, k, v, dout, cu = varlen_inputs(case)
+    per = cu[-1].item() // world
+    part = lambda x: x[rank * per:(rank + 1) * per].clone()  # noqa: E731
+    cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, case["causal"], rank, world)
+    ql, kl, vl = (part(x).requires_grad_() for x in (q, k, v))
+    out, lse, _ = llama3_flash_attn_varlen_func(ql, kl, vl, cu_q, cu_k, max_q, max_k, case["llama3"], k_slice,
+                                                causal=case["causal"], return_attn_probs=True)
     grads = torch.autograd.grad(out, (ql, kl, vl), part(dout))
     torch.save({"out": out.detach(), "lse": lse, "grads": [x.detach() for x in grads]},
                os.path.join(out_dir, f"rank{rank}.pt"))

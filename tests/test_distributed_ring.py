@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ferroattn.distributed import (merge_attention, ring_flash_attn_varlen_func, shard_varlen, unshard_varlen,
+from ferroattn.distributed import (llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func,
+                                   merge_attention, ring_flash_attn_varlen_func, shard_varlen, unshard_varlen,
                                    zigzag_ring_flash_attn_varlen_func, zigzag_shard, zigzag_unshard)
 from ferroattn.distributed.ring import block_plan, ring_flash_attn_func
 from ferroattn.errors import ArgumentError
@@ -208,3 +209,49 @@ def test_varlen_ring_argument_errors():
         ring_flash_attn_varlen_func(q, q, q, cu, 3)
     with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
         ring_flash_attn_varlen_func(q, q, q, cu, 4)
+
+
+def test_llama3_prepare_cu_seqlens():
+    cu = torch.tensor([0, 3, 10, 12], dtype=torch.int32)   # T 12 over 3 ranks: rows 0-3, 4-7, 8-11
+    # rank 1 holds rows 4..7, all of sequence 1 (rows 3..9): causal keys 3..7, else 3..9
+    cu_q, cu_k, mq, mk, ks = llama3_flash_attn_prepare_cu_seqlens(cu, True, 1, 3)
+    assert cu_q.tolist() == [0, 4] and cu_k.tolist() == [0, 5] and (mq, mk) == (4, 5) and ks == slice(3, 8)
+    cu_q, cu_k, mq, mk, ks = llama3_flash_attn_prepare_cu_seqlens(cu, False, 1, 3)
+    assert cu_k.tolist() == [0, 7] and mk == 7 and ks == slice(3, 10)
+    # rank 2: rows 8..11 = the tail of sequence 1 (8, 9) and sequence 2 (10, 11)
+    cu_q, cu_k, mq, mk, ks = llama3_flash_attn_prepare_cu_seqlens(cu, True, 2, 3)
+    assert cu_q.tolist() == [0, 2, 4] and cu_k.tolist() == [0, 7, 9] and (mq, mk) == (2, 7) and ks == slice(3, 12)
+    assert cu_q.dtype == torch.int32
+    with pytest.raises(ArgumentError, match="^cu_seqlens: expected non-decreasing offsets from 0 to a positive total"):
+        llama3_flash_attn_prepare_cu_seqlens(torch.tensor([0, 5], dtype=torch.int32), True, 0, 2)
+    with pytest.raises(ArgumentError, match="^rank"):
+        llama3_flash_attn_prepare_cu_seqlens(cu, True, 3, 3)
+
+
+@pytest.mark.parametrize("world,causal,stride", [(2, True, 1), (3, True, 2), (2, False, 2), (3, False, 1)])
+def test_llama3_all_gather_equals_full_varlen_attention(tmp_path, world, causal, stride):
+    # sequences that cross the ranks' row boundaries (T = 12 · world)
+    t = 12 * world
+    cu = [0, 5, 5 + 7 * world, t - 2, t]
+    case = {"seed": 5, "cu_seqlens": cu, "heads": (4, 2, 8), "causal": causal, "llama3": stride}
+    res = _spawn_ring(tmp_path, world, case)
+    q, k, v, dout, cu_t = _ring_worker.varlen_inputs(case)
+    out, lse, grads = _full_attention(q, k, v, dout, causal, cu_t)
+    torch.testing.assert_close(torch.cat([r["out"] for r in res]), out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(torch.cat([r["lse"] for r in res], dim=1), lse, rtol=1e-10, atol=1e-10)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        torch.testing.assert_close(torch.cat([r["grads"][i] for r in res]), grads[i], rtol=1e-9, atol=1e-9,
+                                   msg=name)
+
+
+def test_llama3_argument_errors():
+    q, k = torch.zeros(8, 4, 8), torch.zeros(8, 2, 8)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ArgumentError, match="^heads_k_stride: expected a divisor of k's 2 heads"):
+        llama3_flash_attn_varlen_func(q, k, k, cu, cu, 8, 8, 3, slice(0, 8))
+    with pytest.raises(ArgumentError, match="^q: expected a multiple of k's 3 heads"):
+        llama3_flash_attn_varlen_func(q, q[:, :3], q[:, :3], cu, cu, 8, 8, 1, slice(0, 8))
+    with pytest.raises(NotImplementedError, match="^dropout_p"):
+        llama3_flash_attn_varlen_func(q, k, k, cu, cu, 8, 8, 1, slice(0, 8), 0.1)
+    with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
+        llama3_flash_attn_varlen_func(q, k, k, cu, cu, 8, 8, 1, slice(0, 8))

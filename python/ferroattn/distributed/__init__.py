@@ -8,13 +8,16 @@ process group (NCCL on GPUs), forward and backward.
 - :func:`ring_flash_attn_varlen_func` / :func:`zigzag_ring_flash_attn_varlen_func`: the same for
   packed sequences (``cu_seqlens``), each sequence split across the ranks
   (:func:`shard_varlen` / :func:`unshard_varlen`).
+- :func:`llama3_flash_attn_varlen_func` (with :func:`llama3_flash_attn_prepare_cu_seqlens`): the
+  packed batch split in order across the ranks, K/V all-gathered (Llama 3's scheme).
 
 Arguments as the ring-flash-attention project's functions (flash_attn's, plus ``group``)."""
 from .layout import shard_varlen, unshard_varlen, zigzag_shard, zigzag_unshard
+from .llama3 import llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func
 from .merge import merge_attention
 from .ring import (ring_flash_attn_func, ring_flash_attn_varlen_func, zigzag_ring_flash_attn_func,
                    zigzag_ring_flash_attn_varlen_func)
 
-__all__ = ["merge_attention", "ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard_varlen",
+__all__ = ["llama3_flash_attn_prepare_cu_seqlens", "llama3_flash_attn_varlen_func", "merge_attention", "ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard_varlen",
            "unshard_varlen", "zigzag_ring_flash_attn_func", "zigzag_ring_flash_attn_varlen_func", "zigzag_shard",
            "zigzag_unshard"]
