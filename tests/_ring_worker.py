@@ -81,6 +81,8 @@ def run(rank: int, world: int, port: int, case: dict, out_dir: str) -> None:
         ring._block_forward, ring._block_backward = ref_block_forward, ref_block_backward
         if "llama3" in case:
             return _run_llama3(rank, world, case, out_dir)
+        if "hf" in case:
+            return _run_hf(rank, world, case, out_dir)
         if "cu_seqlens" in case:
             return _run_varlen(rank, world, case, out_dir)
         g = torch.Generator().manual_seed(case["seed"])
@@ -136,4 +138,43 @@ def _run_llama3(rank, world, case, out_dir):
                                                 causal=case["causal"], return_attn_probs=True)
     grads = torch.autograd.grad(out, (ql, kl, vl), part(dout))
     torch.save({"out": out.detach(), "lse": lse, "grads": [x.detach() for x in grads]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def tiny_llama(attn_implementation: str):
+    """A 2-layer Llama (GQA 4/2, head dim 8) in float64, the same weights on every call."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
+    return model.to(torch.float64)
+
+
+def hf_inputs(case):
+    g = torch.Generator().manual_seed(case["seed"])
+    b, s = case["hf"]
+    ids = torch.randint(0, 64, (b, s), generator=g)
+    labels = torch.cat([ids[:, 1:], torch.full((b, 1), -100)], dim=1)   # shifted on the whole sequence
+    return ids, torch.arange(s).expand(b, s), labels
+
+
+def _run_hf(rank, world, case, out_dir):
+    import ferroattn.integrations.transformers as fa_hf
+    from ferroattn.distributed import context_parallel, shard_sequence
+
+    fa_hf.register()
+    model = tiny_llama("ferroattn")
+    ids, pos, labels = shard_sequence(*hf_inputs(case), zigzag=case["zigzag"])
+    n = (labels != -100).sum()
+    dist.all_reduce(n)   # the whole batch's label count: each rank's loss is its share of the mean
+    with context_parallel(zigzag=case["zigzag"]):
+        out = model(input_ids=ids, position_ids=pos, labels=labels, shift_labels=labels, num_items_in_batch=n)
+        out.loss.backward()
+    grads = {k: p.grad.detach() for k, p in model.named_parameters() if p.grad is not None}
+    for gr in grads.values():
+        dist.all_reduce(gr)
+    torch.save({"logits": out.logits.detach(), "loss": out.loss.detach(), "n": n, "grads": grads},
                os.path.join(out_dir, f"rank{rank}.pt"))

@@ -1,9 +1,10 @@
 """Context parallelism on the CPU (no GPU needed): the LSE merge against the full softmax, the
-zigzag layout, the ring's block plan (each (query, key) pair of the sequence in exactly one block
-with the right mask), and the ring itself on gloo over 2 and 3 processes -- its scheduling,
-point-to-point transfers, merge and backward against full attention in float64 (the block
-kernels replaced by exact references, tests/_ring_worker.py) -- plus argument errors. The same
-ring on GPUs with the real kernels is a GPU test."""
+zigzag and varlen layouts, the ring's block plan (each (query, key) pair of the sequence in
+exactly one block with the right mask), and on gloo over 2 and 3 processes -- the block kernels
+replaced by exact references (tests/_ring_worker.py) -- the padded and varlen rings (plain and
+zigzag) and the all-gather (llama3) scheme against full attention in float64, forward and
+backward, and a transformers Llama trained with context parallelism against one process; plus
+argument errors. None of this has run with the real kernels on GPUs yet."""
 from __future__ import annotations
 
 import socket
@@ -255,3 +256,62 @@ def test_llama3_argument_errors():
         llama3_flash_attn_varlen_func(q, k, k, cu, cu, 8, 8, 1, slice(0, 8), 0.1)
     with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
         llama3_flash_attn_varlen_func(q, k, k, cu, cu, 8, 8, 1, slice(0, 8))
+
+
+@pytest.mark.parametrize("world,zigzag", [(2, True), (3, False)])
+def test_transformers_llama_with_context_parallelism_equals_one_process(tmp_path, world, zigzag):
+    """A Llama model with attn_implementation="ferroattn" on a batch sharded along the sequence
+    (shard_sequence, global position ids, labels shifted before sharding, the batch's label count
+    as num_items_in_batch) inside context_parallel(): the logits are the shards of the one-process
+    (eager attention) logits, and the summed losses and gradients equal the one-process ones."""
+    pytest.importorskip("transformers")
+    case = {"seed": 3, "hf": (2, 12 * world), "zigzag": zigzag}
+    res = _spawn_ring(tmp_path, world, case)
+    model = _ring_worker.tiny_llama("sdpa")   # float64 throughout (eager runs its softmax in float32)
+    ids, pos, labels = _ring_worker.hf_inputs(case)
+    n = (labels != -100).sum()
+    out = model(input_ids=ids, position_ids=pos, labels=labels, shift_labels=labels, num_items_in_batch=n)
+    out.loss.backward()
+    if zigzag:
+        logits = zigzag_unshard([r["logits"] for r in res])
+    else:
+        logits = torch.cat([r["logits"] for r in res], dim=1)
+    torch.testing.assert_close(logits, out.logits.detach(), rtol=1e-9, atol=1e-9)
+    assert int(res[0]["n"]) == int(n)
+    # transformers' causal-LM loss runs in float32 (it upcasts the logits with .float())
+    torch.testing.assert_close(sum(r["loss"] for r in res), out.loss.detach(), rtol=1e-6, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(res[0]["grads"][name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_context_parallel_errors():
+    from ferroattn.distributed import context_parallel, shard_sequence
+    from ferroattn.distributed.context import active
+    import torch.distributed as dist
+    from ferroattn.integrations.transformers import ferroattn_attention_forward
+
+    with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
+        with context_parallel():
+            pass
+    with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
+        shard_sequence(torch.zeros(1, 4))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ArgumentError, match="multiple of 2 · world_size = 2"):
+            shard_sequence(torch.zeros(1, 3))
+        ids, none = shard_sequence(torch.arange(4)[None], None)
+        assert none is None and ids.tolist() == [[0, 1, 2, 3]]
+        module = torch.nn.Module()
+        module.is_causal = True
+        q = torch.zeros(1, 2, 4, 8)
+        with context_parallel() as cp:
+            assert active() is cp and cp.zigzag
+            with pytest.raises(NotImplementedError, match="^attention_mask: context parallelism runs unpadded"):
+                ferroattn_attention_forward(module, q, q, q, torch.ones(1, 4, dtype=torch.bool))
+            with pytest.raises(NotImplementedError, match="^softcap"):
+                ferroattn_attention_forward(module, q, q, q, None, softcap=30.0)
+            with pytest.raises(NotImplementedError, match="^window_size"):
+                ferroattn_attention_forward(module, q, q, q, None, sliding_window=2)
+        assert active() is None
+    finally:
+        dist.destroy_process_group()

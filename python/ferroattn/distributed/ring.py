@@ -154,7 +154,8 @@ class _Ring:
     def start(self, tensors):
         """Issue the send of ``tensors`` to the next rank and the receive of the same shapes from
         the previous one; returns (receive buffers, requests)."""
-        recv = [torch.empty_like(t) for t in tensors]
+        # contiguous buffers whatever the inputs' strides (transformers passes transposed views)
+        recv = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in recv]
         return recv, dist.batch_isend_irecv(ops)

@@ -40,6 +40,9 @@ passes them to flash_attn:
 - ``deterministic`` (ModernBERT's ``deterministic_flash_attn``) as below;
 - a value head dim smaller than the query's (MLA) is zero-padded up to it and the output cropped.
 
+Inside :func:`ferroattn.distributed.context_parallel` (a batch sharded along the sequence over a
+process group) every call runs the ring of :mod:`ferroattn.distributed` instead.
+
 A Llama-4 chunked-attention layer whose keys span more than one chunk raises NotImplementedError
 (transformers refuses it for flash attention too). No architecture passes ALiBi slopes to an
 attention function in transformers 5.17 (Bloom, MPT and Falcon add ALiBi in their own eager
@@ -61,7 +64,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .. import distributed as _dist
 from ..bert_padding import pad_input, unpad_indices
+from ..distributed import context as _context
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
@@ -289,6 +294,10 @@ def ferroattn_attention_forward(
     def crop(out: Tensor) -> Tensor:
         return out[..., :v_head_dim] if v_head_dim < head_dim else out
 
+    cp = _context.active()
+    if cp is not None:   # inside ferroattn.distributed.context_parallel: the ring over its group
+        return crop(_context_parallel(cp, q, k, v, attention_mask, fa_kwargs)), None
+
     if attention_mask is not None:
         _check_mask(attention_mask, batch, k.shape[1])
         mask = attention_mask.bool()
@@ -328,6 +337,22 @@ def ferroattn_attention_forward(
         return crop(out.view(batch, q_len, *out.shape[1:])), None
 
     return crop(_call(flash_attn_func, q, k, v, **fa_kwargs)), None
+
+
+def _context_parallel(cp, q: Tensor, k: Tensor, v: Tensor, attention_mask: Optional[Tensor], fa_kwargs: dict) -> Tensor:
+    """One attention call of a sequence-sharded batch (:mod:`ferroattn.distributed.context`): the
+    zigzag or plain ring over ``cp.group`` on this rank's (b, s/N, h, d) shard. Only what the ring
+    runs: an unpadded batch, no softcap or sinks (dropout and windows are refused by the ring)."""
+    if attention_mask is not None:
+        raise NotImplementedError("attention_mask: context parallelism runs unpadded batches (pack the sequences "
+                                  "or drop the padding), got a padding mask")
+    if fa_kwargs["softcap"]:
+        raise NotImplementedError(f"softcap: context parallelism runs without softcapping, got {fa_kwargs['softcap']}")
+    if "s_aux" in fa_kwargs:
+        raise NotImplementedError("s_aux: context parallelism runs without attention sinks")
+    fn = _dist.zigzag_ring_flash_attn_func if cp.zigzag else _dist.ring_flash_attn_func
+    return fn(q, k, v, fa_kwargs["dropout_p"], fa_kwargs["softmax_scale"], fa_kwargs["causal"],
+              fa_kwargs["window_size"], None, fa_kwargs["deterministic"], group=cp.group)
 
 
 def _call(fn, *args, **fa_kwargs) -> Tensor:
