@@ -142,7 +142,12 @@ class _Varlen:
 
 
 class _Ring:
-    """The ring of a process group: send to the next rank, receive from the previous one."""
+    """The ring of a process group: send to the next rank, receive from the previous one.
+
+    The transport the ring loops use is anything with ``rank``, ``world``, ``start(tensors) ->
+    (receive buffers, requests)`` and ``wait(requests)``; a ``group`` argument that has those
+    (e.g. the one-process simulation of tests/_ring_sim.py, N ranks as threads on one device) is
+    used as it is (:func:`_transport`)."""
 
     def __init__(self, group):
         self.group = group
@@ -164,6 +169,12 @@ class _Ring:
     def wait(requests) -> None:
         for r in requests:
             r.wait()
+
+
+def _transport(group):
+    """The ring of ``group``: the group itself when it is a transport (see :class:`_Ring`), else
+    the torch.distributed ring of the process group."""
+    return group if all(hasattr(group, a) for a in ("rank", "world", "start", "wait")) else _Ring(group)
 
 
 def _forward(ring: _Ring, layout, q, k, v, softmax_scale, causal, zigzag):
@@ -217,8 +228,7 @@ def _backward(ring: _Ring, layout, dout, q, k, v, out, lse, softmax_scale, causa
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, layout, softmax_scale, causal, zigzag, deterministic, group):
-        ring = _Ring(group)
-        out, lse = _forward(ring, layout, q, k, v, softmax_scale, causal, zigzag)
+        out, lse = _forward(_transport(group), layout, q, k, v, softmax_scale, causal, zigzag)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (layout, softmax_scale, causal, zigzag, deterministic, group)
         ctx.mark_non_differentiable(lse)
@@ -228,7 +238,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         layout, softmax_scale, causal, zigzag, deterministic, group = ctx.args
-        dq, dk, dv = _backward(_Ring(group), layout, dout, q, k, v, out, lse, softmax_scale, causal, zigzag,
+        dq, dk, dv = _backward(_transport(group), layout, dout, q, k, v, out, lse, softmax_scale, causal, zigzag,
                                deterministic)
         return dq, dk, dv, None, None, None, None, None, None
 
