@@ -4,8 +4,8 @@
 //! holding a [`TensorView`] (strides in elements, NULL strides → C-contiguous, pointer =
 //! data + byte_offset). A producer with DLPack 1.3's C exchange API and its borrowed view
 //! (`dltensor_from_py_object_no_sync`; torch 2.10 on) is read through that view: no managed
-//! tensor is made, and the Python object the caller passed keeps the memory alive for the call
-//! (a launch is ordered on the producer's stream, like every import here). Every other producer
+//! tensor is made, and the [`Imported`] holds a reference to the producer object, which keeps
+//! the memory alive (a launch is ordered on the producer's stream, like every import here). Every other producer
 //! or capsule is imported as a managed tensor that the [`Imported`] owns (its deleter runs
 //! exactly once when it is dropped; a capsule is renamed `used_*`).
 //!
@@ -30,6 +30,9 @@ use std::sync::Arc;
 /// the caller's Python object does).
 pub struct Imported {
     _owner: Option<ImportedDlpack>,
+    /// A borrowed view's producer object: a reference held as long as the import, so the memory
+    /// outlives it even when the caller dropped its own (a property returning a fresh tensor).
+    _producer: Option<Py<PyAny>>,
     pub view: TensorView,
     /// Base data pointer as exported (before byte_offset).
     pub data: u64,
@@ -62,6 +65,7 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
     let (view, data, byte_offset) = describe(&t, arg)?;
     Ok(Imported {
         _owner: Some(owner),
+        _producer: None,
         view,
         data,
         byte_offset,
@@ -86,6 +90,7 @@ fn import_view(obj: &Bound<'_, PyAny>, arg: &str) -> Option<Result<Imported>> {
         .ok()?;
     Some(described.map(|(view, data, byte_offset)| Imported {
         _owner: None,
+        _producer: Some(obj.clone().unbind()),
         view,
         data,
         byte_offset,

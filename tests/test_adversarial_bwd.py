@@ -202,6 +202,42 @@ def test_forward_mode_ad_raises_not_implemented(how):
     _valid_backward_succeeds()
 
 
+@pytest.mark.parametrize("how", ["decode_func", "kvcache", "paged_varlen"])
+def test_forward_mode_ad_on_the_kvcache_path_raises(how):
+    """Was a bug: the kv-cache route (decode-shaped flash_attn_func, flash_attn_with_kvcache, paged
+    varlen) had no forward-AD check, so torch.func.jvp returned a zero tangent. Now the same
+    NotImplementedError as the forward op."""
+    from ferroattn import flash_attn_varlen_func, flash_attn_with_kvcache
+
+    q, kc = _cpu(1, 1, 4, 32), _cpu(1, 4096, 2, 32)
+    with pytest.raises(NotImplementedError, match=r"^q\b.*forward-mode AD"):
+        if how == "decode_func":
+            torch.func.jvp(lambda a: flash_attn_func(a, kc, kc), (q,), (torch.randn_like(q),))
+        elif how == "kvcache":
+            torch.func.jvp(lambda a: flash_attn_with_kvcache(a, kc, kc), (q,), (torch.randn_like(q),))
+        else:
+            qv, pages = _cpu(4, 4, 32), _cpu(2, 16, 2, 32)
+            cu, bt = torch.tensor([0, 4], dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32)
+            torch.func.jvp(lambda a: flash_attn_varlen_func(a, pages, pages, cu, cu, 4, 4, block_table=bt),
+                           (qv,), (torch.randn_like(qv),))
+    _valid_backward_succeeds()
+
+
+def test_lazy_negation_and_conjugation_take_the_op(monkeypatch):
+    """Was a bug: a tensor with torch's lazy negation bit (``torch._neg_view``) reached the kernels
+    through the eager fast path, and DLPack carries no such bit, so the kernel read the
+    un-negated memory. Such tensors now take the op route, whose dispatcher materialises the bit."""
+    from ferroattn.ops import _eager
+
+    monkeypatch.setattr(_eager, "_DEVICE_TYPES", ("cuda", "cpu"))   # the selection, on CPU tensors
+    x = torch.ones(2, 8)
+    with torch.no_grad():
+        assert _eager.plain_eager((x,))
+        assert not _eager.plain_eager((torch._neg_view(x),))
+        assert not _eager.plain_eager((x, torch._neg_view(x)))
+        assert not _eager.plain_eager((torch.ones(2, 8, dtype=torch.complex64).conj(),))
+
+
 def test_forward_mode_ad_through_the_backward_raises():
     """Forward-over-reverse (a dual grad_out into the backward): attn_bwd has no jvp either."""
     q, k = _meta(2, 5, 4, 32, grad=True), _meta(2, 7, 2, 32)

@@ -16,7 +16,8 @@ when nothing can, so the implementation (the same code the op runs) is called di
   registration must record the backward);
 - the first tensor is on CUDA, and every tensor argument is a plain ``torch.Tensor`` or
   ``nn.Parameter`` (a subclass -- FakeTensor, DTensor, a ``__torch_dispatch__`` wrapper -- must
-  see the op);
+  see the op) without a lazy negation or conjugation bit (``torch._neg_view``, ``.conj()``:
+  DLPack carries no such bit, the op materialises it);
 - not traced: not under ``torch.compile`` (``torch.compiler.is_compiling()``) and not under
   ``torch.jit.trace``;
 - no torch function mode (``TorchFunctionMode``, including ``with torch.device(...)`` and
@@ -65,8 +66,8 @@ def plain_eager(tensors: Sequence[Optional[Tensor]]) -> bool:
     for t in tensors:
         if t is None:
             continue
-        if type(t) not in _PLAIN or (grad and t.requires_grad):
-            return False
+        if type(t) not in _PLAIN or (grad and t.requires_grad) or t.is_neg() or t.is_conj():
+            return False   # a lazy negation / conjugation bit: the op resolves it (DLPack cannot carry it)
     return (tensors[0].device.type in _DEVICE_TYPES
             and _C._len_torch_function_stack() == 0
             and _C._len_torch_dispatch_stack() == 0

@@ -31,6 +31,7 @@ from ..errors import ArgumentError
 from .attention import check_softmax_scale, positive_scale, values_available
 from ._eager import plain_eager
 from ._to_native import launch as _launch
+from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
 from ._to_native import tile_aligned as _tile_aligned
 from .variant import AttnVariant
@@ -186,6 +187,8 @@ def run_attn_fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens
     (:func:`ferroattn.ops._eager.plain_eager`), else through its implementation directly (the same
     code, without the dispatcher's host time). The kv-cache op has no autograd formula: a tensor
     that requires grad goes through the op, which returns outputs without a gradient."""
+    # no jvp formula: a forward-mode tangent would be dropped silently (checked where it is visible)
+    _reject_forward_ad("ferroattn::attn_fwd_kvcache", (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     args = (q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, cache_seqlens, seqlen_k_add, cache_leftpad,
             cache_batch_idx, block_table, softmax_scale, variant.causal, variant.window_left, variant.window_right,
             variant.softcap, variant.alibi_slopes, variant.sinks, num_splits)
@@ -249,6 +252,7 @@ def run_kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, q: Opt
                   q_per_token: bool) -> Tensor:
     """``kv_append`` through the op or, in a plain eager call, its implementation (as
     :func:`run_attn_fwd_kvcache`)."""
+    _reject_forward_ad("ferroattn::kv_append", (("k", k), ("v", v), ("q", q)))
     args = (k_cache, v_cache, k, v, q, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, block_table,
             rotary_interleaved, q_per_token)
     if plain_eager((k, v, k_cache, v_cache, q, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, block_table)):

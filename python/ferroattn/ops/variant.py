@@ -122,8 +122,9 @@ class AttnVariant:
         """The variant without tensors (no ALiBi, sinks or dropout) for these fields: one shared
         instance per value (the class is frozen), so a model's calls build none (a frozen
         dataclass costs ~1.5 µs to construct). At most :data:`_TENSORLESS_MAX` are kept."""
-        if torch.compiler.is_compiling():   # a traced call builds its own (Dynamo guards on a global dict)
-            return cls(causal, window_left, window_right, softcap)
+        if torch.compiler.is_compiling() or cls is not AttnVariant:   # a traced call builds its own
+            return cls(causal, window_left, window_right, softcap)     # (Dynamo guards on a global dict)
+        softcap += 0.0   # -0.0 -> 0.0: one key (and one instance) for "off"
         key = (causal, window_left, window_right, softcap)
         v = _TENSORLESS.get(key)
         if v is None:
