@@ -268,15 +268,33 @@ pub(super) fn launch_wgmma_stream_k(
     info: &LaunchInfo,
     stream: u64,
 ) -> Result<bool> {
-    use crate::ops::gemm::sm90::splitk;
     let grid = grid.min(sms);
     if grid == 0 || dp_tiles >= tiles || (tiles - dp_tiles).saturating_mul(k_tiles).saturating_mul(grid + 1) > (1u64 << 62) {
         return Ok(false);
     }
-    // slot per CTA: 256 consumer threads x (block_n / 128) x (block_r / 2) fp32
+    // slot per CTA
+    params.dp_tiles = dp_tiles as i32;
+    launch_with_slots(p, params, cfg, grid, grid, info, stream)
+}
+
+/// Launch the wgmma_sp kernel `cfg` on `grid` CTAs with a stream-ordered workspace of `slots` fp32
+/// slots (256 consumer threads x (block_n / 128) x (block_r / 2) each) followed by `slots` u32
+/// counters, zeroed with cuMemsetD32Async before the kernel; sets `params.ws` / `params.flags`.
+/// Ok(true): launched.
+#[allow(clippy::too_many_arguments)]
+fn launch_with_slots(
+    p: &MatmulProblem,
+    params: &mut Sparse24WgmmaParams,
+    cfg: &Sparse24WgmmaConfig,
+    grid: u64,
+    slots: u64,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<bool> {
+    use crate::ops::gemm::sm90::splitk;
     let slot_bytes = 256 * (cfg.block_n as u64 / 128) * (cfg.block_r as u64 / 2) * 4;
-    let flags_off = grid * slot_bytes;
-    let bytes = flags_off + grid * 4;
+    let flags_off = slots * slot_bytes;
+    let bytes = flags_off + slots * 4;
     let shape = LaunchShape {
         grid: (grid as u32, 1, 1),
         block: (Sparse24WgmmaConfig::THREADS, 1, 1),
@@ -290,12 +308,11 @@ pub(super) fn launch_wgmma_stream_k(
     // workspace lives until the kernel has run (stream-ordered free).
     unsafe {
         splitk::with_workspace(p.device, bytes as usize, stream, |ws| {
-            cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, grid as usize, stream as _)
+            cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, slots as usize, stream as _)
                 .result()
                 .call("cuMemsetD32Async")?;
             params.ws = ws as *mut f32;
             params.flags = (ws + flags_off) as *mut u32;
-            params.dp_tiles = dp_tiles as i32;
             launch(kernel, p.device, &shape, stream, params, info)?;
             Ok(true)
         })
@@ -408,7 +425,6 @@ pub(super) fn launch_wgmma_split_fused(
     info: &LaunchInfo,
     stream: u64,
 ) -> Result<bool> {
-    use crate::ops::gemm::sm90::splitk;
     let units = tiles * split.splits as u64;
     if units > i32::MAX as u64 {
         return Ok(false);
@@ -417,33 +433,9 @@ pub(super) fn launch_wgmma_split_fused(
     if grid > sms {
         return Ok(false);
     }
-    // slot per tile: 256 consumer threads x (block_n / 128) x (block_r / 2) fp32
-    let slot_bytes = 256 * (cfg.block_n as u64 / 128) * (cfg.block_r as u64 / 2) * 4;
-    let flags_off = tiles * slot_bytes;
-    let bytes = flags_off + tiles * 4;
-    let shape = LaunchShape {
-        grid: (grid as u32, 1, 1),
-        block: (Sparse24WgmmaConfig::THREADS, 1, 1),
-        dynamic_smem_bytes: cfg.smem_bytes(),
-    };
-    shape.check()?;
-    let kernel = WGMMA.get(cfg, p.device)?;
-    crate::device::bind(p.device)?;
-    // SAFETY: the body enqueues the counter memset and the kernel on `stream` only; the maps in
-    // `params` describe the validated tensors, which the caller keeps alive in stream order; the
-    // workspace lives until the kernel has run (stream-ordered free).
-    unsafe {
-        splitk::with_workspace(p.device, bytes as usize, stream, |ws| {
-            cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, tiles as usize, stream as _)
-                .result()
-                .call("cuMemsetD32Async")?;
-            params.ws = ws as *mut f32;
-            params.flags = (ws + flags_off) as *mut u32;
-            params.splits = split.splits as i32;
-            params.chunk_tiles = split.chunk_tiles as i32;
-            launch(kernel, p.device, &shape, stream, params, info)?;
-            Ok(true)
-        })
-    }
+    // slot per tile
+    params.splits = split.splits as i32;
+    params.chunk_tiles = split.chunk_tiles as i32;
+    launch_with_slots(p, params, cfg, grid, tiles, info, stream)
 }
 
