@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..errors import ArgumentError
 from .layout import zigzag_shard
+from .ring import require_initialized
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,7 @@ def context_parallel(group=None, zigzag: bool = True):
     ``zigzag=False``, rank r holding the r-th contiguous part. Raises ArgumentError when
     torch.distributed is not initialized."""
     global _ACTIVE
-    if not dist.is_available() or not dist.is_initialized():
-        raise ArgumentError("group: torch.distributed is not initialized (call torch.distributed.init_process_group)")
+    require_initialized()
     before, _ACTIVE = _ACTIVE, ContextParallel(group, bool(zigzag))
     try:
         yield _ACTIVE
@@ -72,8 +72,7 @@ def shard_sequence(*tensors: Optional[Tensor], group=None, zigzag: bool = True, 
     2N for ``zigzag``, N otherwise): zigzag chunks r and 2N − 1 − r (:func:`zigzag_shard`), or the
     r-th of N contiguous parts. None stays None. Returns one tensor for one argument, else a tuple.
     Raises ArgumentError (lengths that do not split evenly, an uninitialised group)."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise ArgumentError("group: torch.distributed is not initialized (call torch.distributed.init_process_group)")
+    require_initialized()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     out = []
     for t in tensors:

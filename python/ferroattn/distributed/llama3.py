@@ -171,8 +171,7 @@ def llama3_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q:
     if isinstance(heads_k_stride, bool) or not isinstance(heads_k_stride, int) or not 1 <= heads_k_stride <= hk \
             or hk % heads_k_stride != 0:
         raise ArgumentError(f"heads_k_stride: expected a divisor of k's {hk} heads, got {heads_k_stride!r}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise ArgumentError("group: torch.distributed is not initialized (call torch.distributed.init_process_group)")
+    _ring.require_initialized()
     group = dist.group.WORLD if group is None else group
     total = q.shape[0] * dist.get_world_size(group)
     if (not isinstance(local_k_slice, slice) or local_k_slice.step not in (None, 1)

@@ -93,20 +93,25 @@ class _Padded:
         return None, n
 
 
+def _ranges(starts: Tensor, counts: Tensor) -> Tensor:
+    """The concatenated row ranges [starts[i], starts[i] + counts[i]) as one int64 index tensor,
+    built with tensor ops on their device (no loop over the rows)."""
+    total = int(counts.sum())
+    first = torch.cumsum(counts, 0) - counts                     # each range's offset in the result
+    pos = torch.arange(total, device=starts.device)
+    return torch.repeat_interleave(starts - first, counts, output_size=total) + pos
+
+
 class _Varlen:
     """Local parts (total, h, d) packing the sequences of ``cu_seqlens`` (this rank's share of
     each), LSE (h, total): a part is every sequence's rows, or the first / second half of each."""
 
     def __init__(self, cu_seqlens: Tensor, max_seqlen: int):
-        starts = cu_seqlens.tolist()          # the plan's row indices: one host read per call
-        lens = [b - a for a, b in zip(starts[:-1], starts[1:])]
-        dev = cu_seqlens.device
-        front = [i for a, n in zip(starts, lens) for i in range(a, a + n // 2)]
-        back = [i for a, n in zip(starts, lens) for i in range(a + n // 2, a + n)]
-        self.idx = {ALL: None, FRONT: torch.tensor(front, dtype=torch.long, device=dev),
-                    BACK: torch.tensor(back, dtype=torch.long, device=dev)}
-        half = torch.tensor([0] + [n // 2 for n in lens], dtype=torch.int64).cumsum(0).to(torch.int32).to(dev)
-        self.cu = {ALL: cu_seqlens, FRONT: half, BACK: half}
+        starts = cu_seqlens[:-1].long()
+        half = (cu_seqlens[1:] - cu_seqlens[:-1]).long() // 2
+        self.idx = {ALL: None, FRONT: _ranges(starts, half), BACK: _ranges(starts + half, half)}
+        cu_half = torch.cat([half.new_zeros(1), half.cumsum(0)]).to(torch.int32)
+        self.cu = {ALL: cu_seqlens, FRONT: cu_half, BACK: cu_half}
         self.max = {ALL: int(max_seqlen), FRONT: int(max_seqlen) // 2, BACK: int(max_seqlen) // 2}
 
     def take(self, x: Tensor, part: str) -> Tensor:
@@ -243,6 +248,12 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
+def require_initialized() -> None:
+    """ArgumentError naming ``group`` unless torch.distributed is initialized."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise ArgumentError("group: torch.distributed is not initialized (call torch.distributed.init_process_group)")
+
+
 def _check(q, k, v, dropout_p, softmax_scale, window_size, alibi_slopes, group, zigzag, varlen: bool) -> float:
     rank, layout = (3, "(total, h, d)") if varlen else (4, "(b, s, h, d)")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -301,8 +312,7 @@ def _ring_call(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slo
         layout = _Varlen(cu_seqlens, _check_cu_seqlens(cu_seqlens, max_seqlen, q.shape[0], zigzag))
     else:
         layout = _Padded(q.shape[1])
-    if not dist.is_available() or not dist.is_initialized():
-        raise ArgumentError("group: torch.distributed is not initialized (call torch.distributed.init_process_group)")
+    require_initialized()
     group = dist.group.WORLD if group is None else group
     out, lse = _RingAttention.apply(q, k, v, layout, scale, _check_flag(causal, "causal"), zigzag,
                                     _check_flag(deterministic, "deterministic"), group)
