@@ -58,7 +58,7 @@
 # Environment knobs: OUT (default ./out), PYTHON (default python3), GPU_CHECK_BUDGET_S (total
 # seconds for all stages, default 560), GPU_CHECK_STAGES (default: all), BENCH_ARGS / BENCH_BWD_ARGS /
 # TRAIN_ARGS (extra args for the forward benchmark / backward benchmark / training comparison),
-# PYTEST_TARGETS (pytest stage: test paths, default "tests"), PYTEST_WORKERS (pytest stage: pytest-xdist workers,
+# PYTEST_TARGETS (pytest stage: test paths, default "tests"), PYTEST_ARGS (pytest stage: extra pytest arguments), PYTEST_WORKERS (pytest stage: pytest-xdist workers,
 # default 0 = one process; the timing files of SERIAL_TESTS then run alone afterwards), FA2_CORE / FA2_REST (fa2 stage: cases
 # sampled per test function inside / outside flash_attn's old core surface, default 40 / 40), FA2_WORKERS (fa2 stage: pytest-xdist
 # worker processes, default 14, 0 = none), FA2_ARGS (extra
@@ -239,9 +239,11 @@ SERIAL_TESTS="tests/test_gpu_profiler.py tests/test_gpu_training.py tests/test_g
 do_pytest() {  # pytest -m gpu over PYTEST_TARGETS; with PYTEST_WORKERS > 0 (pytest-xdist) in parallel,
     # except the timing files of SERIAL_TESTS, which then run alone afterwards (junit_serial.xml)
     local targets=(${PYTEST_TARGETS:-tests}) rc=0 rc2=0 f t
-    local common=(-m gpu -q -p no:cacheprovider)
+    # -rfE: the failures' names in the summary; with workers, -v names each case as it ends, so a
+    # run cut by its cap still says which case failed
+    local common=(-m gpu -rfE -p no:cacheprovider ${PYTEST_ARGS:-})
     if [ "${PYTEST_WORKERS:-0}" = 0 ] || ! "$PY" -c 'import xdist' 2>/dev/null; then
-        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" --junitxml="$WORK/logs/junit.xml" "${targets[@]}"
+        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" -q --junitxml="$WORK/logs/junit.xml" "${targets[@]}"
         return
     fi
     local parallel=() serial=() ignore=()
@@ -257,12 +259,12 @@ do_pytest() {  # pytest -m gpu over PYTEST_TARGETS; with PYTEST_WORKERS > 0 (pyt
     done
     echo "pytest: ${PYTEST_WORKERS} workers over ${parallel[*]:-nothing} ${ignore[*]:-}; then alone: ${serial[*]:-nothing}"
     if [ "${#parallel[@]}" -gt 0 ]; then
-        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" -n "$PYTEST_WORKERS" --junitxml="$WORK/logs/junit.xml" \
+        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" -v -n "$PYTEST_WORKERS" --junitxml="$WORK/logs/junit.xml" \
             "${ignore[@]}" "${parallel[@]}"
         rc=$?
     fi
     if [ "${#serial[@]}" -gt 0 ]; then
-        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" --junitxml="$WORK/logs/junit_serial.xml" "${serial[@]}"
+        FERROATTN_RESULTS_DIR="$OUT" "$PY" -m pytest "${common[@]}" -q --junitxml="$WORK/logs/junit_serial.xml" "${serial[@]}"
         rc2=$?
     fi
     [ "$rc" -ne 0 ] && return "$rc"
