@@ -394,9 +394,16 @@ pub fn bwd_plan_sm90(
         return None;
     }
     let mut plan = bwd_plan(head_dim, variant, false, dtype, arch);
-    plan[1] = AttnBwdConfig {
+    plan[1] = sm90_dkdv_config(head_dim, variant, dtype, arch);
+    Some(plan)
+}
+
+/// The Hopper dK/dV/dQ kernel's configuration for a call of `head_dim` (<= 128) and `variant`,
+/// whether or not `bwd_plan_sm90` takes it (kernel work compiles declined variants with it).
+pub fn sm90_dkdv_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch) -> AttnBwdConfig {
+    AttnBwdConfig {
         kind: BwdKind::DkDvSm90,
-        head_dim: hd,
+        head_dim: if head_dim <= 64 { 64 } else { 128 },
         block_m: 64,
         block_n: 128,
         num_warps: 12,
@@ -404,8 +411,7 @@ pub fn bwd_plan_sm90(
         variant: variant.for_backward(),
         dtype,
         arch,
-    };
-    Some(plan)
+    }
 }
 
 /// Every configuration `bwd_plan` (and, on sm_90a, `bwd_plan_sm90`) can return for `arch` at the production points: what

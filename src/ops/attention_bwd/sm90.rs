@@ -102,7 +102,7 @@ mod tests {
 
     /// Both production head dims compile for sm_90a; prints ptxas's report (registers, spills,
     /// wgmma serialisation warnings). `-- --ignored sm90_bwd_compiles --nocapture`;
-    /// FERROATTN_TEST_SM90_BWD_VARIANT=plain|causal|local|softcap|alibi|dropout picks the variant.
+    /// FERROATTN_TEST_SM90_BWD_VARIANT=plain|causal|local|softcap-local|softcap|alibi|dropout picks the variant.
     #[test]
     #[ignore]
     fn sm90_bwd_compiles() {
@@ -112,6 +112,7 @@ mod tests {
         let v = match std::env::var("FERROATTN_TEST_SM90_BWD_VARIANT").as_deref() {
             Ok("plain") => VariantKind::PLAIN,
             Ok("local") => VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN },
+            Ok("softcap-local") => VariantKind { mask: MaskKind::Local, softcap: true, ..VariantKind::PLAIN },
             Ok("softcap") => VariantKind { softcap: true, ..VariantKind::CAUSAL },
             Ok("alibi") => VariantKind { alibi: true, ..VariantKind::CAUSAL },
             Ok("dropout") => VariantKind { dropout: true, ..VariantKind::CAUSAL },
@@ -121,7 +122,7 @@ mod tests {
             if filter.as_deref().is_some_and(|f| f != hd.to_string()) {
                 continue;
             }
-            let c = bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, FamilyChoice::Sm90).unwrap()[1];
+            let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a);
             crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
         }
     }
