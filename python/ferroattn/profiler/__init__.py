@@ -25,9 +25,10 @@ Modules:
 - :mod:`.hooks`     :func:`attach` -> :class:`Attachment`: forward wrappers (default) or torch
                     forward pre/post hooks on the model, its top-level components (embeddings,
                     final norm, rotary, lm_head), decoder layers and their attention/MLP children
-                    (rule: :func:`find_targets`), GPU timestamps (native marks from Rust, or
-                    events) + record_function (while a torch profiler collects) + NVTX (while an
-                    NVTX tool is attached), resolved after the forward;
+                    (rule: :mod:`.targets` :func:`find_targets`), GPU timestamps
+                    (:mod:`.clocks`: native marks from Rust, or events) + record_function (while a
+                    torch profiler collects) + NVTX (while an NVTX tool is attached), resolved
+                    after the forward;
                     :class:`WallClockEvent` (host-clock events for a model on the CPU);
 - :mod:`.launches`  the adapter over the Rust launch recorder (``_native.profiler_*``):
                     :class:`Recorder`, drained records -> :class:`KernelRecord` (module = innermost
@@ -56,7 +57,9 @@ Kernel records need an extension built with the launch recorder (``_native.profi
 an older build ``prof.records.kernels`` stays empty (``Recorder.available`` is False).
 """
 from .ceilings import Ceilings, cached_ceilings, config_dtype, default_cache_dir, measure_ceilings
-from .hooks import Attachment, WallClockEvent, attach, find_targets
+from .clocks import WallClockEvent
+from .hooks import Attachment, attach
+from .targets import find_targets
 from .launches import Recorder, get_recorder, kernel_records, set_recorder
 from .models import build_model
 from .overhead import LaunchOverhead, launch_overhead, model_forward
