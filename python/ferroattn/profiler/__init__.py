@@ -30,6 +30,9 @@ Modules:
                     torch profiler collects) + NVTX (while an NVTX tool is attached), resolved
                     after the forward;
                     :class:`WallClockEvent` (host-clock events for a model on the CPU);
+- :mod:`.cost`      the profiler's cost budget (no more than torch.profiler's own cost on the same
+                    forward, measured paired in one run; <= 5 % on GPU-bound forwards) and
+                    :func:`cost_verdict` of a paired measurement against it;
 - :mod:`.launches`  the adapter over the Rust launch recorder (``_native.profiler_*``):
                     :class:`Recorder`, drained records -> :class:`KernelRecord` (module = innermost
                     module record holding the kernel's start), nesting of profiles;
@@ -58,6 +61,7 @@ an older build ``prof.records.kernels`` stays empty (``Recorder.available`` is F
 """
 from .ceilings import Ceilings, cached_ceilings, config_dtype, default_cache_dir, measure_ceilings
 from .clocks import WallClockEvent
+from .cost import cost_verdict
 from .hooks import Attachment, attach
 from .targets import find_targets
 from .launches import Recorder, get_recorder, kernel_records, set_recorder
@@ -73,7 +77,7 @@ from .roofline import (RooflinePoint, Utilisation, arithmetic_intensity, attaina
 from .table import Average, KeyAverages, key_averages, sort_keys
 
 __all__ = [
-    "Attachment", "attach", "find_targets", "profile", "WallClockEvent",
+    "Attachment", "attach", "find_targets", "profile", "WallClockEvent", "cost_verdict",
     "build_model", "sweep", "SweepResult", "SweepPoint", "launch_overhead", "LaunchOverhead", "model_forward",
     "Recorder", "get_recorder", "set_recorder", "kernel_records", "cached_ceilings", "config_dtype",
     "Average", "Ceilings", "KernelRecord", "KeyAverages", "Knee", "LineKnee", "ModuleRecord", "Records",
