@@ -62,3 +62,43 @@ def test_format_verdict_names_both_costs_and_each_rule():
     assert "within torch.profiler's cost: MET" in line and "<= 5 % (GPU-bound): MET" in line
     line = cost.format_verdict(cost.cost_verdict(*_rounds(12.0, 6.0), gpu_bound=False), "1x256")
     assert "within torch.profiler's cost: NOT MET" in line and "GPU-bound" not in line
+
+
+# ---- scripts/profiler_overhead.py: both profilers' costs and the verdict per shape ---------------
+
+def test_overhead_script_measures_torch_profiler_and_gives_the_verdict():
+    """The script's round-robin measure() with fake modes (no GPU): a host clock advanced by each
+    mode's cost; profile +5 %, torch_profiler +20 %: both costs reported, the budget met, and the
+    5 % rule checked only on a GPU-bound shape."""
+    import contextlib
+    import importlib.util
+    import pathlib
+    import types
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "profiler_overhead.py"
+    spec = importlib.util.spec_from_file_location("profiler_overhead_cost", path)
+    po = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(po)
+    assert "torch_profiler" in po.MODES
+    po.MODES = ("off", "profile", "torch_profiler")
+    clock, current = [0.0], ["off"]
+    po.time = types.SimpleNamespace(perf_counter=lambda: clock[0])
+
+    class FakeModes:
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
+
+        @contextlib.contextmanager
+        def on(self, mode):
+            current[0] = mode
+            yield (lambda: None)
+            current[0] = "off"
+
+    def fwd():
+        clock[0] += 0.010 * {"off": 1.0, "profile": 1.05, "torch_profiler": 1.20}[current[0]]
+
+    for gpu_bound, budget in ((False, None), (True, True)):
+        r = po.measure(FakeModes(), fwd, rounds=9, per_round=2, deadline=1e9, gpu_bound=gpu_bound)
+        v = r["cost_rule"]
+        assert v["rounds"] == 9 and v["ours_pct"] == pytest.approx(5.0) and v["torch_pct"] == pytest.approx(20.0)
+        assert v["within_torch"] and v["within_budget"] is budget and v["ok"]
+        assert r["modes"]["torch_profiler"]["wall"]["pct"] == pytest.approx(20.0)
