@@ -14,7 +14,15 @@ random tokens, for each shape in --shapes. Modes (what is on during the timed fo
 - ``torch_noop``:    torch's own cost of a no-op forward pre hook + post hook (``always_call``)
                      on the same modules (the floor of any torch-hook-based attribution);
 - ``profile``:       ``ferroattn.profiler.profile(model)`` (hooks + recorder), ``prof.step()`` after
-                     each forward (outside the timed region), as a training/serving loop uses it.
+                     each forward (outside the timed region), as a training/serving loop uses it;
+- ``torch_profiler``: ``torch.profiler.profile()`` (its defaults: CPU + CUDA activities) around the
+                     same forwards, ``step()`` after each: torch.profiler's own cost, the reference
+                     of the cost budget.
+
+The budget (:mod:`ferroattn.profiler.cost`): ``profile`` costs no more than ``torch_profiler`` on
+the same forward (paired rounds of this run), and at most 5 % on GPU-bound forwards (4 x 1024 and
+larger). With both modes measured, each shape gets a ``cost_rule`` verdict (JSON) and a printed
+line with both costs.
 
 ``--stamp-experiment`` (see STAMP_EXPERIMENT_MODES below): event marks vs stamps (a
 one-thread %globaltimer kernel per mark, ``attach(clock="stamp")``) with the same module set,
@@ -55,7 +63,7 @@ import sys
 import time
 
 T0 = time.perf_counter()
-MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop", "profile")
+MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop", "profile", "torch_profiler")
 #: Diagnostic modes (``--modes``): where a hooked call's host time goes. hooks_no_marks: the default
 #: hooks with the timestamps replaced by a constant (no driver call); hooks_bare: also no NVTX, no
 #: shapes, no record_function probe (the wrapper and its bookkeeping alone); hooks_marks_only: the
@@ -197,6 +205,9 @@ class Modes:
             finally:
                 for h in handles:
                     h.remove()
+        elif mode == "torch_profiler":
+            with self.torch.profiler.profile() as tp:
+                yield tp.step
         elif mode in ("profile", "profile_pyw", "profile_lazy", "profile_stamp"):
             kw = {"native_wrap": False} if mode == "profile_pyw" else {"clock": "stamp"} if mode == "profile_stamp" \
                 else {}
@@ -467,8 +478,10 @@ def one_round(modes: Modes, fwd, order, per_round: int) -> dict:
     return out
 
 
-def measure(modes: Modes, fwd, rounds: int, per_round: int, deadline: float) -> dict:
-    """Round-robin rounds until ``rounds`` or the deadline (at least 3); summary per mode."""
+def measure(modes: Modes, fwd, rounds: int, per_round: int, deadline: float, gpu_bound: bool = False) -> dict:
+    """Round-robin rounds until ``rounds`` or the deadline (at least 3); summary per mode, and the
+    cost budget's verdict (``cost_rule``: :func:`ferroattn.profiler.cost.cost_verdict` on the wall
+    times of off / profile / torch_profiler) when both profilers were measured."""
     rows = []
     for r in range(rounds):
         if r >= 3 and time.perf_counter() > deadline:
@@ -484,6 +497,10 @@ def measure(modes: Modes, fwd, rounds: int, per_round: int, deadline: float) -> 
         out["modes"][mode] = {"wall_ms": statistics.median(x[mode][0] for x in rows), "wall": wall,
                               "host_ms": statistics.median(x[mode][1] for x in rows), "host": host}
         out[f"{mode}_pct"] = wall["pct"]          # flat keys, as the first version of this script wrote
+    if "profile" in MODES and "torch_profiler" in MODES:
+        from ferroattn.profiler.cost import cost_verdict
+        out["cost_rule"] = cost_verdict([x["off"][0] for x in rows], [x["profile"][0] for x in rows],
+                                        [x["torch_profiler"][0] for x in rows], gpu_bound)
     return out
 
 
@@ -632,6 +649,7 @@ def main(argv=None) -> int:
         return 3
     from ferroattn.bench.report import driver_version
     from ferroattn.profiler import build_model
+    from ferroattn.profiler.cost import format_verdict, is_gpu_bound
 
     model = build_model("llama-3.2-1b", attn="ferroattn", dtype="bfloat16", seed=0)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -680,7 +698,7 @@ def main(argv=None) -> int:
     for (b, s), fwd, slice_s in zip(shapes, inputs, share):
         GAPS.clear()
         GC_TIMED.clear()
-        r = measure(modes, fwd, rounds, args.per_round, time.perf_counter() + slice_s)
+        r = measure(modes, fwd, rounds, args.per_round, time.perf_counter() + slice_s, is_gpu_bound(b, s))
         r["gc_in_timed_forwards"] = {m: dict(v) for m, v in GC_TIMED.items()}
         per_forward = [g for g in GAPS if len(g) == len(GAPS[0])] if GAPS else []
         r["sibling_gaps_us"] = ({"forwards": len(per_forward),
@@ -693,6 +711,9 @@ def main(argv=None) -> int:
         print(f"{b:>4}x{s:<4} {r['off_ms']:8.2f}{cells}  ({r['rounds']} rounds)", flush=True)
         hcells = "".join(f"{r['modes'][m]['host']['pct']:+6.1f}".rjust(15) for m in MODES[1:])
         print(f"{'host':>9} {r['off_host_ms']:8.2f}{hcells}", flush=True)
+    for row in rows:
+        if "cost_rule" in row:
+            print(format_verdict(row["cost_rule"], f"cost budget {row['shape'][0]}x{row['shape'][1]}"), flush=True)
     n_mod = len(modes.targets)
     for row in rows:
         if any(m in row["modes"] for m in ("hooks_stamp_marks_only", "hooks_nomark_native")):
@@ -710,6 +731,9 @@ def main(argv=None) -> int:
                      f"{args.per_round} timed forwards after one untimed; overhead = median over rounds of the "
                      "paired ratio mode/off - 1, 95% bootstrap CI of that median, IQR; wall = synchronised "
                      "before and after, host = until the forward call returns",
+           "cost_rule": "ferroattn.profiler.cost: profile costs no more than torch_profiler (fails only when the "
+                        "95% interval of the median paired difference (profile - torch_profiler) / off lies above 0), "
+                        "and <= 5% (median paired ratio) on GPU-bound forwards (batch x seqlen >= 4096)",
            "hooked_modules": n_mod, "modes": list(MODES), "shapes": rows, "per_call_host_us": micro,
            "stamp_experiment": stamp_doc,
 

@@ -301,7 +301,7 @@ def test_matmul_sparse_backend_on_cpu_raises_device_error():
 # ---- flattening x to rows -------------------------------------------------------------------
 
 def _check_rows_view(x, expect_view: bool):
-    x2, unflatten = sparse24._rows_view(x)
+    x2, unflatten = sparse24.product.rows_view(x)
     k = x.shape[-1]
     assert x2.dim() == 2 and x2.shape[1] == k and x2.stride(-1) == 1
     assert torch.equal(x2, x.reshape(-1, k)) or x.dim() > 2     # row order may be permuted for > 2-D
@@ -342,7 +342,7 @@ def test_dispatch_rule(table):
         (4096, 4096): [(16, 0.8), (256, 0.97), (4096, 1.4)],
         (14336, 4096): [(16, 1.1), (4096, 1.5)],
     }}})
-    d = sparse24._decide
+    d = sparse24.dispatch._decide
     assert d("sm_90", "bfloat16", 4096, 4096, 1) == "dense"        # below the smallest measured rows
     assert d("sm_90", "bfloat16", 4096, 4096, 300) == "dense"      # nearest 256 -> 0.97
     assert d("sm_90", "bfloat16", 4096, 4096, 2000) == "sparse"    # nearest 4096 (log scale)
@@ -357,7 +357,7 @@ def test_dispatch_table_from_json(table, tmp_path):
     p.write_text(json.dumps({"dispatch_table": {"sm_90": {"float16": {"4096,11008": [[16, 0.5], [8192, 1.2]]}}}}))
     sparse24.load_dispatch_table(p)
     assert sparse24.DISPATCH_TABLE == {"sm_90": {"float16": {(4096, 11008): ((16, 0.5), (8192, 1.2))}}}
-    assert sparse24._decide("sm_90", "float16", 4096, 11008, 32) == "dense"
+    assert sparse24.dispatch._decide("sm_90", "float16", 4096, 11008, 32) == "dense"
     with pytest.raises(ArgumentError, match="table: expected"):
         sparse24.set_dispatch_table({"sm_90": {"float16": {"4096": [[1, 1.0]]}}})
 
@@ -372,7 +372,7 @@ def test_dispatch_table_rejects_entries_that_break_auto(table, bad):
     with pytest.raises(ArgumentError, match="^table: expected"):
         sparse24.set_dispatch_table({"sm_90": {"bfloat16": bad}})
     assert sparse24.DISPATCH_TABLE == before
-    assert sparse24._decide("sm_90", "bfloat16", 4096, 4096, 64) in ("dense", "sparse")
+    assert sparse24.dispatch._decide("sm_90", "bfloat16", 4096, 4096, 64) in ("dense", "sparse")
 
 
 @pytest.mark.parametrize("rows,n,k,name", [(10, 0, 4096, "n"), (10, 4096, 0, "k"), (-1, 4096, 4096, "rows")])

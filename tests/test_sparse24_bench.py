@@ -84,13 +84,13 @@ def test_dispatch_table_round_trip(tmp_path, monkeypatch):
     path.write_text(json.dumps({"dispatch_table": table}))
     saved = {a: {d: dict(s) for d, s in v.items()} for a, v in sparse24.DISPATCH_TABLE.items()}
     try:
-        monkeypatch.setattr(sparse24, "SPARSE_MIN_SPEEDUP", 1.0)
+        monkeypatch.setattr(sparse24.dispatch, "SPARSE_MIN_SPEEDUP", 1.0)
         sparse24.load_dispatch_table(path)
-        assert sparse24._decide("sm_90", "bfloat16", 11008, 4096, 16) == "sparse"   # 1.0 >= 1.0
-        assert sparse24._decide("sm_90", "bfloat16", 8192, 8192, 8192) == "dense"   # 0.6
-        monkeypatch.setattr(sparse24, "SPARSE_MIN_SPEEDUP", 1.1)
+        assert sparse24.dispatch._decide("sm_90", "bfloat16", 11008, 4096, 16) == "sparse"   # 1.0 >= 1.0
+        assert sparse24.dispatch._decide("sm_90", "bfloat16", 8192, 8192, 8192) == "dense"   # 0.6
+        monkeypatch.setattr(sparse24.dispatch, "SPARSE_MIN_SPEEDUP", 1.1)
         sparse24.load_dispatch_table(path)                                           # clears the memo
-        assert sparse24._decide("sm_90", "bfloat16", 11008, 4096, 16) == "dense"    # 1.0 < 1.1
+        assert sparse24.dispatch._decide("sm_90", "bfloat16", 11008, 4096, 16) == "dense"    # 1.0 < 1.1
     finally:
         sparse24.set_dispatch_table(saved)
 

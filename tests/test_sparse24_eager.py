@@ -163,7 +163,7 @@ def test_no_grad_and_frozen_parameters_take_the_direct_route(routes):
 
 
 def test_sparse_linear_module_uses_the_direct_route_without_grad(routes, monkeypatch):
-    monkeypatch.setattr(sparse24, "choose_backend", lambda *a: "sparse")   # CPU's "auto" is dense
+    monkeypatch.setattr(sparse24.product, "choose_backend", lambda *a: "sparse")   # CPU's "auto" is dense
     lin = torch.nn.Linear(40, 24, dtype=BF16)
     sl = SparseLinear.from_dense(lin, activation="silu")
     x = torch.randn(2, 3, 40).to(BF16)
@@ -295,11 +295,11 @@ def test_dense_backend_is_f_linear_on_the_cached_weight(routes):
 
 def test_rows_view_returns_2d_x_itself():
     x = torch.randn(6, 8)
-    x2, unflatten = sparse24._rows_view(x)
+    x2, unflatten = sparse24.product.rows_view(x)
     y = torch.randn(6, 3)
     assert x2 is x and unflatten(y) is y
     x3 = torch.randn(2, 3, 8)
-    x2, unflatten = sparse24._rows_view(x3)
+    x2, unflatten = sparse24.product.rows_view(x3)
     assert x2.data_ptr() == x3.data_ptr() and x2.shape == (6, 8) and unflatten(torch.randn(6, 5)).shape == (2, 3, 5)
 
 

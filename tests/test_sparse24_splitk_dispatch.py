@@ -1,4 +1,4 @@
-"""CPU: the shipped 2:4 dispatch table and margin (python/ferroattn/sparse24.py) choose the sparse kernel on the
+"""CPU: the shipped 2:4 dispatch table and margin (python/ferroattn/sparse24/dispatch.py) choose the sparse kernel on the
 medium LLM shapes where GPU time measured it faster than dense and cuSPARSELt
 (bench/results/sparse24_splitk_20261130T1105/call1_split_*.json), and dense where it is slower; the entries
 whose native schedule is the 128-row wgmma_sp tile:
@@ -23,8 +23,8 @@ from ferroattn import sparse24
     (16, 11008, 4096, "sparse"),       # mma_sp decode
 ])
 def test_shipped_table_decisions(dtype, rows, n, k, want):
-    sparse24._DECISIONS.clear()
-    assert sparse24._decide("sm_90", dtype, n, k, rows) == want
+    sparse24.dispatch._DECISIONS.clear()
+    assert sparse24.dispatch._decide("sm_90", dtype, n, k, rows) == want
 
 
 def test_margin_between_parity_and_old_margin():

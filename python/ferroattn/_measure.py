@@ -7,19 +7,46 @@ the benchmark package):
 - the measured ceilings: bf16 matmul (``torch.matmul`` of two 8192x8192 matrices of random normal
   data, 2*n^3 FLOPs per product; zero data would run faster and overstate the ceiling) and
   device-to-device copy (``dst.copy_(src)`` of 1 GiB, bytes read + written), median time each;
-- :func:`driver_version`, which the results are labelled (and the profiler's ceilings cached) by.
+- :func:`driver_version`, which the results are labelled (and the profiler's ceilings cached) by;
+- :func:`median_ci`: a distribution-free confidence interval of a median (the paired-round
+  statistics of the benchmarks and of the profiler's cost rule).
 
 :mod:`ferroattn.bench.timing`, :mod:`ferroattn.bench.ceilings` and :mod:`ferroattn.bench.report`
 import these under the same names (their module docstrings describe the methods in full).
 """
 from __future__ import annotations
 
+import math
 import shutil
 import statistics
 import subprocess
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from .errors import ArgumentError
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def median_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free confidence interval of the median of ``xs`` from order statistics:
+    ``(low, high, coverage)`` = ``(x_(k), x_(n+1-k), 1 - 2·P[Binomial(n, 1/2) < k])`` (sorted
+    values, 1-based) for the largest ``k`` whose coverage is still >= ``level``; when even
+    ``k = 1`` (min, max) covers less than ``level`` (n <= 5 at 0.95: n = 5 gives 0.9375) it is
+    (min, max) with that smaller coverage. ArgumentError for an empty ``xs`` or a level outside
+    (0, 1)."""
+    if not xs:
+        raise ArgumentError("xs: expected at least one value, got none")
+    if not 0 < level < 1:
+        raise ArgumentError(f"level: expected a number in (0, 1), got {level!r}")
+    v = sorted(float(x) for x in xs)
+    n = len(v)
+
+    def coverage(k: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return v[k - 1], v[n - k], coverage(k)
 
 
 def have_triton() -> bool:

@@ -242,7 +242,7 @@ def profiler_drain(reference_event: Optional[int] = None) -> list[dict]:
     Raises CudaError when an event cannot be resolved (e.g. a sticky error); the records are
     forgotten anyway."""
 
-# Marks: single timing events for the module hooks (python/ferroattn/profiler/hooks.py), from the
+# Marks: single timing events for the module hooks (python/ferroattn/profiler/clocks.py, NativeClock), from the
 # same per-device event pools as the launch records. Independent of profiler_enable.
 def profiler_mark(stream: int, device: int) -> int:
     """Record a mark: a pooled timing event of ``device`` recorded on ``stream`` (a raw CUstream

@@ -4,7 +4,7 @@
   and repr) whose forward is one :func:`ferroattn.matmul` with the bias and an optional
   activation fused into the epilogue.
 - ``SparseLinear``: the 2:4 structured-sparse linear layer (defined in
-  :mod:`ferroattn.sparse24`, re-exported here on first access).
+  :mod:`ferroattn.sparse24.linear`, re-exported here on first access).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from torch import Tensor
 
 from .errors import ArgumentError
 from .gemm import matmul
-from .ops.gemm import BACKENDS, activate, public_activation
+from .ops.activation import activate, public_activation
+from .ops.gemm import BACKENDS
 
 __all__ = ["Linear", "SparseLinear"]
 
@@ -114,13 +115,7 @@ def _use_kernel(x: Tensor, weight: Tensor) -> bool:
 
 def __getattr__(name: str):
     if name == "SparseLinear":
-        try:
-            from ._sparse_linear import SparseLinear
-        except ModuleNotFoundError as e:
-            if e.name == f"{__package__}._sparse_linear":
-                raise AttributeError(f"module {__name__!r} has no attribute 'SparseLinear' "
-                                     f"(ferroattn._sparse_linear is not installed)") from e
-            raise
+        from .sparse24.linear import SparseLinear  # noqa: PLC0415  (on first access: imports the 2:4 ops)
         globals()["SparseLinear"] = SparseLinear
         return SparseLinear
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

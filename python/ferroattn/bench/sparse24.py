@@ -319,7 +319,7 @@ def progress_line(p: dict) -> str:
 def dispatch_table(points: Sequence[dict], arch: str) -> dict:
     """``{arch: {dtype: {"n,k": [[rows, speedup of the sparse kernel over dense], ...]}}}`` from the
     measured points (the format of ``ferroattn.sparse24.set_dispatch_table``): the GPU-time speedup
-    where the point has one (how the table in ferroattn/sparse24.py is measured),
+    where the point has one (how the table in ferroattn/sparse24/dispatch.py is measured),
     else the per-call one (``--timing call``, or a GPU time that did not hold)."""
     out: dict = {}
     for p in points:
@@ -338,7 +338,7 @@ def dispatch_table(points: Sequence[dict], arch: str) -> dict:
 
 
 def dispatch_literal(table: dict) -> str:
-    """The Python literal of DISPATCH_TABLE for ``table`` (to paste into ferroattn/sparse24.py)."""
+    """The Python literal of DISPATCH_TABLE for ``table`` (to paste into ferroattn/sparse24/dispatch.py)."""
     lines = ["DISPATCH_TABLE = {"]
     for arch, by_dtype in table.items():
         lines.append(f"    {arch!r}: {{")
@@ -606,7 +606,7 @@ def run_grid(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequen
     printer(format_table(points))
     printer(f"raw JSON: {path}")
     printer(format_summary(final["summary"]))
-    printer("dispatch table measured here (paste into python/ferroattn/sparse24.py, or "
+    printer("dispatch table measured here (paste into python/ferroattn/sparse24/dispatch.py, or "
             "sparse24.load_dispatch_table(json_path)):\n" + dispatch_literal(final["dispatch_table"]))
     s = final["summary"]
     return final, (0 if s["n_ours_failed"] == 0 and s["n_measured"] > 0 else 1)

@@ -74,7 +74,7 @@ from ferroattn.errors import ArgumentError
 
 # the timing primitives profiler/ shares live in ferroattn._measure; imported here under their
 # public names (ferroattn.bench.timing.bench_gpu, ...)
-from .._measure import L2_FLUSH_BYTES, bench_gpu, event_ms, have_triton  # noqa: F401
+from .._measure import L2_FLUSH_BYTES, bench_gpu, event_ms, have_triton, median_ci  # noqa: F401
 
 
 #: rounds of :func:`paired_ms` the GEMM benchmarks use unless told otherwise (``--rounds``)
@@ -170,28 +170,6 @@ def paired_ms(fns: Mapping[str, Callable[[], Any]], rounds: int = DEFAULT_ROUNDS
         res.windows[name] = [(w[0], w[1]) for w in per_round]
         res.ms[name] = [(w[0] + w[1]) / 2.0 for w in per_round]
     return res
-
-
-def median_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """A distribution-free confidence interval of the median of ``xs`` from order statistics:
-    ``(low, high, coverage)`` = ``(x_(k), x_(n+1-k), 1 - 2·P[Binomial(n, 1/2) < k])`` (sorted
-    values, 1-based) for the largest ``k`` whose coverage is still >= ``level``; when even
-    ``k = 1`` (min, max) covers less than ``level`` (n <= 5 at 0.95: n = 5 gives 0.9375) it is
-    (min, max) with that smaller coverage. ArgumentError for an empty ``xs`` or a level outside
-    (0, 1)."""
-    if not xs:
-        raise ArgumentError("xs: expected at least one value, got none")
-    if not 0 < level < 1:
-        raise ArgumentError(f"level: expected a number in (0, 1), got {level!r}")
-    v = sorted(float(x) for x in xs)
-    n = len(v)
-
-    def coverage(k: int) -> float:
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
-    k = 1
-    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
-        k += 1
-    return v[k - 1], v[n - k], coverage(k)
 
 
 def paired_ratio(num_ms: Sequence[float], den_ms: Sequence[float]) -> dict[str, Any]:

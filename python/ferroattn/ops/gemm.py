@@ -61,13 +61,14 @@ from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
 from ..errors import ArgumentError, DTypeError
 from ._to_native import launch, reject_forward_ad, tensor_meta
+from .activation import NATIVE, activate, activation_backward, public_activation
 
 __all__ = ["gemm", "gemm_out", "run_gemm", "gemm_into", "plan", "GemmPlan", "gemm_flops", "public_activation",
            "activate", "ACTIVATIONS", "BACKENDS", "OUT_DTYPES", "check_args", "check_scalar", "check_backend",
            "check_out_dtype"]
 
-#: Activation names of ``_native.gemm`` (codes 0..4 of kernels/common/activation.cuh, in order).
-ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
+#: Activation names of ``_native.gemm`` (:data:`ferroattn.ops.activation.NATIVE`).
+ACTIVATIONS = NATIVE
 #: Backend names accepted by ``_native.gemm`` ("auto": the fastest supported for the problem).
 BACKENDS = ("auto", "wmma", "sm90")
 #: Output dtypes the kernels write.
@@ -243,20 +244,6 @@ def _epilogue_only(out3: Tensor, aux3: Optional[Tensor], c3: Optional[Tensor], b
     if aux3 is not None:
         aux3.copy_(pre)
     out3.copy_(activate(pre, activation))
-
-
-def activate(x: Tensor, activation: str) -> Tensor:
-    """The activations of kernels/common/activation.cuh by their op names, in torch (any dtype;
-    the degenerate k = 0 path and the torch fallback of :class:`ferroattn.nn.Linear` use it)."""
-    if activation == "none":
-        return x
-    if activation == "relu":
-        return torch.relu(x)
-    if activation == "gelu_erf":
-        return torch.nn.functional.gelu(x)
-    if activation == "gelu_tanh":
-        return torch.nn.functional.gelu(x, approximate="tanh")
-    return torch.nn.functional.silu(x)
 
 
 def _usable_out(out: Tensor, p: GemmPlan) -> Optional[Tensor]:
@@ -443,19 +430,6 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.c_dtype = None if c is None else c.dtype
 
 
-def _activation_backward(g: Tensor, pre: Tensor, activation: str) -> Tensor:
-    """``g · act'(pre)`` in fp32 with torch's own backward kernels (the same formulas as
-    kernels/common/activation.cuh; relu' (0) = 0 as torch)."""
-    pre = pre.float()
-    if activation == "relu":
-        return torch.ops.aten.threshold_backward(g, pre, 0.0)
-    if activation == "gelu_erf":
-        return torch.ops.aten.gelu_backward(g, pre, approximate="none")
-    if activation == "gelu_tanh":
-        return torch.ops.aten.gelu_backward(g, pre, approximate="tanh")
-    return torch.ops.aten.silu_backward(g, pre)
-
-
 def _backward(ctx, grad_out, grad_aux):
     """Gradients of a, b, bias and c (None for the scalars and options); see the module docstring.
     ``grad_aux`` (a loss on the pre-activation output) adds to dpre, so aux is a true output."""
@@ -469,7 +443,7 @@ def _backward(ctx, grad_out, grad_aux):
         pre = aux
         if pre is None:  # the forward was asked for no aux: recompute the pre-activation
             pre, _ = gemm(a, b, bias, c, alpha, beta, "none", grad_out.dtype, ctx.backend, False)
-        dpre = _activation_backward(g, pre, act)
+        dpre = activation_backward(g, pre.float(), act)   # fp32, as g
         if aux is not None and grad_aux is not None and grad_aux.numel():
             dpre = dpre + grad_aux.float()
     else:
@@ -524,18 +498,4 @@ def gemm_flops(a, b, *args, out_val=None, **kwargs) -> int:
 register_flop_formula(torch.ops.ferroattn.gemm, get_raw=True)(gemm_flops)
 register_flop_formula(torch.ops.ferroattn.gemm_out, get_raw=True)(gemm_flops)
 
-
-def public_activation(activation: Optional[str]) -> str:
-    """The op's activation name for a public one: None / "none" -> "none", "gelu" (erf, torch's
-    default) and "gelu_erf" -> "gelu_erf", "gelu_tanh", "relu", "silu" as they are. ArgumentError
-    naming ``activation`` otherwise."""
-    name = _PUBLIC_ACTIVATIONS.get(activation) if (activation is None or isinstance(activation, str)) else None
-    if name is None:
-        raise ArgumentError(f"activation: expected None, 'relu', 'gelu' (erf), 'gelu_tanh' or 'silu', "
-                            f"got {activation!r}")
-    return name
-
-
-_PUBLIC_ACTIVATIONS = {None: "none", "none": "none", "relu": "relu", "gelu": "gelu_erf", "gelu_erf": "gelu_erf",
-                       "gelu_tanh": "gelu_tanh", "silu": "silu"}
 

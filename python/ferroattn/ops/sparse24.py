@@ -41,12 +41,13 @@ from ._to_native import as_int as _as_int
 from ._to_native import launch as _launch
 from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
+from .activation import NATIVE, activation_backward
 
 __all__ = ["sparse24_linear", "linear", "sparse24_decompress", "run_compress", "run_decompress", "check_compressed",
            "sparse24_linear_flops", "NATIVE_ACTIVATIONS", "KERNEL_BACKENDS"]
 
-#: activation names of the native launcher (kernels/common/activation.cuh codes 0..4)
-NATIVE_ACTIVATIONS = ("none", "relu", "gelu_erf", "gelu_tanh", "silu")
+#: activation names of the native launcher (:data:`ferroattn.ops.activation.NATIVE`)
+NATIVE_ACTIVATIONS = NATIVE
 #: backend names of ``_native.sparse24_matmul``
 KERNEL_BACKENDS = ("auto", "mma_sp", "wgmma_sp")
 
@@ -181,22 +182,6 @@ def _setup_context(ctx, inputs, output) -> None:
     x, values, meta, bias, n, k, activation, backend = inputs
     ctx.save_for_backward(x, values, meta, bias)
     ctx.n, ctx.k, ctx.activation, ctx.backend = n, k, activation, backend
-
-
-def activation_backward(dout: Tensor, pre: Tensor, activation: str) -> Tensor:
-    """``dout · act'(pre)`` for the names of :data:`NATIVE_ACTIVATIONS` (torch's own backward
-    formulas, so the gradients match a dense ``F.linear`` + activation)."""
-    if activation == "none":
-        return dout
-    if activation == "relu":
-        return torch.ops.aten.threshold_backward(dout, pre, 0)
-    if activation == "gelu_erf":
-        return torch.ops.aten.gelu_backward(dout, pre, approximate="none")
-    if activation == "gelu_tanh":
-        return torch.ops.aten.gelu_backward(dout, pre, approximate="tanh")
-    if activation == "silu":
-        return torch.ops.aten.silu_backward(dout, pre)
-    raise ValueError(f"activation: expected one of {NATIVE_ACTIVATIONS}, got {activation!r}")
 
 
 def _backward(ctx, dout):

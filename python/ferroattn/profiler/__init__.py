@@ -25,10 +25,14 @@ Modules:
 - :mod:`.hooks`     :func:`attach` -> :class:`Attachment`: forward wrappers (default) or torch
                     forward pre/post hooks on the model, its top-level components (embeddings,
                     final norm, rotary, lm_head), decoder layers and their attention/MLP children
-                    (rule: :func:`find_targets`), GPU timestamps (native marks from Rust, or
-                    events) + record_function (while a torch profiler collects) + NVTX (while an
-                    NVTX tool is attached), resolved after the forward;
+                    (rule: :mod:`.targets` :func:`find_targets`), GPU timestamps
+                    (:mod:`.clocks`: native marks from Rust, or events) + record_function (while a
+                    torch profiler collects) + NVTX (while an NVTX tool is attached), resolved
+                    after the forward;
                     :class:`WallClockEvent` (host-clock events for a model on the CPU);
+- :mod:`.cost`      the profiler's cost budget (no more than torch.profiler's own cost on the same
+                    forward, measured paired in one run; <= 5 % on GPU-bound forwards) and
+                    :func:`cost_verdict` of a paired measurement against it;
 - :mod:`.launches`  the adapter over the Rust launch recorder (``_native.profiler_*``):
                     :class:`Recorder`, drained records -> :class:`KernelRecord` (module = innermost
                     module record holding the kernel's start), nesting of profiles;
@@ -56,7 +60,10 @@ Kernel records need an extension built with the launch recorder (``_native.profi
 an older build ``prof.records.kernels`` stays empty (``Recorder.available`` is False).
 """
 from .ceilings import Ceilings, cached_ceilings, config_dtype, default_cache_dir, measure_ceilings
-from .hooks import Attachment, WallClockEvent, attach, find_targets
+from .clocks import WallClockEvent
+from .cost import cost_verdict
+from .hooks import Attachment, attach
+from .targets import find_targets
 from .launches import Recorder, get_recorder, kernel_records, set_recorder
 from .models import build_model
 from .overhead import LaunchOverhead, launch_overhead, model_forward
@@ -70,7 +77,7 @@ from .roofline import (RooflinePoint, Utilisation, arithmetic_intensity, attaina
 from .table import Average, KeyAverages, key_averages, sort_keys
 
 __all__ = [
-    "Attachment", "attach", "find_targets", "profile", "WallClockEvent",
+    "Attachment", "attach", "find_targets", "profile", "WallClockEvent", "cost_verdict",
     "build_model", "sweep", "SweepResult", "SweepPoint", "launch_overhead", "LaunchOverhead", "model_forward",
     "Recorder", "get_recorder", "set_recorder", "kernel_records", "cached_ceilings", "config_dtype",
     "Average", "Ceilings", "KernelRecord", "KeyAverages", "Knee", "LineKnee", "ModuleRecord", "Records",

@@ -2,23 +2,8 @@
 top-level components with GPU timestamps (marks), without any host synchronisation inside the
 forward.
 
-Which modules are hooked (:func:`find_targets`), in ``model.named_modules()`` order:
-
-1. the model itself (``include_root=True``; its record is named after its class, e.g.
-   ``LlamaForCausalLM``, and is the depth-0 record whose time is the "% of total" denominator);
-2. the top-level components (``top_level=True``): every direct child of the model and of each
-   module that holds a layer list (below) that is neither a layer list nor an ancestor of one,
-   nor a bare ``ModuleList``/``ModuleDict`` container (never called itself). For Llama:
-   ``lm_head``, ``model.embed_tokens``, ``model.norm``, ``model.rotary_emb`` (``model`` itself
-   holds the layers and is skipped). With them the depth-1 records cover the whole forward and
-   sum to about the root's time (what is left: the Python glue between them, e.g. mask building);
-3. every element of a ``torch.nn.ModuleList`` whose attribute name is one of ``layer_lists``
-   (default ``layers`` (Llama, Mistral, Qwen), ``h`` (GPT-2, Falcon, BLOOM), ``blocks``,
-   ``layer`` (BERT's ``encoder.layer``)): the decoder (or encoder) layers;
-4. in each such layer, the first direct child found under ``attention_names`` (default
-   ``self_attn``, ``attention``, ``attn``) and the first under ``mlp_names`` (default ``mlp``,
-   ``feed_forward``, ``ffn``). Only direct children are looked at, so e.g.
-   ``attention.self`` (BERT) is timed as ``attention``.
+Which modules are hooked: :func:`ferroattn.profiler.targets.find_targets` (the root, the
+top-level components, the decoder layers and their attention and MLP children).
 
 How a call is bracketed (``mode``):
 
@@ -68,83 +53,26 @@ A module called several times per forward gives one record per call; nesting dep
 of hooked calls open when the call starts (root 0, top-level components and layers 1,
 attention/MLP 2 for a plain model).
 
-Timestamps (the "clock"): native marks (above) when ``event_factory`` is None, CUDA is available
-and the extension has the ``profiler_mark*`` functions (``native=`` passes another object with
-them, e.g. a test fake); else events of ``event_factory``: a zero-argument callable returning an
-object with ``record()``, ``elapsed_time(other) -> ms`` and optionally ``synchronize()`` and
-``query()``; the fallback is ``torch.cuda.Event(enable_timing=True)`` (recorded on the current
-stream). Tests pass a fake; :class:`WallClockEvent` times a model running on the CPU (host wall
-clock). ``Attachment.event_factory`` is always an event factory (the profile window's reference
-event is made with it, and native marks are resolved against that event). Experimental, off the
-default path: ``attach(clock="stamp")`` (:class:`StampClock`) takes each mark as a one-thread
-kernel writing %globaltimer into a device slot instead of an event (scripts/profiler_overhead.py
-``--stamp-experiment`` measures whether that costs the host less).
+Timestamps: :mod:`ferroattn.profiler.clocks` (native marks when ``event_factory`` is None, CUDA is
+available and the extension has the ``profiler_mark*`` functions; else events of ``event_factory``).
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import ArgumentError, NoDeviceError
+from ..errors import ArgumentError
+from .clocks import (EventClock, NativeClock, StampClock, WallClockEvent, checked_event, default_event_factory,
+                     native_marks_available, native_stamps_available, stamp_pairs_ms)
 from .events import ModuleRecord
+from .targets import ATTENTION_NAMES, LAYER_LISTS, MLP_NAMES, find_targets
 
-LAYER_LISTS = ("layers", "h", "blocks", "layer")
-ATTENTION_NAMES = ("self_attn", "attention", "attn")
-MLP_NAMES = ("mlp", "feed_forward", "ffn")
-
-
-def find_targets(model: Any, include_root: bool = True, layer_lists: Sequence[str] = LAYER_LISTS,
-                 attention_names: Sequence[str] = ATTENTION_NAMES,
-                 mlp_names: Sequence[str] = MLP_NAMES, top_level: bool = True) -> list:
-    """The modules :func:`attach` hooks, as ``[(qualified name, module), ...]`` (rule in the
-    module docstring): the root first, then the top-level components and layers in
-    ``model.named_modules()`` order. Raises ArgumentError when ``model`` is not a ``torch.nn.Module``."""
-    import torch  # noqa: PLC0415
-    if not isinstance(model, torch.nn.Module):
-        raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    targets: list = []
-    seen: set = set()
-
-    def add(name, mod):
-        if id(mod) not in seen:
-            seen.add(id(mod))
-            targets.append((name, mod))
-
-    if include_root:
-        add(type(model).__name__, model)
-    lists = [(name, mod) for name, mod in model.named_modules()
-             if isinstance(mod, torch.nn.ModuleList) and name and name.rsplit(".", 1)[-1] in layer_lists]
-    list_names = [n for n, _ in lists]
-    top: dict = {}   # qualified name -> module, for the top-level components
-    if top_level:
-        holders = {""} | {n.rsplit(".", 1)[0] if "." in n else "" for n in list_names}
-        for hname in holders:
-            holder = model.get_submodule(hname) if hname else model
-            for cname, child in holder.named_children():
-                q = f"{hname}.{cname}" if hname else cname
-                if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-                    continue
-                if any(ln == q or ln.startswith(q + ".") for ln in list_names):
-                    continue   # a layer list, or an ancestor of one
-                top[q] = child
-    in_lists = {id(layer) for _, m in lists for layer in m}
-    for name, mod in model.named_modules():
-        if name in top and id(mod) not in in_lists:
-            add(name, mod)
-            continue
-        if not (name in list_names and isinstance(mod, torch.nn.ModuleList)):
-            continue
-        for i, layer in enumerate(mod):
-            lname = f"{name}.{i}"
-            add(lname, layer)
-            children = dict(layer.named_children())
-            for group in (attention_names, mlp_names):
-                for attr in group:
-                    if attr in children:
-                        add(f"{lname}.{attr}", children[attr])
-                        break
-    return targets
-
+# attach, Attachment and the per-call path live here; the clocks and the target rule are
+# re-exported under their earlier import path (ferroattn.profiler.hooks.StampClock, ...)
+__all__ = ["attach", "Attachment", "MODES", "CLOCKS", "nvtx_tool_attached", "NVTX_INJECTION_VAR", "find_targets",
+           "LAYER_LISTS", "ATTENTION_NAMES", "MLP_NAMES", "EventClock", "NativeClock", "StampClock", "WallClockEvent",
+           "checked_event", "default_event_factory", "native_marks_available", "native_stamps_available",
+           "stamp_pairs_ms"]
 
 # A hooked call is ONE list, also the entry of the open-call stack (the per-call path allocates as
 # few garbage-collected containers as it can: on a host-bound forward, every container per call
@@ -153,12 +81,6 @@ def find_targets(model: Any, include_root: bool = True, layer_lists: Sequence[st
 # torch.Size of a single tensor argument, or a list of torch.Size/None per positional argument),
 # module, record_function context or None].
 _NAME, _KIND, _DEPTH, _STEP, _START, _END, _SHAPES, _MODULE, _RF = range(9)
-
-
-def _completed(event: Any) -> bool:
-    """``event.query()`` (True once the GPU passed it); False for events without ``query``."""
-    query = getattr(event, "query", None)
-    return bool(query()) if query is not None else False
 
 
 def _profiler_probe() -> Callable[[], bool]:
@@ -178,174 +100,6 @@ def _plain_shapes(shapes) -> Optional[tuple]:
     if type(shapes) is not list:   # torch.Size of the only argument
         return (tuple(shapes),)
     return tuple(None if x is None else tuple(x) for x in shapes)
-
-
-# ---- clocks: where the timestamps come from ------------------------------------------------
-
-class EventClock:
-    """Timestamps from events of ``factory`` (tokens are the event objects); recorded events come
-    back to a pool once resolved or released."""
-
-    def __init__(self, factory: Callable[[], Any]):
-        self.factory = factory
-        self.pool: list = []
-
-    def mark(self) -> Any:
-        e = self.pool.pop() if self.pool else self.factory()
-        e.record()
-        return e
-
-    def prewarm(self, n: int) -> None:
-        for _ in range(n):
-            e = checked_event(self.factory)
-            e.record()
-            self.pool.append(e)
-
-    def done(self, tokens: Sequence) -> list:
-        return [_completed(t) for t in tokens]
-
-    def release(self, tokens: Sequence) -> None:
-        self.pool.extend(tokens)
-
-    def resolve(self, pairs: Sequence, reference: Any = None) -> list:
-        """(offset ms from ``reference`` (None: the first start), duration ms) per (start, end)
-        pair, after waiting for the last end; the events go back to the pool."""
-        if not pairs:
-            return []
-        sync = getattr(pairs[-1][1], "synchronize", None)
-        if sync is not None:
-            sync()
-        ref = pairs[0][0] if reference is None else reference
-        out = [(float(ref.elapsed_time(s)), float(s.elapsed_time(e))) for s, e in pairs]
-        self.pool.extend(t for p in pairs for t in p if t is not reference)
-        return out
-
-
-MARK_FUNCS = ("profiler_mark", "profiler_marks_query", "profiler_marks_resolve", "profiler_marks_release")
-
-
-def native_marks_available(native: Any) -> bool:
-    """Whether ``native`` has the four mark functions of ``_native`` (profiler section)."""
-    return native is not None and all(callable(getattr(native, f, None)) for f in MARK_FUNCS)
-
-
-class NativeClock:
-    """Timestamps as native marks (``native.profiler_mark(raw stream, device)``; tokens are the
-    int ids, 0 = not recorded) on the current stream of ``device`` (``raw_stream(device)`` -> the
-    raw CUstream; default ``torch._C._cuda_getCurrentRawStream``)."""
-
-    def __init__(self, native: Any, device: int = 0, raw_stream: Optional[Callable[[int], int]] = None):
-        if not native_marks_available(native):
-            raise ArgumentError(f"native: expected an object with {', '.join(MARK_FUNCS)}, got {type(native).__name__}")
-        if raw_stream is None:
-            import torch  # noqa: PLC0415
-            raw_stream = torch._C._cuda_getCurrentRawStream
-        self.native, self.device, self.raw_stream = native, int(device), raw_stream
-        mark_fn, dev = native.profiler_mark, self.device
-        self.mark = lambda: mark_fn(raw_stream(dev), dev)   # the per-call path: one frame, one native call
-
-    def prewarm(self, n: int) -> None:
-        """Record and release ``n`` marks: the native pool then holds ``n`` events."""
-        self.release([self.mark() for _ in range(n)])
-
-    def done(self, tokens: Sequence) -> list:
-        ids = [t for t in tokens if t]
-        q = iter(self.native.profiler_marks_query(ids)) if ids else iter(())
-        return [bool(next(q)) if t else True for t in tokens]
-
-    def release(self, tokens: Sequence) -> None:
-        ids = [t for t in tokens if t]
-        if ids:
-            self.native.profiler_marks_release(ids)
-
-    def resolve(self, pairs: Sequence, reference: Any = None) -> list:
-        """As :meth:`EventClock.resolve` (reference: an event with a ``cuda_event`` handle, e.g.
-        ``torch.cuda.Event``; None or one without a handle: the first recorded mark); a pair with
-        an unrecorded mark (0) or a time the driver refuses gives None."""
-        from .launches import event_handle  # noqa: PLC0415
-        ids = [t for p in pairs for t in p if t]
-        if not ids:
-            return [None] * len(pairs)
-        ref = event_handle(reference) if reference is not None else None
-        times = dict(zip(ids, self.native.profiler_marks_resolve(ids, ref)))
-        out = []
-        for s, e in pairs:
-            ts, te = times.get(s) if s else None, times.get(e) if e else None
-            out.append(None if ts is None or te is None else (float(ts), float(te) - float(ts)))
-        return out
-
-
-STAMP_FUNCS = ("profiler_stamp", "profiler_stamps_resolve", "profiler_stamps_release")
-
-
-def native_stamps_available(native: Any) -> bool:
-    """Whether ``native`` has the stamp functions of ``_native`` (profiler section, experimental)."""
-    return native is not None and all(callable(getattr(native, f, None)) for f in STAMP_FUNCS)
-
-
-class StampClock:
-    """Experimental timestamps (``attach(clock="stamp")``): stamps, i.e. a one-thread kernel per
-    mark writing the GPU's %globaltimer (ns) into a device slot (``native.profiler_stamp(raw
-    stream, device)``; tokens are int ids, 0 = not recorded), instead of a timing event per mark.
-    Same stream order and capture rule as the native marks; the native per-call path takes them
-    straight from Rust (``ProfilerForward(..., stamp=True)``).
-
-    Differences to :class:`NativeClock`: the times are on the device's %globaltimer, which no
-    CUDA event shares, so a ``reference`` event cannot be placed on it: offsets are from the first
-    start of the pairs resolved together (a profile window's kernel records, timed from its
-    reference event, are then not aligned with the module records: the cost is what this clock is
-    for, scripts/profiler_overhead.py); resolving waits for the whole device
-    (``profiler_stamps_resolve``: cuCtxSynchronize + one copy), and :meth:`done` says True without
-    looking (a harvest then waits for the forward it resolves)."""
-
-    def __init__(self, native: Any, device: int = 0, raw_stream: Optional[Callable[[int], int]] = None):
-        if not native_stamps_available(native):
-            raise ArgumentError(f"native: expected an object with {', '.join(STAMP_FUNCS)}, "
-                                f"got {type(native).__name__}")
-        if raw_stream is None:
-            import torch  # noqa: PLC0415
-            raw_stream = torch._C._cuda_getCurrentRawStream
-        self.native, self.device, self.raw_stream = native, int(device), raw_stream
-        stamp_fn, dev = native.profiler_stamp, self.device
-        self.mark = lambda: stamp_fn(raw_stream(dev), dev)
-
-    def prewarm(self, n: int) -> None:
-        """One stamp, resolved (waits): compiles or loads the kernel and allocates the slots, so
-        the first forward does not pay it (slots need no pool)."""
-        if n > 0:
-            ids = [t for t in (self.mark(),) if t]
-            if ids:
-                self.native.profiler_stamps_resolve(ids)
-
-    def done(self, tokens: Sequence) -> list:
-        return [True] * len(tokens)
-
-    def release(self, tokens: Sequence) -> None:
-        ids = [t for t in tokens if t]
-        if ids:
-            self.native.profiler_stamps_release(ids)
-
-    def resolve(self, pairs: Sequence, reference: Any = None) -> list:
-        """(offset ms from the first recorded start of ``pairs``, duration ms) per (start, end)
-        pair (``reference`` is ignored: see the class docstring); a pair with an unrecorded stamp
-        (0) gives None."""
-        return stamp_pairs_ms(pairs, self.native.profiler_stamps_resolve)
-
-
-def stamp_pairs_ms(pairs: Sequence, read: Callable[[list], list]) -> list:
-    """(offset ms, duration ms) per (start id, end id) pair from the stamps' nanoseconds
-    (``read(ids) -> ns`` per id, called once with every recorded id); offsets from the earliest
-    recorded start; None for a pair with an id 0. Durations may be negative only if the clock
-    ran backwards (callers clamp)."""
-    ids = [t for p in pairs for t in p if t]
-    if not ids:
-        return [None] * len(pairs)
-    ns = dict(zip(ids, read(ids)))
-    starts = [ns[s] for s, e in pairs if s and e]
-    if not starts:
-        return [None] * len(pairs)
-    ref = min(starts)
-    return [None if not (s and e) else ((ns[s] - ref) / 1e6, (ns[e] - ns[s]) / 1e6) for s, e in pairs]
 
 
 # ---- the attachment --------------------------------------------------------------------------
@@ -663,29 +417,6 @@ def _record_function():
     return record_function
 
 
-class WallClockEvent:
-    """A host wall-clock stand-in for ``torch.cuda.Event`` (``record()`` reads
-    ``time.perf_counter``; ``elapsed_time(other)`` = other - self in ms): times modules run on
-    the CPU, where there is no device timeline."""
-
-    __slots__ = ("t",)
-
-    def __init__(self):
-        self.t = None
-
-    def record(self, stream: Any = None) -> None:
-        import time  # noqa: PLC0415
-        self.t = time.perf_counter()
-
-    def elapsed_time(self, other: "WallClockEvent") -> float:
-        if self.t is None or other.t is None:
-            raise ArgumentError("elapsed_time: both events must be recorded first")
-        return (other.t - self.t) * 1e3
-
-    def synchronize(self) -> None:
-        return None
-
-
 NVTX_INJECTION_VAR = "NVTX_INJECTION64_PATH"
 
 
@@ -699,25 +430,6 @@ def nvtx_tool_attached() -> bool:
     its first call in the process)."""
     import os  # noqa: PLC0415
     return bool(os.environ.get(NVTX_INJECTION_VAR))
-
-
-def checked_event(factory: Callable[[], Any]) -> Any:
-    """``factory()``, after checking it is an event (callable ``record`` and ``elapsed_time``);
-    ArgumentError naming ``event_factory`` otherwise."""
-    e = factory()
-    if not (callable(getattr(e, "record", None)) and callable(getattr(e, "elapsed_time", None))):
-        raise ArgumentError(f"event_factory: expected a callable returning an event (with record() and "
-                            f"elapsed_time()), it returned {type(e).__name__} {e!r}")
-    return e
-
-
-def default_event_factory() -> Callable[[], Any]:
-    """``torch.cuda.Event(enable_timing=True)`` factory; NoDeviceError without a CUDA GPU."""
-    import torch  # noqa: PLC0415
-    if not torch.cuda.is_available():
-        raise NoDeviceError("event_factory: the default CUDA events need a CUDA GPU "
-                            "(torch.cuda.is_available() is False); pass event_factory= to time otherwise")
-    return lambda: torch.cuda.Event(enable_timing=True)
 
 
 def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, record_function: bool = True,

@@ -211,7 +211,7 @@ class profile:
         if self._att is not None:
             self._att.discard()
         if self._factory is not None:
-            from .hooks import checked_event  # noqa: PLC0415
+            from .clocks import checked_event  # noqa: PLC0415
             ref = checked_event(self._factory)
             ref.record()
             self._sub.ref = ref

@@ -225,7 +225,7 @@ def _measure_point(model: Any, b: int, s: int, vocab: int, repeats: int, warmup:
         peak = int(torch.cuda.max_memory_allocated(device) - base) if cuda else None
         records = None
         if profile_layers:
-            from .hooks import WallClockEvent  # noqa: PLC0415
+            from .clocks import WallClockEvent  # noqa: PLC0415
             from .profile import profile  # noqa: PLC0415
             opts = dict(profile_options)
             if not cuda:
