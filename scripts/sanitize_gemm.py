@@ -9,7 +9,7 @@ see exactly the tensors named here: tails in m, n and k (1, 3, 17, 127), all fou
 with C, activations, the pre-activation aux output), fp32 output, every backend this GPU supports;
 then 2:4 compress/decompress and the sparse matmul for a few row counts (1, 7, 37) and a k that is
 not a multiple of the tile, and wgmma .sp at 256..1023 rows split over k-chunks (forced chunk counts
-through ``$FERROATTN_SPARSE24_SPLITK``) and unsplit. Sizes are tiny: the sanitizer slows kernels down by orders of magnitude.
+through the ``sparse24_splitk`` tuning knob) and unsplit. Sizes are tiny: the sanitizer slows kernels down by orders of magnitude.
 
 Each case also checks its result against a torch fp32 reference (relative Frobenius error <= 1e-2,
 the issue's rule) and that every output element was written (outputs are pre-filled with NaN).
@@ -19,7 +19,6 @@ through the sanitizer's own exit code). ``--list`` prints the cases without runn
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 
@@ -33,7 +32,7 @@ GEMM_CASES = [
     ("square-256", 1, 256, 256, 256, False, False, "float16", "float16", False, 0.0, "none"),
     ("tn-aligned-tails-aux", 1, 136, 264, 72, True, False, "bfloat16", "bfloat16", True, 0.25, "silu"),
 ]
-# (name, rows, n, k, dtype, bias, activation, backend, split-k: $FERROATTN_SPARSE24_SPLITK)
+# (name, rows, n, k, dtype, bias, activation, backend, split-k: the sparse24_splitk knob)
 SPARSE_CASES = [
     ("sp-rows1", 1, 64, 128, "float16", False, "none", "auto", "auto"),
     ("sp-rows7-bias-relu", 7, 96, 160, "bfloat16", True, "relu", "auto", "auto"),
@@ -105,7 +104,7 @@ def run_sparse(case) -> str:
     import torch
     from ferroattn import _native
     name, rows, n, k, dt, with_bias, act, backend, split = case
-    os.environ["FERROATTN_SPARSE24_SPLITK"] = split   # read per call
+    _native.set_tuning_knob("sparse24_splitk", split)
     dtype = getattr(torch, dt)
     lay = _native.sparse24_layout(n, k)
     w = torch.randn(n, k, device="cuda", dtype=dtype)

@@ -2,14 +2,14 @@
 ferroattn.bench.timing.paired_gpu_ms (per window a torch.cuda._sleep covers the host, per call an L2 flush and
 CUDA events around the call; R paired rounds, forward + reverse pass; a window that does not hold is retried
 and never reported). Variants, all through sparse24.matmul(backend="sparse") = the bench's "ours":
-  prod  : FERROATTN_WGMMA_SP_TILE=256 + FERROATTN_WGMMA_SP_STREAMK=off  (= production before this change)
-  new   : the new auto rule (env unset)
-  bm128 : FERROATTN_WGMMA_SP_TILE=128 (forced 128-row tile)        [only --forced shapes]
-  sk    : FERROATTN_WGMMA_SP_STREAMK=on (forced stream-K, rule's tail) [only --forced shapes]
+  prod  : wgmma_sp_tile=256 + wgmma_sp_streamk=off  (= production before this change)
+  new   : the new auto rule (knobs at their defaults)
+  bm128 : wgmma_sp_tile=128 (forced 128-row tile)        [only --forced shapes]
+  sk    : wgmma_sp_streamk=on (forced stream-K, rule's tail) [only --forced shapes]
   dense : F.linear on the dense 2:4 weight (cuBLAS);  peer: F.linear on to_sparse_semi_structured (cuSPARSELt)
 Per shape: the max rel. error of each of ours vs the fp32 reference; per-round times; ratios = median over
 rounds of per-round ratios.   python scripts/sparse24_schedule_timing.py --out FILE --shapes "bf16:512x4096x4096,..." [--forced "..."]"""
-import argparse, contextlib, json, os, statistics, time
+import argparse, json, statistics, time
 import torch
 import torch.nn.functional as F
 from ferroattn import sparse24
@@ -25,12 +25,11 @@ ap.add_argument("--rep-ms", type=float, default=30.0)
 ap.add_argument("--budget-s", type=float, default=100)
 a = ap.parse_args()
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-ENV = {"prod": {"FERROATTN_WGMMA_SP_TILE": "256", "FERROATTN_WGMMA_SP_STREAMK": "off"},
-       "new": {}, "bm128": {"FERROATTN_WGMMA_SP_TILE": "128"}, "sk": {"FERROATTN_WGMMA_SP_STREAMK": "on"},
+ENV = {"prod": {"wgmma_sp_tile": "256", "wgmma_sp_streamk": "off"},
+       "new": {}, "bm128": {"wgmma_sp_tile": "128"}, "sk": {"wgmma_sp_streamk": "on"},
        # diagnostics of the stream-K form at 2048 x 4096 x 4096 (256 tiles of 32 stages): dp:124 -> the 132-tile
        # tail is cut into whole tiles (no partial sums: the form's fixed cost); dp:0 -> 62 stages per CTA, cut
-       "dp124": {"FERROATTN_WGMMA_SP_STREAMK": "dp:124"}, "dp0": {"FERROATTN_WGMMA_SP_STREAMK": "dp:0"}}
-KEYS = ("FERROATTN_WGMMA_SP_TILE", "FERROATTN_WGMMA_SP_STREAMK")
+       "dp124": {"wgmma_sp_streamk": "dp:124"}, "dp0": {"wgmma_sp_streamk": "dp:0"}}
 
 
 def parse(s):
@@ -41,17 +40,10 @@ def parse(s):
     return out
 
 
-@contextlib.contextmanager
 def env(name):
-    old = {kk: os.environ.pop(kk, None) for kk in KEYS}
-    os.environ.update(ENV[name])
-    try:
-        yield
-    finally:
-        for kk in KEYS:
-            os.environ.pop(kk, None)
-            if old[kk] is not None:
-                os.environ[kk] = old[kk]
+    """The tuning knobs of variant ``name`` (the others at their defaults) inside a with block."""
+    from ferroattn.knobs import override
+    return override(**{"wgmma_sp_tile": "", "wgmma_sp_streamk": "", **ENV[name]})
 
 
 def records(fn):

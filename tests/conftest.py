@@ -1,6 +1,8 @@
-"""pytest configuration: the ``gpu`` marker (tests skipped unless a CUDA GPU is usable) and
-shared helpers for fake/meta tensors."""
+"""pytest configuration: the ``gpu`` marker (tests skipped unless a CUDA GPU is usable), the
+``knob`` fixture and shared helpers for fake/meta tensors."""
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
@@ -25,3 +27,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def knob():
+    """``knob(name, value)`` sets tuning knob ``name`` (text form, ``""`` for the default) for the
+    rest of the test; every knob it set is restored after the test. Raises ArgumentError naming the
+    knob for an unknown name or a malformed value."""
+    from ferroattn.knobs import override
+
+    with contextlib.ExitStack() as stack:
+        yield lambda name, value: stack.enter_context(override(**{name: value}))

@@ -6,13 +6,12 @@ reported invalid ("inv"), never as GPU time; the --timing / --gpu-rep-ms options
 from __future__ import annotations
 
 import argparse
-import os
 
 import pytest
 import torch
 
 from _bench_fakes import FakeGpu, small_gemm_point
-from ferroattn import sparse24
+from ferroattn import _native, sparse24
 from ferroattn.bench import gemm as gbench
 from ferroattn.bench import sparse24 as sbench
 from ferroattn.bench import timing
@@ -24,12 +23,12 @@ S24 = {"dense": (0.02, 1.0), "sparse": (0.02, 1 / 1.4), "mma_sp": (0.02, 1 / 1.2
        "wgmma_sp_direct": (0.02, 1 / 1.43), "auto": (1.5, 1 / 1.35), "peer": (2.0, 1 / 1.3)}
 
 
-def _s24_setup(monkeypatch, gpu, sync_peer=False):
+def _s24_setup(monkeypatch, knob, gpu, sync_peer=False):
     """Fake F.linear / sparse24.matmul that enqueue S24's work on ``gpu``; the per-call pass's
     bench_gpu returns each function's host-inclusive time max(host, GPU)."""
     import torch.nn.functional as F
 
-    monkeypatch.delenv("FERROATTN_WGMMA_SP_EPILOGUE", raising=False)
+    knob("wgmma_sp_epilogue", "")
     real_linear = F.linear
     calls: list[str] = []
     ws = [{"dense": torch.randn(16, 32)} for _ in range(2)]
@@ -49,7 +48,7 @@ def _s24_setup(monkeypatch, gpu, sync_peer=False):
         return real_linear(x, w, bias)
 
     def fake_matmul(x, w, bias=None, activation=None, backend="auto"):
-        direct = os.environ.get("FERROATTN_WGMMA_SP_EPILOGUE") == "direct"
+        direct = _native.tuning_knobs()["wgmma_sp_epilogue"] == "direct"
         run("wgmma_sp_direct" if (backend == "wgmma_sp" and direct) else backend)
         return real_linear(x, w)
 
@@ -71,9 +70,9 @@ def _s24_point(m=8192):
     return {"dtype": "bf16", "kind": "llm", "m": m, "n": 16, "k": 32, "flops": 2.0 * m * 16 * 32}
 
 
-def test_sparse24_gpu_time_ratios_and_verdicts(monkeypatch):
+def test_sparse24_gpu_time_ratios_and_verdicts(monkeypatch, knob):
     gpu = FakeGpu()
-    xs, ws = _s24_setup(monkeypatch, gpu)
+    xs, ws = _s24_setup(monkeypatch, knob, gpu)
     p = _s24_point()
     sbench.measure_point(p, xs, ws, None, "FakeSemi", 100.0, 25.0, rounds=3, timing_mode="both",
                          gpu_rep_ms=20.0, gpu_device=gpu)
@@ -85,7 +84,7 @@ def test_sparse24_gpu_time_ratios_and_verdicts(monkeypatch):
     assert p["gpu_speedup_vs_dense"] == pytest.approx(1.4, rel=1e-9)
     assert p["gpu_auto_vs_dense"] == pytest.approx(1.35, rel=1e-9)
     assert p["paired_gpu"]["wgmma_sp_direct_vs_dense"]["ratio"] == pytest.approx(1.43, rel=1e-9)   # env variant
-    assert "FERROATTN_WGMMA_SP_EPILOGUE" not in os.environ
+    assert _native.tuning_knobs()["wgmma_sp_epilogue"] == "smem"
     assert p["peer"]["gpu_tflops"] == pytest.approx(p["flops"] / (1 / 1.3 * 1e-3) / 1e12)
     # per call: host-inclusive (the peer's and auto's host floors)
     assert p["peer"]["call_ms"] == p["peer"]["ms"] == pytest.approx(2.0)
@@ -117,9 +116,9 @@ def test_sparse24_gpu_time_ratios_and_verdicts(monkeypatch):
     assert sbench.summarize([dict(p, gpu_timed=False)])["basis"] == "call"
 
 
-def test_sparse24_host_bound_peer_is_invalid_not_reported(monkeypatch):
+def test_sparse24_host_bound_peer_is_invalid_not_reported(monkeypatch, knob):
     gpu = FakeGpu()
-    xs, ws = _s24_setup(monkeypatch, gpu, sync_peer=True)
+    xs, ws = _s24_setup(monkeypatch, knob, gpu, sync_peer=True)
     p = _s24_point()
     sbench.measure_point(p, xs, ws, None, "FakeSemi", 100.0, 25.0, rounds=2, timing_mode="both",
                          gpu_rep_ms=10.0, gpu_device=gpu)
@@ -137,9 +136,9 @@ def test_sparse24_host_bound_peer_is_invalid_not_reported(monkeypatch):
     assert "x peer inv" in sbench.progress_line(p)
 
 
-def test_sparse24_gpu_only_mode(monkeypatch):
+def test_sparse24_gpu_only_mode(monkeypatch, knob):
     gpu = FakeGpu()
-    xs, ws = _s24_setup(monkeypatch, gpu)
+    xs, ws = _s24_setup(monkeypatch, knob, gpu)
     p = _s24_point()
     sbench.measure_point(p, xs, ws, None, "FakeSemi", 100.0, 25.0, rounds=2, timing_mode="gpu",
                          gpu_rep_ms=10.0, gpu_device=gpu)

@@ -459,19 +459,3 @@ def test_flop_counter_cuda():
     with FlopCounterMode(display=False) as counter:
         matmul(a, b)
     assert counter.get_total_flops() == 2 * 4 * 33 * 17 * 64
-
-
-@pytest.mark.parametrize("var,value", [("FERROATTN_GEMM_WMMA_STREAMK", "2"), ("FERROATTN_GEMM_WMMA_STREAMK", "yes"),
-                                       ("FERROATTN_GEMM_WMMA_GROUP", "0"), ("FERROATTN_GEMM_WMMA_GROUP", "x")])
-def test_wmma_env_rejects_bad_value(monkeypatch, var, value):
-    """A bad $FERROATTN_GEMM_WMMA_STREAMK / $FERROATTN_GEMM_WMMA_GROUP (read per call) raises ArgumentError
-    naming the variable before anything is launched; the next call with it unset is correct."""
-    if "wmma" not in backends():
-        pytest.skip("wmma backend not supported on this device")
-    from ferroattn.errors import ArgumentError
-    a, b = rnd(256, 128), rnd(128, 256, scale=128 ** -0.5)
-    monkeypatch.setenv(var, value)
-    with pytest.raises(ArgumentError, match=var):
-        matmul(a, b, backend="wmma")
-    monkeypatch.delenv(var)
-    assert_close(matmul(a, b, backend="wmma"), ref(a, b))

@@ -8,7 +8,7 @@ unsplit call launches the GEMM alone.
 The rule under test (src/tuning/gemm_sm90.rs ``splitk_plan``): batch 1, fewer than SMs / 2
 128 x 256 tiles, k a multiple of 64 with a divisor >= 2 of k / 64 that keeps chunks >= 128 deep
 and splits * tiles <= SMs. On a 132-SM H200 every shape here with k = 4096 or 11008 splits
-(<= 64 tiles) and k = 1000 never does. FERROATTN_GEMM_SM90_SPLITK=0 (read per call) turns it off.
+(<= 64 tiles) and k = 1000 never does. The gemm_sm90_splitk tuning knob 0 turns it off.
 
 Covered: bf16 / fp16 in, out fp16 / bf16 / fp32, bias (a's dtype, fp32), alpha, beta with C,
 every activation, aux (pre-activation), all four NN/NT/TN/TT layouts, non-contiguous rows of
@@ -105,8 +105,8 @@ def assert_split(recs, split: bool, what=""):
 
 
 @pytest.fixture(autouse=True)
-def _splitk_on(monkeypatch):
-    monkeypatch.delenv("FERROATTN_GEMM_SM90_SPLITK", raising=False)
+def _splitk_on(knob):
+    knob("gemm_sm90_splitk", "")
     yield
     _native.profiler_enable(False)
     _native.profiler_drain()
@@ -231,15 +231,15 @@ def test_cuda_graph_capture():
     assert_close(static_out, ref(a, b, bias, "silu"))
 
 
-def test_off_switch(monkeypatch):
-    """FERROATTN_GEMM_SM90_SPLITK=0 (read per call): one unsplit launch, same values within
+def test_off_switch(knob):
+    """gemm_sm90_splitk=0: one unsplit launch, same values within
     tolerance; unset again: split."""
     torch.manual_seed(13)
     a, b = rnd(16, 4096), rnd(4096, 4096, scale=4096 ** -0.5)
-    monkeypatch.setenv("FERROATTN_GEMM_SM90_SPLITK", "0")
+    knob("gemm_sm90_splitk", "0")
     off, recs = recorded(lambda: matmul(a, b, out_dtype=FP32))
     assert_split(recs, False, "off")
-    monkeypatch.setenv("FERROATTN_GEMM_SM90_SPLITK", "1")
+    knob("gemm_sm90_splitk", "1")
     on, recs = recorded(lambda: matmul(a, b, out_dtype=FP32))
     assert_split(recs, True, "on")
     want = ref(a, b)

@@ -8,8 +8,8 @@ Checked against the fp32 reference of act(x @ w.T + bias) with w the decompresse
 n / k (k_pad % 128 == 64), forced tails from one stage per CTA (most CTAs idle, an owner reading up to
 32 partials) to all tiles, bias (x's dtype / fp32) with every activation, fp16 / bf16, a NaN-poisoned out
 (every element written), run-to-run bitwise determinism, the auto rule's choices (launch records), and
-the environment switches $FERROATTN_WGMMA_SP_TILE ("auto" | "256" | "128" | "band:H") and
-$FERROATTN_WGMMA_SP_STREAMK ("auto" | "off" | "on" | "dp:N"), read per call."""
+the tuning knobs wgmma_sp_tile ("auto" | "256" | "128" | "band:H") and wgmma_sp_streamk ("auto" | "off" |
+"on" | "dp:N"), set with the `knob` fixture."""
 from __future__ import annotations
 
 import pytest
@@ -35,15 +35,15 @@ def _sms():
 @pytest.mark.parametrize("rows,n,k", [(1, 200, 64), (300, 1000, 1000), (512, 4096, 4096), (1100, 1030, 4160),
                                       (777, 128, 4160)])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_gpu_bm128_matches_reference(monkeypatch, rows, n, k, dtype):
-    """FERROATTN_WGMMA_SP_TILE=128: n not a multiple of 128 (last tile partly padding), rows not a multiple
+def test_gpu_bm128_matches_reference(knob, rows, n, k, dtype):
+    """wgmma_sp_tile=128: n not a multiple of 128 (last tile partly padding), rows not a multiple
     of 128, k_pad % 128 == 64 (4160), one token; deterministic; close to the 256-row tile's output."""
     _sm90()
     from ferroattn import sparse24
     w = _w(n, k, dtype, seed=rows)
     t = sparse24.compress(w)
     x = _x(rows, k, dtype)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "128")
+    knob("wgmma_sp_tile", "128")
     got = {}
     recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k)))
     assert len(recs) == 1 and recs[0]["config"].endswith(", 128, 4, 0, 128, 1>"), recs
@@ -51,16 +51,16 @@ def test_gpu_bm128_matches_reference(monkeypatch, rows, n, k, dtype):
     _check(out, x, w)
     assert torch.equal(out, _native_call(x, t, n, k))
     # same sum order per output as the 256-row tile (k in the same stage order): bitwise equal
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
-    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+    knob("wgmma_sp_tile", "256")
+    knob("wgmma_sp_streamk", "off")
+    knob("sparse24_splitk", "off")
     assert torch.equal(out, _native_call(x, t, n, k))
 
 
 @pytest.mark.parametrize("activation", list(ACTS))
 @pytest.mark.parametrize("bias_dtype", [None, "x", torch.float32])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_gpu_bm128_bias_activation(monkeypatch, activation, bias_dtype, dtype):
+def test_gpu_bm128_bias_activation(knob, activation, bias_dtype, dtype):
     _sm90()
     from ferroattn import sparse24
     rows, n, k = 384, 1001, 1544
@@ -69,7 +69,7 @@ def test_gpu_bm128_bias_activation(monkeypatch, activation, bias_dtype, dtype):
     x = _x(rows, k, dtype)
     bias = None if bias_dtype is None else torch.randn(
         n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "128")
+    knob("wgmma_sp_tile", "128")
     _check(_native_call(x, t, n, k, bias, NATIVE_ACT[activation]), x, w, bias, activation)
     y = sparse24.matmul(x, t, bias, activation, backend="sparse")
     _check(y, x, w, bias, activation)
@@ -87,16 +87,16 @@ BAND_CASES = [
 ]
 
 
-def _whole_tiles(monkeypatch):
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
-    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+def _whole_tiles(knob):
+    knob("wgmma_sp_tile", "256")
+    knob("wgmma_sp_streamk", "off")
+    knob("sparse24_splitk", "off")
 
 
 @pytest.mark.parametrize("rows,n,k,head", BAND_CASES)
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_gpu_banded_matches_whole_tiles(monkeypatch, rows, n, k, head, dtype):
-    """FERROATTN_WGMMA_SP_TILE=band:H: two launches (the 256-row tile over features 0 .. 256 H - 1, the
+def test_gpu_banded_matches_whole_tiles(knob, rows, n, k, head, dtype):
+    """wgmma_sp_tile=band:H: two launches (the 256-row tile over features 0 .. 256 H - 1, the
     128-row tile over the rest, its maps, out and bias offset); every element written (NaN-poisoned out),
     close to the reference, deterministic and bitwise the whole-tile output (both tiles add k in the same
     stage order per output)."""
@@ -105,21 +105,21 @@ def test_gpu_banded_matches_whole_tiles(monkeypatch, rows, n, k, head, dtype):
     w = _w(n, k, dtype, seed=rows + n)
     t = sparse24.compress(w)
     x = _x(rows, k, dtype)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", f"band:{head}")
+    knob("wgmma_sp_tile", f"band:{head}")
     got = {}
     recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k)))
     assert len(recs) == 2 and recs[0]["config"].endswith(", 256, 1>") and recs[1]["config"].endswith(", 128, 1>"), recs
     out = got["y"]
     _check(out, x, w)
     assert torch.equal(out, _native_call(x, t, n, k))
-    _whole_tiles(monkeypatch)
+    _whole_tiles(knob)
     assert torch.equal(out, _native_call(x, t, n, k))
 
 
 @pytest.mark.parametrize("activation", list(ACTS))
 @pytest.mark.parametrize("bias_dtype", ["x", torch.float32])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_gpu_banded_bias_activation_strided_x(monkeypatch, activation, bias_dtype, dtype):
+def test_gpu_banded_bias_activation_strided_x(knob, activation, bias_dtype, dtype):
     """band:2 with a bias (x's dtype / fp32: the tail's bias pointer is offset by its element size) and
     every activation, x a column slice of a wider tensor (row stride > k), through sparse24.matmul: bitwise
     the whole-tile output, close to the reference."""
@@ -130,13 +130,13 @@ def test_gpu_banded_bias_activation_strided_x(monkeypatch, activation, bias_dtyp
     t = sparse24.compress(w)
     x = _x(rows, k + 136, dtype)[:, :k]
     bias = torch.randn(n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "band:2")
+    knob("wgmma_sp_tile", "band:2")
     got = {}
     recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k, bias, NATIVE_ACT[activation])))
     assert len(recs) == 2, recs
     _check(got["y"], x, w, bias, activation)
     y = sparse24.matmul(x, t, bias, activation, backend="sparse")
-    _whole_tiles(monkeypatch)
+    _whole_tiles(knob)
     assert torch.equal(got["y"], _native_call(x, t, n, k, bias, NATIVE_ACT[activation]))
     assert torch.equal(y, sparse24.matmul(x, t, bias, activation, backend="sparse"))
 
@@ -165,7 +165,7 @@ SK_CASES = [
 
 @pytest.mark.parametrize("rows,n,k,dp", SK_CASES)
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_gpu_stream_k_matches_reference(monkeypatch, rows, n, k, dp, dtype):
+def test_gpu_stream_k_matches_reference(knob, rows, n, k, dp, dtype):
     _sm90()
     from ferroattn import sparse24
     w = _w(n, k, dtype, seed=rows + k)
@@ -173,7 +173,7 @@ def test_gpu_stream_k_matches_reference(monkeypatch, rows, n, k, dp, dtype):
     x = _x(rows, k, dtype)
     tiles = _tiles256(rows, n)
     dp_tiles = tiles - 1 if dp == "last" else min(int(dp), tiles - 1)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", f"dp:{dp_tiles}")
+    knob("wgmma_sp_streamk", f"dp:{dp_tiles}")
     got = {}
     recs = _records(lambda: got.setdefault("y", _native_call(x, t, n, k)))
     assert len(recs) == 1 and recs[0]["config"].endswith(", 256, 4>"), recs
@@ -184,8 +184,8 @@ def test_gpu_stream_k_matches_reference(monkeypatch, rows, n, k, dp, dtype):
     for _ in range(2):
         assert torch.equal(out, _native_call(x, t, n, k))
     # the same function as whole tiles (sum order differs only where a tile is cut)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
-    monkeypatch.setenv("FERROATTN_SPARSE24_SPLITK", "off")
+    knob("wgmma_sp_streamk", "off")
+    knob("sparse24_splitk", "off")
     ref = _native_call(x, t, n, k)
     assert (out.float() - ref.float()).abs().max().item() <= 0.05 * ref.float().abs().max().item()
 
@@ -193,7 +193,7 @@ def test_gpu_stream_k_matches_reference(monkeypatch, rows, n, k, dp, dtype):
 @pytest.mark.parametrize("activation", list(ACTS))
 @pytest.mark.parametrize("bias_dtype", [None, "x", torch.float32])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_gpu_stream_k_bias_activation(monkeypatch, activation, bias_dtype, dtype):
+def test_gpu_stream_k_bias_activation(knob, activation, bias_dtype, dtype):
     """Bias and activation run once, in the owner's epilogue, after every partial is added."""
     _sm90()
     from ferroattn import sparse24
@@ -203,14 +203,14 @@ def test_gpu_stream_k_bias_activation(monkeypatch, activation, bias_dtype, dtype
     x = _x(rows, k, dtype)
     bias = None if bias_dtype is None else torch.randn(
         n, device=DEV, dtype=dtype if bias_dtype == "x" else bias_dtype)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "dp:10")
+    knob("wgmma_sp_streamk", "dp:10")
     _check(_native_call(x, t, n, k, bias, NATIVE_ACT[activation]), x, w, bias, activation)
     y = sparse24.matmul(x, t, bias, activation, backend="sparse")
     _check(y, x, w, bias, activation)
 
 
 @pytest.mark.parametrize("layout", ["row_step", "batched"])
-def test_gpu_stream_k_noncontiguous_x(monkeypatch, layout):
+def test_gpu_stream_k_noncontiguous_x(knob, layout):
     _sm90()
     from ferroattn import sparse24
     n, k = 1536, 2048
@@ -218,13 +218,13 @@ def test_gpu_stream_k_noncontiguous_x(monkeypatch, layout):
     t = sparse24.compress(w)
     base = torch.randn(8, 96, k + 64, device=DEV, dtype=BF16)
     x = {"row_step": base[:, ::2, :k], "batched": base[..., :k].contiguous().reshape(2, 4, 96, k)}[layout]
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "on")
+    knob("wgmma_sp_streamk", "on")
     y = sparse24.matmul(x, t, backend="wgmma_sp")
     assert y.shape == (*x.shape[:-1], n)
     _check(y.reshape(-1, n), x.reshape(-1, k), w)
 
 
-def test_gpu_stream_k_cuda_graph_capture(monkeypatch):
+def test_gpu_stream_k_cuda_graph_capture(knob):
     """The workspace and the zeroed counters are stream-ordered: a captured call replays correctly."""
     _sm90()
     from ferroattn import sparse24
@@ -232,7 +232,7 @@ def test_gpu_stream_k_cuda_graph_capture(monkeypatch):
     w = _w(n, k, FP16)
     t = sparse24.compress(w)
     x = _x(1500, k, FP16)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "dp:40")
+    knob("wgmma_sp_streamk", "dp:40")
     sparse24.matmul(x, t, backend="wgmma_sp")
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -247,7 +247,7 @@ def test_gpu_stream_k_cuda_graph_capture(monkeypatch):
 
 # ---- the auto rule and the switches ----------------------------------------------------------------------
 
-def test_gpu_schedule_auto_choices(monkeypatch):
+def test_gpu_schedule_auto_choices(knob):
     """132-SM H200: 512 x 4096 x 4096 (64 tiles of 256 rows) and 256 x 4096 x 4096 (32: split-k before) run
     the 128-row tile, and so do 1024 x 14336 x 4096 (448 tiles: 7 x 0.55 < 4 waves) and 512 x 11008 x 4096
     (172: 3 x 0.55 < 2) by the wave rule; 2048 x 11008 x 4096 (688 tiles = 5.2 waves) runs banded (41
@@ -258,8 +258,8 @@ def test_gpu_schedule_auto_choices(monkeypatch):
     if _sms() != 132:
         pytest.skip("the expected choices are those of a 132-SM H200")
     from ferroattn import sparse24
-    for v in ("FERROATTN_WGMMA_SP_TILE", "FERROATTN_WGMMA_SP_STREAMK", "FERROATTN_SPARSE24_SPLITK"):
-        monkeypatch.delenv(v, raising=False)
+    for name in ("wgmma_sp_tile", "wgmma_sp_streamk", "sparse24_splitk"):
+        knob(name, "")      # the defaults
 
     def launched(rows, n, k, check=True):
         w = _w(n, k, FP16, seed=rows)
@@ -277,25 +277,10 @@ def test_gpu_schedule_auto_choices(monkeypatch):
                              (512, 11008, 4096, [", 128, 1>"]), (1024, 11008, 4096, [", 256, 1>"])]:
         cfg = launched(rows, n, k)
         assert len(cfg) == len(want) and all(c.endswith(e) for c, e in zip(cfg, want)), (rows, n, k, cfg)
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "on")
+    knob("wgmma_sp_streamk", "on")
     cfg = launched(2048, 11008, 4096)
     assert len(cfg) == 1 and cfg[0].endswith(", 256, 4>"), cfg
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_STREAMK", "off")
-    monkeypatch.setenv("FERROATTN_WGMMA_SP_TILE", "256")
+    knob("wgmma_sp_streamk", "off")
+    knob("wgmma_sp_tile", "256")
     cfg = launched(512, 4096, 4096, check=False)
     assert len(cfg) == 1 and cfg[0].endswith(", 256, 1>"), cfg
-
-
-@pytest.mark.parametrize("var,value", [("FERROATTN_WGMMA_SP_TILE", "64"), ("FERROATTN_WGMMA_SP_TILE", "band:0"),
-                                       ("FERROATTN_WGMMA_SP_STREAMK", "dp:x"),
-                                       ("FERROATTN_WGMMA_SP_STREAMK", "1")])
-def test_gpu_schedule_env_rejects_bad_value(monkeypatch, var, value):
-    _sm90()
-    from ferroattn import sparse24
-    from ferroattn.errors import ArgumentError
-    w = _w(512, 1024, BF16)
-    t = sparse24.compress(w)
-    x = _x(300, 1024, BF16)
-    monkeypatch.setenv(var, value)
-    with pytest.raises(ArgumentError, match=var):
-        sparse24.matmul(x, t, backend="wgmma_sp")

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from ferroattn import sparse24
+from ferroattn import _native, sparse24
 from ferroattn.bench import sparse24 as bench
 
 
@@ -115,12 +115,10 @@ def test_summary_and_formatting():
 
 
 # ---- paired timing on a fake GPU whose clock drifts (no kernels: sparse24.matmul faked) --------
-def test_measure_point_paired_speedups_cancel_drift(monkeypatch):
-    import os
-
+def test_measure_point_paired_speedups_cancel_drift(monkeypatch, knob):
     import torch.nn.functional as F
 
-    monkeypatch.delenv("FERROATTN_WGMMA_SP_EPILOGUE", raising=False)
+    knob("wgmma_sp_epilogue", "")
     true_ms = {"dense": 1.0, "sparse": 1 / 1.4, "mma_sp": 1 / 1.2, "wgmma_sp": 1 / 1.45,
                "wgmma_sp_direct": 1 / 1.43, "auto": 1 / 1.35, "peer": 1 / 1.3}
     calls: list[str] = []
@@ -135,7 +133,7 @@ def test_measure_point_paired_speedups_cancel_drift(monkeypatch):
         return real_linear(x, w, bias)
 
     def fake_matmul(x, w, bias=None, activation=None, backend="auto"):
-        direct = os.environ.get("FERROATTN_WGMMA_SP_EPILOGUE") == "direct"
+        direct = _native.tuning_knobs()["wgmma_sp_epilogue"] == "direct"
         calls.append("wgmma_sp_direct" if (backend == "wgmma_sp" and direct) else backend)
         return real_linear(x, w)
 
@@ -159,7 +157,7 @@ def test_measure_point_paired_speedups_cancel_drift(monkeypatch):
     bench.measure_point(p, xs, ws, None, "FakeSemi", 100.0, 25.0, rounds=5)
     order = ["dense", "sparse", "mma_sp", "wgmma_sp", "wgmma_sp_direct", "auto", "peer"]
     assert windows == (order + order[::-1]) * 5                   # the env variant ran inside its context
-    assert "FERROATTN_WGMMA_SP_EPILOGUE" not in os.environ        # and was restored
+    assert _native.tuning_knobs()["wgmma_sp_epilogue"] == "smem"        # and was restored
     assert p["speedup_vs_dense"] == pytest.approx(1.4, rel=1e-12)
     assert p["speedup_vs_peer"] == pytest.approx(1.4 / 1.3, rel=1e-12)
     assert p["auto_vs_dense"] == pytest.approx(1.35, rel=1e-12)

@@ -1,33 +1,107 @@
-"""The typed tuning knobs through ``_native`` (CPU): every knob listed with its value, a change
-visible and reversible, malformed names and values rejected with an error naming them."""
+"""The typed tuning knobs through ``_native`` and ``ferroattn.knobs`` (CPU): every knob listed with its
+value, a change visible and reversible, malformed names and values rejected with an error naming them,
+a malformed environment variable rejected naming the variable."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 import ferroattn._native as native
+from ferroattn.errors import ArgumentError
+from ferroattn.knobs import override
+
+#: a value other than the default of every knob (text form), and malformed values
+OTHER = {
+    "attn_fwd_family": "sm80", "attn_bwd_family": "sm90", "gemm_sm90_schedule": "auto",
+    "gemm_sm90_fast_epilogue": "0", "gemm_sm90_splitk": "0", "gemm_wmma_group": "16", "gemm_wmma_streamk": "off",
+    "gemm_wmma_tile": "128,128,32,2,4,4,1,1,1", "persistent_grid": "full", "sparse24_wgmma": "0",
+    "sparse24_tile": "64,64,2,2,3", "sparse24_splitk": "3", "sparse24_splitk_fuse": "1", "wgmma_sp_tile": "band:4",
+    "wgmma_sp_streamk": "dp:8", "wgmma_sp_epilogue": "direct", "wgmma_sp_mainloop": "pipe",
+}
+BAD = [("attn_fwd_family", "hopper"), ("gemm_sm90_schedule", "cooperative"), ("gemm_sm90_splitk", "yes"),
+       ("gemm_wmma_streamk", "2"), ("gemm_wmma_streamk", "yes"), ("gemm_wmma_group", "0"), ("gemm_wmma_group", "x"),
+       ("gemm_wmma_tile", "128,128"), ("persistent_grid", "0"), ("sparse24_splitk", "lots"),
+       ("sparse24_splitk_fuse", "yes"), ("sparse24_tile", "65,64,2,2,3"), ("wgmma_sp_tile", "64"),
+       ("wgmma_sp_tile", "band:0"), ("wgmma_sp_streamk", "dp:x"), ("wgmma_sp_streamk", "1"),
+       ("wgmma_sp_epilogue", "fast"), ("wgmma_sp_mainloop", "3")]
 
 
-def test_knobs_list_both_attention_families():
+def test_knobs_list_every_knob():
     knobs = native.tuning_knobs()
-    assert set(knobs) >= {"attn_fwd_family", "attn_bwd_family"}
+    assert set(knobs) == set(OTHER)
     assert all(v in ("auto", "sm80", "sm90") for k, v in knobs.items() if k.startswith("attn_"))
 
 
-@pytest.mark.parametrize("name", ["attn_fwd_family", "attn_bwd_family"])
+@pytest.mark.parametrize("name", sorted(OTHER))
 def test_knob_changes_and_restores(name):
     before = native.tuning_knobs()[name]
-    try:
-        native.set_tuning_knob(name, "sm80")
-        assert native.tuning_knobs()[name] == "sm80"
-        with pytest.raises(Exception, match="sm90") as e:
-            native.set_tuning_knob(name, "hopper")
-        assert "hopper" in str(e.value)
-        assert native.tuning_knobs()[name] == "sm80"   # a rejected value changes nothing
-    finally:
-        native.set_tuning_knob(name, before)
+    with override(**{name: OTHER[name]}):
+        assert native.tuning_knobs()[name] == OTHER[name]
+        native.set_tuning_knob(name, "")                     # empty: the default
+        native.set_tuning_knob(name, OTHER[name])
+        assert native.tuning_knobs()[name] == OTHER[name]
     assert native.tuning_knobs()[name] == before
 
 
+@pytest.mark.parametrize("name,value", BAD)
+def test_malformed_value_names_the_knob_and_changes_nothing(name, value):
+    before = native.tuning_knobs()
+    with pytest.raises(ArgumentError, match=name) as e:
+        native.set_tuning_knob(name, value)
+    assert f'"{value}"' in str(e.value)
+    assert native.tuning_knobs() == before
+
+
 def test_unknown_knob_is_named():
-    with pytest.raises(Exception, match="attn_bwd_family"):
+    with pytest.raises(ArgumentError, match="attn_bwd_family") as e:
         native.set_tuning_knob("attn_family", "sm80")
+    assert "attn_family" in str(e.value)
+
+
+def test_override_restores_after_an_error():
+    before = native.tuning_knobs()
+    with pytest.raises(ArgumentError, match="gemm_wmma_group"):
+        with override(sparse24_splitk="4", gemm_wmma_group="x"):
+            pass
+    with pytest.raises(RuntimeError):
+        with override(sparse24_splitk="4"):
+            assert native.tuning_knobs()["sparse24_splitk"] == "4"
+            raise RuntimeError("inside")
+    assert native.tuning_knobs() == before
+
+
+_BEFORE_FIXTURE: dict = {}
+
+
+def test_knob_fixture_sets(knob):
+    _BEFORE_FIXTURE.update(native.tuning_knobs())
+    knob("wgmma_sp_tile", "128")
+    knob("wgmma_sp_tile", "256")
+    assert native.tuning_knobs()["wgmma_sp_tile"] == "256"
+
+
+def test_knob_fixture_restored_after_the_test():
+    assert not _BEFORE_FIXTURE or native.tuning_knobs() == _BEFORE_FIXTURE
+
+
+@pytest.mark.parametrize("var,value", [("FERROATTN_SPARSE24_SPLITK", "lots"), ("FERROATTN_GEMM_SM90_SCHEDULE", "coperative"),
+                                       ("FERROATTN_PERSISTENT_GRID", "0")])
+def test_malformed_environment_variable_raises_naming_it(var, value):
+    """The environment is read once, at the first use of the knobs: a malformed variable is an
+    ArgumentError naming it, its values and the value given (in a fresh process)."""
+    code = ("import ferroattn._native as n\n"
+            "try:\n    n.tuning_knobs()\nexcept ValueError as e:\n    print('ERR', e)\n")
+    env = {**os.environ, var: value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERR") and var in out.stdout and value in out.stdout, out.stdout
+
+
+def test_environment_sets_the_initial_value():
+    code = "import ferroattn._native as n\nprint(n.tuning_knobs()['sparse24_splitk'], n.tuning_knobs()['wgmma_sp_tile'])\n"
+    env = {**os.environ, "FERROATTN_SPARSE24_SPLITK": " 3 ", "FERROATTN_WGMMA_SP_TILE": ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["3", "auto"], out.stdout + out.stderr

@@ -32,10 +32,14 @@ def cuda_available() -> bool:
     """True when libcuda loads, cuInit succeeds and at least one GPU exists. Never raises."""
 def set_tuning_knob(name: str, value: str) -> None:
     """Change one tuning knob for the rest of the process (``value`` in the text form of its
-    environment variable, e.g. ``set_tuning_knob("attn_fwd_family", "sm80")``). Raises
-    ArgumentError (a ValueError) for an unknown name or a malformed value."""
+    environment variable, ``""`` for the default; e.g. ``set_tuning_knob("attn_fwd_family", "sm80")``;
+    the knobs are listed in docs/DEVELOPING.md). Raises ArgumentError (a ValueError) naming ``name``
+    for an unknown knob or a malformed value (the knobs are then unchanged), or naming the
+    environment variable when one is malformed."""
 def tuning_knobs() -> dict:
-    """{knob name: value} of every tuning knob (``attn_fwd_family``, ``attn_bwd_family``: auto / sm80 / sm90)."""
+    """{knob name: value in canonical text form} of every tuning knob (the environment's until
+    ``set_tuning_knob`` changes one; each value can be passed back to ``set_tuning_knob``). Raises
+    ArgumentError naming the environment variable when one is malformed."""
 def device_info(ordinal: int = 0) -> dict:
     """{name, sm: (major, minor), arch: "sm_90a", sm_count, total_memory_bytes, driver_version}.
     Raises NoDeviceError when there is no driver/GPU."""

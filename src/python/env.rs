@@ -54,13 +54,15 @@ fn device_info(py: Python<'_>, ordinal: i32) -> Result<Py<PyDict>> {
 }
 
 /// Change one tuning knob (src/tuning/knobs.rs) for the rest of the process: `value` in its
-/// environment variable's text form. ArgumentError for an unknown name or a malformed value.
+/// environment variable's text form ("" for the default). ArgumentError naming `name` for an
+/// unknown knob or a malformed value, naming the variable when the environment's is malformed.
 #[pyfunction]
 fn set_tuning_knob(name: &str, value: &str) -> Result<()> {
     crate::tuning::knobs::set(name, value)
 }
 
-/// {knob name: value} of every tuning knob (the environment's until set_tuning_knob changes one).
+/// {knob name: canonical text of its value} of every tuning knob (the environment's until
+/// set_tuning_knob changes one). ArgumentError naming a malformed environment variable.
 #[pyfunction]
 fn tuning_knobs(py: Python<'_>) -> Result<Py<PyDict>> {
     let d = PyDict::new(py);

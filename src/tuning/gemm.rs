@@ -253,7 +253,7 @@ pub fn smem_of(tile: WmmaTile, a_row_major: bool, b_row_major: bool) -> u32 {
 
 /// When a persistent WMMA launch splits its last items along k ("stream-k tail",
 /// kernels/gemm/wmma.cuh `Persistent`): `Off` never, `Auto` by [`stream_k_plan`]'s rule, `On`
-/// whenever the last wave is partial ($FERROATTN_GEMM_WMMA_STREAMK).
+/// whenever the last wave is partial (the `gemm_wmma_streamk` knob).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamK {
     Off,
@@ -321,7 +321,7 @@ pub fn wmma_config(p: &GemmProblem, tile: Option<WmmaTile>, sm_count: u32, arch:
 }
 
 /// Parse a tile override "bm,bn,bk,warps_m,warps_n,stages[,double_buffer 0|1[,mbarrier 0|1
-/// [,persistent 0|1]]]" (the FERROATTN_GEMM_WMMA_TILE environment variable, for tuning
+/// [,persistent 0|1]]]" (the `gemm_wmma_tile` knob, for tuning
 /// experiments; double_buffer defaults to 1, mbarrier and persistent to 0); None when malformed
 /// or invalid.
 pub fn parse_tile(text: &str) -> Option<WmmaTile> {

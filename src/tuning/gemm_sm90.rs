@@ -32,16 +32,6 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    /// Parses the FERROATTN_GEMM_SM90_SCHEDULE names: "coop", "pingpong", "pingpong_c2".
-    pub fn from_name(name: &str) -> Option<Schedule> {
-        match name {
-            "coop" => Some(Schedule::Cooperative),
-            "pingpong" => Some(Schedule::PingPong),
-            "pingpong_c2" => Some(Schedule::PingPongCluster2),
-            _ => None,
-        }
-    }
-
     /// CTAs per cluster (the kernel's `__cluster_dims__`; the grid is a multiple of it).
     pub fn cluster(self) -> u32 {
         match self {
@@ -54,7 +44,7 @@ impl Schedule {
 /// Largest k for which the k-rule (`SchedulePolicy::ByK`) picks `Schedule::PingPong`.
 pub const PINGPONG_MAX_K: i64 = 4096;
 
-/// How a problem's schedule is chosen when FERROATTN_GEMM_SM90_SCHEDULE names none.
+/// How a problem's schedule is chosen (the `gemm_sm90_schedule` knob).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SchedulePolicy {
     /// One schedule for every problem.
@@ -71,7 +61,7 @@ pub enum SchedulePolicy {
 
 /// The production policy. Fixed(Cooperative) = the cooperative kernel for every problem: the k-rule has
 /// passed the harness on the GPU but not yet the GPU tests through the wheel (switch to ByK
-/// after they pass; FERROATTN_GEMM_SM90_SCHEDULE=auto selects it at run time meanwhile).
+/// after they pass; the `gemm_sm90_schedule` knob `auto` selects it at run time meanwhile).
 /// PingPongCluster2 is correct but ~0.4x cuBLAS in its current form (never chosen by default).
 pub const DEFAULT_POLICY: SchedulePolicy = SchedulePolicy::Fixed(Schedule::Cooperative);
 
@@ -94,8 +84,8 @@ pub fn policy_schedules(policy: SchedulePolicy) -> Vec<Schedule> {
 
 /// Whether production kernels carry the branch-free epilogue loop (FastEpi) that calls without c
 /// and aux take: stmatrix stores of 16-bit outputs, no per-element predicates (bench/NOTES.md
-/// "Dense GEMM, Hopper path"). FERROATTN_GEMM_SM90_FAST_EPILOGUE=0 selects the
-/// general loop at run time (src/ops/gemm/sm90.rs).
+/// "Dense GEMM, Hopper path"). The `gemm_sm90_fast_epilogue` knob 0 selects the general loop at run
+/// time (src/ops/gemm/sm90.rs).
 pub const DEFAULT_FAST_EPILOGUE: bool = true;
 
 /// One specialisation of
@@ -397,9 +387,6 @@ mod tests {
         let q = config(DType::F16, DType::F32, false, true, Activation::None, false, Schedule::PingPongCluster2);
         assert!(q.name_expression().starts_with("ferroattn::gemm_sm90_pingpong_c2<__half, float, false, true, 128, 128, 6, 0,"));
         assert_eq!((q.smem_bytes(), q.schedule.cluster()), (p.smem_bytes(), 2));
-        assert_eq!(Schedule::from_name("pingpong_c2"), Some(Schedule::PingPongCluster2));
-        assert_eq!(Schedule::from_name("coop"), Some(Schedule::Cooperative));
-        assert_eq!(Schedule::from_name("x"), None);
         assert_eq!(schedule_for(SchedulePolicy::ByK, 4096, Activation::None), Schedule::PingPong);
         assert_eq!(schedule_for(SchedulePolicy::ByK, 4097, Activation::None), Schedule::Cooperative);
         assert_eq!(schedule_for(SchedulePolicy::ByK, 64, Activation::Relu), Schedule::Cooperative);

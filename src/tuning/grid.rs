@@ -1,11 +1,11 @@
 //! Persistent-kernel grids: how many CTAs a persistent kernel (one that loops over work tiles,
 //! CTA i taking tiles i, i + gridDim.x, ...) is launched with. Pure functions, unit-tested on CPU;
-//! `crate::ops::persistent` reads the policy from the environment.
+//! the policy is the `persistent_grid` knob (src/tuning/knobs.rs).
 //!
 //! Used by the wgmma kernels: dense GEMM on sm_90a (kernels/gemm/sm90.cuh, non-cluster schedules)
 //! and 2:4 sparse GEMM (kernels/sparse24/wgmma_sp.cuh). Any grid in 1..=tiles is correct for them.
 
-/// How the persistent grid is sized ($FERROATTN_PERSISTENT_GRID).
+/// How the persistent grid is sized (the `persistent_grid` knob).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GridPolicy {
     /// The fewest CTAs that keep the wave count ceil(tiles / SMs) ([`balanced_grid`]); the default.
@@ -17,20 +17,6 @@ pub enum GridPolicy {
 }
 
 impl GridPolicy {
-    /// Parse an environment value: None / "" / "balanced" -> Balanced, "full" -> Full, an integer
-    /// n >= 1 -> Max(n); anything else None (the caller raises an error naming the variable).
-    pub fn parse(value: Option<&str>) -> Option<GridPolicy> {
-        match value.map(str::trim) {
-            None | Some("") | Some("balanced") => Some(GridPolicy::Balanced),
-            Some("full") => Some(GridPolicy::Full),
-            Some(t) => t
-                .parse::<u64>()
-                .ok()
-                .filter(|g| *g >= 1)
-                .map(GridPolicy::Max),
-        }
-    }
-
     /// CTAs for `tiles` work tiles on `sms` SMs under this policy (always in 1..=max(tiles, 1)).
     pub fn grid(self, tiles: u64, sms: u64) -> u64 {
         match self {
@@ -95,18 +81,7 @@ mod tests {
     }
 
     #[test]
-    fn policy_parsing_and_grids() {
-        assert_eq!(GridPolicy::parse(None), Some(GridPolicy::Balanced));
-        assert_eq!(GridPolicy::parse(Some(" ")), Some(GridPolicy::Balanced));
-        assert_eq!(
-            GridPolicy::parse(Some("balanced")),
-            Some(GridPolicy::Balanced)
-        );
-        assert_eq!(GridPolicy::parse(Some(" full ")), Some(GridPolicy::Full));
-        assert_eq!(GridPolicy::parse(Some("128")), Some(GridPolicy::Max(128)));
-        assert_eq!(GridPolicy::parse(Some("0")), None);
-        assert_eq!(GridPolicy::parse(Some("-4")), None);
-        assert_eq!(GridPolicy::parse(Some("all")), None);
+    fn policy_grids() {
         assert_eq!(GridPolicy::Full.grid(2048, 132), 132);
         assert_eq!(GridPolicy::Full.grid(5, 132), 5);
         assert_eq!(GridPolicy::Full.grid(0, 132), 1);

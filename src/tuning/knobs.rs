@@ -1,95 +1,133 @@
 //! Tuning knobs: the switches that choose between kernel paths, as one typed value. Read from
 //! the environment once (the first call of `get`), changeable afterwards through `set` (tests and
-//! A/B benchmarks: `ferroattn._native.set_tuning_knob`). A malformed value is an ArgumentError
-//! naming the variable, never silently ignored. The pure `tuning/` functions take the knobs they
-//! need as arguments; only the ops layer calls `get`.
+//! A/B benchmarks: `ferroattn._native.set_tuning_knob(name, value)`, read back with
+//! `ferroattn._native.tuning_knobs()`). A malformed value is an ArgumentError naming the variable
+//! (or the knob), the values it takes and the value given; never silently ignored. The pure
+//! `tuning/` functions take the knobs they need as arguments; only the ops layer calls `get`.
 //!
-//! | variable | values (default first) | effect |
-//! |---|---|---|
-//! | `FERROATTN_ATTN_FWD_FAMILY` | `auto`, `sm80`, `sm90` | attention-forward kernel family: `auto` and `sm90` take the Hopper kernel wherever it supports the call (on sm_90a), `sm80` always the mma.sync kernel |
-//! | `FERROATTN_ATTN_BWD_FAMILY` | `auto`, `sm80`, `sm90` | attention-backward family: `sm90` takes the Hopper dK/dV/dQ kernel wherever its plan supports the call, `auto` only where it measured faster (`tuning::attention_bwd::bwd_plan_sm90`), `sm80` never |
+//! The table of every knob (variable, name, values, effect) is in docs/DEVELOPING.md ("Tuning
+//! knobs"); a test checks that it lists exactly `KNOBS` with their defaults. The text forms of
+//! the values are in knobs/values.rs.
+
+mod values;
 
 use crate::error::{Error, Result};
+use crate::tuning::gemm::{StreamK, WmmaTile};
+use crate::tuning::gemm_sm90::{SchedulePolicy, DEFAULT_FAST_EPILOGUE, DEFAULT_POLICY};
+use crate::tuning::grid::GridPolicy;
+use crate::tuning::sparse24::{FusePolicy, SplitPolicy, StreamKPolicy, Tile, TilePolicy, WgmmaEpilogue, WgmmaMainloop};
 use std::sync::RwLock;
+pub use values::{FamilyChoice, KnobValue, RasterGroup};
 
-/// Which attention-forward family a call may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum FamilyChoice {
-    /// The dispatcher's choice (the fastest family that supports the call).
-    #[default]
-    Auto,
-    /// Always the sm80 (mma.sync) family.
-    Sm80,
-    /// The sm90 family wherever it supports the call (else sm80).
-    Sm90,
-}
-
-impl FamilyChoice {
-    fn parse(var: &str, value: &str) -> Result<FamilyChoice> {
-        match value.trim() {
-            "" | "auto" => Ok(FamilyChoice::Auto),
-            "sm80" => Ok(FamilyChoice::Sm80),
-            "sm90" => Ok(FamilyChoice::Sm90),
-            other => Err(Error::argument(var, "one of auto, sm80, sm90", format!("{other:?}"))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FamilyChoice::Auto => "auto",
-            FamilyChoice::Sm80 => "sm80",
-            FamilyChoice::Sm90 => "sm90",
-        }
+/// The value of knob text `value` (trimmed; empty: `default`); `source` (the variable or the knob
+/// name) and the accepted values are named in the error.
+fn parse_knob<T: KnobValue>(source: &str, value: &str, default: T) -> Result<T> {
+    match value.trim() {
+        "" => Ok(default),
+        t => T::parse(t).ok_or_else(|| Error::argument(source, T::EXPECTED, format!("{value:?}"))),
     }
 }
 
-/// Every knob, typed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Knobs {
-    pub attn_fwd_family: FamilyChoice,
-    pub attn_bwd_family: FamilyChoice,
-}
+/// Declares `Knobs` (one typed field per knob, with its default), `KNOBS` (name, variable) and
+/// the text access by name, from one list.
+macro_rules! knobs {
+    ($( $(#[$doc:meta])* $field:ident : $ty:ty = $default:expr, $var:literal; )*) => {
+        /// Every knob, typed.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct Knobs {
+            $( $(#[$doc])* pub $field: $ty, )*
+        }
 
-/// (knob name, environment variable) of every knob.
-pub const KNOBS: [(&str, &str); 2] = [
-    ("attn_fwd_family", "FERROATTN_ATTN_FWD_FAMILY"),
-    ("attn_bwd_family", "FERROATTN_ATTN_BWD_FAMILY"),
-];
-
-impl Knobs {
-    /// Set knob `name` from its text form; `source` names the variable or argument in errors.
-    fn set_text(&mut self, name: &str, value: &str, source: &str) -> Result<()> {
-        match name {
-            "attn_fwd_family" => self.attn_fwd_family = FamilyChoice::parse(source, value)?,
-            "attn_bwd_family" => self.attn_bwd_family = FamilyChoice::parse(source, value)?,
-            other => {
-                let names: Vec<_> = KNOBS.iter().map(|(n, _)| *n).collect();
-                return Err(Error::argument("name", format!("one of {}", names.join(", ")), format!("{other:?}")));
+        impl Default for Knobs {
+            fn default() -> Knobs {
+                Knobs { $( $field: $default, )* }
             }
         }
-        Ok(())
-    }
 
-    /// The knobs as the environment sets them.
-    pub fn from_env() -> Result<Knobs> {
+        /// (knob name, environment variable) of every knob.
+        pub const KNOBS: &[(&str, &str)] = &[ $( (stringify!($field), $var), )* ];
+
+        impl Knobs {
+            /// Set knob `name` from its text form; `source` names the variable or knob in errors.
+            /// ArgumentError naming `name` for an unknown knob, naming `source` for a bad value.
+            fn set_text(&mut self, name: &str, value: &str, source: &str) -> Result<()> {
+                match name {
+                    $( stringify!($field) => self.$field = parse_knob(source, value, $default)?, )*
+                    other => {
+                        let names: Vec<_> = KNOBS.iter().map(|(n, _)| *n).collect();
+                        return Err(Error::argument("name", format!("one of {}", names.join(", ")), format!("{other:?}")));
+                    }
+                }
+                Ok(())
+            }
+
+            /// (name, text form of the value) of every knob.
+            pub fn items(&self) -> Vec<(&'static str, String)> {
+                vec![ $( (stringify!($field), self.$field.text()), )* ]
+            }
+        }
+    };
+}
+
+knobs! {
+    /// Attention-forward kernel family.
+    attn_fwd_family: FamilyChoice = FamilyChoice::Auto, "FERROATTN_ATTN_FWD_FAMILY";
+    /// Attention-backward kernel family.
+    attn_bwd_family: FamilyChoice = FamilyChoice::Auto, "FERROATTN_ATTN_BWD_FAMILY";
+    /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
+    gemm_sm90_schedule: SchedulePolicy = DEFAULT_POLICY, "FERROATTN_GEMM_SM90_SCHEDULE";
+    /// The Hopper dense GEMM's branch-free epilogue loop for calls without c and aux.
+    gemm_sm90_fast_epilogue: bool = DEFAULT_FAST_EPILOGUE, "FERROATTN_GEMM_SM90_FAST_EPILOGUE";
+    /// Split-k of small-m Hopper dense GEMMs (src/ops/gemm/sm90/splitk.rs).
+    gemm_sm90_splitk: bool = true, "FERROATTN_GEMM_SM90_SPLITK";
+    /// Tile rows per raster group of the WMMA GEMM.
+    gemm_wmma_group: RasterGroup = RasterGroup::DEFAULT, "FERROATTN_GEMM_WMMA_GROUP";
+    /// Stream-k tail of the WMMA GEMM's persistent tile.
+    gemm_wmma_streamk: StreamK = StreamK::Auto, "FERROATTN_GEMM_WMMA_STREAMK";
+    /// A forced WMMA GEMM tile (None: `wmma_tile`'s choice).
+    gemm_wmma_tile: Option<WmmaTile> = None, "FERROATTN_GEMM_WMMA_TILE";
+    /// Grid of the persistent Hopper kernels (src/tuning/grid.rs).
+    persistent_grid: GridPolicy = GridPolicy::Balanced, "FERROATTN_PERSISTENT_GRID";
+    /// Whether 2:4 matmuls may run the wgmma .sp kernel.
+    sparse24_wgmma: bool = true, "FERROATTN_SPARSE24_WGMMA";
+    /// A forced mma.sp tile (None: `matmul_config`'s choice).
+    sparse24_tile: Option<Tile> = None, "FERROATTN_SPARSE24_TILE";
+    /// Split-k of wgmma .sp.
+    sparse24_splitk: SplitPolicy = SplitPolicy::Auto, "FERROATTN_SPARSE24_SPLITK";
+    /// Whether wgmma .sp split-k fuses the reduce.
+    sparse24_splitk_fuse: FusePolicy = FusePolicy::Auto, "FERROATTN_SPARSE24_SPLITK_FUSE";
+    /// Which tile wgmma .sp may use.
+    wgmma_sp_tile: TilePolicy = TilePolicy::Auto, "FERROATTN_WGMMA_SP_TILE";
+    /// When wgmma .sp runs the stream-K tail.
+    wgmma_sp_streamk: StreamKPolicy = StreamKPolicy::Auto, "FERROATTN_WGMMA_SP_STREAMK";
+    /// The wgmma .sp epilogue form.
+    wgmma_sp_epilogue: WgmmaEpilogue = WgmmaEpilogue::DEFAULT, "FERROATTN_WGMMA_SP_EPILOGUE";
+    /// The wgmma .sp mainloop form.
+    wgmma_sp_mainloop: WgmmaMainloop = WgmmaMainloop::DEFAULT, "FERROATTN_WGMMA_SP_MAINLOOP";
+}
+
+impl Knobs {
+    /// The knobs as `var` (a variable's value, None when unset) sets them.
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Knobs> {
         let mut k = Knobs::default();
-        for (name, var) in KNOBS {
-            if let Ok(v) = std::env::var(var) {
-                k.set_text(name, &v, var)?;
+        for (name, v) in KNOBS {
+            if let Some(text) = var(v) {
+                k.set_text(name, &text, v)?;
             }
         }
         Ok(k)
     }
 
-    /// (name, value) of every knob.
-    pub fn items(&self) -> Vec<(&'static str, &'static str)> {
-        vec![("attn_fwd_family", self.attn_fwd_family.name()), ("attn_bwd_family", self.attn_bwd_family.name())]
+    /// The knobs as the environment sets them. ArgumentError naming the first malformed variable.
+    pub fn from_env() -> Result<Knobs> {
+        Knobs::from_vars(|v| std::env::var(v).ok())
     }
 }
 
 static CURRENT: RwLock<Option<Knobs>> = RwLock::new(None);
 
-/// The current knobs (the environment's on first use).
+/// The current knobs (the environment's on first use). ArgumentError naming the variable when
+/// one is malformed (raised by every call until it is fixed or the knob is set).
 pub fn get() -> Result<Knobs> {
     if let Some(k) = *CURRENT.read().unwrap_or_else(|e| e.into_inner()) {
         return Ok(k);
@@ -101,10 +139,12 @@ pub fn get() -> Result<Knobs> {
     Ok(w.expect("set above"))
 }
 
-/// Change one knob for the rest of the process (`value` in the variable's text form).
+/// Change knob `name` for the rest of the process (`value` in its variable's text form; empty:
+/// the default). ArgumentError naming `name` when it is unknown or the value is malformed (the
+/// knobs are then unchanged).
 pub fn set(name: &str, value: &str) -> Result<()> {
     let mut k = get()?;
-    k.set_text(name, value, "value")?;
+    k.set_text(name, value, name)?;
     *CURRENT.write().unwrap_or_else(|e| e.into_inner()) = Some(k);
     Ok(())
 }
@@ -113,24 +153,92 @@ pub fn set(name: &str, value: &str) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A value of every knob other than its default, in text form.
+    const OTHER: &[(&str, &str)] = &[
+        ("attn_fwd_family", "sm80"),
+        ("attn_bwd_family", "sm90"),
+        ("gemm_sm90_schedule", "auto"),
+        ("gemm_sm90_fast_epilogue", "0"),
+        ("gemm_sm90_splitk", "0"),
+        ("gemm_wmma_group", "16"),
+        ("gemm_wmma_streamk", "off"),
+        ("gemm_wmma_tile", "128,128,32,2,4,4,1,1,1"),
+        ("persistent_grid", "full"),
+        ("sparse24_wgmma", "0"),
+        ("sparse24_tile", "64,64,2,2,3"),
+        ("sparse24_splitk", "3"),
+        ("sparse24_splitk_fuse", "1"),
+        ("wgmma_sp_tile", "band:4"),
+        ("wgmma_sp_streamk", "dp:8"),
+        ("wgmma_sp_epilogue", "direct"),
+        ("wgmma_sp_mainloop", "pipe"),
+    ];
+
     #[test]
-    fn family_values_parse_and_bad_ones_name_the_variable() {
-        assert_eq!(FamilyChoice::parse("V", "auto").unwrap(), FamilyChoice::Auto);
-        assert_eq!(FamilyChoice::parse("V", " sm90 ").unwrap(), FamilyChoice::Sm90);
-        assert_eq!(FamilyChoice::parse("V", "sm80").unwrap(), FamilyChoice::Sm80);
-        let e = FamilyChoice::parse("FERROATTN_ATTN_FWD_FAMILY", "hopper").unwrap_err().to_string();
-        assert!(e.contains("FERROATTN_ATTN_FWD_FAMILY") && e.contains("hopper"), "{e}");
+    fn every_knob_parses_a_value_and_round_trips_its_text() {
+        assert_eq!(OTHER.len(), KNOBS.len());
+        let default = Knobs::default();
+        for ((name, _), (other_name, text)) in KNOBS.iter().zip(OTHER) {
+            assert_eq!(name, other_name);
+            let mut k = default;
+            k.set_text(name, text, name).unwrap();
+            assert_ne!(k, default, "{name}={text} changed nothing");
+            let got = k.items().into_iter().find(|(n, _)| n == name).unwrap().1;
+            assert_eq!(&got, text, "{name}");
+            k.set_text(name, " ", name).unwrap(); // empty: the default
+            assert_eq!(k, default, "{name}");
+        }
+        // the defaults' text parses back to the defaults
+        let mut k = Knobs::default();
+        for (name, text) in default.items() {
+            k.set_text(name, &text, name).unwrap();
+        }
+        assert_eq!(k, default);
+    }
+
+    #[test]
+    fn malformed_environment_values_name_the_variable_and_the_value() {
+        for (name, var) in KNOBS {
+            let e = Knobs::from_vars(|v| (v == *var).then(|| "bogus,1".to_string())).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains("bogus,1"), "{name}: {e}");
+        }
+        let k = Knobs::from_vars(|v| (v == "FERROATTN_SPARSE24_SPLITK").then(|| " 4 ".into())).unwrap();
+        assert_eq!(k.sparse24_splitk, SplitPolicy::Force(4));
+        assert_eq!(Knobs::from_vars(|_| None).unwrap(), Knobs::default());
     }
 
     #[test]
     fn unknown_knob_names_are_rejected() {
         let mut k = Knobs::default();
-        let e = k.set_text("attn_family", "sm80", "value").unwrap_err().to_string();
-        assert!(e.contains("attn_fwd_family"), "{e}");
-        k.set_text("attn_fwd_family", "sm80", "value").unwrap();
-        k.set_text("attn_bwd_family", "sm90", "value").unwrap();
-        assert_eq!(k.items(), vec![("attn_fwd_family", "sm80"), ("attn_bwd_family", "sm90")]);
-        let e = k.set_text("attn_bwd_family", "fast", "FERROATTN_ATTN_BWD_FAMILY").unwrap_err().to_string();
-        assert!(e.contains("FERROATTN_ATTN_BWD_FAMILY") && e.contains("fast"), "{e}");
+        let e = k.set_text("attn_family", "sm80", "attn_family").unwrap_err().to_string();
+        assert!(e.contains("attn_fwd_family") && e.contains("wgmma_sp_mainloop") && e.contains("attn_family"), "{e}");
+        let e = k.set_text("attn_bwd_family", "fast", "attn_bwd_family").unwrap_err().to_string();
+        assert!(e.contains("attn_bwd_family") && e.contains("fast") && e.contains("sm80"), "{e}");
+        assert_eq!(k, Knobs::default());
+    }
+
+    #[test]
+    fn production_defaults() {
+        let k = Knobs::default();
+        assert_eq!(k.gemm_sm90_schedule, DEFAULT_POLICY);
+        assert!(k.gemm_sm90_fast_epilogue && k.gemm_sm90_splitk && k.sparse24_wgmma);
+        assert_eq!(k.gemm_wmma_group, RasterGroup(8));
+        assert_eq!(k.wgmma_sp_epilogue.form(), crate::tuning::sparse24::WGMMA_EPILOGUE_DEFAULT);
+        assert_eq!(k.wgmma_sp_mainloop.meta_sets(), crate::tuning::sparse24::WGMMA_META_SETS_DEFAULT);
+    }
+
+    /// docs/DEVELOPING.md's knob table lists every knob once, as
+    /// `| `VARIABLE` | `name` | `default`, ...`, and nothing else.
+    #[test]
+    fn the_developer_doc_table_lists_exactly_the_knobs() {
+        let doc = include_str!("../../docs/DEVELOPING.md");
+        let rows: Vec<&str> = doc.lines().filter(|l| l.starts_with("| `FERROATTN_")).collect();
+        let defaults = Knobs::default().items();
+        for ((name, var), (_, default)) in KNOBS.iter().zip(&defaults) {
+            let head = format!("| `{var}` | `{name}` | `{default}`");
+            let n = rows.iter().filter(|r| r.starts_with(&head)).count();
+            assert_eq!(n, 1, "docs/DEVELOPING.md: one row starting {head:?}");
+        }
+        assert_eq!(rows.len(), KNOBS.len(), "docs/DEVELOPING.md knob table rows: {rows:#?}");
     }
 }

@@ -55,13 +55,12 @@ arguments, 3 without torch/CUDA.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
+from ..knobs import override
 from . import report, timing
 from .attention import FATAL_MARKERS
 
@@ -75,9 +74,10 @@ SHAPE_SETS = ("all", "square", "llm")
 KERNELS = ("mma_sp", "wgmma_sp", "wgmma_sp_direct")  # explicit kernels, timed besides "sparse" (the best)
 #: the default ``--rep-ms`` per timing mode and ``--gpu-rep-ms``: (full grid, ``--quick``)
 DEFAULT_REP_MS, DEFAULT_GPU_REP_MS = timing.DEFAULT_REP_MS, timing.DEFAULT_GPU_REP
-#: kernel columns that are a backend run under extra environment variables (set only while that
-#: column is timed): the same-process A/B of wgmma_sp's epilogue forms (clocks drift between runs)
-KERNEL_VARIANTS = {"wgmma_sp_direct": ("wgmma_sp", {"FERROATTN_WGMMA_SP_EPILOGUE": "direct"})}
+#: kernel columns that are a backend run under other tuning knobs (``ferroattn.knobs.override``, set
+#: only while that column is timed): the same-process A/B of wgmma_sp's epilogue forms (clocks
+#: drift between runs)
+KERNEL_VARIANTS = {"wgmma_sp_direct": ("wgmma_sp", {"wgmma_sp_epilogue": "direct"})}
 PEERS = ("dense", "semi_structured")
 #: the large shapes of the issue's 1.3x-dense target: 8192^3 and LLM shapes with m >= 4096
 LARGE_M = 4096
@@ -164,21 +164,6 @@ class _Rot:
         return self.xs[i % len(self.xs)], self.ws[i % len(self.ws)]
 
 
-@contextlib.contextmanager
-def _env(env: dict[str, str]) -> Iterator[None]:
-    """Set the environment variables ``env`` inside the block; restore the previous values after."""
-    saved = {name: os.environ.get(name) for name in env}
-    try:
-        os.environ.update(env)
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
-
-
 #: the paired ratios of a point: key -> (numerator function, denominator function); the key is
 #: also the point's top-level key holding the ratio's median (``speedup_vs_dense`` = dense / ours)
 RATIOS = {"speedup_vs_dense": ("dense", "ours"), "speedup_vs_peer": ("peer", "ours"),
@@ -219,17 +204,18 @@ def measure_point(p: dict, xs: list, ws: list, peer_err: str | None, peer_cls: s
     fns: dict[str, Callable[[], Any]] = {}
     contexts: dict[str, Callable[[], Any]] = {}
 
-    def first_call(name, fn, check=True, env=None):
-        """One call on (x0, w0) (inside ``env``); returns the error vs dense; queues ``fn`` for timing."""
-        with _env(env or {}):
+    def first_call(name, fn, check=True, knobs=None):
+        """One call on (x0, w0) (with tuning ``knobs`` set); returns the error vs dense; queues ``fn``
+        for timing."""
+        with override(**(knobs or {})):
             y = fn(x0, w0)
             torch.cuda.synchronize()
         err = rel_err(y, ref) if check else None
         del y
         rot = _Rot(xs, ws)
         fns[name] = lambda: fn(*rot.next())
-        if env:
-            contexts[name] = lambda: _env(env)
+        if knobs:
+            contexts[name] = lambda: override(**knobs)
         return err
 
     try:
@@ -242,10 +228,10 @@ def measure_point(p: dict, xs: list, ws: list, peer_err: str | None, peer_cls: s
         p["ours_error"] = _err(e)
     if not _is_fatal(p["ours_error"]):
         for kb in kernels:
-            backend, env = KERNEL_VARIANTS.get(kb, (kb, {}))
+            backend, knobs = KERNEL_VARIANTS.get(kb, (kb, {}))
             try:
                 err = first_call(f"kernel:{kb}", lambda x, w, b=backend: sparse24.matmul(x, w["ours"], backend=b),
-                                 env=env)
+                                 knobs=knobs)
                 if kb in KERNEL_VARIANTS:
                     p.setdefault("kernel_rel_err", {})[kb] = err
             except Exception as e:

@@ -23,6 +23,7 @@ use crate::ops::validate::{
     check_device, check_disjoint, check_i32, check_no_self_overlap, check_not_null, NO_ELEMENT_TWICE,
 };
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
+use crate::tuning::knobs::Knobs;
 use problem::{Activation, GemmProblem, Operand};
 
 /// The kernel families, fastest first where both run.
@@ -268,10 +269,6 @@ pub fn problem(
     })
 }
 
-/// Whether the sm90 (wgmma + TMA) family can run `p` on `arch` (src/ops/gemm/sm90.rs).
-fn sm90_supports(p: &GemmProblem, arch: Arch) -> bool {
-    sm90::supports(p, arch)
-}
 
 /// The backends a device of `arch` supports, fastest first (whether or not a given problem
 /// fits the fast path).
@@ -283,10 +280,10 @@ pub fn backends_for(arch: Arch) -> Vec<&'static str> {
     }
 }
 
-/// The backend that runs `p`: "auto" takes sm90 when it supports the problem, else wmma; an
-/// explicit backend that cannot run it is an ArgumentError naming `backend`.
-pub fn choose_backend(p: &GemmProblem, arch: Arch, backend: &str) -> Result<&'static str> {
-    let sm90 = sm90_supports(p, arch);
+/// The backend that runs `p`: "auto" takes sm90 when it supports the problem under `knobs`, else
+/// wmma; an explicit backend that cannot run it is an ArgumentError naming `backend`.
+pub fn choose_backend(p: &GemmProblem, arch: Arch, knobs: &Knobs, backend: &str) -> Result<&'static str> {
+    let sm90 = sm90::supports(p, arch, knobs);
     match backend {
         "auto" => Ok(if sm90 { "sm90" } else { "wmma" }),
         "wmma" => Ok("wmma"),
@@ -301,7 +298,7 @@ pub fn choose_backend(p: &GemmProblem, arch: Arch, backend: &str) -> Result<&'st
             };
             Err(Error::argument(
                 "backend",
-                format!("a backend that supports this call: one of {:?}", supported(p, arch)),
+                format!("a backend that supports this call: one of {:?}", supported(sm90)),
                 format!("\"sm90\" ({why})"),
             ))
         }
@@ -309,11 +306,9 @@ pub fn choose_backend(p: &GemmProblem, arch: Arch, backend: &str) -> Result<&'st
     }
 }
 
-fn supported(p: &GemmProblem, arch: Arch) -> Vec<&'static str> {
-    BACKENDS
-        .into_iter()
-        .filter(|b| *b == "wmma" || (*b == "sm90" && sm90_supports(p, arch)))
-        .collect()
+/// The explicit backends that run a problem (`sm90`: whether the sm90 family supports it).
+fn supported(sm90: bool) -> Vec<&'static str> {
+    BACKENDS.into_iter().filter(|b| *b == "wmma" || (*b == "sm90" && sm90)).collect()
 }
 
 /// Validate everything, pick the backend and launch on `stream` (raw CUstream) in the primary
@@ -337,12 +332,13 @@ pub fn gemm(
     }
     let p = problem(a, b, out, c, bias, aux, alpha, beta, activation)?;
     let arch = crate::device::arch(p.device)?;
-    let chosen = choose_backend(&p, arch, backend)?;
+    let knobs = crate::tuning::knobs::get()?;
+    let chosen = choose_backend(&p, arch, &knobs, backend)?;
     if chosen == "sm90" {
         // SAFETY: `p` was validated by `problem` and sm90 supports it (choose_backend).
-        unsafe { sm90::launch(&p, stream)? }
+        unsafe { sm90::launch(&p, &knobs, stream)? }
     } else {
-        wmma::launch(&p, arch, stream)?
+        wmma::launch(&p, arch, &knobs, stream)?
     }
     Ok(chosen)
 }

@@ -1,9 +1,8 @@
 //! The Hopper GEMM family (kernels/gemm/sm90.cuh and kernels/gemm/sm90_pingpong.cuh, sm_90a:
 //! TMA and mbarrier pipeline, wgmma, warp specialisation, persistent tiles): which problems it
 //! runs, its TMA tensor maps, kernel parameters, launch shape and launch of a validated
-//! [`GemmProblem`]. The kernel (schedule) follows `DEFAULT_POLICY` unless
-//! FERROATTN_GEMM_SM90_SCHEDULE names a schedule ("coop", "pingpong", "pingpong_c2") or "auto"
-//! (the k-rule, `SchedulePolicy::ByK`); read once per process.
+//! [`GemmProblem`]. The kernel (schedule) follows the `gemm_sm90_schedule` knob (default
+//! `DEFAULT_POLICY`; src/tuning/knobs.rs).
 //!
 //! Operand rules (what TMA accepts; anything else goes to the wmma path): a and b fp16/bf16
 //! with a 16-byte aligned pointer, a leading dim that is a multiple of 8 elements (16 bytes)
@@ -21,11 +20,8 @@ use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
 use crate::launch::launch as launch_kernel;
 use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::tma::{Swizzle, TensorMap, Tiled};
-use crate::tuning::gemm_sm90::{
-    config, production_configs, schedule_for, GemmSm90Config, Schedule, SchedulePolicy, BLOCK_K, DEFAULT_FAST_EPILOGUE,
-    DEFAULT_POLICY, GROUP_M, THREADS,
-};
-use std::sync::OnceLock;
+use crate::tuning::gemm_sm90::{config, production_configs, schedule_for, GemmSm90Config, Schedule, BLOCK_K, GROUP_M, THREADS};
+use crate::tuning::knobs::Knobs;
 
 pub(crate) mod splitk; // pub(crate): the 2:4 split-k path (src/ops/sparse24) shares its workspace + reduce helpers
 pub use splitk::{reduce_production_specs, GemmSplitkReduceParams};
@@ -87,8 +83,8 @@ fn tma_operand_ok(o: &Operand) -> bool {
     matches!(o.dtype, DType::F16 | DType::BF16) && o.vector_aligned(8)
 }
 
-/// Whether the sm90 family runs `p` correctly on `arch` (module docs list the rules).
-pub fn supports(p: &GemmProblem, arch: Arch) -> bool {
+/// Whether the sm90 family runs `p` correctly on `arch` under `knobs` (module docs list the rules).
+pub fn supports(p: &GemmProblem, arch: Arch, knobs: &Knobs) -> bool {
     if !VERIFIED_ON_GPU || arch != Arch::Sm90a {
         return false;
     }
@@ -96,7 +92,7 @@ pub fn supports(p: &GemmProblem, arch: Arch) -> bool {
     let out_tma_ok = out_ok(&p.out) && p.out.vector_aligned(16 / p.out.dtype.size_bytes() as i64);
     // int32 TMA coordinates and tile offsets: a tile's last coordinate (+ 255) must not wrap.
     let limit = i32::MAX as i64 - 512;
-    let cfg = config_for(p);
+    let cfg = config_for(p, knobs);
     let tiles = tiles_m(p, cfg.block_m) * tiles_n(p, cfg.block_n);
     tma_operand_ok(&p.a)
         && tma_operand_ok(&p.b)
@@ -110,37 +106,15 @@ pub fn supports(p: &GemmProblem, arch: Arch) -> bool {
         && tiles <= i32::MAX as i64
 }
 
-/// Whether to use the branch-free epilogue loop (kernel template FastEpi; for calls without c and
-/// aux: stmatrix stores, no per-element predicates): on (`DEFAULT_FAST_EPILOGUE`) unless
-/// FERROATTN_GEMM_SM90_FAST_EPILOGUE=0, which selects the general loop for every call (those
-/// specialisations are not precompiled: NVRTC builds them on first use). Read once per process.
-fn fast_epilogue() -> bool {
-    static FAST: OnceLock<bool> = OnceLock::new();
-    *FAST.get_or_init(|| match std::env::var("FERROATTN_GEMM_SM90_FAST_EPILOGUE").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => DEFAULT_FAST_EPILOGUE,
-    })
+/// The kernel schedule for `p` (the `gemm_sm90_schedule` knob).
+fn schedule(p: &GemmProblem, knobs: &Knobs) -> Schedule {
+    schedule_for(knobs.gemm_sm90_schedule, p.k, p.activation)
 }
 
-/// The schedule policy: FERROATTN_GEMM_SM90_SCHEDULE = "coop" | "pingpong" | "pingpong_c2" (that
-/// schedule for every problem) or "auto" (`SchedulePolicy::ByK`); unset or unknown:
-/// `DEFAULT_POLICY`. Read once per process.
-fn policy() -> SchedulePolicy {
-    static P: OnceLock<SchedulePolicy> = OnceLock::new();
-    *P.get_or_init(|| match std::env::var("FERROATTN_GEMM_SM90_SCHEDULE").as_deref() {
-        Ok("auto") => SchedulePolicy::ByK,
-        Ok(name) => Schedule::from_name(name).map_or(DEFAULT_POLICY, SchedulePolicy::Fixed),
-        Err(_) => DEFAULT_POLICY,
-    })
-}
-
-/// The kernel schedule for `p`.
-fn schedule(p: &GemmProblem) -> Schedule {
-    schedule_for(policy(), p.k, p.activation)
-}
-
-fn config_for(p: &GemmProblem) -> GemmSm90Config {
+/// The specialisation for `p`: its layouts, the schedule and the `gemm_sm90_fast_epilogue` knob
+/// (the branch-free epilogue loop for calls without c and aux; off, every call takes the general
+/// loop, whose specialisations are not precompiled: NVRTC builds them on first use).
+fn config_for(p: &GemmProblem, knobs: &Knobs) -> GemmSm90Config {
     // a (m, k) is K-major when row-major; b (k, n) is K-major when column-major.
     config(
         p.input_dtype(),
@@ -148,8 +122,8 @@ fn config_for(p: &GemmProblem) -> GemmSm90Config {
         p.a.row_major(),
         !p.b.row_major(),
         p.activation,
-        fast_epilogue(),
-        schedule(p),
+        knobs.gemm_sm90_fast_epilogue,
+        schedule(p, knobs),
     )
 }
 
@@ -218,28 +192,28 @@ static KERNELS: KernelMap<GemmSm90Config> = KernelMap::new();
 ///
 /// Small-m problems (too few 128 x 256 tiles to fill the SMs; `splitk_plan`) run split-k
 /// (src/ops/gemm/sm90/splitk.rs: one batched launch of this kernel over k-chunks into a
-/// stream-ordered fp32 workspace, then kernels/gemm/splitk_reduce.cuh) unless
-/// FERROATTN_GEMM_SM90_SPLITK=0 (read per call); where the split views cannot be built (a tensor
-/// map the driver rejects, no workspace memory) the problem runs unsplit.
+/// stream-ordered fp32 workspace, then kernels/gemm/splitk_reduce.cuh) unless the
+/// `gemm_sm90_splitk` knob is off; where the split views cannot be built (a tensor map the driver
+/// rejects, no workspace memory) the problem runs unsplit.
 ///
 /// # Safety
 /// `p` must come from `ops::gemm::problem` (validated, pointers live until the kernel has run
-/// in stream order) and `supports(p, Sm90a)` must hold.
-pub unsafe fn launch(p: &GemmProblem, stream: u64) -> Result<()> {
-    if !supports(p, crate::device::arch(p.device)?) {
+/// in stream order) and `supports(p, Sm90a, knobs)` must hold.
+pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, stream: u64) -> Result<()> {
+    if !supports(p, crate::device::arch(p.device)?, knobs) {
         return Err(Error::argument(
             "backend",
             "a problem the sm90 path supports (16-byte aligned TMA operands on an sm_90 device)",
             "an unsupported problem for \"sm90\"",
         ));
     }
-    if let Some(plan) = splitk::plan(p)? {
+    if let Some(plan) = splitk::plan(p, knobs)? {
         // SAFETY: forwarded from the caller.
-        if unsafe { splitk::launch(p, plan, stream)? } {
+        if unsafe { splitk::launch(p, knobs, plan, stream)? } {
             return Ok(());
         }
     }
-    let prepared = prepare(p)?;
+    let prepared = prepare(p, knobs)?;
     // SAFETY: forwarded from the caller.
     unsafe { prepared.launch(p, stream) }
 }
@@ -266,8 +240,8 @@ impl Prepared {
 
 /// The kernel, tensor maps, parameters and grid of `p` (a problem `supports` accepts); errors
 /// from the JIT or from tensor-map encoding (an ArgumentError naming the operand).
-fn prepare(p: &GemmProblem) -> Result<Prepared> {
-    let cfg = config_for(p);
+fn prepare(p: &GemmProblem, knobs: &Knobs) -> Result<Prepared> {
+    let cfg = config_for(p, knobs);
     let kernel = KERNELS.get(&cfg, p.device)?;
     // a: K-major (k, m) boxes of 64 x block_m; M-major (m, k) boxes of 64 x 64.
     let (tma_a, a_step) = if cfg.a_k_major {
@@ -288,13 +262,13 @@ fn prepare(p: &GemmProblem) -> Result<Prepared> {
     let tiles = p.batch * tm * tn;
     let sms = crate::device::sm_count(p.device)? as i64;
     // Persistent grid: one CTA per SM at most; by default the fewest CTAs that keep the wave
-    // count (src/tuning/grid.rs; $FERROATTN_PERSISTENT_GRID). With clusters of 2 the work units
+    // count (src/tuning/grid.rs; the `persistent_grid` knob). With clusters of 2 the work units
     // are pairs of m-tiles (kernels/gemm/sm90_pingpong.cuh) and the grid a multiple of 2.
     let grid = if cluster == 2 {
         let units = p.batch * ((tm + 1) / 2) * tn;
         2 * units.min((sms / 2).max(1))
     } else {
-        crate::ops::persistent::persistent_grid(tiles as u64, sms as u64)? as i64
+        knobs.persistent_grid.grid(tiles as u64, sms as u64) as i64
     };
     let (c, c_row, c_batch) = p.c.map_or((0, 0, 0), |c| (c.ptr, c.row_stride, c.batch_stride));
     let (aux, aux_row, aux_batch) = p.aux.map_or((0, 0, 0), |a| (a.ptr, a.row_stride, a.batch_stride));
@@ -338,6 +312,7 @@ fn prepare(p: &GemmProblem) -> Result<Prepared> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tuning::gemm_sm90::SchedulePolicy;
 
     #[test]
     fn params_layout_matches_the_kernel_struct() {
@@ -361,20 +336,19 @@ mod tests {
 
     #[test]
     fn layouts_pick_the_specialisation() {
+        let k = Knobs::default();
         let mut p = problem(256, 512, 128);
-        assert!(config_for(&p).a_k_major && !config_for(&p).b_k_major);
+        assert!(config_for(&p, &k).a_k_major && !config_for(&p, &k).b_k_major);
         p.b = op(128, 512, 1, 128, DType::BF16); // b column-major: K-major
         p.a = op(256, 128, 1, 256, DType::BF16); // a column-major: M-major
-        let c = config_for(&p);
+        let c = config_for(&p, &k);
         assert!(!c.a_k_major && c.b_k_major);
-        assert_eq!(c.schedule, schedule(&p));
-        assert_eq!(c.fast_epilogue, fast_epilogue());
-        if std::env::var_os("FERROATTN_GEMM_SM90_FAST_EPILOGUE").is_none() {
-            assert_eq!(c.fast_epilogue, DEFAULT_FAST_EPILOGUE); // the precompiled specialisation
-        }
-        if policy() == SchedulePolicy::ByK {
-            assert_eq!(c.schedule, Schedule::PingPong); // k = 128, no activation
-        }
+        assert_eq!(c.schedule, Schedule::Cooperative); // DEFAULT_POLICY
+        assert!(c.fast_epilogue); // the precompiled specialisation
+        let by_k = Knobs { gemm_sm90_schedule: SchedulePolicy::ByK, gemm_sm90_fast_epilogue: false, ..k };
+        let c = config_for(&p, &by_k);
+        assert_eq!(c.schedule, Schedule::PingPong); // k = 128, no activation
+        assert!(!c.fast_epilogue);
     }
 
     #[test]
@@ -388,7 +362,7 @@ mod tests {
         let mut q = p;
         q.b.ptr += 8;
         assert!(!tma_operand_ok(&q.b));
-        assert!(!supports(&p, Arch::Sm80));
+        assert!(!supports(&p, Arch::Sm80, &Knobs::default()));
     }
 
     /// Every sm90 production specialisation compiles for sm_90a with 0 spills and 0 stack (slow:
@@ -414,6 +388,8 @@ mod tests {
 
     #[test]
     fn supports_only_tma_layouts_on_sm90a() {
+        let k = Knobs::default();
+        let supports = |p: &GemmProblem, arch| supports(p, arch, &k);
         let p = problem(256, 512, 128);
         assert_eq!(supports(&p, Arch::Sm90a), VERIFIED_ON_GPU);
         assert!(!supports(&p, Arch::Sm80) && !supports(&p, Arch::Sm120));

@@ -193,6 +193,8 @@ fn work_counts_flops_and_compulsory_bytes() {
 
 #[test]
 fn backend_choice() {
+    let k = crate::tuning::knobs::Knobs::default();
+    let choose_backend = |p: &GemmProblem, arch, backend| choose_backend(p, arch, &k, backend);
     let p = problem_of(1, 64, 64, 64);
     for arch in [Arch::Sm80, Arch::Sm90a] {
         assert_eq!(choose_backend(&p, arch, "wmma").unwrap(), "wmma");
@@ -235,16 +237,15 @@ fn launch_shape_and_params() {
     assert_eq!(wmma_config(&p, None, 84, Arch::Sm86).tile, WmmaTile::MEDIUM);
     // the persistent tile (opt-in override): one row of the grid, balanced over the items
     // (tiles x batch; 2 x 512 = 1024 items on 132 SMs: 8 waves -> 128 CTAs), same block and smem
-    if std::env::var(crate::ops::persistent::GRID_ENV).is_err() {
-        let ps = WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 };
-        let cfg = wmma_config(&p, Some(ps), 132, Arch::Sm90a);
-        let s = super::wmma::persistent_shape(&p, &cfg, 132).unwrap();
-        assert_eq!((s.grid, s.block, s.dynamic_smem_bytes), ((128, 1, 1), (256, 1, 1), cfg.smem_bytes()));
-        let big = problem_of(1 << 20, 128, 256, 64); // a batch of 2^20 one-tile entries
-        let s = super::wmma::persistent_shape(&big, &wmma_config(&big, Some(ps), 132, Arch::Sm90a), 132).unwrap();
-        assert_eq!(s.grid, (132, 1, 1));
-        s.check().unwrap();
-    }
+    let balanced = crate::tuning::grid::GridPolicy::Balanced;
+    let ps = WmmaTile { persistent: true, ..WmmaTile::LARGE_SM90 };
+    let cfg = wmma_config(&p, Some(ps), 132, Arch::Sm90a);
+    let s = super::wmma::persistent_shape(&p, &cfg, 132, balanced);
+    assert_eq!((s.grid, s.block, s.dynamic_smem_bytes), ((128, 1, 1), (256, 1, 1), cfg.smem_bytes()));
+    let big = problem_of(1 << 20, 128, 256, 64); // a batch of 2^20 one-tile entries
+    let s = super::wmma::persistent_shape(&big, &wmma_config(&big, Some(ps), 132, Arch::Sm90a), 132, balanced);
+    assert_eq!(s.grid, (132, 1, 1));
+    s.check().unwrap();
 }
 
 #[test]

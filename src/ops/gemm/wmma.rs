@@ -8,11 +8,9 @@ use crate::arch::Arch;
 use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
 use crate::launch::launch as launch_kernel;
 use crate::launch_record::{LaunchInfo, LaunchShape};
-use crate::tuning::gemm::{
-    parse_tile, smem_of, stream_k_plan, wmma_config, wmma_production_configs, GemmWmmaConfig, StreamK, StreamKPlan,
-    WmmaTile,
-};
+use crate::tuning::gemm::{smem_of, stream_k_plan, wmma_config, wmma_production_configs, GemmWmmaConfig, StreamKPlan, WmmaTile};
 use crate::tuning::grid::GridPolicy;
+use crate::tuning::knobs::{Knobs, RasterGroup};
 use std::ffi::c_void;
 
 /// Mirror of `struct GemmWmmaParams` in kernels/gemm/wmma.cuh (change both together).
@@ -45,7 +43,7 @@ pub struct GemmWmmaParams {
     pub beta: f32,
     pub activation: i32,
     pub bias_f32: i32,
-    /// Tile rows per raster group ([`raster_group`]).
+    /// Tile rows per raster group (the `gemm_wmma_group` knob).
     pub group: i32,
     /// Stream-k tail of a persistent tile ([`StreamKPlan`]): first tail item, workspace of
     /// grid x bm x bn fp32 partial tiles, grid x warps zeroed flags (NULL: no tail).
@@ -98,65 +96,17 @@ pub fn params(p: &GemmProblem, config: &GemmWmmaConfig) -> GemmWmmaParams {
         beta: if p.c.is_some() { p.beta } else { 0.0 },
         activation: p.activation.code(),
         bias_f32: i32::from(matches!(p.bias, Some((_, DType::F32)))),
-        group: DEFAULT_GROUP as i32,
+        group: RasterGroup::DEFAULT.0 as i32,
         sk_first: 0,
         sk_ws: std::ptr::null_mut(),
         sk_flags: std::ptr::null_mut(),
     }
 }
 
-/// The environment variable that overrides the raster group (tuning experiments).
-pub const GROUP_ENV: &str = "FERROATTN_GEMM_WMMA_GROUP";
-
-/// The raster group [`params`] writes; [`launch`] replaces it by [`raster_group`].
-pub const DEFAULT_GROUP: u32 = 8;
-
-/// Tile rows per raster group of the kernel's tile order (consecutive tiles walk the tile columns
-/// of `group` tile rows together, so the B tiles they share are reused in L2): DEFAULT_GROUP, or
-/// $FERROATTN_GEMM_WMMA_GROUP (read per call), an integer in 1..=4096.
-///
-/// # Errors
-/// `ArgumentError` naming FERROATTN_GEMM_WMMA_GROUP for any other value.
-pub fn raster_group() -> Result<u32> {
-    let v = std::env::var(GROUP_ENV).ok();
-    parse_group(v.as_deref()).ok_or_else(|| {
-        Error::argument(GROUP_ENV, "an integer in 1..=4096 or unset", format!("{:?}", v.unwrap_or_default()))
-    })
-}
-
-/// [`raster_group`]'s rule for one environment value (pure): unset / empty -> DEFAULT_GROUP.
-fn parse_group(value: Option<&str>) -> Option<u32> {
-    match value.map(str::trim) {
-        None | Some("") => Some(DEFAULT_GROUP),
-        Some(v) => v.parse::<u32>().ok().filter(|g| (1..=4096).contains(g)),
-    }
-}
-
-/// The environment variable that selects the stream-k tail of persistent tiles: "0" / "off"
-/// never, "1" / "on" whenever the last wave is partial, unset / "" / "auto" by [`stream_k_plan`]'s
-/// rule; anything else raises an `ArgumentError` naming it. Read per call.
-pub const STREAMK_ENV: &str = "FERROATTN_GEMM_WMMA_STREAMK";
-
-fn stream_k_mode(value: Option<&str>) -> Option<StreamK> {
-    match value.map(str::trim) {
-        None | Some("") | Some("auto") => Some(StreamK::Auto),
-        Some("0") | Some("off") => Some(StreamK::Off),
-        Some("1") | Some("on") => Some(StreamK::On),
-        Some(_) => None,
-    }
-}
-
 /// The stream-k plan of a persistent launch of `config` for `p` on `sms` SMs: only when every
 /// item is interior (m, n, k multiples of the tile, 16-byte copy vectors), over one CTA per SM
-/// (or $FERROATTN_PERSISTENT_GRID's integer cap, for tests), by $FERROATTN_GEMM_WMMA_STREAMK.
-///
-/// # Errors
-/// `ArgumentError` naming FERROATTN_GEMM_WMMA_STREAMK for a value other than auto / 0 / off / 1 / on.
-pub fn stream_k(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Result<Option<StreamKPlan>> {
-    let v = std::env::var(STREAMK_ENV).ok();
-    let mode = stream_k_mode(v.as_deref()).ok_or_else(|| {
-        Error::argument(STREAMK_ENV, "\"auto\", \"0\", \"off\", \"1\", \"on\" or unset", format!("{:?}", v.unwrap_or_default()))
-    })?;
+/// (or the `persistent_grid` knob's integer cap, for tests), by the `gemm_wmma_streamk` knob.
+pub fn stream_k(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32, knobs: &Knobs) -> Option<StreamKPlan> {
     let t = config.tile;
     if !t.persistent
         || p.m % t.bm as i64 != 0
@@ -165,15 +115,15 @@ pub fn stream_k(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Result<Op
         || config.vec_a != 8
         || config.vec_b != 8
     {
-        return Ok(None);
+        return None;
     }
-    let cap = match GridPolicy::parse(std::env::var(crate::ops::persistent::GRID_ENV).ok().as_deref()) {
-        Some(GridPolicy::Max(n)) => n.min(u64::from(sms)),
+    let cap = match knobs.persistent_grid {
+        GridPolicy::Max(n) => n.min(u64::from(sms)),
         _ => u64::from(sms),
     };
     let (tm, tn) = config.tiles(p.m, p.n);
     let items = tm.saturating_mul(tn).saturating_mul(p.batch.max(1) as u64);
-    Ok(stream_k_plan(items, (p.k / t.bk as i64) as u64, cap, mode))
+    stream_k_plan(items, (p.k / t.bk as i64) as u64, cap, knobs.gemm_wmma_streamk)
 }
 
 /// Grid (tiles_m · tiles_n, min(batch, 65535)): the kernel loops over the batch in steps of
@@ -193,27 +143,35 @@ pub fn launch_shape(p: &GemmProblem, config: &GemmWmmaConfig) -> LaunchShape {
 }
 
 /// Launch shape of a persistent tile (`WmmaTile::persistent`): grid (g, 1, 1) with g the
-/// persistent grid ($FERROATTN_PERSISTENT_GRID, src/tuning/grid.rs: balanced by default) over the
-/// tiles_m · tiles_n · batch work items and `sms` SMs; the kernel loops over the items.
-pub fn persistent_shape(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32) -> Result<LaunchShape> {
+/// persistent grid of `policy` (src/tuning/grid.rs) over the tiles_m · tiles_n · batch work items
+/// and `sms` SMs; the kernel loops over the items.
+pub fn persistent_shape(p: &GemmProblem, config: &GemmWmmaConfig, sms: u32, policy: GridPolicy) -> LaunchShape {
     let (tm, tn) = config.tiles(p.m, p.n);
     let items = tm.saturating_mul(tn).saturating_mul(p.batch.max(1) as u64);
-    let g = crate::ops::persistent::persistent_grid(items, u64::from(sms))?;
-    Ok(LaunchShape {
-        grid: (u32::try_from(g).unwrap_or(u32::MAX), 1, 1),
-        ..launch_shape(p, config)
-    })
+    let g = policy.grid(items, u64::from(sms));
+    LaunchShape { grid: (u32::try_from(g).unwrap_or(u32::MAX), 1, 1), ..launch_shape(p, config) }
 }
 
-/// The FERROATTN_GEMM_WMMA_TILE override ("bm,bn,bk,warps_m,warps_n,stages[,double_buffer
-/// [,mbarrier[,persistent]]]", see `parse_tile`; for tuning experiments; ignored when invalid or too large for
-/// the arch's shared memory).
-fn tile_override(arch: Arch) -> Option<WmmaTile> {
-    let t = std::env::var("FERROATTN_GEMM_WMMA_TILE").ok().as_deref().and_then(parse_tile)?;
-    let fits = [(true, true), (true, false), (false, true), (false, false)]
+/// The tile forced by the `gemm_wmma_tile` knob (tuning experiments), or None.
+///
+/// # Errors
+/// `ArgumentError` naming FERROATTN_GEMM_WMMA_TILE when the tile's ring does not fit `arch`'s
+/// shared memory for every layout.
+fn tile_override(tile: Option<WmmaTile>, arch: Arch) -> Result<Option<WmmaTile>> {
+    let Some(t) = tile else { return Ok(None) };
+    let smem = [(true, true), (true, false), (false, true), (false, false)]
         .iter()
-        .all(|&(a, b)| smem_of(t, a, b) <= arch.max_smem_per_block());
-    fits.then_some(t)
+        .map(|&(a, b)| smem_of(t, a, b))
+        .max()
+        .unwrap_or(0);
+    if smem > arch.max_smem_per_block() {
+        return Err(Error::argument(
+            "FERROATTN_GEMM_WMMA_TILE",
+            format!("a tile whose shared memory fits {arch} ({} bytes per block)", arch.max_smem_per_block()),
+            format!("{t:?} ({smem} bytes)"),
+        ));
+    }
+    Ok(Some(t))
 }
 
 static KERNELS: KernelMap<GemmWmmaConfig> = KernelMap::new();
@@ -222,20 +180,25 @@ static KERNELS: KernelMap<GemmWmmaConfig> = KernelMap::new();
 /// Never synchronises; blocking only on the first call of a configuration (compile or load).
 /// A persistent tile with a stream-k tail ([`stream_k`]) runs on one CTA per SM with a
 /// stream-ordered workspace (grid x bm x bn fp32 + flags, allocated, zeroed and freed on
-/// `stream`); without workspace memory it runs without the tail.
-pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
+/// `stream`); without workspace memory it runs without the tail. `knobs`: the tile override, the
+/// raster group, the persistent grid and the stream-k tail.
+pub fn launch(p: &GemmProblem, arch: Arch, knobs: &Knobs, stream: u64) -> Result<()> {
     let sms = crate::device::sm_count(p.device)?;
-    let config = wmma_config(p, tile_override(arch), sms, arch);
-    let mut shape = if config.tile.persistent { persistent_shape(p, &config, sms)? } else { launch_shape(p, &config) };
+    let config = wmma_config(p, tile_override(knobs.gemm_wmma_tile, arch)?, sms, arch);
+    let mut shape = if config.tile.persistent {
+        persistent_shape(p, &config, sms, knobs.persistent_grid)
+    } else {
+        launch_shape(p, &config)
+    };
     shape.check()?;
     let kernel = KERNELS.get(&config, p.device)?;
     let mut prm = params(p, &config);
-    prm.group = raster_group()? as i32;
+    prm.group = knobs.gemm_wmma_group.0 as i32;
     let info = LaunchInfo {
         op: "ferroattn::gemm",
         work: crate::ops::work::gemm(p),
     };
-    if let Some(sk) = stream_k(p, &config, sms)? {
+    if let Some(sk) = stream_k(p, &config, sms, knobs) {
         // Workspace: grid partial tiles, then grid x warps flags (zeroed here, in stream order).
         let tile_bytes = u64::from(config.tile.bm) * u64::from(config.tile.bn) * 4;
         let flags_off = sk.grid * tile_bytes;
@@ -264,33 +227,4 @@ pub fn launch(p: &GemmProblem, arch: Arch, stream: u64) -> Result<()> {
     // SAFETY: `prm` mirrors GemmWmmaParams; the problem was validated (pointers non-NULL where
     // used, shapes and strides in range) and the caller keeps the tensors alive in stream order.
     unsafe { launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{parse_group, stream_k_mode, StreamK};
-
-    #[test]
-    fn stream_k_mode_parses_the_environment_value() {
-        assert_eq!(stream_k_mode(None), Some(StreamK::Auto));
-        assert_eq!(stream_k_mode(Some("")), Some(StreamK::Auto));
-        assert_eq!(stream_k_mode(Some("auto")), Some(StreamK::Auto));
-        assert_eq!(stream_k_mode(Some("0")), Some(StreamK::Off));
-        assert_eq!(stream_k_mode(Some("off")), Some(StreamK::Off));
-        assert_eq!(stream_k_mode(Some(" 1")), Some(StreamK::On));
-        assert_eq!(stream_k_mode(Some("on")), Some(StreamK::On));
-        assert_eq!(stream_k_mode(Some("2")), None);
-        assert_eq!(stream_k_mode(Some("yes")), None);
-    }
-
-    #[test]
-    fn raster_group_is_8_unless_set_and_bad_values_are_rejected() {
-        assert_eq!(parse_group(None), Some(8));
-        assert_eq!(parse_group(Some("")), Some(8));
-        assert_eq!(parse_group(Some("16")), Some(16));
-        assert_eq!(parse_group(Some(" 4 ")), Some(4));
-        assert_eq!(parse_group(Some("0")), None);
-        assert_eq!(parse_group(Some("4097")), None);
-        assert_eq!(parse_group(Some("x")), None);
-    }
 }

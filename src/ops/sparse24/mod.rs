@@ -8,19 +8,17 @@
 //! Files: this one (kernel parameter mirrors, production specs, the backend choice and the
 //! `matmul` entry with its mma.sp launch), validate.rs (argument checks from metadata),
 //! compress.rs (compress / decompress launches and host entry points), wgmma.rs (the Hopper
-//! `wgmma .sp` path and its schedules), switches.rs (the environment switches of that path),
-//! host.rs (the CPU reference).
+//! `wgmma .sp` path and its schedules; its switches are tuning knobs, src/tuning/knobs.rs), host.rs
+//! (the CPU reference).
 
 pub mod host;
 
 mod compress;
-mod switches;
 mod validate;
 mod wgmma;
 pub use compress::{compress, compress_host, decompress, decompress_host};
 pub use validate::{layout, validate_matmul, MatmulProblem};
 use compress::*;
-use switches::*;
 use validate::*;
 use wgmma::*;
 
@@ -38,12 +36,12 @@ use crate::ops::work;
 use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
-    compress_production_configs, fuse_split, matmul_config, matmul_production_configs, parse_wgmma_epilogue,
-    parse_wgmma_mainloop, parse_wgmma_split, parse_wgmma_split_fuse, parse_wgmma_stream_k, parse_wgmma_tile,
-    wgmma_bm128_config, wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs, wgmma_schedule,
-    wgmma_split_config, wgmma_stream_k_config, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig,
-    FusePolicy, Sparse24WgmmaConfig, SplitPolicy, StreamKPolicy, Tile, TilePolicy, WgmmaSchedule, WgmmaSplit,
+    compress_production_configs, fuse_split, matmul_config, matmul_production_configs, wgmma_bm128_config,
+    wgmma_config_variant, wgmma_pipelined_configs, wgmma_production_configs, wgmma_schedule, wgmma_split_config,
+    wgmma_stream_k_config, CompressKind, Sparse24CompressConfig, Sparse24MatmulConfig, Sparse24WgmmaConfig,
+    StreamKPolicy, TilePolicy, WgmmaSchedule, WgmmaSplit,
 };
+use crate::tuning::knobs::Knobs;
 use host::Layout;
 use std::ffi::c_void;
 
@@ -143,7 +141,7 @@ pub fn wgmma_production_specs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     wgmma_production_configs(arch)
 }
 
-/// The opt-in pipelined-mainloop wgmma_sp specs ($FERROATTN_WGMMA_SP_MAINLOOP=pipe; not
+/// The opt-in pipelined-mainloop wgmma_sp specs (the `wgmma_sp_mainloop` knob `pipe`; not
 /// precompiled, checked for spills by the sparse24 tests).
 pub fn wgmma_pipelined_specs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     wgmma_pipelined_configs(arch)
@@ -192,20 +190,21 @@ fn tile_grid(p: &MatmulProblem, block_r: u32, block_n: u32) -> Result<(u64, u64)
 /// that runs. The crossover between 16 and 64 rows is not measured.
 pub const WGMMA_MIN_ROWS: i64 = 46;
 
-/// The kernel "auto" runs for problem `p` on `arch` with input `x`.
-fn auto_backend(p: &MatmulProblem, x: &TensorView, arch: Arch) -> &'static str {
-    if p.rows >= WGMMA_MIN_ROWS && wgmma_unsupported(x, arch).is_none() {
+/// The kernel "auto" runs for problem `p` on `arch` with input `x` under `knobs`.
+fn auto_backend(p: &MatmulProblem, x: &TensorView, arch: Arch, knobs: &Knobs) -> &'static str {
+    if p.rows >= WGMMA_MIN_ROWS && wgmma_unsupported(x, arch, knobs).is_none() {
         "wgmma_sp"
     } else {
         "mma_sp"
     }
 }
 
-/// Why wgmma_sp cannot run this call (None: it can): an sm_90a device, and x readable by TMA
-/// (16-byte aligned data pointer and row stride; stride 1 along k is validated already).
-fn wgmma_unsupported(x: &TensorView, arch: Arch) -> Option<String> {
-    if !wgmma_enabled() {
-        return Some("FERROATTN_SPARSE24_WGMMA=0".into());
+/// Why wgmma_sp cannot run this call (None: it can): the `sparse24_wgmma` knob on, an sm_90a
+/// device, and x readable by TMA (16-byte aligned data pointer and row stride; stride 1 along k is
+/// validated already).
+fn wgmma_unsupported(x: &TensorView, arch: Arch, knobs: &Knobs) -> Option<String> {
+    if !knobs.sparse24_wgmma {
+        return Some("the sparse24_wgmma knob off (FERROATTN_SPARSE24_WGMMA=0)".into());
     }
     if arch != Arch::Sm90a {
         return Some(format!("a {arch:?} device (wgmma_sp needs sm_90)"));
@@ -272,8 +271,9 @@ pub fn matmul(
     if p.rows == 0 {
         return Ok(ran);
     }
+    let knobs = crate::tuning::knobs::get()?;
     if backend == "auto" {
-        ran = auto_backend(&p, x, crate::device::arch(p.device)?);
+        ran = auto_backend(&p, x, crate::device::arch(p.device)?, &knobs);
     }
     for (arg, t) in [("x", x), ("values", values), ("meta", meta), ("out", out)] {
         check_not_null(arg, t)?;
@@ -310,7 +310,7 @@ pub fn matmul(
         vec_ok(x, p.k),
         p.dtype,
         arch,
-        tile_override()?,
+        knobs.sparse24_tile,
     );
     let t = &config.tile;
     let (row_tiles, n_tiles) = tile_grid(&p, t.block_r, t.block_n)?;
@@ -343,7 +343,7 @@ pub fn matmul(
         work: work::sparse24_matmul(&p, bias_bytes),
     };
     if ran == "wgmma_sp" {
-        launch_wgmma(&p, x, values, meta, prm, &info, stream)?;
+        launch_wgmma(&p, x, values, meta, prm, &info, &knobs, stream)?;
         return Ok(ran);
     }
     shape.check()?;

@@ -7,7 +7,8 @@ pub(super) static WGMMA: KernelMap<Sparse24WgmmaConfig> = KernelMap::new();
 
 /// Launch the wgmma_sp kernel (kernels/sparse24/wgmma_sp.cuh) for a validated problem whose
 /// pointers `matmul` has checked; `prm` carries the mma_sp parameters (row_tiles / n_tiles are
-/// recomputed for the wgmma tile).
+/// recomputed for the wgmma tile); `knobs` choose the kernel forms and the schedule.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn launch_wgmma(
     p: &MatmulProblem,
     x: &TensorView,
@@ -15,10 +16,11 @@ pub(super) fn launch_wgmma(
     meta: &TensorView,
     mut prm: Sparse24MatmulParams,
     info: &LaunchInfo,
+    knobs: &Knobs,
     stream: u64,
 ) -> Result<()> {
     let arch = crate::device::arch(p.device)?;
-    if let Some(why) = wgmma_unsupported(x, arch) {
+    if let Some(why) = wgmma_unsupported(x, arch, knobs) {
         return Err(Error::argument(
             "backend",
             "a call wgmma_sp supports (sm_90 device, 16-byte aligned x rows), or backend=\"mma_sp\"",
@@ -29,8 +31,8 @@ pub(super) fn launch_wgmma(
         p.activation,
         p.dtype,
         arch,
-        wgmma_epilogue()?,
-        wgmma_mainloop()?,
+        knobs.wgmma_sp_epilogue.form(),
+        knobs.wgmma_sp_mainloop.meta_sets(),
     );
     let (rows, k) = (p.rows as u64, p.k as u64);
     let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
@@ -52,9 +54,9 @@ pub(super) fn launch_wgmma(
             rows,
             p.n as u64,
             sms,
-            wgmma_split_policy()?,
-            if staged { wgmma_tile_policy()? } else { TilePolicy::Only256 },
-            if staged { wgmma_stream_k_policy()? } else { StreamKPolicy::Off },
+            knobs.sparse24_splitk,
+            if staged { knobs.wgmma_sp_tile } else { TilePolicy::Only256 },
+            if staged { knobs.wgmma_sp_streamk } else { StreamKPolicy::Off },
         )
     } else {
         WgmmaSchedule::Tiles
@@ -87,7 +89,7 @@ pub(super) fn launch_wgmma(
     prm.row_tiles = row_tiles as i32;
     prm.n_tiles = n_tiles as i32;
     // persistent grid: by default the fewest CTAs that keep ceil(tiles / SMs) waves
-    // (src/tuning/grid.rs; $FERROATTN_PERSISTENT_GRID)
+    // (src/tuning/grid.rs; the `persistent_grid` knob)
     let mut params = Sparse24WgmmaParams {
         tma_x,
         tma_values,
@@ -104,7 +106,7 @@ pub(super) fn launch_wgmma(
     match schedule {
         WgmmaSchedule::Split(s) => {
             // split-k where the tiles leave SMs idle (the maps above are the production tile's)
-            if fuse_split(s.splits, wgmma_split_fuse_policy()?) {
+            if fuse_split(s.splits, knobs.sparse24_splitk_fuse) {
                 let fused_cfg = wgmma_config_variant(p.activation, p.dtype, arch, 3, 1);
                 if launch_wgmma_split_fused(p, &mut params, &fused_cfg, s, tiles, sms, info, stream)? {
                     return Ok(());
@@ -227,7 +229,7 @@ pub(super) fn launch_wgmma_banded(
 }
 
 /// Whole tiles on the persistent grid (by default the fewest CTAs that keep ceil(tiles / SMs)
-/// waves; src/tuning/grid.rs, $FERROATTN_PERSISTENT_GRID).
+/// waves; src/tuning/grid.rs, the `persistent_grid` knob).
 pub(super) fn launch_wgmma_tiles(
     p: &MatmulProblem,
     params: &mut Sparse24WgmmaParams,

@@ -34,8 +34,8 @@ pub struct Tile {
 }
 
 impl Tile {
-    /// Parse "block_n,block_r,warps_n,warps_r,stages" (the FERROATTN_SPARSE24_TILE override
-    /// used by experiments); None when malformed or not a valid tile.
+    /// Parse "block_n,block_r,warps_n,warps_r,stages" (the `sparse24_tile` knob, used by
+    /// experiments); None when malformed or not a valid tile.
     pub fn parse(text: &str) -> Option<Tile> {
         let v: Vec<u32> = text
             .split(',')

@@ -1,6 +1,6 @@
 //! 2:4 sparse kernels, the Hopper `wgmma .sp` path: how a call's work is laid out (tiles, banded,
-//! stream-k, split-k, fused split-k), the cost models that choose, and the policy parsers of
-//! the switches that override the choice. Pure functions.
+//! stream-k, split-k, fused split-k), the cost models that choose, and the policies of the
+//! knobs that override the choice (src/tuning/knobs.rs). Pure functions.
 
 use super::*;
 
@@ -26,7 +26,7 @@ pub enum WgmmaSchedule {
     StreamK { dp_tiles: u64, grid: u64 },
 }
 
-/// $FERROATTN_WGMMA_SP_TILE: which tile wgmma_sp may use.
+/// Which tile wgmma_sp may use (the `wgmma_sp_tile` knob).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TilePolicy {
     /// `wgmma_schedule`'s rule (unset / "auto").
@@ -40,22 +40,7 @@ pub enum TilePolicy {
     Banded(u64),
 }
 
-/// Parse $FERROATTN_WGMMA_SP_TILE: unset / empty / "auto" -> Auto, "256" -> Only256, "128" ->
-/// Force128, "band:H" (H >= 1) -> Banded(H); anything else None (the caller raises an ArgumentError).
-pub fn parse_wgmma_tile(value: Option<&str>) -> Option<TilePolicy> {
-    match value.map(str::trim) {
-        None | Some("") | Some("auto") => Some(TilePolicy::Auto),
-        Some("256") => Some(TilePolicy::Only256),
-        Some("128") => Some(TilePolicy::Force128),
-        Some(v) => v
-            .strip_prefix("band:")
-            .and_then(|h| h.trim().parse::<u64>().ok())
-            .filter(|&h| h >= 1)
-            .map(TilePolicy::Banded),
-    }
-}
-
-/// $FERROATTN_WGMMA_SP_STREAMK: when wgmma_sp runs the stream-K tail.
+/// When wgmma_sp runs the stream-K tail (the `wgmma_sp_streamk` knob).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamKPolicy {
     /// `wgmma_schedule`'s cost rule (unset / "auto").
@@ -66,20 +51,6 @@ pub enum StreamKPolicy {
     On,
     /// always, with exactly this many whole tiles first ("dp:N"; clamped to tiles - 1).
     DpTiles(u64),
-}
-
-/// Parse $FERROATTN_WGMMA_SP_STREAMK: unset / empty / "auto" -> Auto, "off" -> Off, "on" -> On,
-/// "dp:N" (N >= 0) -> DpTiles(N); anything else None (the caller raises an ArgumentError).
-pub fn parse_wgmma_stream_k(value: Option<&str>) -> Option<StreamKPolicy> {
-    match value.map(str::trim) {
-        None | Some("") | Some("auto") => Some(StreamKPolicy::Auto),
-        Some("off") => Some(StreamKPolicy::Off),
-        Some("on") => Some(StreamKPolicy::On),
-        Some(v) => v
-            .strip_prefix("dp:")
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .map(StreamKPolicy::DpTiles),
-    }
 }
 
 /// Cost-model constants of `wgmma_schedule` (stage-times of a 256 x 128 tile, ~0.9-1.0 us on an H200
@@ -287,8 +258,8 @@ pub struct WgmmaSplit {
 }
 
 /// Whether a split-k wgmma_sp call fuses the reduce into the kernel (Epi 3: the chunks of a tile
-/// pass a running fp32 sum in chunk order, the last one runs the epilogue; $FERROATTN_SPARSE24_SPLITK_FUSE,
-/// `parse_wgmma_split_fuse`).
+/// pass a running fp32 sum in chunk order, the last one runs the epilogue; the `sparse24_splitk_fuse`
+/// knob).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FusePolicy {
     /// fuse where it measured faster: `splits <= WGMMA_FUSE_MAX_SPLITS` (unset / empty).
@@ -306,17 +277,6 @@ pub enum FusePolicy {
 /// up to 2.2x slower.
 pub const WGMMA_FUSE_MAX_SPLITS: u32 = 2;
 
-/// Parse $FERROATTN_SPARSE24_SPLITK_FUSE: unset / empty -> Auto, "1" -> On, "0" -> Off; anything
-/// else None (the caller raises an ArgumentError).
-pub fn parse_wgmma_split_fuse(value: Option<&str>) -> Option<FusePolicy> {
-    match value.map(str::trim) {
-        None | Some("") => Some(FusePolicy::Auto),
-        Some("1") => Some(FusePolicy::On),
-        Some("0") => Some(FusePolicy::Off),
-        Some(_) => None,
-    }
-}
-
 /// Whether a call split into `splits` chunks runs the fused kernel under `policy`.
 pub fn fuse_split(splits: u32, policy: FusePolicy) -> bool {
     match policy {
@@ -326,7 +286,7 @@ pub fn fuse_split(splits: u32, policy: FusePolicy) -> bool {
     }
 }
 
-/// How split-k is chosen for wgmma_sp ($FERROATTN_SPARSE24_SPLITK, `parse_wgmma_split`).
+/// How split-k is chosen for wgmma_sp (the `sparse24_splitk` knob).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitPolicy {
     /// `wgmma_split_plan`'s cost rule (unset / "auto").
@@ -335,16 +295,6 @@ pub enum SplitPolicy {
     Off,
     /// exactly this many chunks where k has that many stages (a number >= 1; 1 = off).
     Force(u32),
-}
-
-/// Parse $FERROATTN_SPARSE24_SPLITK: unset / empty / "auto" -> Auto, "0" / "off" -> Off, an
-/// integer >= 1 -> Force; anything else None (the caller raises an ArgumentError).
-pub fn parse_wgmma_split(value: Option<&str>) -> Option<SplitPolicy> {
-    match value.map(str::trim) {
-        None | Some("") | Some("auto") => Some(SplitPolicy::Auto),
-        Some("0") | Some("off") => Some(SplitPolicy::Off),
-        Some(v) => v.parse::<u32>().ok().filter(|&n| n >= 1).map(SplitPolicy::Force),
-    }
 }
 
 /// Shortest chunk the rule makes (128-k stages): a unit of fewer stages is mostly pipeline fill.

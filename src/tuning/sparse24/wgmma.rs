@@ -29,7 +29,7 @@ pub struct Sparse24WgmmaConfig {
     /// Mainloop form, the kernel's `Sets` (metadata register sets): 1 = wgmma.wait_group 0 after
     /// every stage (production); 2 = two alternating metadata register sets and wait_group 1 (one
     /// stage of wgmmas stays in flight across the stage boundary; opt-in until measured,
-    /// $FERROATTN_WGMMA_SP_MAINLOOP=pipe). Same shared memory.
+    /// the `wgmma_sp_mainloop` knob `pipe`). Same shared memory.
     pub meta_sets: u32,
 }
 
@@ -115,39 +115,58 @@ pub fn wgmma_config_variant(
     }
 }
 
-/// The mainloop form production uses when $FERROATTN_WGMMA_SP_MAINLOOP is unset: 1 (wait_group 0
-/// per stage). The pipelined form (2) is spill-free at the production tile (0 spills, 0 metadata
-/// hazards in SASS) and correct, but measured 0-4 % slower on the H200
-/// (bench/results/sparse24_ab_pipe_nvidia-h200_20261130T0628.json): it stays opt-in.
-pub const WGMMA_META_SETS_DEFAULT: u32 = 1;
+/// The wgmma_sp mainloop form (kernel template `Sets`: metadata register sets per consumer thread;
+/// the `wgmma_sp_mainloop` knob).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WgmmaMainloop {
+    /// wgmma.wait_group 0 after every stage (Sets = 1).
+    Wait0 = 1,
+    /// Two alternating metadata register sets, one stage of wgmmas in flight (Sets = 2).
+    Pipe = 2,
+}
 
-/// Parse $FERROATTN_WGMMA_SP_MAINLOOP: unset / empty -> the default, "wait0" or "1" -> 1, "pipe"
-/// or "2" -> 2; anything else None (the caller raises an ArgumentError).
-pub fn parse_wgmma_mainloop(value: Option<&str>) -> Option<u32> {
-    match value.map(str::trim) {
-        None | Some("") => Some(WGMMA_META_SETS_DEFAULT),
-        Some("wait0") | Some("1") => Some(1),
-        Some("pipe") | Some("2") => Some(2),
-        Some(_) => None,
+impl WgmmaMainloop {
+    /// The production form: wait_group 0 per stage. The pipelined form is spill-free at the
+    /// production tile (0 spills, 0 metadata hazards in SASS) and correct, but measured 0-4 % slower
+    /// on the H200 (bench/results/sparse24_ab_pipe_nvidia-h200_20261130T0628.json): it stays opt-in.
+    pub const DEFAULT: WgmmaMainloop = WgmmaMainloop::Wait0;
+
+    /// The kernel's `Sets` template argument.
+    pub const fn meta_sets(self) -> u32 {
+        self as u32
     }
 }
 
-/// The epilogue form production uses when $FERROATTN_WGMMA_SP_EPILOGUE is unset: 1 (staged). H200
-/// same-process A/B, 2026-11-30 05:38: staged / direct 1.05-1.10x on every k = 4096 LLM shape
-/// (bf16 8192x11008x4096: 966 vs 884 dense-equivalent TFLOP/s), 1.03x at 8192^3, 0.99-1.01x at
-/// k = 11008; outputs bitwise equal (bench/results/sparse24_ab_epilogue_nvidia-h200_20261130T053800.json).
-pub const WGMMA_EPILOGUE_DEFAULT: u32 = 1;
+/// The production mainloop form's `Sets` (`WgmmaMainloop::DEFAULT`).
+pub const WGMMA_META_SETS_DEFAULT: u32 = WgmmaMainloop::DEFAULT.meta_sets();
 
-/// Parse $FERROATTN_WGMMA_SP_EPILOGUE: unset / empty -> the default, "direct" or "0" -> 0,
-/// "smem" / "staged" or "1" -> 1; anything else None (the caller raises an ArgumentError).
-pub fn parse_wgmma_epilogue(value: Option<&str>) -> Option<u32> {
-    match value.map(str::trim) {
-        None | Some("") => Some(WGMMA_EPILOGUE_DEFAULT),
-        Some("direct") | Some("0") => Some(0),
-        Some("smem") | Some("staged") | Some("1") => Some(1),
-        Some(_) => None,
+/// The wgmma_sp epilogue form of the whole-tile kernels (kernel template `Epi` 0 or 1; the
+/// `wgmma_sp_epilogue` knob).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WgmmaEpilogue {
+    /// Stores straight from the accumulator registers (Epi = 0).
+    Direct = 0,
+    /// Staged through shared memory with 16-byte stores (Epi = 1).
+    Staged = 1,
+}
+
+impl WgmmaEpilogue {
+    /// The production form: staged. H200 same-process A/B, 2026-11-30 05:38: staged / direct
+    /// 1.05-1.10x on every k = 4096 LLM shape (bf16 8192x11008x4096: 966 vs 884 dense-equivalent
+    /// TFLOP/s), 1.03x at 8192^3, 0.99-1.01x at k = 11008; outputs bitwise equal
+    /// (bench/results/sparse24_ab_epilogue_nvidia-h200_20261130T053800.json).
+    pub const DEFAULT: WgmmaEpilogue = WgmmaEpilogue::Staged;
+
+    /// The kernel's `Epi` template argument.
+    pub const fn form(self) -> u32 {
+        self as u32
     }
 }
+
+/// The production epilogue form's `Epi` (`WgmmaEpilogue::DEFAULT`).
+pub const WGMMA_EPILOGUE_DEFAULT: u32 = WgmmaEpilogue::DEFAULT.form();
 
 /// The opt-in pipelined-mainloop configurations (`meta_sets` 2, staged epilogue; every dtype and
 /// activation) for `arch`: not precompiled (NVRTC builds one on its first call), but held to the
@@ -191,7 +210,7 @@ pub fn wgmma_production_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {
     out
 }
 
-/// The opt-in stream-K kernels (`epilogue` 4, every dtype and activation; $FERROATTN_WGMMA_SP_STREAMK
+/// The opt-in stream-K kernels (`epilogue` 4, every dtype and activation; the `wgmma_sp_streamk` knob
 /// "on" / "dp:N") for `arch`: not precompiled (NVRTC builds one on its first call; the auto rule
 /// never picks them, see `wgmma_schedule`), held to the no-spill rule by the sparse24 tests.
 pub fn wgmma_stream_k_configs(arch: Arch) -> Vec<Sparse24WgmmaConfig> {

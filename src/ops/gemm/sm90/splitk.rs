@@ -34,6 +34,7 @@ use crate::tuning::gemm_sm90::{
     splitk_plan, splitk_reduce_production_configs, GemmSplitkReduceConfig, SplitK,
     SPLITK_REDUCE_THREADS,
 };
+use crate::tuning::knobs::Knobs;
 use cudarc::driver::{result as cu, sys};
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
@@ -78,20 +79,14 @@ static REDUCE_KERNELS: KernelMap<GemmSplitkReduceConfig> = KernelMap::new();
 /// splits · m · n · 4 <= sms · 128 · 256 · 4 bytes (~17 MB on 132 SMs).
 const POOL_KEEP_BYTES: u64 = 64 << 20;
 
-/// Whether split-k may be used (FERROATTN_GEMM_SM90_SPLITK: "0" turns it off; anything else or
-/// unset: on). Read on every call (one environment lookup).
-fn splitk_enabled() -> bool {
-    !matches!(std::env::var("FERROATTN_GEMM_SM90_SPLITK").as_deref(), Ok("0"))
-}
-
-/// The split-k plan for `p` (a problem sm90 supports), or None: split-k off
-/// (FERROATTN_GEMM_SM90_SPLITK=0), the rule declines (`splitk_plan`), or the split operands would
-/// not be TMA-loadable.
-pub fn plan(p: &GemmProblem) -> Result<Option<SplitK>> {
-    if !splitk_enabled() || p.batch != 1 {
+/// The split-k plan for `p` (a problem sm90 supports), or None: split-k off (the
+/// `gemm_sm90_splitk` knob), the rule declines (`splitk_plan`), or the split operands would not be
+/// TMA-loadable.
+pub fn plan(p: &GemmProblem, knobs: &Knobs) -> Result<Option<SplitK>> {
+    if !knobs.gemm_sm90_splitk || p.batch != 1 {
         return Ok(None);
     }
-    let cfg = config_for(p);
+    let cfg = config_for(p, knobs);
     let tiles = tiles_m(p, cfg.block_m) * tiles_n(p, cfg.block_n);
     let sms = crate::device::sm_count(p.device)? as i64;
     Ok(plan_for(p, tiles, cfg.schedule.cluster(), sms))
@@ -271,14 +266,14 @@ pub(crate) unsafe fn with_workspace(
 ///
 /// # Safety
 /// As `super::launch` (`p` validated, supported, its tensors live until the kernels have run).
-pub unsafe fn launch(p: &GemmProblem, s: SplitK, stream: u64) -> Result<bool> {
+pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, s: SplitK, stream: u64) -> Result<bool> {
     crate::device::bind(p.device)?;
     let bytes = (s.splits * p.m * p.n * 4) as usize;
     // SAFETY: the body enqueues the GEMM and the reduce on `stream` only.
     unsafe {
         with_workspace(p.device, bytes, stream, |ws| {
             let q = split_problem(p, s, ws);
-            let Ok(gemm) = prepare(&q) else { return Ok(false) };
+            let Ok(gemm) = prepare(&q, knobs) else { return Ok(false) };
             let reduce = reduce_kernel(p.out.dtype, p.activation, p.device)?;
             // `gemm` was prepared from `q`, whose operands are views of p's (live) a and b and of
             // the workspace.
@@ -336,14 +331,15 @@ mod tests {
                 }
             }
             assert!(tma_operand_ok(&q.a) && tma_operand_ok(&q.b), "{a_row} {b_row}");
-            assert_eq!(config_for(&q).a_k_major, config_for(&p).a_k_major);
-            assert_eq!(config_for(&q).b_k_major, config_for(&p).b_k_major);
+            let k = Knobs::default();
+            assert_eq!(config_for(&q, &k).a_k_major, config_for(&p, &k).a_k_major);
+            assert_eq!(config_for(&q, &k).b_k_major, config_for(&p, &k).b_k_major);
             assert_eq!(q.out.dtype, DType::F32);
             assert_eq!((q.out.ptr, q.out.row_stride, q.out.batch_stride), (0x20000, 512, 16 * 512));
             assert!(q.out.vector_aligned(4));
             assert!(q.c.is_none() && q.bias.is_none() && q.aux.is_none());
             assert_eq!((q.alpha, q.beta, q.activation), (1.0, 0.0, Activation::None));
-            assert!(super::super::supports(&q, Arch::Sm90a));
+            assert!(super::super::supports(&q, Arch::Sm90a, &k));
         }
     }
 
