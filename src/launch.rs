@@ -1,6 +1,6 @@
 //! The one place that launches kernels: cuLaunchKernel on the caller's raw CUstream
 //! (0 = legacy default stream) with one by-value parameter struct. Checks the launch
-//! error; never synchronises. While the launch recorder is on (src/profiler.rs), the launch
+//! error; never synchronises. While the launch recorder is on (src/profiler/), the launch
 //! is bracketed by timing events and described by a record; off, it costs one relaxed load.
 //! What describes a launch (shape, work, op) lives in src/launch_record.rs, which the
 //! recorder reads too.

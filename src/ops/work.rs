@@ -1,5 +1,5 @@
 //! FLOPs and compulsory bytes of one attention kernel launch: the `flops` / `bytes` the
-//! launch recorder (src/profiler.rs) reports. Pure arithmetic, unit-tested on CPU.
+//! launch recorder (src/profiler/) reports. Pure arithmetic, unit-tested on CPU.
 //!
 //! FLOPs (DESIGN.md §5; FlashAttention-2 paper §3.3 counts the same way): 2·m·n·k per
 //! tensor-core product, summed over the (query, key) pairs of every (batch, query head) that
