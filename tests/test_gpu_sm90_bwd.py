@@ -5,10 +5,10 @@ checked against ferroattn.testing's autograd reference with the flash-attention 
 over the same-dtype reference's error) over head dims 32..128 (the 64 and 128 kernels and the
 rounded-up ones), fp16/bf16, causal and not, s_q != s_k both ways (rows and keys that see nothing),
 lengths 1 / 97 / 113 / 1025 (query and key tails), GQA and MQA, the variants the Hopper plan takes
-(softcap, ALiBi (h,) and (b, h), sinks, dropout with the mask read back from S_dmask, the local
-window at head dim 64); every gradient written (NaN-poisoned allocator); the launch record names
-the sm90 kernel; calls it declines (deterministic, varlen, head dim > 128, the d128 local window)
-run the sm80 plan; the two families agree; CUDA-graph capture and replay.
+(softcap, ALiBi (h,) and (b, h), sinks, dropout with the mask read back from S_dmask, causal or
+not, the local window); every gradient written (NaN-poisoned allocator); the launch record names
+the sm90 kernel; calls it declines (deterministic, varlen, head dim > 128) run the sm80 plan; the
+two families agree; CUDA-graph capture and replay.
 """
 from __future__ import annotations
 
@@ -85,11 +85,17 @@ def _variant_kwargs(variant, b, h):
         return dict(causal=True), (torch.randn(h, device=DEV).requires_grad_(True),)
     if variant == "window":
         return dict(window_size=(37, 5)), ()
+    if variant == "window_causal":
+        return dict(window_size=(100, 0), causal=True), ()
+    if variant == "softcap_window":
+        return dict(window_size=(64, 3), softcap=30.0), ()
     raise AssertionError(variant)
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("variant", ["softcap", "softcap_plain", "alibi_h", "alibi_bh", "sinks", "window"])
+@pytest.mark.parametrize(
+    "variant", ["softcap", "softcap_plain", "alibi_h", "alibi_bh", "sinks", "window", "window_causal", "softcap_window"]
+)
 def test_variants_match_reference(d, variant):
     b, sq, sk, h, hk = 2, 301, 257, 4, 2
     torch.manual_seed(d + len(variant))
@@ -109,8 +115,7 @@ def test_variants_match_reference(d, variant):
             assert torch.isfinite(g).all(), name
             assert_close_to_ref(g, r, r_lp, factor=3.0, atol=1e-5, name=name)
         return
-    # the d128 local window is left to the sm80 plan (tuning/attention_bwd.rs sm90_declines)
-    _check(q, k, v, expect_sm90=not (variant == "window" and d == 128), **kw)
+    _check(q, k, v, expect_sm90=True, **kw)
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -123,8 +128,7 @@ def test_dropout_matches_reference_with_its_mask(d, causal):
     mask = s_dmask[..., :sq, :sk] >= 0
     dout = torch.randn_like(out)
     grads, records = launch_records(lambda: torch.autograd.grad(out, (q, k, v), dout))
-    # d128 dropout with a mask is left to the sm80 plan (sm90_declines)
-    assert any(SM90 in r["kernel"] for r in records) == (d == 64 or not causal)
+    assert any(SM90 in r["kernel"] for r in records)
     kw = dict(causal=causal, dropout_p=0.17, dropout_mask=mask)
     refs = attention_grads_ref(q, k, v, dout, **kw)
     refs_lp = attention_grads_ref(q, k, v, dout, upcast=False, **kw)

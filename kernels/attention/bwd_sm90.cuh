@@ -53,7 +53,8 @@
 // canonical 128B-swizzle layout (16-byte chunk q of row r at q ^ (r % 8)); two dS^T tiles (128
 // key rows x 64 queries x 2 B, swizzled likewise); two dQ staging tiles (one per consumer
 // warpgroup: 64 rows x 64 fp32, rows padded to 288 B); Stages x (LSE * log2(e), D) rows (64 fp32
-// each); mbarriers kv_full (count 1), full[Stages] (count 32: the producer warp's lanes after
+// each); Stages x a TileInfo (16 B: the slot's query head, first row and dq_accum offset, written by
+// the producer's lane 0 with the slot); mbarriers kv_full (count 1), full[Stages] (count 32: the producer warp's lanes after
 // their LSE / D stores, lane 0 with the TMA bytes), empty[Stages] (count 8: lane 0 of each
 // consumer warp once that slot's four products have completed) and stat_empty[Stages] (count 256:
 // every consumer thread once its LSE / D loads of the slot are done; a thread's release orders its
@@ -106,7 +107,8 @@ struct AttnBwdSm90Smem {
         kOffStage = kOffDS + 2u * kDsBytes,
         kOffLse = kOffStage + 2u * kStageBytes,
         kOffD = kOffLse + Stages * kBlockM * 4u,
-        kBars = kOffD + Stages * kBlockM * 4u,
+        kOffInfo = kOffD + Stages * kBlockM * 4u,   // per slot: TileInfo (16 B)
+        kBars = kOffInfo + Stages * 16u,
         kTotal = kBars + 8u * (1u + 3u * Stages) + 1024u,
     };
     unsigned base;
@@ -120,6 +122,7 @@ struct AttnBwdSm90Smem {
     __device__ __forceinline__ unsigned stage(int w) const { return base + kOffStage + w * kStageBytes; }
     __device__ __forceinline__ unsigned lse(int s) const { return base + kOffLse + s * kBlockM * 4u; }
     __device__ __forceinline__ unsigned d(int s) const { return base + kOffD + s * kBlockM * 4u; }
+    __device__ __forceinline__ unsigned info(int s) const { return base + kOffInfo + s * 16u; }
     __device__ __forceinline__ unsigned kv_full() const { return base + kBars; }
     __device__ __forceinline__ unsigned full(int s) const { return base + kBars + 8u * (1 + s); }
     __device__ __forceinline__ unsigned empty(int s) const { return base + kBars + 8u * (1 + Stages + s); }
@@ -137,6 +140,33 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gaddr, unsigned saddr
 
 __device__ __forceinline__ void st_shared_f32(unsigned addr, float v) {
     asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(addr), "f"(v) : "memory");
+}
+
+// What the producer tells the consumers about the query tile of a ring slot (written with the
+// slot's LSE / D, read after its full barrier): the query head, the first query row and the
+// offset of the tile's row 0 in dq_accum. The consumers then keep none of the block's geometry
+// live through their loop.
+struct TileInfo {
+    int hq, m_start;
+    long long dq_off;
+};
+
+__device__ __forceinline__ void st_shared_tile_info(unsigned addr, const TileInfo& ti) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(ti.hq), "r"(ti.m_start), "r"(static_cast<unsigned>(ti.dq_off)),
+                    "r"(static_cast<unsigned>(static_cast<unsigned long long>(ti.dq_off) >> 32)) : "memory");
+}
+
+__device__ __forceinline__ int2 ld_shared_v2_s32(unsigned addr) {
+    int2 r;
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "r"(addr) : "memory");
+    return r;
+}
+
+__device__ __forceinline__ long long ld_shared_s64(unsigned addr) {
+    long long r;
+    asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(r) : "r"(addr) : "memory");
+    return r;
 }
 
 __device__ __forceinline__ float2 ld_shared_v2_f32(unsigned addr) {
@@ -231,6 +261,10 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                     attn_bwd_detail::st_shared_f32(sm.d(stage) + 4u * r, ok ? prm.softmax_d[l_off + r] : 0.f);
                 }
                 if (lane == 0) {
+                    const long long dq_off = attn_bwd_detail::slice_off<true>(blk.sq, batch, hq, prm.dqa_batch_stride,
+                                                                              prm.dqa_row_stride, prm.dqa_head_stride)
+                        + static_cast<long long>(m_start) * prm.dqa_row_stride;
+                    attn_bwd_detail::st_shared_tile_info(sm.info(stage), attn_bwd_detail::TileInfo{hq, m_start, dq_off});
                     mbar_expect_tx(sm.full(stage), 2 * Sm::kQBytes);   // lane 0's arrival
 #pragma unroll
                     for (int c = 0; c < Sm::kChunks; ++c) {
@@ -283,6 +317,19 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     const float scale_log2 = fp.softmax_scale_log2;
     // The warpgroup's keys all exist and every pair of a query tile is visible: no mask.
     const bool keys_full = n0 + cw * 64 + 64 <= seqlen_k;
+    // The rows that see this thread's keys (h = 0, 1): [x, y), clamped to [0, seqlen_q + BlockM]
+    // (so that y - m_start and x - m_start clamp to a tile exactly as the unclamped bounds do),
+    // y = 0 past seqlen_k. Fixed for the block; a tile takes [x - m_start, y - m_start).
+    int2 key_rows[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int kr = n0 + key_t + 8 * h;
+        const long long cap = static_cast<long long>(seqlen_q) + BlockM;
+        key_rows[h].x = static_cast<int>(min(max(rk.first_row(kr), 0LL), cap));
+        key_rows[h].y = kr < seqlen_k ? static_cast<int>(min(max(rk.last_row_plus1(kr, seqlen_q), 0LL), cap)) : 0;
+        // Formed here, once: left to itself ptxas keeps their 64-bit inputs live into the loop.
+        asm volatile("" : "+r"(key_rows[h].x), "+r"(key_rows[h].y));
+    }
 
     // dQ = dS K of tile `it` (dS^T buffer it & 1) into acc_q (issued, committed; not waited).
     auto issue_dq = [&](float (&acc_q)[32], int it) {
@@ -295,7 +342,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     };
     // The completed dQ of query tile (hq, m_start), 64 rows x 64 columns fp32, through this
     // warpgroup's staging tile into dq_accum (bulk reductions, row by row, rows < seqlen_q).
-    auto reduce_dq = [&](const float (&acc_q)[32], int hq, int m_start) {
+    auto reduce_dq = [&](const float (&acc_q)[32], long long dq_off, int m_start) {
         const unsigned stg = sm.stage(cw);
         if (warp == 0) bulk_wait_read<0>();   // the previous tile's reductions have read it
         named_barrier(2 + cw, 128);
@@ -311,16 +358,13 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         named_barrier(2 + cw, 128);
         if (warp == 0) {
             const int col0 = kDqSplit ? cw * 64 : 0;
-            const int cols = min(64, blk.head_dim - col0);
+            const int cols = min(64, fp.head_dim - col0);
             if (cols > 0) {
-                float* gdq = prm.dq_accum
-                    + attn_bwd_detail::slice_off<true>(blk.sq, batch, hq, prm.dqa_batch_stride, prm.dqa_row_stride,
-                                                       prm.dqa_head_stride)
-                    + col0;
+                float* gdq = prm.dq_accum + dq_off + col0;
 #pragma unroll
                 for (int r = lane; r < BlockM; r += 32)
                     if (m_start + r < seqlen_q)
-                        attn_bwd_detail::bulk_reduce_add_f32(gdq + static_cast<long long>(m_start + r) * prm.dqa_row_stride,
+                        attn_bwd_detail::bulk_reduce_add_f32(gdq + static_cast<long long>(r) * prm.dqa_row_stride,
                                                              stg + r * Sm::kStageRow, static_cast<unsigned>(cols) * 4u);
             }
             bulk_commit();
@@ -336,15 +380,15 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     unsigned phase = 0;
 #pragma unroll 1
     for (int it = 0; it < n_iter; ++it) {
-        const int hq = blk.head_k * blk.group + it / blk.per_head;
-        const int m_start = (blk.m_first + it % blk.per_head) * BlockM;
-        if constexpr (V::kAlibi) smod.set_head(fp, hq, batch);
-        if constexpr (V::kDropout) drop.set_head(fp, hq, batch);
         const int qoff = stage * static_cast<int>(Sm::kQBytes);
 
         // ---- S^T = K_w Q^T, dP^T = V_w dO^T (one group), then dQ of tile it - 1 ----
         float acc_s[BlockM / 2], acc_dp[BlockM / 2];
         mbar_wait(sm.full(stage), phase);
+        const int2 hm = attn_bwd_detail::ld_shared_v2_s32(sm.info(stage));
+        const int hq = hm.x, m_start = hm.y;
+        if constexpr (V::kAlibi) smod.set_head(fp, hq, batch);
+        if constexpr (V::kDropout) drop.set_head(fp, hq, batch);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KD; ++ks) {
@@ -366,19 +410,17 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         int qlo[2], qhi[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int kr = n0 + key_t + 8 * h;
-            const long long first = rk.first_row(kr) - m_start;
-            const long long last = rk.last_row_plus1(kr, seqlen_q) - m_start;
-            qlo[h] = static_cast<int>(min(max(first, 0LL), static_cast<long long>(BlockM)));
-            qhi[h] = kr < seqlen_k ? static_cast<int>(min(max(last, 0LL), static_cast<long long>(BlockM))) : 0;
+            qlo[h] = min(max(key_rows[h].x - m_start, 0), BlockM);
+            qhi[h] = min(max(key_rows[h].y - m_start, 0), BlockM);
         }
 
-        // Dropout: this lane's keep bytes of the tile (variant.cuh frag_t16, one unit per 16
-        // queries), while S^T and dP^T run.
-        [[maybe_unused]] typename Drop::TFrag16 keep[V::kDropout ? KQ : 1];
+        // Dropout: this lane's keep bits of the tile (variant.cuh frag_t16, one unit per 16
+        // queries, 8 bits each in one register), while S^T and dP^T run.
+        [[maybe_unused]] unsigned keep = 0u;
         if constexpr (V::kDropout) {
 #pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) keep[kk] = drop.frag_t16(m_start + 16 * kk, n0 + cw * 64 + warp * 16, t, g);
+            for (int kk = 0; kk < KQ; ++kk)
+                keep |= Drop::tfrag16_bits(drop.frag_t16(m_start + 16 * kk, n0 + cw * 64 + warp * 16, t, g)) << (8 * kk);
         }
 
         wgmma_wait<0>();
@@ -394,7 +436,6 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
             // values die as their 16-bit operands appear.
 #pragma unroll
             for (int kk = 0; kk < KQ; ++kk) {
-                [[maybe_unused]] const typename Drop::TFrag16& tf = keep[V::kDropout ? kk : 0];
 #pragma unroll
                 for (int jj = 2 * kk; jj < 2 * kk + 2; ++jj) {
                     const float2 l2 = attn_bwd_detail::ld_shared_v2_f32(lse_s + 4u * (8 * jj + 2 * t));
@@ -415,7 +456,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                             float dpv = acc_dp[idx];
                             float pz = p;
                             if constexpr (V::kDropout) {   // dV takes Z o P, dS = P o (Z o dP - D)
-                                const bool kept = Drop::tfrag16_keep(tf, e, jj & 1, h);
+                                const bool kept = Drop::tbits16_keep(keep >> (8 * kk), e, jj & 1, h);
                                 pz = kept ? p * drop.scale : 0.f;
                                 dpv = kept ? dpv * drop.scale : 0.f;
                             }
@@ -435,7 +476,8 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                 da[kk][3] = Tr::pack2(acc_dp[8 * kk + 6], acc_dp[8 * kk + 7]);
             }
         }
-        mbar_arrive(sm.stat_empty(stage));   // this thread's LSE / D loads of the slot are done
+        const long long dq_off = attn_bwd_detail::ld_shared_s64(sm.info(stage) + 8u);
+        mbar_arrive(sm.stat_empty(stage));   // this thread's LSE / D / TileInfo loads of the slot are done
         fence_fragments(pa);
         fence_fragments(da);
         fence_accumulators(acc_dv);
@@ -470,7 +512,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
             issue_dq(acc_q, it);
             wgmma_wait<0>();
             fence_accumulators(acc_q);
-            reduce_dq(acc_q, hq, m_start);
+            reduce_dq(acc_q, dq_off, m_start);
         }
         if (++stage == Stages) {
             stage = 0;
@@ -498,8 +540,11 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     }
     named_barrier(1, 256);
     const int ctid = threadIdx.x - 128;
-    attn_bwd_detail::store_dv<BlockN, HeadDim, 256>(prm, blk, sV, ctid);
-    attn_bwd_detail::store_dk<BlockN, HeadDim, 256>(prm, blk, sK, ctid);
+    // The block's geometry again (not kept live through the loop, where registers are short).
+    attn_bwd_detail::DkdvBlock eb;
+    attn_bwd_detail::dkdv_block<BlockM, BlockN, V>(fp, eb);
+    attn_bwd_detail::store_dv<BlockN, HeadDim, 256>(prm, eb, sV, ctid);
+    attn_bwd_detail::store_dk<BlockN, HeadDim, 256>(prm, eb, sK, ctid);
     if (warp == 0) bulk_wait_all();
 }
 

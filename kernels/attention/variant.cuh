@@ -311,6 +311,18 @@ struct DropoutMask {
     __device__ __forceinline__ static bool tfrag16_keep(const TFrag16& f, int e, int a, int h) {
         return ((f.u[e] >> (8 * (a * 2 + h) + 7)) & 1u) != 0u;
     }
+    // frag_t16 as 8 keep bits in one register (where the keep bytes of several units must stay
+    // live): bit e · 4 + a · 2 + h is the element (e, a, h). Each byte's bit 7 moves to bit 0,
+    // then one multiply by 2^24 + 2^17 + 2^10 + 2^3 gathers the four bytes' bits into bits
+    // 24..27 (the other partial products land on distinct lower bits, so nothing carries).
+    __device__ __forceinline__ static unsigned tfrag16_bits(const TFrag16& f) {
+        const unsigned b0 = (((f.u[0] >> 7) & 0x01010101u) * 0x01020408u) >> 24;
+        const unsigned b1 = (((f.u[1] >> 7) & 0x01010101u) * 0x01020408u) >> 24;
+        return b0 | (b1 << 4);
+    }
+    __device__ __forceinline__ static bool tbits16_keep(unsigned bits, int e, int a, int h) {
+        return ((bits >> (e * 4 + a * 2 + h)) & 1u) != 0u;
+    }
 };
 
 // The sink logit of `head` in raw units (Sinks), for the online softmax's initial running max

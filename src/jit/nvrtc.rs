@@ -287,7 +287,15 @@ __global__ void scale(AttnFwdParams p) {
         let opts = options(arch).unwrap();
         let t = std::time::Instant::now();
         match compile(&spec.program(), &spec.name_expression(), &opts, arch.name()) {
-            Ok(o) => eprintln!("{} ({:.1} s)\n{}", spec.name_expression(), t.elapsed().as_secs_f64(), o.log),
+            Ok(o) => {
+                eprintln!("{} ({:.1} s)\n{}", spec.name_expression(), t.elapsed().as_secs_f64(), o.log);
+                // FERROATTN_TEST_DUMP_CUBIN=<dir>: keep the cubin for nvdisasm / cuobjdump.
+                if let Ok(dir) = std::env::var("FERROATTN_TEST_DUMP_CUBIN") {
+                    let path = std::path::Path::new(&dir).join(format!("{}.cubin", o.lowered_name));
+                    std::fs::write(&path, &o.cubin).unwrap();
+                    eprintln!("cubin: {}", path.display());
+                }
+            }
             Err(e) => panic!("{e}"),
         }
     }

@@ -151,13 +151,14 @@ impl AttnBwdConfig {
     /// - DkDvSm90 (`AttnBwdSm90Smem` in bwd_sm90.cuh): K and V (block_n × d each), `stages` ×
     ///   (Q and dO, block_m × d each), two dSᵀ tiles (block_n × block_m), 16-bit; two fp32 dQ
     ///   staging tiles (block_m rows of 64 fp32 padded to 288 B); `stages` × (LSE, D) rows;
-    ///   (1 + 3 `stages`) mbarriers of 8 B; 1 KiB of alignment slack.
+    ///   `stages` × a 16-byte tile record; (1 + 3 `stages`) mbarriers of 8 B; 1 KiB of alignment
+    ///   slack.
     /// - Preprocess / ConvertDq: none.
     pub fn smem_bytes(&self) -> u32 {
         let (d, bm, bn, st) = (self.head_dim, self.block_m, self.block_n, self.stages);
         match self.kind {
             BwdKind::DkDvSm90 => {
-                (2 * bn * d + 2 * st * bm * d + 2 * bn * bm) * 2 + 2 * bm * 288 + st * bm * 8 + 8 * (1 + 3 * st) + 1024
+                (2 * bn * d + 2 * st * bm * d + 2 * bn * bm) * 2 + 2 * bm * 288 + st * bm * 8 + st * 16 + 8 * (1 + 3 * st) + 1024
             }
             BwdKind::Preprocess | BwdKind::ConvertDq => 0,
             BwdKind::DkDv { .. } if self.is_wide() => {
@@ -359,13 +360,6 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
     plan
 }
 
-/// Variants the Hopper backward leaves to the sm80 plan: at kernel head dim 128 the local window
-/// (alone and with softcap) and dropout with a mask spill (ptxas sm_90a, f16 = bf16: local 16 B,
-/// softcap-local 28 B, dropout-causal 44 B of spill stores; every other production variant 0).
-fn sm90_declines(kernel_head_dim: u32, v: VariantKind) -> bool {
-    kernel_head_dim == 128 && (v.mask == MaskKind::Local || (v.dropout && v.mask != MaskKind::None))
-}
-
 /// Stages of the Hopper backward's query ring.
 pub const SM90_STAGES: u32 = 2;
 
@@ -390,7 +384,7 @@ pub fn bwd_plan_sm90(
         FamilyChoice::Auto => hd == 128,
         FamilyChoice::Sm90 => true,
     };
-    if !chosen || arch != Arch::Sm90a || deterministic || head_dim > 128 || sm90_declines(hd, variant.for_backward()) {
+    if !chosen || arch != Arch::Sm90a || deterministic || head_dim > 128 {
         return None;
     }
     let mut plan = bwd_plan(head_dim, variant, false, dtype, arch);
@@ -490,8 +484,9 @@ mod tests {
             p[1].name_expression(),
             "ferroattn::attn_bwd_sm90<128, 2, ferroattn::AttnVariant<1, false, false, false, false, false>, __nv_bfloat16>"
         );
-        // K, V 64 KiB + 2 x (Q, dO) 64 KiB + 2 dS^T 32 KiB + 2 staging tiles + LSE/D + 7 barriers + slack
-        assert_eq!(p[1].smem_bytes(), 65536 + 65536 + 32768 + 2 * 64 * 288 + 1024 + 56 + 1024);
+        // K, V 64 KiB + 2 x (Q, dO) 64 KiB + 2 dS^T 32 KiB + 2 staging tiles + LSE/D + 2 tile
+        // records + 7 barriers + slack
+        assert_eq!(p[1].smem_bytes(), 65536 + 65536 + 32768 + 2 * 64 * 288 + 1024 + 32 + 56 + 1024);
         assert_eq!(p[1].grid(1000, 300, 8, 2, 3), (3, 2, 3));
         assert!(p[1].uses_dq_accum());
         assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90).unwrap()[1].head_dim, 64);
@@ -502,12 +497,18 @@ mod tests {
             (128, VariantKind::CAUSAL, true, Arch::Sm90a),
             (160, VariantKind::CAUSAL, false, Arch::Sm90a),
             (128, VariantKind::CAUSAL, false, Arch::Sm80),
-            (128, local, false, Arch::Sm90a),
-            (128, VariantKind { dropout: true, ..VariantKind::CAUSAL }, false, Arch::Sm90a),
         ] {
             assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90).is_none(), "{hd} {v:?} {det} {arch:?}");
         }
-        assert!(bwd_plan_sm90(128, VariantKind { dropout: true, ..VariantKind::PLAIN }, false, DType::BF16, Arch::Sm90a, sm90).is_some());
+        // every variant at both kernel head dims, the d128 local window and dropout with a mask too
+        let softcap_local = VariantKind { softcap: true, ..local };
+        let dropout_causal = VariantKind { dropout: true, ..VariantKind::CAUSAL };
+        for v in [local, softcap_local, dropout_causal, VariantKind { dropout: true, ..VariantKind::PLAIN }] {
+            for hd in [64, 128] {
+                assert!(bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, sm90).is_some(), "{hd} {v:?}");
+            }
+            assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto).is_some(), "{v:?}");
+        }
     }
 
     #[test]
