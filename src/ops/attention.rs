@@ -22,7 +22,7 @@ use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_dtype, check_i32, check_not_null, check_shape, check_strides,
 };
-use crate::ops::work::AttnSizes;
+use work::AttnSizes;
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig};
 use std::ffi::c_void;
@@ -32,6 +32,7 @@ pub mod kvcache;
 pub mod sm80;
 pub mod sm90;
 pub mod variant;
+pub mod work;
 pub use batch::{batch_slices, BatchSlice, MAX_LAUNCH_BATCH};
 pub use variant::{AttnVariant, MaskKind, VariantKind};
 

@@ -12,6 +12,7 @@
 //! A batch beyond the grid's 65535 runs the plan once per slice of it, as the forward does
 //! (src/ops/attention/batch.rs).
 
+use super::attention::batch::{advanced, advanced_mut, F32_BYTES};
 use super::attention::{
     batch_row_head_strides, batch_slices, check_dense, check_tile_layout, params as fwd_params,
     validate as fwd_validate, AttnFwdParams, AttnVariant, BatchSlice, Problem,
@@ -26,7 +27,7 @@ use crate::ops::validate::{
     check_device, check_disjoint, check_dtype, check_no_self_overlap, check_not_null, check_shape,
     check_strides, NO_ELEMENT_TWICE,
 };
-use crate::ops::work::AttnSizes;
+use crate::ops::attention::work::AttnSizes;
 use crate::tensor::{TensorMeta, TensorView};
 use crate::tuning::attention_bwd::{bwd_plan, bwd_production_configs, AttnBwdConfig, BwdKind};
 use std::ffi::c_void;
@@ -61,6 +62,26 @@ pub struct AttnBwdParams {
     pub dqa_batch_stride: i64,
     pub dqa_row_stride: i64,
     pub dqa_head_stride: i64,
+}
+
+impl AttnBwdParams {
+    /// A copy for the launches over slice `s` (`AttnFwdParams::slice` for the forward's part);
+    /// `dtype` is q's: the element type of dout, dq, dk and dv.
+    pub fn slice(&self, dtype: DType, s: BatchSlice) -> AttnBwdParams {
+        let e = dtype.size_bytes() as i64;
+        let b = s.start;
+        AttnBwdParams {
+            fwd: self.fwd.slice(dtype, s),
+            dout: advanced(self.dout, b * self.do_batch_stride * e),
+            dq: advanced_mut(self.dq, b * self.dq_batch_stride * e),
+            dk: advanced_mut(self.dk, b * self.dk_batch_stride * e),
+            dv: advanced_mut(self.dv, b * self.dv_batch_stride * e),
+            // softmax_d has lse's layout (validated): the kernels index it with lse's strides
+            softmax_d: advanced_mut(self.softmax_d, b * self.fwd.lse_batch_stride * F32_BYTES),
+            dq_accum: advanced_mut(self.dq_accum, b * self.dqa_batch_stride * F32_BYTES),
+            ..*self
+        }
+    }
 }
 
 impl_kernel_spec!(
@@ -446,5 +467,7 @@ pub fn attn_bwd(
     Ok(())
 }
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod tests;

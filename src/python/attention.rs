@@ -94,17 +94,17 @@ fn attn_visible_pairs(seqlen_q: u64, seqlen_k: u64, causal: bool, window_left: i
     op::variant::visible_pairs(seqlen_q, seqlen_k, v.window())
 }
 
-/// FLOPs of `products` attention products over `pairs` visible pairs (ops::work::attn_product_flops).
+/// FLOPs of `products` attention products over `pairs` visible pairs (ops::attention::work::attn_product_flops).
 #[pyfunction]
 fn attn_flops(products: u64, pairs: u128, head_dim: u64) -> u128 {
-    crate::ops::work::attn_product_flops(products, pairs, head_dim)
+    crate::ops::attention::work::attn_product_flops(products, pairs, head_dim)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attn_visible_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(attn_flops, m)?)?;
-    m.add("ATTN_FWD_PRODUCTS", crate::ops::work::ATTN_FWD_PRODUCTS)?;
-    m.add("ATTN_BWD_PRODUCTS", crate::ops::work::ATTN_BWD_PRODUCTS)?;
+    m.add("ATTN_FWD_PRODUCTS", crate::ops::attention::work::ATTN_FWD_PRODUCTS)?;
+    m.add("ATTN_BWD_PRODUCTS", crate::ops::attention::work::ATTN_BWD_PRODUCTS)?;
     m.add_function(wrap_pyfunction!(attn_fwd_check, m)?)?;
     m.add_function(wrap_pyfunction!(attn_fwd, m)?)?;
     Ok(())

@@ -12,7 +12,7 @@
 //! stride and batch stride aligned to two elements. m, n, k <= 2^31 - 513 and fewer than 2^31
 //! tiles per batch entry (int32 TMA coordinates and tile indices).
 
-use super::problem::{GemmProblem, Operand};
+use crate::tuning::gemm_problem::{GemmProblem, Operand};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::arch::Arch;
@@ -231,7 +231,7 @@ impl Prepared {
     unsafe fn launch(mut self, p: &GemmProblem, stream: u64) -> Result<()> {
         let info = LaunchInfo {
             op: "ferroattn::gemm",
-            work: crate::ops::work::gemm(p),
+            work: super::work::gemm(p),
         };
         // SAFETY: `params` mirrors GemmSm90Params; the caller keeps the tensors alive.
         unsafe { launch_kernel(self.kernel, p.device, &self.shape, stream, &mut self.params, &info) }
@@ -331,7 +331,7 @@ mod tests {
     }
 
     fn problem(m: i64, n: i64, k: i64) -> GemmProblem {
-        crate::ops::gemm::problem::row_major_problem(1, m, n, k, DType::BF16, DType::BF16)
+        crate::tuning::gemm_problem::row_major_problem(1, m, n, k, DType::BF16, DType::BF16)
     }
 
     #[test]

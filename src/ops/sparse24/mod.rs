@@ -8,14 +8,15 @@
 //! Files: this one (kernel parameter mirrors, production specs, the backend choice and the
 //! `matmul` entry with its mma.sp launch), validate.rs (argument checks from metadata),
 //! compress.rs (compress / decompress launches and host entry points), wgmma.rs (the Hopper
-//! `wgmma .sp` path and its schedules; its switches are tuning knobs, src/tuning/knobs.rs), host.rs
-//! (the CPU reference).
+//! `wgmma .sp` path and its schedules; its switches are tuning knobs, src/tuning/knobs.rs), work.rs
+//! (FLOPs and bytes of each launch), host.rs (the CPU reference).
 
 pub mod host;
 
 mod compress;
 mod validate;
 mod wgmma;
+mod work;
 pub use compress::{compress, compress_host, decompress, decompress_host};
 pub use validate::{layout, validate_matmul, MatmulProblem};
 use compress::*;
@@ -31,8 +32,7 @@ use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_dtype, check_no_self_overlap, check_not_null, check_shape, check_strides,
 };
-use crate::ops::gemm::problem::Activation;
-use crate::ops::work;
+use crate::tuning::gemm_problem::Activation;
 use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
@@ -340,7 +340,7 @@ pub fn matmul(
     let bias_bytes = bias.map_or(0.0, |b| (p.n as usize * b.meta.dtype.size_bytes()) as f64);
     let info = LaunchInfo {
         op: "ferroattn::sparse24_matmul",
-        work: work::sparse24_matmul(&p, bias_bytes),
+        work: work::matmul(&p, bias_bytes),
     };
     if ran == "wgmma_sp" {
         launch_wgmma(&p, x, values, meta, prm, &info, &knobs, stream)?;
