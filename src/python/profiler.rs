@@ -1,7 +1,6 @@
 //! profiler_enable / profiler_enabled / profiler_stats / profiler_drain (the launch recorder) and
-//! profiler_mark / profiler_marks_query / profiler_marks_resolve / profiler_marks_release (marks),
-//! profiler_stamp / profiler_stamps_resolve / profiler_stamps_release / profiler_stamp_stats /
-//! profiler_globaltimer_probe (experimental stamp marks) → crate::profiler. Converts records to the dicts of python/ferroattn/_native.pyi.
+//! profiler_mark / profiler_marks_query / profiler_marks_resolve / profiler_marks_release (marks)
+//! → crate::profiler. Converts records to the dicts of python/ferroattn/_native.pyi.
 
 use super::args::raw_handle;
 use crate::error::Result;
@@ -123,95 +122,6 @@ fn profiler_mark(stream: &Bound<'_, PyAny>, device: &Bound<'_, PyAny>) -> Result
     profiler::mark(device, stream)
 }
 
-/// (stream, device) of profiler_mark / profiler_stamp, checked and converted.
-fn stream_device(stream: &Bound<'_, PyAny>, device: &Bound<'_, PyAny>) -> Result<(u64, i32)> {
-    let stream = match stream.extract::<u64>() {
-        Ok(s) => s,
-        Err(_) => raw_handle(stream, "stream", "a raw CUstream handle")?,
-    };
-    let shown = || device.repr().map(|r| r.to_string()).unwrap_or_default();
-    let Ok(device) = device.extract::<i64>() else {
-        return Err(PyTypeError::new_err(format!(
-            "device: expected an int (a CUDA device index), got {}",
-            shown()
-        ))
-        .into());
-    };
-    let device = i32::try_from(device)
-        .ok()
-        .filter(|d| *d >= 0)
-        .ok_or_else(|| {
-            crate::error::Error::argument("device", "a CUDA device index >= 0", device)
-        })?;
-    Ok((stream, device))
-}
-
-/// Experimental: a stamp (the profiler_stamp kernel writes %globaltimer into a slot) on the raw
-/// CUstream `stream` of `device`; its id, or 0 when not recorded (capturing stream, no free slot).
-#[pyfunction]
-fn profiler_stamp(stream: &Bound<'_, PyAny>, device: &Bound<'_, PyAny>) -> Result<u64> {
-    let (stream, device) = stream_device(stream, device)?;
-    profiler::stamp(device, stream)
-}
-
-/// GPU nanoseconds (%globaltimer) of each stamp; waits for the devices (GIL released); forgets
-/// the stamps.
-#[pyfunction]
-fn profiler_stamps_resolve(py: Python<'_>, stamps: &Bound<'_, PyAny>) -> Result<Vec<u64>> {
-    let ids = stamps.extract::<Vec<u64>>().map_err(|_| {
-        let shown = stamps.repr().map(|r| r.to_string()).unwrap_or_default();
-        PyTypeError::new_err(format!(
-            "stamps: expected a sequence of stamp ids (ints in [0, 2**64)), got {shown}"
-        ))
-    })?;
-    py.detach(|| profiler::stamps_resolve(&ids))
-}
-
-/// Forget stamps without reading them; how many were unresolved.
-#[pyfunction]
-fn profiler_stamps_release(stamps: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let ids = stamps.extract::<Vec<u64>>().map_err(|_| {
-        let shown = stamps.repr().map(|r| r.to_string()).unwrap_or_default();
-        PyTypeError::new_err(format!(
-            "stamps: expected a sequence of stamp ids (ints in [0, 2**64)), got {shown}"
-        ))
-    })?;
-    Ok(profiler::stamps_release(&ids))
-}
-
-/// {live, dropped, slots}.
-#[pyfunction]
-fn profiler_stamp_stats(py: Python<'_>) -> PyResult<Py<PyDict>> {
-    let s = profiler::stamp_stats();
-    let d = PyDict::new(py);
-    d.set_item("live", s.live)?;
-    d.set_item("dropped", s.dropped)?;
-    d.set_item("slots", s.slots)?;
-    Ok(d.unbind())
-}
-
-/// {min_step_ns, changes, span_ns, max_step_ns, iters}: one thread reading %globaltimer `iters`
-/// times on `device` (waits; GIL released).
-#[pyfunction]
-#[pyo3(signature = (device = 0, iters = 100000))]
-fn profiler_globaltimer_probe(py: Python<'_>, device: i32, iters: i32) -> Result<Py<PyDict>> {
-    if device < 0 {
-        return Err(crate::error::Error::argument(
-            "device",
-            "a CUDA device index >= 0",
-            device,
-        ));
-    }
-    let r = py.detach(|| profiler::globaltimer_probe(device, iters))?;
-    let d = PyDict::new(py);
-    d.set_item("min_step_ns", r[0])?;
-    d.set_item("changes", r[1])?;
-    d.set_item("span_ns", r[2])?;
-    d.set_item("max_step_ns", r[3])?;
-    d.set_item("iters", iters)?;
-    Ok(d.unbind())
-}
-
 /// Whether the GPU has passed each mark (no wait).
 #[pyfunction]
 fn profiler_marks_query(marks: &Bound<'_, PyAny>) -> Result<Vec<bool>> {
@@ -249,9 +159,8 @@ fn profiler_marks_release(marks: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// [name, kind, depth, step, start mark, end mark, shapes, module, record_function context].
 ///
 /// Marks: with `mark` None, native marks straight from Rust (`crate::profiler::mark_scoped` on
-/// `raw_stream(device)`, fetched per mark; with `stamp=True` (experimental) stamps instead:
-/// `crate::profiler::stamp_scoped`, ids of profiler_stamps_resolve); otherwise `mark()` (a Python
-/// callable returning a token). Has an instance `__dict__` (functools.update_wrapper and the restore bookkeeping set
+/// `raw_stream(device)`, fetched per mark); otherwise `mark()` (a Python callable returning a
+/// token). Has an instance `__dict__` (functools.update_wrapper and the restore bookkeeping set
 /// attributes on it) and takes part in cyclic GC (it references its module).
 #[pyclass(name = "ProfilerForward", module = "ferroattn._native", dict, frozen)]
 struct ProfilerForward {
@@ -273,8 +182,6 @@ struct ProfilerForward {
     pop: Option<Py<PyAny>>,
     tensor: Py<PyAny>,
     shapes: bool,
-    /// Experimental: native marks are stamps (`profiler::stamp_scoped`) instead of events.
-    stamp: bool,
 }
 
 impl ProfilerForward {
@@ -287,11 +194,7 @@ impl ProfilerForward {
             return m.bind(py).call0();
         }
         let stream: u64 = self.raw_stream.bind(py).call1((self.device,))?.extract()?;
-        let id = if self.stamp {
-            profiler::stamp_scoped(self.device, stream, scope)?
-        } else {
-            profiler::mark_scoped(self.device, stream, scope)?
-        };
+        let id = profiler::mark_scoped(self.device, stream, scope)?;
         Ok(id.into_pyobject(py)?.into_any())
     }
 
@@ -358,7 +261,7 @@ impl ProfilerForward {
 impl ProfilerForward {
     #[new]
     #[pyo3(signature = (inner, att, name, kind, module, stack, calls, kill, close, raw_stream, device,
-                        mark, probe, open_rf, push, pop, tensor, shapes, stamp = false))]
+                        mark, probe, open_rf, push, pop, tensor, shapes))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         inner: Py<PyAny>,
@@ -379,7 +282,6 @@ impl ProfilerForward {
         pop: Option<Py<PyAny>>,
         tensor: Py<PyAny>,
         shapes: bool,
-        stamp: bool,
     ) -> Self {
         ProfilerForward {
             inner,
@@ -400,7 +302,6 @@ impl ProfilerForward {
             pop,
             tensor,
             shapes,
-            stamp,
         }
     }
 
@@ -507,11 +408,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profiler_marks_query, m)?)?;
     m.add_function(wrap_pyfunction!(profiler_marks_resolve, m)?)?;
     m.add_function(wrap_pyfunction!(profiler_marks_release, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamp, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamps_resolve, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamps_release, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamp_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_globaltimer_probe, m)?)?;
     m.add_class::<ProfilerForward>()?;
     Ok(())
 }
