@@ -286,11 +286,13 @@ class ProfilerForward:
     when given, else native marks of ``device`` on ``raw_stream(device)`` recorded from Rust (as
     profiler_mark, except that the capture check of the legacy stream runs once per root call:
     the call at depth 0). Has an instance ``__dict__``; takes part in cyclic GC."""
-    def __init__(self, inner: Callable, att: Any, name: str, kind: str, module: Any, stack: list, calls: list,
+    def __init__(self, *, inner: Callable, att: Any, name: str, kind: str, module: Any, stack: list, calls: list,
                  kill: list, close: Callable, raw_stream: Optional[Callable[[int], int]], device: int,
                  mark: Optional[Callable[[], Any]], probe: Optional[Callable[[], bool]], open_rf: Callable,
                  push: Optional[Callable[[str], Any]], pop: Optional[Callable[[], Any]], tensor: type,
-                 shapes: bool) -> None: ...
+                 shapes: bool) -> None:
+        """Every argument by keyword: a missing one is a KeyError naming it, a mistyped one a
+        TypeError naming it."""
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 # ---- dense GEMM (issue 4) -----------------------------------------------------------

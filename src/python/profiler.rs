@@ -164,6 +164,13 @@ fn profiler_marks_release(marks: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// attributes on it) and takes part in cyclic GC (it references its module).
 #[pyclass(name = "ProfilerForward", module = "ferroattn._native", dict, frozen)]
 struct ProfilerForward {
+    f: Fields,
+}
+
+/// What a ProfilerForward holds, given by keyword to its constructor (the names below).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Fields {
     inner: Py<PyAny>,
     att: Py<PyAny>,
     name: Py<PyAny>,
@@ -190,11 +197,11 @@ impl ProfilerForward {
         py: Python<'py>,
         scope: profiler::Scope,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(m) = &self.mark {
+        if let Some(m) = &self.f.mark {
             return m.bind(py).call0();
         }
-        let stream: u64 = self.raw_stream.bind(py).call1((self.device,))?.extract()?;
-        let id = profiler::mark_scoped(self.device, stream, scope)?;
+        let stream: u64 = self.f.raw_stream.bind(py).call1((self.f.device,))?.extract()?;
+        let id = profiler::mark_scoped(self.f.device, stream, scope)?;
         Ok(id.into_pyobject(py)?.into_any())
     }
 
@@ -203,10 +210,10 @@ impl ProfilerForward {
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if !self.shapes || args.is_empty() {
+        if !self.f.shapes || args.is_empty() {
             return Ok(py.None().into_bound(py));
         }
-        let tensor = self.tensor.bind(py);
+        let tensor = self.f.tensor.bind(py);
         let shape = |a: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
             if a.is_instance(tensor)? {
                 a.getattr(intern!(py, "shape"))
@@ -230,7 +237,7 @@ impl ProfilerForward {
 
     /// The Python wrapper's `finally` block.
     fn finish<'py>(&self, py: Python<'py>, call: &Bound<'py, PyList>) -> PyResult<()> {
-        let stack = self.stack.bind(py);
+        let stack = self.f.stack.bind(py);
         let n = stack.len();
         if n > 0 && stack.get_item(n - 1)?.is(call) {
             stack.del_item(n - 1)?;
@@ -242,7 +249,7 @@ impl ProfilerForward {
                 };
                 call.set_item(5, self.take_mark(py, scope)?)?;
             }
-            if let Some(pop) = &self.pop {
+            if let Some(pop) = &self.f.pop {
                 pop.bind(py).call0()?;
             }
             let rf = call.get_item(8)?;
@@ -252,56 +259,21 @@ impl ProfilerForward {
             }
             Ok(())
         } else {
-            self.close.bind(py).call1((call,)).map(|_| ())
+            self.f.close.bind(py).call1((call,)).map(|_| ())
         }
     }
 }
 
 #[pymethods]
 impl ProfilerForward {
+    /// Every field by keyword (`ProfilerForward(inner=..., att=..., ...)`, the names of
+    /// `Fields`): a missing one is a KeyError naming it, a mistyped one a TypeError naming it.
     #[new]
-    #[pyo3(signature = (inner, att, name, kind, module, stack, calls, kill, close, raw_stream, device,
-                        mark, probe, open_rf, push, pop, tensor, shapes))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        inner: Py<PyAny>,
-        att: Py<PyAny>,
-        name: Py<PyAny>,
-        kind: Py<PyAny>,
-        module: Py<PyAny>,
-        stack: Py<PyList>,
-        calls: Py<PyList>,
-        kill: Py<PyList>,
-        close: Py<PyAny>,
-        raw_stream: Py<PyAny>,
-        device: i32,
-        mark: Option<Py<PyAny>>,
-        probe: Option<Py<PyAny>>,
-        open_rf: Py<PyAny>,
-        push: Option<Py<PyAny>>,
-        pop: Option<Py<PyAny>>,
-        tensor: Py<PyAny>,
-        shapes: bool,
-    ) -> Self {
-        ProfilerForward {
-            inner,
-            att,
-            name,
-            kind,
-            module,
-            stack,
-            calls,
-            kill,
-            close,
-            raw_stream,
-            device,
-            mark,
-            probe,
-            open_rf,
-            push,
-            pop,
-            tensor,
-            shapes,
+    #[pyo3(signature = (**fields))]
+    fn new(fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        match fields {
+            Some(f) => Ok(ProfilerForward { f: f.extract()? }),
+            None => Err(PyTypeError::new_err("ProfilerForward: expected its fields as keyword arguments")),
         }
     }
 
@@ -312,15 +284,15 @@ impl ProfilerForward {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let inner = self.inner.bind(py);
-        let att = self.att.bind(py);
+        let inner = self.f.inner.bind(py);
+        let att = self.f.att.bind(py);
         if !att.getattr(intern!(py, "_live"))?.is_truthy()?
-            || self.kill.bind(py).get_item(0)?.is_truthy()?
+            || self.f.kill.bind(py).get_item(0)?.is_truthy()?
         {
             return inner.call(args, kwargs);
         }
         let shapes = self.shapes_of(py, args)?;
-        let stack = self.stack.bind(py);
+        let stack = self.f.stack.bind(py);
         let depth = stack.len();
         let step = att.getattr(intern!(py, "step"))?;
         let scope = if depth == 0 {
@@ -333,25 +305,25 @@ impl ProfilerForward {
         let call = PyList::new(
             py,
             [
-                self.name.bind(py).clone(),
-                self.kind.bind(py).clone(),
+                self.f.name.bind(py).clone(),
+                self.f.kind.bind(py).clone(),
                 depth.into_pyobject(py)?.into_any(),
                 step,
                 start,
                 none.clone(),
                 shapes,
-                self.module.bind(py).clone(),
+                self.f.module.bind(py).clone(),
                 none,
             ],
         )?;
-        self.calls.bind(py).append(&call)?;
-        if let Some(probe) = &self.probe {
+        self.f.calls.bind(py).append(&call)?;
+        if let Some(probe) = &self.f.probe {
             if probe.bind(py).call0()?.is_truthy()? {
-                call.set_item(8, self.open_rf.bind(py).call1((self.name.bind(py),))?)?;
+                call.set_item(8, self.f.open_rf.bind(py).call1((self.f.name.bind(py),))?)?;
             }
         }
-        if let Some(push) = &self.push {
-            push.bind(py).call1((self.name.bind(py),))?;
+        if let Some(push) = &self.f.push {
+            push.bind(py).call1((self.f.name.bind(py),))?;
         }
         stack.append(&call)?;
         let result = inner.call(args, kwargs);
@@ -374,22 +346,22 @@ impl ProfilerForward {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         for o in [
-            &self.inner,
-            &self.att,
-            &self.name,
-            &self.kind,
-            &self.module,
-            &self.close,
-            &self.raw_stream,
-            &self.open_rf,
-            &self.tensor,
+            &self.f.inner,
+            &self.f.att,
+            &self.f.name,
+            &self.f.kind,
+            &self.f.module,
+            &self.f.close,
+            &self.f.raw_stream,
+            &self.f.open_rf,
+            &self.f.tensor,
         ] {
             visit.call(o)?;
         }
-        for o in [&self.stack, &self.calls, &self.kill] {
+        for o in [&self.f.stack, &self.f.calls, &self.f.kill] {
             visit.call(o)?;
         }
-        for o in [&self.mark, &self.probe, &self.push, &self.pop]
+        for o in [&self.f.mark, &self.f.probe, &self.f.push, &self.f.pop]
             .into_iter()
             .flatten()
         {

@@ -339,10 +339,10 @@ def _wrap_forward(att: Attachment, name: str, module: Any) -> _Restore:
         clock = att.clock
         direct = isinstance(clock, NativeClock) and clock.native is att._native_module
         forward = att._native_forward(
-            inner, att, name, kind, module, att._open, att.calls, dead, att._exit,
-            clock.raw_stream if direct else None, att.device if direct else 0,
-            None if direct else att._mark, att._rf_probe, _open_record_function, att._push, att._pop,
-            att._tensor, att.record_shapes)
+            inner=inner, att=att, name=name, kind=kind, module=module, stack=att._open, calls=att.calls, kill=dead,
+            close=att._exit, raw_stream=clock.raw_stream if direct else None, device=att.device if direct else 0,
+            mark=None if direct else att._mark, probe=att._rf_probe, open_rf=_open_record_function, push=att._push,
+            pop=att._pop, tensor=att._tensor, shapes=att.record_shapes)
         functools.update_wrapper(forward, inner)
         forward._ferroattn_inner, forward._ferroattn_had, forward._ferroattn_dead = inner, had, False
         forward._ferroattn_kill = dead
