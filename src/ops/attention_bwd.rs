@@ -15,7 +15,7 @@
 use super::attention::batch::{advanced, advanced_mut, F32_BYTES};
 use super::attention::{
     batch_row_head_strides, batch_slices, check_dense, check_tile_layout, params as fwd_params,
-    validate as fwd_validate, AttnFwdParams, AttnVariant, BatchSlice, Problem,
+    validate as fwd_validate, AttnFwdParams, AttnVariant, BatchSlice, Problem, VariantKind,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -84,12 +84,7 @@ impl AttnBwdParams {
     }
 }
 
-impl_kernel_spec!(
-    AttnBwdConfig,
-    kernel: |c| AttnBwdConfig::kernel(c),
-    header: |c| AttnBwdConfig::header(c),
-    smem: |c| c.smem_bytes(),
-);
+impl_kernel_spec!(AttnBwdConfig, smem: |c| c.smem_bytes());
 
 /// What `precompile` builds for this family.
 pub fn production_specs(arch: Arch) -> Vec<AttnBwdConfig> {
@@ -206,6 +201,16 @@ pub fn validate(
         check_dense("dq_accum", a)?;
     }
     Ok(p)
+}
+
+/// The checks of `attn_bwd` from metadata alone (`attn_bwd_check`): `validate` without the
+/// gradients (the Python layer allocates them from the same rules), then the variant's.
+#[allow(clippy::too_many_arguments)]
+pub fn check(dout: &TensorMeta, q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, out: &TensorMeta,
+             softmax_lse: &TensorMeta, cu_seqlens_q: Option<&TensorMeta>, cu_seqlens_k: Option<&TensorMeta>,
+             max_seqlen_q: i64, max_seqlen_k: i64, variant: &AttnVariant<&TensorMeta>) -> Result<VariantKind> {
+    let p = validate(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None)?;
+    variant.validate(&p, q)
 }
 
 /// Whether any kernel of the plan has a non-empty grid: the per-query kernels need

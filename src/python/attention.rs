@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::ops::attention as op;
 use pyo3::prelude::*;
 use super::args::{cu_metas, import_cu, meta, stream_handle, MetaTuple};
-use super::variant::{check as check_variant, views, VariantArg};
+use super::variant::{optional_metas, views, VariantArg};
 
 /// Validate attention-forward arguments from metadata alone (same checks and errors as attn_fwd);
 /// `variant` None = the plain call.
@@ -24,19 +24,8 @@ fn attn_fwd_check(
 ) -> Result<()> {
     let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
-    let variant = variant.filter(|v| !v.is_none()).map(|v| VariantArg::from_obj(v)?.metas()).transpose()?.unwrap_or_default();
-    let p = op::validate(
-        &q,
-        &k,
-        &v,
-        None,
-        None,
-        cq.as_ref(),
-        ck.as_ref(),
-        max_seqlen_q,
-        max_seqlen_k,
-    )?;
-    check_variant(&variant, &p, &q)?;
+    let variant = optional_metas(variant)?;
+    op::check(&q, &k, &v, cq.as_ref(), ck.as_ref(), max_seqlen_q, max_seqlen_k, &variant.map(|t| t))?;
     Ok(())
 }
 
