@@ -65,12 +65,7 @@ pub struct GemmSm90Params {
     pub beta: f32,
 }
 
-impl_kernel_spec!(
-    GemmSm90Config,
-    kernel: |c| c.kernel(),
-    header: |c| c.header(),
-    smem: |c| c.smem_bytes(),
-);
+impl_kernel_spec!(GemmSm90Config, smem: |c| c.smem_bytes());
 
 /// What `precompile` builds for this family (sm_90a only).
 pub fn production_specs(arch: Arch) -> Vec<GemmSm90Config> {
