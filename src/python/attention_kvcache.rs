@@ -111,11 +111,7 @@ fn attn_fwd_kvcache(
         cache_batch_idx: bi.as_ref().map(|t| &t.view),
         block_table: bt.as_ref().map(|t| &t.view),
     };
-    let accum = match (&oa, &la) {
-        (Some(a), Some(b)) => Some((&a.view, &b.view)),
-        (None, None) => None,
-        _ => return Err(crate::error::Error::argument("lse_accum", "given together with o_accum", "only one of the two")),
-    };
+    let accum = op::accum_pair(oa.as_ref().map(|t| &t.view), la.as_ref().map(|t| &t.view))?;
     let (cqv, ckv) = (cq.as_ref().map(|t| &t.view), ck.as_ref().map(|t| &t.view));
     py.detach(|| {
         op::attn_fwd_kvcache(&q.view, &k.view, &v.view, &o.view, &lse.view, cqv, ckv, max_seqlen_q, &kv, accum,

@@ -405,6 +405,17 @@ fn work(p: &KvProblem) -> Work {
     Work { flops, bytes: kv_bytes + q_bytes, exact: false }
 }
 
+/// The split partials (o_accum, lse_accum) of `attn_fwd_kvcache`: both or neither (an
+/// ArgumentError naming `lse_accum` otherwise).
+pub fn accum_pair<'a>(o_accum: Option<&'a TensorView>, lse_accum: Option<&'a TensorView>)
+                      -> Result<Option<(&'a TensorView, &'a TensorView)>> {
+    match (o_accum, lse_accum) {
+        (Some(o), Some(l)) => Ok(Some((o, l))),
+        (None, None) => Ok(None),
+        _ => Err(arg_err("lse_accum", "given together with o_accum", "only one of the two")),
+    }
+}
+
 /// Validate everything, then launch the kv-cache forward on `stream` (and, with `accum` — the
 /// split partials (o_accum, lse_accum) — the combine). Never synchronises; empty inputs launch
 /// nothing.
