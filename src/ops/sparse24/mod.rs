@@ -184,10 +184,11 @@ fn tile_grid(p: &MatmulProblem, block_r: u32, block_n: u32) -> Result<(u64, u64)
 /// (GPU time only, bench/results/sparse24_splitk_20261130T1105/): wgmma_sp (split where the rule
 /// says) beats mma_sp on all four LLM weight shapes at 64, 96 and 128 rows in bf16 and fp16 (e.g.
 /// 64 x 4096 x 11008: 31.0 vs 51.4 us; 64 x 4096 x 4096: 21.6 vs 22.3), mma_sp wins at 16 rows
-/// everywhere (15.3 vs 19.7 us at 4096 x 4096). 46 is the boundary of python/ferroattn/sparse24.py's
-/// dispatch table between its 32-row entries (measured on mma_sp) and 64-row entries (measured on
-/// wgmma_sp): rows >= 46 are nearest to 64 in log space, so each table entry describes the kernel
-/// that runs. The crossover between 16 and 64 rows is not measured.
+/// everywhere (15.3 vs 19.7 us at 4096 x 4096). 46 is the boundary of the dispatch table of
+/// python/ferroattn/sparse24/dispatch.py between its 32-row entries (measured on mma_sp) and
+/// 64-row entries (measured on wgmma_sp): rows >= 46 are nearest to 64 in log space, so each
+/// table entry describes the kernel that runs. The crossover between 16 and 64 rows is not
+/// measured.
 pub const WGMMA_MIN_ROWS: i64 = 46;
 
 /// The kernel "auto" runs for problem `p` on `arch` with input `x` under `knobs`.
