@@ -418,6 +418,7 @@ def check(root: Path, with_tests: bool = False, verbose: bool = False) -> int:
     problems += _report("rust (two levels)", redges, verbose)
     for a, targets in sorted(redges.items()):
         for b, where in sorted(targets.items()):
+            where = sorted(set(where), key=where.index)
             if a.startswith("tuning") and b.startswith("ops"):
                 print(f"rust: {a} imports {b} (tuning is pure; it must not import ops): {', '.join(where[:3])}")
                 problems += 1
