@@ -5,7 +5,7 @@
 
 Runs ``ferroattn.matmul(a, b, backend=...)`` on (m, k) x (k, n) random operands ``--calls`` times
 (the first call JIT-compiles the kernel), then ``torch.matmul`` (cuBLAS) as many times, so one
-ncu session can profile both (``--kernel-name`` picks which). Exit 2 for bad arguments, 3
+ncu run can profile both (``--kernel-name`` picks which). Exit 2 for bad arguments, 3
 without CUDA.
 """
 from __future__ import annotations

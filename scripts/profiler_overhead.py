@@ -24,13 +24,6 @@ the same forward (paired rounds of this run), and at most 5 % on GPU-bound forwa
 larger). With both modes measured, each shape gets a ``cost_rule`` verdict (JSON) and a printed
 line with both costs.
 
-``--stamp-experiment`` (see STAMP_EXPERIMENT_MODES below): event marks vs stamps (a
-one-thread %globaltimer kernel per mark, ``attach(clock="stamp")``) with the same module set,
-paired and interleaved like every mode, plus the in-situ host µs per mark of both, loops of both
-kinds of marks (tight, after a kernel launch, after host work, side stream, GPU µs back to back),
-the %globaltimer update step and the stamp/event agreement of module times in the same forwards
-(JSON keys ``stamp_experiment`` and, per shape, ``in_situ_per_mark_us``).
-
 Method (robust to the drift and noise of host-bound forwards): rounds; in each round every mode
 runs (set up, one untimed forward, ``--per-round`` timed forwards, torn down) in an order rotated
 by one each round (round robin), so drift and order effects hit every mode alike. A mode's cost
@@ -70,19 +63,11 @@ MODES = ("off", "recorder", "hooks", "hooks_no_nvtx", "hooks_torch", "torch_noop
 #: bare hooks plus the native timestamps.
 DIAGNOSTIC_MODES = ("hooks_no_marks", "hooks_bare", "hooks_marks_only", "hooks_noop_native", "hooks_nvtx",
                     "hooks_old", "hooks_pyw", "hooks_marks_only_pyw", "profile_pyw", "profile_lazy",
-                    "hooks_stamp", "hooks_stamp_marks_only", "hooks_nomark_native", "profile_stamp")
-#: Stamp experiment (``--stamp-experiment`` selects it): stamps = a one-thread kernel per
-#: mark writing %globaltimer into a device slot (``attach(clock="stamp")``, ``_native.profiler_stamp``)
-#: instead of a cuEventRecord. hooks_stamp / hooks_stamp_marks_only / profile_stamp: hooks /
-#: hooks_marks_only / profile with stamps (same module set, same native per-call path);
-#: hooks_nomark_native: the native per-call path (marks_only options) whose marks are a Python
-#: callable returning 0 after the raw-stream lookup (no driver call): (X_marks_only -
-#: hooks_nomark_native) / marks per forward = a mark's in-situ host cost (a little under: the
-#: Python call it replaces is not free). Besides the paired modes: per-mark host µs of both kinds
-#: in loops, the %globaltimer update step (``_native.profiler_globaltimer_probe``) and the
-#: agreement of stamp- and event-derived module times taken in the same forwards (every mark both).
-STAMP_EXPERIMENT_MODES = ("hooks_marks_only", "hooks_stamp_marks_only", "hooks_nomark_native", "hooks",
-                          "hooks_stamp", "recorder", "profile", "profile_stamp")
+                    "hooks_nomark_native")
+#: hooks_nomark_native: the native per-call path (marks_only options) whose marks come from a stand-in
+#: ``_native`` whose ``profiler_mark`` returns 0 (no driver call): (hooks_marks_only -
+#: hooks_nomark_native) / marks per forward = a mark's in-situ host cost (JSON, per shape:
+#: ``in_situ_per_mark_us``).
 #: A/B of the native per-call path in one run: *_pyw: the Python per-call wrapper (``native_wrap=False``;
 #: its marks are ``_native.profiler_mark``, capture check at every mark: the older per-call path)
 #: instead of the native one (``_native.ProfilerForward``: one native call per hooked
@@ -171,13 +156,6 @@ class Modes:
                 elif mode not in ("hooks_marks_only", "hooks_marks_only_pyw"):
                     att._mark = lambda: 0    # no timestamp: nothing to resolve afterwards
                 yield (lambda: att.discard())
-        elif mode in ("hooks_stamp", "hooks_stamp_marks_only"):
-            bare = mode.endswith("marks_only")
-            kw = {"nvtx": False, "record_shapes": False, "record_function": False} if bare else {}
-            with attach(self.model, clock="stamp", **kw) as att:
-                # marks_only: release without reading, as hooks_marks_only does (the timed loop
-                # synchronises before; stamps of the untimed forward are on the same stream)
-                yield (lambda: att.discard()) if bare else att.resolve
         elif mode == "hooks_nomark_native":
             with attach(self.model, nvtx=False, record_shapes=False, record_function=False, native_wrap=True,
                         native=_NoMarkNative()) as att:
@@ -208,9 +186,8 @@ class Modes:
         elif mode == "torch_profiler":
             with self.torch.profiler.profile() as tp:
                 yield tp.step
-        elif mode in ("profile", "profile_pyw", "profile_lazy", "profile_stamp"):
-            kw = {"native_wrap": False} if mode == "profile_pyw" else {"clock": "stamp"} if mode == "profile_stamp" \
-                else {}
+        elif mode in ("profile", "profile_pyw", "profile_lazy"):
+            kw = {"native_wrap": False} if mode == "profile_pyw" else {}
             with profile(self.model, **kw) as prof:
                 if mode == "profile_lazy":
                     prof.harvest_forwards = 4
@@ -240,195 +217,25 @@ class _NoMarkNative:
         return 0
 
 
-def rel_diffs(pairs) -> dict:
-    """{name: [|stamp - event| / event per forward]} from ``pairs`` = [(name, event ms, stamp ms), …]
-    (several forwards); pairs with event ms <= 0 are left out."""
-    out: dict = {}
-    for name, ev, st in pairs:
-        if ev is not None and st is not None and ev > 0:
-            out.setdefault(name, []).append(abs(st - ev) / ev)
-    return out
-
-
-def agreement_summary(pairs, tol=0.10) -> dict:
-    """Per module kind (root = depth 0, "layer" = depth-1 ``layers.N``, "attn", "mlp", "other" =
-    other depth-1 components): the median over modules of each module's median relative difference
-    between stamp- and event-derived GPU ms, the largest such module median, and ``ok`` = every
-    layer's median within ``tol``. ``pairs``: [(name, depth, event ms, stamp ms), …]."""
-    def kind(name, depth):
-        if depth == 0:
-            return "root"
-        leaf = name.rsplit(".", 1)[-1]
-        if depth >= 2:
-            return "attn" if "attn" in leaf or "attention" in leaf else "mlp" if "mlp" in leaf else "other"
-        return "layer" if leaf.isdigit() else "other"
-    by_name = rel_diffs((n, e, s) for n, _, e, s in pairs)
-    depth = {n: d for n, d, _, _ in pairs}
-    kinds: dict = {}
-    for name, diffs in by_name.items():
-        kinds.setdefault(kind(name, depth[name]), []).append(statistics.median(diffs))
-    out = {k: {"modules": len(v), "median_rel_diff": statistics.median(v), "max_module_median_rel_diff": max(v)}
-           for k, v in sorted(kinds.items())}
-    layers = kinds.get("layer", [])
-    out["ok"] = bool(layers) and max(layers) <= tol
-    out["tol"] = tol
-    return out
-
-
-def stamp_agreement(model, fwd, forwards: int = 8) -> dict:
-    """Module GPU ms from stamps and from events taken at the same points of the same forwards
-    (each mark = a stamp, then an event, on the current stream; Python wrapper, marks only), and
-    :func:`agreement_summary` of them. Also the per-module medians of both, for the JSON."""
-    import torch
-
-    from ferroattn import _native
-    from ferroattn.profiler import attach
-    raw, dev = torch._C._cuda_getCurrentRawStream, torch.cuda.current_device()
-
-    def both():
-        r = raw(dev)
-        return (_native.profiler_stamp(r, dev), _native.profiler_mark(r, dev))
-    pairs = []
-    with attach(model, nvtx=False, record_shapes=False, record_function=False, native_wrap=False) as att:
-        att._mark = both                     # read at each call by the Python wrapper
-        for _ in range(forwards):
-            fwd()
-            torch.cuda.synchronize()
-            calls = [c for c in att.take() if c[4] and c[5] and c[4][0] and c[4][1] and c[5][0] and c[5][1]]
-            stamps = _native.profiler_stamps_resolve([t for c in calls for t in (c[4][0], c[5][0])])
-            marks = _native.profiler_marks_resolve([t for c in calls for t in (c[4][1], c[5][1])])
-            for i, c in enumerate(calls):
-                ev = marks[2 * i + 1] - marks[2 * i] if None not in (marks[2 * i], marks[2 * i + 1]) else None
-                st = (stamps[2 * i + 1] - stamps[2 * i]) / 1e6
-                pairs.append((c[0], c[2], ev, st))
-    summary = agreement_summary(pairs)
-    med = {}
-    for name, _, ev, st in pairs:
-        med.setdefault(name, ([], []))
-        if ev is not None:
-            med[name][0].append(ev)
-        med[name][1].append(st)
-    summary["forwards"] = forwards
-    summary["per_module_median_ms"] = {n: {"event": statistics.median(e) if e else None, "stamp": statistics.median(s)}
-                                       for n, (e, s) in med.items()}
-    return summary
-
-
-def stamp_micro(n: int = 200, runs: int = 25) -> dict:
-    """Host µs per mark, event mark (``profiler_mark``) vs stamp (``profiler_stamp``): a tight loop,
-    after a small kernel launch, after ~20 µs of host work (GPU idle), on a side stream. Batches of
-    ``n`` with a synchronisation between batches (not timed), so a queue of tiny stamp kernels
-    cannot fill and turn the loop GPU-bound; median of ``runs`` batches."""
-    import torch
-
-    from ferroattn import _native
-    raw, dev = torch._C._cuda_getCurrentRawStream, torch.cuda.current_device()
-    x = torch.zeros(256, device="cuda")
-    kinds = {"event": (_native.profiler_mark, _native.profiler_marks_release),
-             "stamp": (_native.profiler_stamp, _native.profiler_stamps_release)}
-
-    def spin():
-        t = time.perf_counter() + 20e-6
-        while time.perf_counter() < t:
-            pass
-
-    def batch(work, mark, release) -> float:
-        ids, res = [], []
-        for _ in range(runs):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                if work is not None:
-                    work()
-                if mark is not None:
-                    ids.append(mark(raw(dev), dev))
-            res.append((time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
-            if release is not None:
-                release(ids)
-            ids.clear()
-        return statistics.median(res)
-    out = {"batch": n, "runs": runs}
-    for label, work in (("after_kernel", lambda: x.add_(1)), ("after_host_20us", spin)):
-        out[f"{label}_alone_us"] = batch(work, None, None)
-    for kind, (mark, release) in kinds.items():
-        out[f"{kind}_tight_us"] = batch(None, mark, release)
-        for label, work in (("after_kernel", lambda: x.add_(1)), ("after_host_20us", spin)):
-            out[f"{kind}_{label}_us"] = batch(work, mark, release) - out[f"{label}_alone_us"]
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            out[f"{kind}_side_stream_us"] = batch(None, mark, release)
-
-    def gpu_per_mark(mark, release, k=300, cycles=5_000_000) -> float:
-        """GPU µs per mark back to back: a sleep kernel holds the stream while ``k`` marks queue
-        behind it, so the GPU (not the host) sets their pace; minus the sleep alone."""
-        def span(with_marks):
-            ids = []
-            torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            torch.cuda._sleep(cycles)
-            if with_marks:
-                for _ in range(k):
-                    ids.append(mark(raw(dev), dev))
-            e1.record()
-            e1.synchronize()
-            release(ids)
-            return e0.elapsed_time(e1) * 1e3
-        spans = [span(True) - span(False) for _ in range(5)]
-        return statistics.median(spans) / k
-    for kind, (mark, release) in kinds.items():
-        try:
-            out[f"{kind}_gpu_us_back_to_back"] = gpu_per_mark(mark, release)
-        except Exception as e:   # noqa: BLE001 - e.g. no torch.cuda._sleep: the loops above still count
-            out[f"{kind}_gpu_us_back_to_back"] = f"error: {type(e).__name__}: {e}"
-    return out
-
-
-def stamp_experiment(model, fwd) -> dict:
-    """The stamp experiment's extra measurements (each guarded: an error is recorded, not raised)."""
-    from ferroattn import _native
-    out: dict = {}
-    for key, fn in (("globaltimer", lambda: _native.profiler_globaltimer_probe(0, 100000)),
-                    ("micro_host_us", stamp_micro),
-                    ("agreement", lambda: stamp_agreement(model, fwd)),
-                    ("stamp_stats", _native.profiler_stamp_stats)):
-        t = time.perf_counter()
-        try:
-            out[key] = fn()
-        except Exception as e:   # noqa: BLE001 - reported in the JSON, the run goes on
-            out[key] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"stamp {key} ({time.perf_counter() - t:.1f} s):", _short(out[key]), flush=True)
-    return out
-
-
 def _rounded(d):
     if isinstance(d, dict):
-        return {k: _rounded(v) for k, v in d.items() if k != "per_module_median_ms"}
+        return {k: _rounded(v) for k, v in d.items()}
     return round(d, 3) if isinstance(d, float) else d
 
 
 def _short(d) -> str:
-    """A printable summary (floats rounded, per-module medians left out)."""
+    """A printable summary (floats rounded)."""
     return str(_rounded(d))
 
 
 def in_situ_per_mark(row: dict, marks_per_forward: int) -> dict:
-    """Host µs per mark in situ from a shape's modes: (X_marks_only - hooks_nomark_native) host ms
-    / marks per forward, X = event (hooks_marks_only) and stamp (hooks_stamp_marks_only), and
-    stamp - event directly from the two marks_only modes (wall and host)."""
+    """Host µs per mark in situ from a shape's modes: (hooks_marks_only - hooks_nomark_native)
+    ms / marks per forward, host and wall; {} unless both modes ran."""
     m = row["modes"]
-    out = {}
-    base = m.get("hooks_nomark_native")
-    for kind, mode in (("event", "hooks_marks_only"), ("stamp", "hooks_stamp_marks_only")):
-        if mode in m and base is not None:
-            out[f"{kind}_host_us"] = 1e3 * (m[mode]["host_ms"] - base["host_ms"]) / marks_per_forward
-            out[f"{kind}_wall_us"] = 1e3 * (m[mode]["wall_ms"] - base["wall_ms"]) / marks_per_forward
-    if "hooks_marks_only" in m and "hooks_stamp_marks_only" in m:
-        for t in ("host", "wall"):
-            out[f"stamp_minus_event_{t}_us"] = 1e3 * (m["hooks_stamp_marks_only"][f"{t}_ms"]
-                                                      - m["hooks_marks_only"][f"{t}_ms"]) / marks_per_forward
-    return out
+    mode, base = m.get("hooks_marks_only"), m.get("hooks_nomark_native")
+    if mode is None or base is None:
+        return {}
+    return {f"event_{t}_us": 1e3 * (mode[f"{t}_ms"] - base[f"{t}_ms"]) / marks_per_forward for t in ("host", "wall")}
 
 
 #: Python garbage collections (per generation) that started inside timed forwards, per mode
@@ -609,15 +416,12 @@ def main(argv=None) -> int:
                     help="wall-clock budget of the whole script in s; rounds are cut to fit (default %(default)s)")
     ap.add_argument("--out", default=None, help="JSON output path (default $OUT/profiler_overhead.json)")
     ap.add_argument("--old-hooks", default=None, help="path of an earlier hooks.py for the hooks_old mode")
-    ap.add_argument("--stamp-experiment", action="store_true",
-                    help="the stamp experiment: modes " + ",".join(STAMP_EXPERIMENT_MODES) + " (unless --modes is "
-                         "given) plus the %%globaltimer probe, per-mark loops and the stamp/event agreement check")
     ap.add_argument("--modes", default=None,
                     help="modes compared with off, from " + ",".join(MODES[1:] + DIAGNOSTIC_MODES) + " (default "
-                         + ",".join(MODES[1:]) + "; with --stamp-experiment " + ",".join(STAMP_EXPERIMENT_MODES) + ")")
+                         + ",".join(MODES[1:]) + ")")
     args = ap.parse_args(argv)
     if args.modes is None:
-        args.modes = ",".join(STAMP_EXPERIMENT_MODES if args.stamp_experiment else MODES[1:])
+        args.modes = ",".join(MODES[1:])
     chosen = tuple(m for m in args.modes.split(",") if m)
     if not chosen or not set(chosen) <= set(MODES[1:] + DIAGNOSTIC_MODES):
         print(f"profiler_overhead: bad --modes {args.modes!r}: expected a comma-separated subset of "
@@ -656,18 +460,6 @@ def main(argv=None) -> int:
     modes = Modes(model)
     micro = per_call_us()
     print("per call (host us):", {k: round(v, 2) for k, v in micro.items()}, flush=True)
-    stamp_doc = None
-    if any("stamp" in m for m in MODES):   # pre-flight: a stamp mode that cannot run is dropped, not fatal
-        try:
-            ids0 = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1)).cuda()
-            from ferroattn.profiler import attach
-            with attach(model, clock="stamp") as att, torch.inference_mode():
-                model(input_ids=ids0, use_cache=False)
-                assert att.resolve(), "no record from stamps"
-        except Exception as e:   # noqa: BLE001
-            print(f"profiler_overhead: stamp modes dropped: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            stamp_doc = {"error": f"{type(e).__name__}: {e}"}
-            MODES = tuple(m for m in MODES if "stamp" not in m)
     inputs = []
     for b, s in shapes:
         ids = torch.randint(0, model.config.vocab_size, (b, s), generator=gen).cuda()
@@ -678,9 +470,6 @@ def main(argv=None) -> int:
         for _ in range(3):
             fwd()
         inputs.append(fwd)
-    if args.stamp_experiment and stamp_doc is None:   # before the calibration: its time counts in the budget
-        stamp_doc = stamp_experiment(model, inputs[0])
-        stamp_doc["shape"] = list(shapes[0])
     # time per round per shape, from one calibration round each (counts toward nothing)
     t_round = []
     for fwd in inputs:
@@ -716,7 +505,7 @@ def main(argv=None) -> int:
             print(format_verdict(row["cost_rule"], f"cost budget {row['shape'][0]}x{row['shape'][1]}"), flush=True)
     n_mod = len(modes.targets)
     for row in rows:
-        if any(m in row["modes"] for m in ("hooks_stamp_marks_only", "hooks_nomark_native")):
+        if "hooks_nomark_native" in row["modes"]:
             row["in_situ_per_mark_us"] = in_situ_per_mark(row, 2 * n_mod)
             print(f"in situ per mark ({row['shape'][0]}x{row['shape'][1]}):", _short(row["in_situ_per_mark_us"]),
                   flush=True)
@@ -735,8 +524,6 @@ def main(argv=None) -> int:
                         "95% interval of the median paired difference (profile - torch_profiler) / off lies above 0), "
                         "and <= 5% (median paired ratio) on GPU-bound forwards (batch x seqlen >= 4096)",
            "hooked_modules": n_mod, "modes": list(MODES), "shapes": rows, "per_call_host_us": micro,
-           "stamp_experiment": stamp_doc,
-
            "elapsed_s": time.perf_counter() - T0}
     out = args.out or (os.path.join(os.environ["OUT"], "profiler_overhead.json") if os.environ.get("OUT") else None)
     if out:

@@ -1,4 +1,4 @@
-"""Paired GPU-time sweep of the wgmma_sp schedules (src/tuning/sparse24.rs `wgmma_schedule`) with the bench's method:
+"""Paired GPU-time sweep of the wgmma_sp schedules (src/tuning/sparse24/schedule.rs `wgmma_schedule`) with the bench's method:
 ferroattn.bench.timing.paired_gpu_ms (per window a torch.cuda._sleep covers the host, per call an L2 flush and
 CUDA events around the call; R paired rounds, forward + reverse pass; a window that does not hold is retried
 and never reported). Variants, all through sparse24.matmul(backend="sparse") = the bench's "ours":

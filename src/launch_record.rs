@@ -26,7 +26,8 @@ impl LaunchShape {
     }
 }
 
-/// The work one launch does, as the op computes it (src/ops/work.rs): what the launch
+/// The work one launch does, as the op computes it (each op family's `work` module:
+/// src/ops/attention/work.rs, src/ops/gemm/work.rs, src/ops/sparse24/work.rs): what the launch
 /// recorder reports. Plain numbers, computed whether or not recording is on.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Work {

@@ -6,8 +6,8 @@ benches that use it.
 (``host``: advanced by the host cost of every call into it) and the time the single stream is
 free (``gpu_free``). Work enqueued at host time H starts at max(H, gpu_free) (the GPU waits for
 the host when it has nothing queued: the effect under test) and lasts its GPU time scaled by
-``slow(start)`` (a drifting clock). An event is stamped when the stream reaches it; ``query()``
-is True once that stamp is <= the host clock (the query's own host cost is spent after it
+``slow(start)`` (a drifting clock). An event holds the time the stream reaches it; ``query()``
+is True once that time is <= the host clock (the query's own host cost is spent after it
 looked). ``sleep_cycles(c)`` lasts ``c / true_cycles_per_ms`` ms plus a fixed
 ``sleep_overhead_ms`` (what the calibration must cancel).
 

@@ -14,7 +14,7 @@ class Clock:
 
 
 class FakeEvent:
-    """record() stamps the clock; elapsed_time(other) = other - self in ms (torch.cuda.Event API);
+    """record() reads the clock; elapsed_time(other) = other - self in ms (torch.cuda.Event API);
     ``cuda_event``: a unique nonzero int handle (the fake recorder resolves it)."""
 
     _next = 1
@@ -40,7 +40,7 @@ class FakeNative:
     """The ``_native.profiler_*`` functions over a Clock. ``launch(kernel, ms, **fields)``
     stands for one of our launches: it records (when enabled) a contract dict whose start is the
     clock and advances the clock by ``ms``. ``profiler_drain(ref)`` resolves ``start_ms`` against
-    the FakeEvent with handle ``ref`` (None without one). Marks: ``profiler_mark`` stamps the
+    the FakeEvent with handle ``ref`` (None without one). Marks: ``profiler_mark`` reads the
     clock (0 while ``capturing``); ``done`` is what ``profiler_marks_query`` answers; resolve /
     release follow the contract (unknown or repeated ids: ArgumentError naming ``marks``)."""
 

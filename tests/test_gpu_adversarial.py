@@ -428,7 +428,7 @@ def test_kvpacked_with_expanded_kv():
 
 
 # ---------------------------------------------------------------------------------------------
-# crash isolation: run in a subprocess so that a dead context cannot take the session down
+# crash isolation: run in a subprocess so that a dead context cannot take the test run down
 # ---------------------------------------------------------------------------------------------
 _PRELUDE = textwrap.dedent("""
     import torch, traceback

@@ -1,4 +1,4 @@
-"""wgmma_sp schedules on the GPU (sm_90a; src/tuning/sparse24.rs `wgmma_schedule`,
+"""wgmma_sp schedules on the GPU (sm_90a; src/tuning/sparse24/schedule.rs `wgmma_schedule`,
 src/ops/sparse24 `launch_wgmma`): the 128 w-row x 128 token tile (kernel BM = 128, 4 stages), picked
 where the 256-row tiles would leave most SMs idle, and the stream-K tail (kernel form Epi = 4): the first
 dp_tiles tiles run whole, the remaining tiles' 128-k stages are cut into one contiguous range per CTA

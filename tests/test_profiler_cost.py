@@ -102,3 +102,19 @@ def test_overhead_script_measures_torch_profiler_and_gives_the_verdict():
         assert v["rounds"] == 9 and v["ours_pct"] == pytest.approx(5.0) and v["torch_pct"] == pytest.approx(20.0)
         assert v["within_torch"] and v["within_budget"] is budget and v["ok"]
         assert r["modes"]["torch_profiler"]["wall"]["pct"] == pytest.approx(20.0)
+
+
+def test_overhead_script_in_situ_mark_cost_from_its_modes():
+    """(hooks_marks_only - hooks_nomark_native) / marks per forward, host and wall; nothing
+    without both modes. The stand-in _native of hooks_nomark_native makes no mark."""
+    from _scripts import load_script
+
+    po = load_script("profiler_overhead")
+    assert "hooks_nomark_native" in po.DIAGNOSTIC_MODES and "hooks_marks_only" in po.DIAGNOSTIC_MODES
+    row = {"modes": {"hooks_nomark_native": {"host_ms": 10.0, "wall_ms": 11.0},
+                     "hooks_marks_only": {"host_ms": 10.5, "wall_ms": 11.6}}}
+    out = po.in_situ_per_mark(row, 100)
+    assert out == {"event_host_us": pytest.approx(5.0), "event_wall_us": pytest.approx(6.0)}
+    assert po.in_situ_per_mark({"modes": {"hooks_marks_only": {"host_ms": 1.0, "wall_ms": 1.0}}}, 10) == {}
+    nm = po._NoMarkNative()
+    assert nm.profiler_mark(0, 0) == 0 and nm.profiler_marks_resolve([1]) == [None]

@@ -40,17 +40,17 @@ def _mk(mode):
 
 
 #: (mode, timestamps): torch events (fake) or native marks (fake _native)
-VARIANTS = [(m, stamps) for stamps in ("events", "native") for m in MODES]
+VARIANTS = [(m, source) for source in ("events", "native") for m in MODES]
 
 
 def _setup(n, variant):
     """(clock, model, attach kwargs, waits()) for a variant; waits() counts host waits (event
     synchronize or native resolve calls)."""
-    mode, stamps = variant
+    mode, source = variant
     clock, model, factory = make(n)
     kw = {"event_factory": factory, **_mk(mode)}
     native = None
-    if stamps == "native":
+    if source == "native":
         native = FakeNative(clock)
         kw["native"] = native
     return clock, model, kw, (lambda: clock.synced + (native.resolves if native else 0)), native

@@ -286,45 +286,14 @@ class ProfilerForward:
     when given, else native marks of ``device`` on ``raw_stream(device)`` recorded from Rust (as
     profiler_mark, except that the capture check of the legacy stream runs once per root call:
     the call at depth 0). Has an instance ``__dict__``; takes part in cyclic GC."""
-    def __init__(self, inner: Callable, att: Any, name: str, kind: str, module: Any, stack: list, calls: list,
+    def __init__(self, *, inner: Callable, att: Any, name: str, kind: str, module: Any, stack: list, calls: list,
                  kill: list, close: Callable, raw_stream: Optional[Callable[[int], int]], device: int,
                  mark: Optional[Callable[[], Any]], probe: Optional[Callable[[], bool]], open_rf: Callable,
                  push: Optional[Callable[[str], Any]], pop: Optional[Callable[[], Any]], tensor: type,
-                 shapes: bool, stamp: bool = False) -> None:
-        """stamp (experimental): the native marks are stamps (as profiler_stamp, with the capture
-        check of the native marks; ids for profiler_stamps_resolve) instead of timing events."""
+                 shapes: bool) -> None:
+        """Every argument by keyword: a missing one is a KeyError naming it, a mistyped one a
+        TypeError naming it."""
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
-
-# Stamps (experimental, off the default path; scripts/profiler_overhead.py compares them with
-# marks): a stamp is a one-thread kernel (kernels/profiler/stamp.cuh, JIT-compiled on first use)
-# launched on the caller's stream that writes %globaltimer (GPU ns) into a slot of a per-device
-# buffer (65536 slots; slots restart at 0 once every stamp of the device is resolved or
-# released). Host cost: the capture check and one cuLaunchKernel instead of a cuEventRecord.
-def profiler_stamp(stream: int, device: int) -> int:
-    """Take a stamp on ``stream`` (raw CUstream as an int; 0 = legacy stream) of ``device``, in
-    stream order; makes ``device``'s primary context current first (the first stamp of a device
-    compiles or loads the kernel and allocates its slots). Returns the id (an int > 0, never
-    reused), or 0 when nothing was recorded: ``stream`` is capturing a CUDA graph, or every slot
-    of the device holds an unresolved stamp (counted in profiler_stamp_stats()["dropped"]).
-    Raises ArgumentError (device < 0), TypeError (not ints), NoDeviceError, CompileError,
-    CudaError (launch failed)."""
-def profiler_stamps_resolve(stamps: Sequence[int]) -> list[int]:
-    """%globaltimer (GPU nanoseconds, one clock per device) of each stamp, in the order given.
-    Waits for every stream of each involved device (cuCtxSynchronize; GIL released), copies the
-    slots once per device, then forgets the stamps (also when it fails). ArgumentError naming
-    ``stamps``, nothing forgotten, for an id that is not an unresolved stamp (or listed twice);
-    CudaError on a driver error."""
-def profiler_stamps_release(stamps: Sequence[int]) -> int:
-    """Forget stamps without reading them (ids that are not unresolved stamps are ignored); how
-    many were released. A released stamp's kernel may still be queued: release only stamps whose
-    stream has passed them, or that were taken on the stream the next stamps use."""
-def profiler_stamp_stats() -> dict:
-    """{live: int (unresolved stamps), dropped: int (since process start), slots: int (per device)}."""
-def profiler_globaltimer_probe(device: int = 0, iters: int = 100000) -> dict:
-    """%globaltimer as ``device`` updates it: one thread reads it ``iters`` times in a loop
-    (waits). {min_step_ns: smallest non-zero difference of consecutive reads (0: never changed),
-    changes: reads that differed from the previous one, span_ns: last - first, max_step_ns,
-    iters}. ArgumentError for iters < 1 or device < 0."""
 
 # ---- dense GEMM (issue 4) -----------------------------------------------------------
 # out[i] = act(alpha * a[i] @ b[i] + beta * c[i] + bias)   for i in range(batch)

@@ -43,6 +43,7 @@ pub trait KernelSpec:
 /// `impl KernelSpec` for a tuning config with an `arch: Arch` field and an inherent
 /// `name_expression(&self) -> String`; `kernel`, `header` and `smem` (dynamic shared memory
 /// bytes) are expressions of the config bound by `|c|`, e.g. `smem: |c| c.smem_bytes()`.
+/// With `smem` alone, `kernel` and `header` are the config's inherent methods of those names.
 /// `KernelSpec` must be in scope where it is used.
 macro_rules! impl_kernel_spec {
     ($ty:ident, kernel: |$k:pat_param| $kernel:expr, header: |$h:pat_param| $header:expr, smem: |$s:pat_param| $smem:expr $(,)?) => {
@@ -66,6 +67,9 @@ macro_rules! impl_kernel_spec {
                 $smem
             }
         }
+    };
+    ($ty:ident, smem: |$s:pat_param| $smem:expr $(,)?) => {
+        $crate::jit::impl_kernel_spec!($ty, kernel: |c| $ty::kernel(c), header: |c| $ty::header(c), smem: |$s| $smem);
     };
 }
 pub(crate) use impl_kernel_spec;

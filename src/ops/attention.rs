@@ -22,7 +22,7 @@ use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_dtype, check_i32, check_not_null, check_shape, check_strides,
 };
-use crate::ops::work::AttnSizes;
+use work::AttnSizes;
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig};
 use std::ffi::c_void;
@@ -32,6 +32,7 @@ pub mod kvcache;
 pub mod sm80;
 pub mod sm90;
 pub mod variant;
+pub mod work;
 pub use batch::{batch_slices, BatchSlice, MAX_LAUNCH_BATCH};
 pub use variant::{AttnVariant, MaskKind, VariantKind};
 
@@ -93,12 +94,7 @@ pub struct AttnFwdParams {
     pub dropout_batch0: i32,
 }
 
-impl_kernel_spec!(
-    AttnFwdConfig,
-    kernel: |c| c.kernel(),
-    header: |c| c.header(),
-    smem: |c| c.smem_bytes(),
-);
+impl_kernel_spec!(AttnFwdConfig, smem: |c| c.smem_bytes());
 
 /// What `precompile` builds for the forward families (sm80 everywhere, sm90 on sm_90a).
 pub fn production_specs(arch: Arch) -> Vec<AttnFwdConfig> {
@@ -395,6 +391,16 @@ pub fn validate(
         dtype: q.dtype,
         device: q.device.id,
     })
+}
+
+/// The checks of `attn_fwd` from metadata alone (`attn_fwd_check`): `validate` without the
+/// outputs (the Python layer allocates them from the same rules), then the variant's.
+#[allow(clippy::too_many_arguments)]
+pub fn check(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, cu_seqlens_q: Option<&TensorMeta>,
+             cu_seqlens_k: Option<&TensorMeta>, max_seqlen_q: i64, max_seqlen_k: i64,
+             variant: &AttnVariant<&TensorMeta>) -> Result<VariantKind> {
+    let p = validate(q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)?;
+    variant.validate(&p, q)
 }
 
 /// `out` (q's device, dtype and shape, dense) and `softmax_lse` (fp32, (batch, heads, seqlen_q)

@@ -12,9 +12,10 @@
 //! A batch beyond the grid's 65535 runs the plan once per slice of it, as the forward does
 //! (src/ops/attention/batch.rs).
 
+use super::attention::batch::{advanced, advanced_mut, F32_BYTES};
 use super::attention::{
     batch_row_head_strides, batch_slices, check_dense, check_tile_layout, params as fwd_params,
-    validate as fwd_validate, AttnFwdParams, AttnVariant, BatchSlice, Problem,
+    validate as fwd_validate, AttnFwdParams, AttnVariant, BatchSlice, Problem, VariantKind,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -26,7 +27,7 @@ use crate::ops::validate::{
     check_device, check_disjoint, check_dtype, check_no_self_overlap, check_not_null, check_shape,
     check_strides, NO_ELEMENT_TWICE,
 };
-use crate::ops::work::AttnSizes;
+use crate::ops::attention::work::AttnSizes;
 use crate::tensor::{TensorMeta, TensorView};
 use crate::tuning::attention_bwd::{bwd_plan, bwd_production_configs, AttnBwdConfig, BwdKind};
 use std::ffi::c_void;
@@ -63,12 +64,27 @@ pub struct AttnBwdParams {
     pub dqa_head_stride: i64,
 }
 
-impl_kernel_spec!(
-    AttnBwdConfig,
-    kernel: |c| AttnBwdConfig::kernel(c),
-    header: |c| AttnBwdConfig::header(c),
-    smem: |c| c.smem_bytes(),
-);
+impl AttnBwdParams {
+    /// A copy for the launches over slice `s` (`AttnFwdParams::slice` for the forward's part);
+    /// `dtype` is q's: the element type of dout, dq, dk and dv.
+    pub fn slice(&self, dtype: DType, s: BatchSlice) -> AttnBwdParams {
+        let e = dtype.size_bytes() as i64;
+        let b = s.start;
+        AttnBwdParams {
+            fwd: self.fwd.slice(dtype, s),
+            dout: advanced(self.dout, b * self.do_batch_stride * e),
+            dq: advanced_mut(self.dq, b * self.dq_batch_stride * e),
+            dk: advanced_mut(self.dk, b * self.dk_batch_stride * e),
+            dv: advanced_mut(self.dv, b * self.dv_batch_stride * e),
+            // softmax_d has lse's layout (validated): the kernels index it with lse's strides
+            softmax_d: advanced_mut(self.softmax_d, b * self.fwd.lse_batch_stride * F32_BYTES),
+            dq_accum: advanced_mut(self.dq_accum, b * self.dqa_batch_stride * F32_BYTES),
+            ..*self
+        }
+    }
+}
+
+impl_kernel_spec!(AttnBwdConfig, smem: |c| c.smem_bytes());
 
 /// What `precompile` builds for this family.
 pub fn production_specs(arch: Arch) -> Vec<AttnBwdConfig> {
@@ -185,6 +201,16 @@ pub fn validate(
         check_dense("dq_accum", a)?;
     }
     Ok(p)
+}
+
+/// The checks of `attn_bwd` from metadata alone (`attn_bwd_check`): `validate` without the
+/// gradients (the Python layer allocates them from the same rules), then the variant's.
+#[allow(clippy::too_many_arguments)]
+pub fn check(dout: &TensorMeta, q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, out: &TensorMeta,
+             softmax_lse: &TensorMeta, cu_seqlens_q: Option<&TensorMeta>, cu_seqlens_k: Option<&TensorMeta>,
+             max_seqlen_q: i64, max_seqlen_k: i64, variant: &AttnVariant<&TensorMeta>) -> Result<VariantKind> {
+    let p = validate(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None)?;
+    variant.validate(&p, q)
 }
 
 /// Whether any kernel of the plan has a non-empty grid: the per-query kernels need
@@ -446,5 +472,7 @@ pub fn attn_bwd(
     Ok(())
 }
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,6 @@ pub mod sparse24;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub(crate) mod validate;
-pub mod work;
 
 use crate::error::Result;
 use crate::arch::Arch;

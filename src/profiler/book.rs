@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 /// Remove the entries `ids` (in that order) from `book` and return their values. All or
 /// nothing: the first id that is not in `book` (never added, already taken, or listed twice)
-/// leaves `book` as it was and is returned as the error. Shared by the event and stamp books.
+/// leaves `book` as it was and is returned as the error.
 pub(super) fn take_all<V>(book: &mut BTreeMap<u64, V>, ids: &[u64]) -> std::result::Result<Vec<V>, u64> {
     let mut out = Vec::with_capacity(ids.len());
     for (i, &id) in ids.iter().enumerate() {
@@ -31,8 +31,8 @@ pub const MAX_RECORDS: usize = 1_000_000;
 /// Most marks kept unresolved; marks beyond are not recorded (id 0) and counted as dropped.
 pub const MAX_MARKS: usize = 2_000_000;
 
-/// ArgumentError naming `arg` ("marks" / "stamps") for an id that `maker` ("profiler_mark" /
-/// "profiler_stamp") did not return or that is resolved or released already.
+/// ArgumentError naming `arg` ("marks") for an id that `maker` ("profiler_mark") did not return
+/// or that is resolved or released already.
 pub(super) fn unknown_id(arg: &str, maker: &str, id: u64) -> crate::error::Error {
     crate::error::Error::argument(
         arg,

@@ -40,9 +40,8 @@ pub(super) fn legacy_clear(stream: u64) -> bool {
     (stream == 0 || stream == 1) && LEGACY_CLEAR.with(|c| c.get())
 }
 
-/// The capture check of [`mark_scoped`](super::mark_scoped) (shared with
-/// [`stamp_scoped`](super::stamp_scoped)): whether a mark at `scope` may be recorded on `stream`
-/// now (false: the stream is capturing, or its check failed).
+/// The capture check of [`mark_scoped`](super::mark_scoped): whether a mark at `scope` may be
+/// recorded on `stream` now (false: the stream is capturing, or its check failed).
 pub(super) fn scoped_may_record(stream: u64, scope: Scope) -> bool {
     let s = stream as sys::CUstream;
     if stream == 0 || stream == 1 {

@@ -1,4 +1,4 @@
-//! The driver pieces the recorder, the marks and the stamps share: the pooled timing event,
+//! The driver pieces the recorder and the marks share: the pooled timing event,
 //! binding a device's primary context (cached per thread), and the lock that ignores poisoning.
 
 use crate::error::{CudaResultExt, Result};

@@ -24,11 +24,9 @@
 //! and gives their events back to the pool. Recording a mark costs one cuEventRecord plus the
 //! pool bookkeeping (no Python event object, no `torch.cuda.current_stream()` lookup).
 //!
-//! Stamps ([`stamp`], [`stamps_resolve`]): the experimental kernel-written alternative to marks.
-//!
 //! Files: `record` (what a drained record says), `book` (the bookkeeping without the driver),
 //! `driver` (events, context binding, the lock), `capture` (the graph-capture checks),
-//! `recorder` (the switch, launches, drain), `marks`, `stamps` and `stamp_book`.
+//! `recorder` (the switch, launches, drain) and `marks`.
 
 mod book;
 mod capture;
@@ -36,8 +34,6 @@ mod driver;
 mod marks;
 mod record;
 mod recorder;
-mod stamp_book;
-mod stamps;
 
 pub use book::{Stats, MAX_MARKS, MAX_RECORDS};
 pub use capture::Scope;
@@ -45,7 +41,3 @@ pub use marks::{mark, mark_scoped, marks_query, marks_release, marks_resolve};
 pub use record::{theoretical_occupancy, Description, KernelAttrs, Resolved};
 pub(crate) use recorder::recorded_launch;
 pub use recorder::{drain, enabled, set_enabled, stats};
-pub use stamps::{
-    globaltimer_probe, stamp, stamp_scoped, stamp_stats, stamps_release, stamps_resolve,
-    StampKernel, StampSpec, StampStats, STAMP_SLOTS,
-};

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::ops::attention as op;
 use pyo3::prelude::*;
 use super::args::{cu_metas, import_cu, meta, stream_handle, MetaTuple};
-use super::variant::{check as check_variant, views, VariantArg};
+use super::variant::{optional_metas, views, VariantArg};
 
 /// Validate attention-forward arguments from metadata alone (same checks and errors as attn_fwd);
 /// `variant` None = the plain call.
@@ -24,19 +24,8 @@ fn attn_fwd_check(
 ) -> Result<()> {
     let (q, k, v) = (meta("q", q)?, meta("k", k)?, meta("v", v)?);
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
-    let variant = variant.filter(|v| !v.is_none()).map(|v| VariantArg::from_obj(v)?.metas()).transpose()?.unwrap_or_default();
-    let p = op::validate(
-        &q,
-        &k,
-        &v,
-        None,
-        None,
-        cq.as_ref(),
-        ck.as_ref(),
-        max_seqlen_q,
-        max_seqlen_k,
-    )?;
-    check_variant(&variant, &p, &q)?;
+    let variant = optional_metas(variant)?;
+    op::check(&q, &k, &v, cq.as_ref(), ck.as_ref(), max_seqlen_q, max_seqlen_k, &variant.map(|t| t))?;
     Ok(())
 }
 
@@ -94,17 +83,17 @@ fn attn_visible_pairs(seqlen_q: u64, seqlen_k: u64, causal: bool, window_left: i
     op::variant::visible_pairs(seqlen_q, seqlen_k, v.window())
 }
 
-/// FLOPs of `products` attention products over `pairs` visible pairs (ops::work::attn_product_flops).
+/// FLOPs of `products` attention products over `pairs` visible pairs (ops::attention::work::attn_product_flops).
 #[pyfunction]
 fn attn_flops(products: u64, pairs: u128, head_dim: u64) -> u128 {
-    crate::ops::work::attn_product_flops(products, pairs, head_dim)
+    crate::ops::attention::work::attn_product_flops(products, pairs, head_dim)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attn_visible_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(attn_flops, m)?)?;
-    m.add("ATTN_FWD_PRODUCTS", crate::ops::work::ATTN_FWD_PRODUCTS)?;
-    m.add("ATTN_BWD_PRODUCTS", crate::ops::work::ATTN_BWD_PRODUCTS)?;
+    m.add("ATTN_FWD_PRODUCTS", crate::ops::attention::work::ATTN_FWD_PRODUCTS)?;
+    m.add("ATTN_BWD_PRODUCTS", crate::ops::attention::work::ATTN_BWD_PRODUCTS)?;
     m.add_function(wrap_pyfunction!(attn_fwd_check, m)?)?;
     m.add_function(wrap_pyfunction!(attn_fwd, m)?)?;
     Ok(())

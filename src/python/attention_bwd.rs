@@ -4,7 +4,7 @@ use super::args::{cu_metas, import_cu, import_opt, meta, meta_of, stream_handle,
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::attention_bwd as op;
-use super::variant::{check as check_variant, views, VariantArg};
+use super::variant::{optional_metas, views, VariantArg};
 use pyo3::prelude::*;
 
 /// Validate attention-backward arguments from metadata alone (same checks and errors as attn_bwd);
@@ -25,7 +25,7 @@ fn attn_bwd_check(
     max_seqlen_k: i64,
     variant: Option<&Bound<'_, PyAny>>,
 ) -> Result<()> {
-    let variant = variant.filter(|v| !v.is_none()).map(|v| VariantArg::from_obj(v)?.metas()).transpose()?.unwrap_or_default();
+    let variant = optional_metas(variant)?;
     let (dout, q, k, v, out) = (
         meta("dout", dout)?,
         meta("q", q)?,
@@ -35,20 +35,8 @@ fn attn_bwd_check(
     );
     let lse = meta_of("softmax_lse", softmax_lse, "float32")?;
     let (cq, ck) = cu_metas(cu_seqlens_q, cu_seqlens_k)?;
-    let p = op::validate(
-        &dout,
-        &q,
-        &k,
-        &v,
-        &out,
-        &lse,
-        cq.as_ref(),
-        ck.as_ref(),
-        max_seqlen_q,
-        max_seqlen_k,
-        None,
-    )?;
-    check_variant(&variant, &p, &q)?;
+    let (cq, ck) = (cq.as_ref(), ck.as_ref());
+    op::check(&dout, &q, &k, &v, &out, &lse, cq, ck, max_seqlen_q, max_seqlen_k, &variant.map(|t| t))?;
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! tensors) → ops::attention::kvcache.
 
 use super::args::{cu_metas, import_cu, import_opt, meta, meta_of, stream_handle, MetaTuple};
-use super::variant::{check as check_variant, views, VariantArg};
+use super::variant::{views, VariantArg};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::attention::kvcache as op;
@@ -27,9 +27,8 @@ fn attn_kvcache_check(q: MetaTuple, k_cache: MetaTuple, v_cache: MetaTuple, cu_s
                             int32_meta("cache_batch_idx", cache_batch_idx)?, int32_meta("block_table", block_table)?);
     let kv = op::KvCache { cache_seqlens: sl.as_ref(), seqlen_k_add, cache_leftpad: lp.as_ref(),
                            cache_batch_idx: bi.as_ref(), block_table: bt.as_ref() };
-    let p = op::validate(&q, &k, &v, None, None, cq.as_ref(), ck.as_ref(), max_seqlen_q, &kv)?;
     let variant = VariantArg::from_obj(variant)?.metas()?;
-    check_variant(&variant, &p.base, &q)?;
+    op::check(&q, &k, &v, cq.as_ref(), ck.as_ref(), max_seqlen_q, &kv, &variant.map(|t| t))?;
     Ok(())
 }
 
@@ -112,11 +111,7 @@ fn attn_fwd_kvcache(
         cache_batch_idx: bi.as_ref().map(|t| &t.view),
         block_table: bt.as_ref().map(|t| &t.view),
     };
-    let accum = match (&oa, &la) {
-        (Some(a), Some(b)) => Some((&a.view, &b.view)),
-        (None, None) => None,
-        _ => return Err(crate::error::Error::argument("lse_accum", "given together with o_accum", "only one of the two")),
-    };
+    let accum = op::accum_pair(oa.as_ref().map(|t| &t.view), la.as_ref().map(|t| &t.view))?;
     let (cqv, ckv) = (cq.as_ref().map(|t| &t.view), ck.as_ref().map(|t| &t.view));
     py.detach(|| {
         op::attn_fwd_kvcache(&q.view, &k.view, &v.view, &o.view, &lse.view, cqv, ckv, max_seqlen_q, &kv, accum,

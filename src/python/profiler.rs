@@ -1,7 +1,6 @@
 //! profiler_enable / profiler_enabled / profiler_stats / profiler_drain (the launch recorder) and
-//! profiler_mark / profiler_marks_query / profiler_marks_resolve / profiler_marks_release (marks),
-//! profiler_stamp / profiler_stamps_resolve / profiler_stamps_release / profiler_stamp_stats /
-//! profiler_globaltimer_probe (experimental stamp marks) → crate::profiler. Converts records to the dicts of python/ferroattn/_native.pyi.
+//! profiler_mark / profiler_marks_query / profiler_marks_resolve / profiler_marks_release (marks)
+//! → crate::profiler. Converts records to the dicts of python/ferroattn/_native.pyi.
 
 use super::args::raw_handle;
 use crate::error::Result;
@@ -123,95 +122,6 @@ fn profiler_mark(stream: &Bound<'_, PyAny>, device: &Bound<'_, PyAny>) -> Result
     profiler::mark(device, stream)
 }
 
-/// (stream, device) of profiler_mark / profiler_stamp, checked and converted.
-fn stream_device(stream: &Bound<'_, PyAny>, device: &Bound<'_, PyAny>) -> Result<(u64, i32)> {
-    let stream = match stream.extract::<u64>() {
-        Ok(s) => s,
-        Err(_) => raw_handle(stream, "stream", "a raw CUstream handle")?,
-    };
-    let shown = || device.repr().map(|r| r.to_string()).unwrap_or_default();
-    let Ok(device) = device.extract::<i64>() else {
-        return Err(PyTypeError::new_err(format!(
-            "device: expected an int (a CUDA device index), got {}",
-            shown()
-        ))
-        .into());
-    };
-    let device = i32::try_from(device)
-        .ok()
-        .filter(|d| *d >= 0)
-        .ok_or_else(|| {
-            crate::error::Error::argument("device", "a CUDA device index >= 0", device)
-        })?;
-    Ok((stream, device))
-}
-
-/// Experimental: a stamp (the profiler_stamp kernel writes %globaltimer into a slot) on the raw
-/// CUstream `stream` of `device`; its id, or 0 when not recorded (capturing stream, no free slot).
-#[pyfunction]
-fn profiler_stamp(stream: &Bound<'_, PyAny>, device: &Bound<'_, PyAny>) -> Result<u64> {
-    let (stream, device) = stream_device(stream, device)?;
-    profiler::stamp(device, stream)
-}
-
-/// GPU nanoseconds (%globaltimer) of each stamp; waits for the devices (GIL released); forgets
-/// the stamps.
-#[pyfunction]
-fn profiler_stamps_resolve(py: Python<'_>, stamps: &Bound<'_, PyAny>) -> Result<Vec<u64>> {
-    let ids = stamps.extract::<Vec<u64>>().map_err(|_| {
-        let shown = stamps.repr().map(|r| r.to_string()).unwrap_or_default();
-        PyTypeError::new_err(format!(
-            "stamps: expected a sequence of stamp ids (ints in [0, 2**64)), got {shown}"
-        ))
-    })?;
-    py.detach(|| profiler::stamps_resolve(&ids))
-}
-
-/// Forget stamps without reading them; how many were unresolved.
-#[pyfunction]
-fn profiler_stamps_release(stamps: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let ids = stamps.extract::<Vec<u64>>().map_err(|_| {
-        let shown = stamps.repr().map(|r| r.to_string()).unwrap_or_default();
-        PyTypeError::new_err(format!(
-            "stamps: expected a sequence of stamp ids (ints in [0, 2**64)), got {shown}"
-        ))
-    })?;
-    Ok(profiler::stamps_release(&ids))
-}
-
-/// {live, dropped, slots}.
-#[pyfunction]
-fn profiler_stamp_stats(py: Python<'_>) -> PyResult<Py<PyDict>> {
-    let s = profiler::stamp_stats();
-    let d = PyDict::new(py);
-    d.set_item("live", s.live)?;
-    d.set_item("dropped", s.dropped)?;
-    d.set_item("slots", s.slots)?;
-    Ok(d.unbind())
-}
-
-/// {min_step_ns, changes, span_ns, max_step_ns, iters}: one thread reading %globaltimer `iters`
-/// times on `device` (waits; GIL released).
-#[pyfunction]
-#[pyo3(signature = (device = 0, iters = 100000))]
-fn profiler_globaltimer_probe(py: Python<'_>, device: i32, iters: i32) -> Result<Py<PyDict>> {
-    if device < 0 {
-        return Err(crate::error::Error::argument(
-            "device",
-            "a CUDA device index >= 0",
-            device,
-        ));
-    }
-    let r = py.detach(|| profiler::globaltimer_probe(device, iters))?;
-    let d = PyDict::new(py);
-    d.set_item("min_step_ns", r[0])?;
-    d.set_item("changes", r[1])?;
-    d.set_item("span_ns", r[2])?;
-    d.set_item("max_step_ns", r[3])?;
-    d.set_item("iters", iters)?;
-    Ok(d.unbind())
-}
-
 /// Whether the GPU has passed each mark (no wait).
 #[pyfunction]
 fn profiler_marks_query(marks: &Bound<'_, PyAny>) -> Result<Vec<bool>> {
@@ -249,12 +159,18 @@ fn profiler_marks_release(marks: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// [name, kind, depth, step, start mark, end mark, shapes, module, record_function context].
 ///
 /// Marks: with `mark` None, native marks straight from Rust (`crate::profiler::mark_scoped` on
-/// `raw_stream(device)`, fetched per mark; with `stamp=True` (experimental) stamps instead:
-/// `crate::profiler::stamp_scoped`, ids of profiler_stamps_resolve); otherwise `mark()` (a Python
-/// callable returning a token). Has an instance `__dict__` (functools.update_wrapper and the restore bookkeeping set
+/// `raw_stream(device)`, fetched per mark); otherwise `mark()` (a Python callable returning a
+/// token). Has an instance `__dict__` (functools.update_wrapper and the restore bookkeeping set
 /// attributes on it) and takes part in cyclic GC (it references its module).
 #[pyclass(name = "ProfilerForward", module = "ferroattn._native", dict, frozen)]
 struct ProfilerForward {
+    f: Fields,
+}
+
+/// What a ProfilerForward holds, given by keyword to its constructor (the names below).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Fields {
     inner: Py<PyAny>,
     att: Py<PyAny>,
     name: Py<PyAny>,
@@ -273,8 +189,6 @@ struct ProfilerForward {
     pop: Option<Py<PyAny>>,
     tensor: Py<PyAny>,
     shapes: bool,
-    /// Experimental: native marks are stamps (`profiler::stamp_scoped`) instead of events.
-    stamp: bool,
 }
 
 impl ProfilerForward {
@@ -283,15 +197,11 @@ impl ProfilerForward {
         py: Python<'py>,
         scope: profiler::Scope,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(m) = &self.mark {
+        if let Some(m) = &self.f.mark {
             return m.bind(py).call0();
         }
-        let stream: u64 = self.raw_stream.bind(py).call1((self.device,))?.extract()?;
-        let id = if self.stamp {
-            profiler::stamp_scoped(self.device, stream, scope)?
-        } else {
-            profiler::mark_scoped(self.device, stream, scope)?
-        };
+        let stream: u64 = self.f.raw_stream.bind(py).call1((self.f.device,))?.extract()?;
+        let id = profiler::mark_scoped(self.f.device, stream, scope)?;
         Ok(id.into_pyobject(py)?.into_any())
     }
 
@@ -300,10 +210,10 @@ impl ProfilerForward {
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if !self.shapes || args.is_empty() {
+        if !self.f.shapes || args.is_empty() {
             return Ok(py.None().into_bound(py));
         }
-        let tensor = self.tensor.bind(py);
+        let tensor = self.f.tensor.bind(py);
         let shape = |a: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
             if a.is_instance(tensor)? {
                 a.getattr(intern!(py, "shape"))
@@ -327,7 +237,7 @@ impl ProfilerForward {
 
     /// The Python wrapper's `finally` block.
     fn finish<'py>(&self, py: Python<'py>, call: &Bound<'py, PyList>) -> PyResult<()> {
-        let stack = self.stack.bind(py);
+        let stack = self.f.stack.bind(py);
         let n = stack.len();
         if n > 0 && stack.get_item(n - 1)?.is(call) {
             stack.del_item(n - 1)?;
@@ -339,7 +249,7 @@ impl ProfilerForward {
                 };
                 call.set_item(5, self.take_mark(py, scope)?)?;
             }
-            if let Some(pop) = &self.pop {
+            if let Some(pop) = &self.f.pop {
                 pop.bind(py).call0()?;
             }
             let rf = call.get_item(8)?;
@@ -349,58 +259,21 @@ impl ProfilerForward {
             }
             Ok(())
         } else {
-            self.close.bind(py).call1((call,)).map(|_| ())
+            self.f.close.bind(py).call1((call,)).map(|_| ())
         }
     }
 }
 
 #[pymethods]
 impl ProfilerForward {
+    /// Every field by keyword (`ProfilerForward(inner=..., att=..., ...)`, the names of
+    /// `Fields`): a missing one is a KeyError naming it, a mistyped one a TypeError naming it.
     #[new]
-    #[pyo3(signature = (inner, att, name, kind, module, stack, calls, kill, close, raw_stream, device,
-                        mark, probe, open_rf, push, pop, tensor, shapes, stamp = false))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        inner: Py<PyAny>,
-        att: Py<PyAny>,
-        name: Py<PyAny>,
-        kind: Py<PyAny>,
-        module: Py<PyAny>,
-        stack: Py<PyList>,
-        calls: Py<PyList>,
-        kill: Py<PyList>,
-        close: Py<PyAny>,
-        raw_stream: Py<PyAny>,
-        device: i32,
-        mark: Option<Py<PyAny>>,
-        probe: Option<Py<PyAny>>,
-        open_rf: Py<PyAny>,
-        push: Option<Py<PyAny>>,
-        pop: Option<Py<PyAny>>,
-        tensor: Py<PyAny>,
-        shapes: bool,
-        stamp: bool,
-    ) -> Self {
-        ProfilerForward {
-            inner,
-            att,
-            name,
-            kind,
-            module,
-            stack,
-            calls,
-            kill,
-            close,
-            raw_stream,
-            device,
-            mark,
-            probe,
-            open_rf,
-            push,
-            pop,
-            tensor,
-            shapes,
-            stamp,
+    #[pyo3(signature = (**fields))]
+    fn new(fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        match fields {
+            Some(f) => Ok(ProfilerForward { f: f.extract()? }),
+            None => Err(PyTypeError::new_err("ProfilerForward: expected its fields as keyword arguments")),
         }
     }
 
@@ -411,15 +284,15 @@ impl ProfilerForward {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let inner = self.inner.bind(py);
-        let att = self.att.bind(py);
+        let inner = self.f.inner.bind(py);
+        let att = self.f.att.bind(py);
         if !att.getattr(intern!(py, "_live"))?.is_truthy()?
-            || self.kill.bind(py).get_item(0)?.is_truthy()?
+            || self.f.kill.bind(py).get_item(0)?.is_truthy()?
         {
             return inner.call(args, kwargs);
         }
         let shapes = self.shapes_of(py, args)?;
-        let stack = self.stack.bind(py);
+        let stack = self.f.stack.bind(py);
         let depth = stack.len();
         let step = att.getattr(intern!(py, "step"))?;
         let scope = if depth == 0 {
@@ -432,25 +305,25 @@ impl ProfilerForward {
         let call = PyList::new(
             py,
             [
-                self.name.bind(py).clone(),
-                self.kind.bind(py).clone(),
+                self.f.name.bind(py).clone(),
+                self.f.kind.bind(py).clone(),
                 depth.into_pyobject(py)?.into_any(),
                 step,
                 start,
                 none.clone(),
                 shapes,
-                self.module.bind(py).clone(),
+                self.f.module.bind(py).clone(),
                 none,
             ],
         )?;
-        self.calls.bind(py).append(&call)?;
-        if let Some(probe) = &self.probe {
+        self.f.calls.bind(py).append(&call)?;
+        if let Some(probe) = &self.f.probe {
             if probe.bind(py).call0()?.is_truthy()? {
-                call.set_item(8, self.open_rf.bind(py).call1((self.name.bind(py),))?)?;
+                call.set_item(8, self.f.open_rf.bind(py).call1((self.f.name.bind(py),))?)?;
             }
         }
-        if let Some(push) = &self.push {
-            push.bind(py).call1((self.name.bind(py),))?;
+        if let Some(push) = &self.f.push {
+            push.bind(py).call1((self.f.name.bind(py),))?;
         }
         stack.append(&call)?;
         let result = inner.call(args, kwargs);
@@ -473,22 +346,22 @@ impl ProfilerForward {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         for o in [
-            &self.inner,
-            &self.att,
-            &self.name,
-            &self.kind,
-            &self.module,
-            &self.close,
-            &self.raw_stream,
-            &self.open_rf,
-            &self.tensor,
+            &self.f.inner,
+            &self.f.att,
+            &self.f.name,
+            &self.f.kind,
+            &self.f.module,
+            &self.f.close,
+            &self.f.raw_stream,
+            &self.f.open_rf,
+            &self.f.tensor,
         ] {
             visit.call(o)?;
         }
-        for o in [&self.stack, &self.calls, &self.kill] {
+        for o in [&self.f.stack, &self.f.calls, &self.f.kill] {
             visit.call(o)?;
         }
-        for o in [&self.mark, &self.probe, &self.push, &self.pop]
+        for o in [&self.f.mark, &self.f.probe, &self.f.push, &self.f.pop]
             .into_iter()
             .flatten()
         {
@@ -507,11 +380,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profiler_marks_query, m)?)?;
     m.add_function(wrap_pyfunction!(profiler_marks_resolve, m)?)?;
     m.add_function(wrap_pyfunction!(profiler_marks_release, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamp, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamps_resolve, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamps_release, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_stamp_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(profiler_globaltimer_probe, m)?)?;
     m.add_class::<ProfilerForward>()?;
     Ok(())
 }

@@ -4,7 +4,7 @@
 use super::args::{meta_of, MetaTuple};
 use crate::dlpack::{import, Imported};
 use crate::error::Result;
-use crate::ops::attention::{AttnVariant, VariantKind};
+use crate::ops::attention::AttnVariant;
 use crate::tensor::{TensorMeta, TensorView};
 use pyo3::prelude::*;
 
@@ -78,11 +78,10 @@ pub(super) fn views(v: &AttnVariant<Imported>) -> AttnVariant<&TensorView> {
     v.map(|t| &t.view)
 }
 
-/// `validate` of a metadata variant against a validated problem.
-pub(super) fn check(
-    v: &AttnVariant<TensorMeta>,
-    p: &crate::ops::attention::Problem,
-    q: &TensorMeta,
-) -> Result<VariantKind> {
-    v.map(|t| t).validate(p, q)
+/// The metadata variant of a `*_check` call: the plain call when `variant` is None.
+pub(super) fn optional_metas(variant: Option<&Bound<'_, PyAny>>) -> Result<AttnVariant<TensorMeta>> {
+    Ok(match variant.filter(|v| !v.is_none()) {
+        Some(v) => VariantArg::from_obj(v)?.metas()?,
+        None => AttnVariant::default(),
+    })
 }

@@ -5,7 +5,7 @@
 
 use crate::dtype::DType;
 use crate::arch::Arch;
-use crate::ops::attention::variant::{MaskKind, VariantKind};
+use crate::tuning::variant::{MaskKind, VariantKind};
 
 /// The attention-forward kernel families (DESIGN.md §7): `Sm80` (mma.sync, every GPU >= sm_80,
 /// kernels/attention/fwd_sm80.cuh) and `Sm90` (wgmma + TMA, sm_90a, kernels/attention/fwd_sm90.cuh).

@@ -11,7 +11,7 @@
 
 use crate::dtype::DType;
 use crate::arch::Arch;
-use crate::ops::attention::variant::{MaskKind, VariantKind};
+use crate::tuning::variant::{MaskKind, VariantKind};
 use crate::tuning::attention::{kernel_head_dim, production_points};
 use crate::tuning::knobs::FamilyChoice;
 

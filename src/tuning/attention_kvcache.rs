@@ -8,7 +8,7 @@
 
 use crate::arch::Arch;
 use crate::dtype::DType;
-use crate::ops::attention::variant::{MaskKind, VariantKind};
+use crate::tuning::variant::{MaskKind, VariantKind};
 use crate::tuning::attention::kernel_head_dim;
 
 /// Keys per K/V tile of the kv-cache kernel (4 warps x 16 keys).

@@ -8,7 +8,7 @@
 
 use crate::arch::Arch;
 use crate::dtype::DType;
-use crate::ops::attention::variant::VariantKind;
+use crate::tuning::variant::VariantKind;
 use crate::tuning::attention::{production_variants, AttnFwdConfig, AttnFwdFamily};
 
 /// Query rows per block (two consumer warpgroups of 64).

@@ -6,7 +6,7 @@
 
 use crate::dtype::DType;
 use crate::arch::Arch;
-use crate::ops::gemm::problem::{GemmProblem, Operand};
+use crate::tuning::gemm_problem::{GemmProblem, Operand};
 
 /// Block tile of the WMMA kernel: BM x BN outputs per block, BK deep k steps, WarpsM x WarpsN
 /// warps (each a (BM/WarpsM) x (BN/WarpsN) grid of 16x16 accumulators), `stages` cp.async ring

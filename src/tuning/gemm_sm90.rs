@@ -5,7 +5,7 @@
 
 use crate::dtype::DType;
 use crate::arch::Arch;
-use crate::ops::gemm::problem::Activation;
+use crate::tuning::gemm_problem::Activation;
 
 /// Rows of the tile of one work unit (every schedule in production uses 128).
 pub const BLOCK_M: u32 = 128;

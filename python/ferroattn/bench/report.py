@@ -496,8 +496,8 @@ def clean_json(x: Any) -> Any:
 
 def result_filename(meta: dict, kind: str = "attention") -> str:
     dev = re.sub(r"[^A-Za-z0-9]+", "-", str(meta.get("device") or "nodevice")).strip("-").lower()
-    stamp = re.sub(r"[^0-9T]", "", str(meta.get("date") or now_utc()))
-    return f"{kind}_{dev}_{stamp}.json"
+    when = re.sub(r"[^0-9T]", "", str(meta.get("date") or now_utc()))
+    return f"{kind}_{dev}_{when}.json"
 
 
 def write_json(result: dict, out_dir: str | os.PathLike, kind: str = "attention") -> Path:

@@ -4,8 +4,7 @@ takes a mark from at the start and end of each hooked call, and turns pairs of m
 - :class:`NativeClock`: native marks (``_native.profiler_mark*``: a pooled CUDA event recorded by the
   Rust core on the raw current stream; tokens are int ids);
 - :class:`EventClock`: events of an event factory (``torch.cuda.Event(enable_timing=True)``, or
-  :class:`WallClockEvent` for a model on the CPU, or a test fake);
-- :class:`StampClock`: experimental, a one-thread %globaltimer kernel per mark.
+  :class:`WallClockEvent` for a model on the CPU, or a test fake).
 
 Which clock :func:`~ferroattn.profiler.attach` uses: native marks when ``event_factory`` is None, CUDA is available
 and the extension has the ``profiler_mark*`` functions (``native=`` passes another object with
@@ -14,10 +13,7 @@ object with ``record()``, ``elapsed_time(other) -> ms`` and optionally ``synchro
 ``query()``; the fallback is ``torch.cuda.Event(enable_timing=True)`` (recorded on the current
 stream). Tests pass a fake; :class:`WallClockEvent` times a model running on the CPU (host wall
 clock). ``Attachment.event_factory`` is always an event factory (the profile window's reference
-event is made with it, and native marks are resolved against that event). Experimental, off the
-default path: ``attach(clock="stamp")`` (:class:`StampClock`) takes each mark as a one-thread
-kernel writing %globaltimer into a device slot instead of an event (scripts/profiler_overhead.py
-``--stamp-experiment`` measures whether that costs the host less).
+event is made with it, and native marks are resolved against that event).
 """
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import ArgumentError, NoDeviceError
 
-__all__ = ["EventClock", "NativeClock", "StampClock", "WallClockEvent", "MARK_FUNCS", "STAMP_FUNCS",
-           "native_marks_available", "native_stamps_available", "stamp_pairs_ms", "checked_event",
+__all__ = ["EventClock", "NativeClock", "WallClockEvent", "MARK_FUNCS", "native_marks_available", "checked_event",
            "default_event_factory"]
 
 
@@ -127,79 +122,6 @@ class NativeClock:
             ts, te = times.get(s) if s else None, times.get(e) if e else None
             out.append(None if ts is None or te is None else (float(ts), float(te) - float(ts)))
         return out
-
-
-STAMP_FUNCS = ("profiler_stamp", "profiler_stamps_resolve", "profiler_stamps_release")
-
-
-def native_stamps_available(native: Any) -> bool:
-    """Whether ``native`` has the stamp functions of ``_native`` (profiler section, experimental)."""
-    return native is not None and all(callable(getattr(native, f, None)) for f in STAMP_FUNCS)
-
-
-class StampClock:
-    """Experimental timestamps (``attach(clock="stamp")``): stamps, i.e. a one-thread kernel per
-    mark writing the GPU's %globaltimer (ns) into a device slot (``native.profiler_stamp(raw
-    stream, device)``; tokens are int ids, 0 = not recorded), instead of a timing event per mark.
-    Same stream order and capture rule as the native marks; the native per-call path takes them
-    straight from Rust (``ProfilerForward(..., stamp=True)``).
-
-    Differences to :class:`NativeClock`: the times are on the device's %globaltimer, which no
-    CUDA event shares, so a ``reference`` event cannot be placed on it: offsets are from the first
-    start of the pairs resolved together (a profile window's kernel records, timed from its
-    reference event, are then not aligned with the module records: the cost is what this clock is
-    for, scripts/profiler_overhead.py); resolving waits for the whole device
-    (``profiler_stamps_resolve``: cuCtxSynchronize + one copy), and :meth:`done` says True without
-    looking (a harvest then waits for the forward it resolves)."""
-
-    def __init__(self, native: Any, device: int = 0, raw_stream: Optional[Callable[[int], int]] = None):
-        if not native_stamps_available(native):
-            raise ArgumentError(f"native: expected an object with {', '.join(STAMP_FUNCS)}, "
-                                f"got {type(native).__name__}")
-        if raw_stream is None:
-            import torch  # noqa: PLC0415
-            raw_stream = torch._C._cuda_getCurrentRawStream
-        self.native, self.device, self.raw_stream = native, int(device), raw_stream
-        stamp_fn, dev = native.profiler_stamp, self.device
-        self.mark = lambda: stamp_fn(raw_stream(dev), dev)
-
-    def prewarm(self, n: int) -> None:
-        """One stamp, resolved (waits): compiles or loads the kernel and allocates the slots, so
-        the first forward does not pay it (slots need no pool)."""
-        if n > 0:
-            ids = [t for t in (self.mark(),) if t]
-            if ids:
-                self.native.profiler_stamps_resolve(ids)
-
-    def done(self, tokens: Sequence) -> list:
-        return [True] * len(tokens)
-
-    def release(self, tokens: Sequence) -> None:
-        ids = [t for t in tokens if t]
-        if ids:
-            self.native.profiler_stamps_release(ids)
-
-    def resolve(self, pairs: Sequence, reference: Any = None) -> list:
-        """(offset ms from the first recorded start of ``pairs``, duration ms) per (start, end)
-        pair (``reference`` is ignored: see the class docstring); a pair with an unrecorded stamp
-        (0) gives None."""
-        return stamp_pairs_ms(pairs, self.native.profiler_stamps_resolve)
-
-
-def stamp_pairs_ms(pairs: Sequence, read: Callable[[list], list]) -> list:
-    """(offset ms, duration ms) per (start id, end id) pair from the stamps' nanoseconds
-    (``read(ids) -> ns`` per id, called once with every recorded id); offsets from the earliest
-    recorded start; None for a pair with an id 0. Durations may be negative only if the clock
-    ran backwards (callers clamp)."""
-    ids = [t for p in pairs for t in p if t]
-    if not ids:
-        return [None] * len(pairs)
-    ns = dict(zip(ids, read(ids)))
-    starts = [ns[s] for s, e in pairs if s and e]
-    if not starts:
-        return [None] * len(pairs)
-    ref = min(starts)
-    return [None if not (s and e) else ((ns[s] - ref) / 1e6, (ns[e] - ns[s]) / 1e6) for s, e in pairs]
 
 
 class WallClockEvent:

@@ -62,17 +62,16 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import ArgumentError
-from .clocks import (EventClock, NativeClock, StampClock, WallClockEvent, checked_event, default_event_factory,
-                     native_marks_available, native_stamps_available, stamp_pairs_ms)
+from .clocks import (EventClock, NativeClock, WallClockEvent, checked_event, default_event_factory,
+                     native_marks_available)
 from .events import ModuleRecord
 from .targets import ATTENTION_NAMES, LAYER_LISTS, MLP_NAMES, find_targets
 
 # attach, Attachment and the per-call path live here; the clocks and the target rule are
-# re-exported under their earlier import path (ferroattn.profiler.hooks.StampClock, ...)
-__all__ = ["attach", "Attachment", "MODES", "CLOCKS", "nvtx_tool_attached", "NVTX_INJECTION_VAR", "find_targets",
-           "LAYER_LISTS", "ATTENTION_NAMES", "MLP_NAMES", "EventClock", "NativeClock", "StampClock", "WallClockEvent",
-           "checked_event", "default_event_factory", "native_marks_available", "native_stamps_available",
-           "stamp_pairs_ms"]
+# re-exported under their earlier import path (ferroattn.profiler.hooks.NativeClock, ...)
+__all__ = ["attach", "Attachment", "MODES", "nvtx_tool_attached", "NVTX_INJECTION_VAR", "find_targets",
+           "LAYER_LISTS", "ATTENTION_NAMES", "MLP_NAMES", "EventClock", "NativeClock", "WallClockEvent",
+           "checked_event", "default_event_factory", "native_marks_available"]
 
 # A hooked call is ONE list, also the entry of the open-call stack (the per-call path allocates as
 # few garbage-collected containers as it can: on a host-bound forward, every container per call
@@ -105,13 +104,11 @@ def _plain_shapes(shapes) -> Optional[tuple]:
 # ---- the attachment --------------------------------------------------------------------------
 
 MODES = ("wrap", "torch")
-#: Timestamp sources of :func:`attach` (``clock=``): "event" (default), "stamp" (experimental).
-CLOCKS = ("event", "stamp")
 
 
 class Attachment:
     """The hooks on one model (returned by :func:`attach`). ``enabled``: when False the hooks do
-    nothing (a schedule's wait steps); ``step``: the step number stamped on new calls; ``mode``:
+    nothing (a schedule's wait steps); ``step``: the step number given to new calls; ``mode``:
     "wrap" or "torch" (module docstring); ``clock``: the :class:`NativeClock` or
     :class:`EventClock` the marks come from; ``event_factory``: an event factory (for reference
     events). Use as a context manager, or call :meth:`remove` (idempotent) to take every hook off.
@@ -340,13 +337,12 @@ def _wrap_forward(att: Attachment, name: str, module: Any) -> _Restore:
         # wrapper below step for step); native marks straight from Rust when the clock is the
         # extension's own, else att._mark (a Python clock)
         clock = att.clock
-        direct = isinstance(clock, (NativeClock, StampClock)) and clock.native is att._native_module
-        stamp = {"stamp": True} if direct and isinstance(clock, StampClock) else {}   # experimental
+        direct = isinstance(clock, NativeClock) and clock.native is att._native_module
         forward = att._native_forward(
-            inner, att, name, kind, module, att._open, att.calls, dead, att._exit,
-            clock.raw_stream if direct else None, att.device if direct else 0,
-            None if direct else att._mark, att._rf_probe, _open_record_function, att._push, att._pop,
-            att._tensor, att.record_shapes, **stamp)
+            inner=inner, att=att, name=name, kind=kind, module=module, stack=att._open, calls=att.calls, kill=dead,
+            close=att._exit, raw_stream=clock.raw_stream if direct else None, device=att.device if direct else 0,
+            mark=None if direct else att._mark, probe=att._rf_probe, open_rf=_open_record_function, push=att._push,
+            pop=att._pop, tensor=att._tensor, shapes=att.record_shapes)
         functools.update_wrapper(forward, inner)
         forward._ferroattn_inner, forward._ferroattn_had, forward._ferroattn_dead = inner, had, False
         forward._ferroattn_kill = dead
@@ -436,7 +432,7 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
            nvtx: Optional[bool] = None, record_shapes: bool = True, include_root: bool = True,
            layer_lists: Sequence[str] = LAYER_LISTS, attention_names: Sequence[str] = ATTENTION_NAMES,
            mlp_names: Sequence[str] = MLP_NAMES, top_level: bool = True, mode: str = "wrap",
-           native: Any = None, native_wrap: Optional[bool] = None, clock: str = "event") -> Attachment:
+           native: Any = None, native_wrap: Optional[bool] = None) -> Attachment:
     """Hook ``model`` (rule: module docstring) and return the :class:`Attachment`.
 
     event_factory: see the module docstring (None: native marks when available, else CUDA
@@ -451,20 +447,13 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
     (None: ``ferroattn._native`` when ``event_factory`` is None and CUDA is available);
     native_wrap (wrap mode): run the per-call path as one native call
     (``_native.ProfilerForward``; None: when the timestamps are the extension's own native marks;
-    True: also with another clock, whose ``mark`` it then calls; False: the Python wrapper);
-    clock: "event" (default: the timestamps above) or "stamp" (experimental, :class:`StampClock`:
-    one %globaltimer kernel per mark instead of an event; needs CUDA and the extension's stamp
-    functions, or ``native=`` an object with them; ``event_factory`` then only makes reference
-    events, which stamps ignore).
+    True: also with another clock, whose ``mark`` it then calls; False: the Python wrapper).
     Raises ArgumentError when ``model`` is not a module, no module matches the rule, ``mode`` is
-    not one of "wrap"/"torch", ``clock`` is not "event"/"stamp" (or "stamp" cannot be had),
-    ``native`` lacks the mark functions or ``event_factory`` does not return an event (one is
+    not one of "wrap"/"torch", ``native`` lacks the mark functions or ``event_factory`` does not return an event (one is
     made and recorded here to check)."""
     import torch  # noqa: PLC0415
     if mode not in MODES:
         raise ArgumentError(f"mode: expected one of {', '.join(repr(m) for m in MODES)}, got {mode!r}")
-    if clock not in CLOCKS:
-        raise ArgumentError(f"clock: expected one of {', '.join(repr(c) for c in CLOCKS)}, got {clock!r}")
     targets = find_targets(model, include_root, layer_lists, attention_names, mlp_names, top_level)
     if not targets:
         raise ArgumentError(f"model: no module to profile in {type(model).__name__} (include_root=False and no "
@@ -475,30 +464,20 @@ def attach(model: Any, *, event_factory: Optional[Callable[[], Any]] = None, rec
             from .. import _native as ext  # noqa: PLC0415
         except Exception:   # no extension: CUDA events
             ext = None
-        available = native_stamps_available if clock == "stamp" else native_marks_available
-        if available(ext) and hasattr(torch._C, "_cuda_getCurrentRawStream"):
+        if native_marks_available(ext) and hasattr(torch._C, "_cuda_getCurrentRawStream"):
             native = ext
-    if clock == "stamp" and not native_stamps_available(native):
-        raise ArgumentError("clock: 'stamp' needs CUDA and ferroattn._native's profiler_stamp* functions "
-                            "(or native= an object with them)")
     factory = default_event_factory() if event_factory is None else event_factory
     if not callable(factory):
         raise ArgumentError(f"event_factory: expected a callable returning an event, got {factory!r}")
     device = torch.cuda.current_device() if cuda else 0
     raw = None if cuda else (lambda _d: 0)
-    if clock == "stamp":
-        clock_obj = StampClock(native, device, raw)
-    elif native is not None:
-        clock_obj = NativeClock(native, device, raw)
-    else:
-        clock_obj = EventClock(factory)
-    clock = clock_obj
+    clock = NativeClock(native, device, raw) if native is not None else EventClock(factory)
     att = Attachment(targets, factory, clock, record_function=record_function,
                      nvtx=(cuda and nvtx_tool_attached()) if nvtx is None else bool(nvtx),
                      record_shapes=record_shapes, device=device, mode=mode)
     ext_fwd = _native_forward_class()
     if mode == "wrap" and ext_fwd is not None and native_wrap is not False:
-        if native_wrap or (isinstance(clock, (NativeClock, StampClock)) and clock.native is ext_fwd[0]):
+        if native_wrap or (isinstance(clock, NativeClock) and clock.native is ext_fwd[0]):
             att._native_module, att._native_forward = ext_fwd
     elif native_wrap and mode == "wrap":
         raise ArgumentError("native_wrap: True needs ferroattn._native.ProfilerForward (the extension lacks it)")

@@ -87,7 +87,7 @@ def kernels_from_torch(tp: Any, module_names: Iterable[str] = (), ours: Sequence
     tp: a finished ``torch.profiler.profile`` (or any object whose ``events()`` returns
     FunctionEvent-like objects: name, device_type, time_range.start, kernels, cpu_parent, flops);
     module_names: the names of our module ranges; ours: our kernel records of the same window
-    (anchor the time base); step: stamped on the records. Raises ArgumentError for a ``tp`` that is
+    (anchor the time base); step: written into the records. Raises ArgumentError for a ``tp`` that is
     not a finished profiler."""
     names = set(module_names)
     events = _events(tp)

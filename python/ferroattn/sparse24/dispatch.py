@@ -22,12 +22,12 @@ __all__ = ["DISPATCH_TABLE", "SPARSE_MIN_SPEEDUP", "choose_backend", "set_dispat
 #: 16 / 128 / 256 / 512 / 1024 rows of the four LLM weight shapes (bf16; fp16 from 256 rows) re-measured by GPU time
 #: only (paired rounds, L2 flushed; raw JSON
 #: bench/results/sparse24_splitk_20261130T1105/call1_split_{bf16,fp16}_20261130T1105.json)
-#: for the new native auto: wgmma_sp with split-k (src/tuning/sparse24.rs wgmma_split_plan) from 46 rows
+#: for the new native auto: wgmma_sp with split-k (src/tuning/sparse24/schedule.rs wgmma_split_plan) from 46 rows
 #: (src/ops/sparse24/mod.rs WGMMA_MIN_ROWS), mma_sp below; the 64 / 96 / 128-row entries (both dtypes) from
 #: bench/results/sparse24_splitk_20261130T1105/call2_kernels_{bf16,fp16}.json (wgmma_sp column). Rows 46 and up
 #: find their nearest entry at >= 64 rows (wgmma_sp-measured), rows <= 45 at <= 32 (mma_sp-measured): keep the
 #: native WGMMA_MIN_ROWS on that boundary so each entry describes the kernel that runs. The
-#: entries whose native schedule became the 128-row wgmma_sp tile (src/tuning/sparse24.rs wgmma_schedule) re-measured
+#: entries whose native schedule became the 128-row wgmma_sp tile (src/tuning/sparse24/schedule.rs wgmma_schedule) re-measured
 #: by GPU time (paired rounds, L2 flushed; scripts/sparse24_schedule_timing.py, raw JSON
 #: bench/results/sparse24_schedules_20261130T1333/call2_sweep_20261130T1341.json): 1024^3; 256 / 512
 #: rows x 4096 x 4096; 128 rows x 11008 x 4096 and 14336 x 4096; 512 rows x 4096 x 11008.

@@ -5,8 +5,9 @@
 //! The kernels take no batch offset (one in their address arithmetic cost the dK/dV kernels
 //! their last registers). Instead a call of batch b becomes launches over the slices
 //! [0, 65535), [65535, 131070), … (`batch_slices`), each with a copy of the kernel parameters
-//! whose per-batch pointers start at the slice's first entry (`AttnFwdParams::slice`,
-//! `AttnBwdParams::slice`), and whose `batch` is the slice's length:
+//! whose per-batch pointers start at the slice's first entry (`AttnFwdParams::slice`; the
+//! backward's `AttnBwdParams::slice`, src/ops/attention_bwd.rs, builds on it), and whose
+//! `batch` is the slice's length:
 //! - padded: every pointer advances by its tensor's batch stride times the slice start (q, k,
 //!   v, o, lse; dout, dq, dk, dv, softmax_d (lse's strides), dq_accum);
 //! - varlen: the batch strides are 0 and cu_seqlens_q / cu_seqlens_k advance by the slice
@@ -25,8 +26,7 @@
 
 use crate::dtype::DType;
 use crate::ops::attention::{AttnFwdParams, Problem};
-use crate::ops::attention_bwd::AttnBwdParams;
-use crate::ops::work::AttnSizes;
+use crate::ops::attention::work::AttnSizes;
 
 /// The most batch entries one launch covers: the grid's z limit.
 pub const MAX_LAUNCH_BATCH: i64 = 65535;
@@ -55,7 +55,7 @@ pub fn batch_slices(batch: i64) -> impl Iterator<Item = BatchSlice> + Clone {
 }
 
 /// `p` advanced by `bytes` (a null pointer stays null: an absent tensor has no slice).
-fn advanced<T>(p: *const T, bytes: i64) -> *const T {
+pub(crate) fn advanced<T>(p: *const T, bytes: i64) -> *const T {
     if p.is_null() {
         p
     } else {
@@ -63,11 +63,11 @@ fn advanced<T>(p: *const T, bytes: i64) -> *const T {
     }
 }
 
-fn advanced_mut<T>(p: *mut T, bytes: i64) -> *mut T {
+pub(crate) fn advanced_mut<T>(p: *mut T, bytes: i64) -> *mut T {
     advanced(p as *const T, bytes) as *mut T
 }
 
-const F32_BYTES: i64 = 4;
+pub(crate) const F32_BYTES: i64 = 4;
 const I32_BYTES: i64 = 4;
 
 impl Problem {
@@ -103,26 +103,6 @@ impl AttnFwdParams {
     }
 }
 
-impl AttnBwdParams {
-    /// A copy for the launches over slice `s` (`AttnFwdParams::slice` for the forward's part);
-    /// `dtype` is q's: the element type of dout, dq, dk and dv.
-    pub fn slice(&self, dtype: DType, s: BatchSlice) -> AttnBwdParams {
-        let e = dtype.size_bytes() as i64;
-        let b = s.start;
-        AttnBwdParams {
-            fwd: self.fwd.slice(dtype, s),
-            dout: advanced(self.dout, b * self.do_batch_stride * e),
-            dq: advanced_mut(self.dq, b * self.dq_batch_stride * e),
-            dk: advanced_mut(self.dk, b * self.dk_batch_stride * e),
-            dv: advanced_mut(self.dv, b * self.dv_batch_stride * e),
-            // softmax_d has lse's layout (validated): the kernels index it with lse's strides
-            softmax_d: advanced_mut(self.softmax_d, b * self.fwd.lse_batch_stride * F32_BYTES),
-            dq_accum: advanced_mut(self.dq_accum, b * self.dqa_batch_stride * F32_BYTES),
-            ..*self
-        }
-    }
-}
-
 impl AttnSizes {
     /// The sizes of one launch over slice `s`: its batch entries, and its share of the query and
     /// key rows (padded: exactly len · s; varlen, where the lengths live on the device: the
@@ -144,7 +124,7 @@ impl AttnSizes {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -175,7 +155,7 @@ mod tests {
 
     #[test]
     fn sizes_of_the_slices_add_up_to_the_call() {
-        use crate::ops::work::causal_window;
+        use crate::ops::attention::work::causal_window;
         let sizes = |varlen, batch: u64, rows_q: u64, rows_k: u64| AttnSizes {
             batch,
             rows_q,
@@ -210,17 +190,15 @@ mod tests {
 
     use crate::arch::Arch;
     use crate::ops::attention::{launch_shape, params, validate, AttnVariant, VariantKind};
-    use crate::ops::attention_bwd::{launch_shape as bwd_launch_shape, params as bwd_params, BwdTensors};
     use crate::tuning::attention::fwd_config;
-    use crate::tuning::attention_bwd::bwd_plan;
     use crate::ops::test_support::t;
     use crate::tensor::{TensorMeta, TensorView};
 
-    const B: i64 = 65537;
-    const LAST: BatchSlice = BatchSlice { start: 65535, len: 2 };
+    pub(crate) const B: i64 = 65537;
+    pub(crate) const LAST: BatchSlice = BatchSlice { start: 65535, len: 2 };
 
     /// A view of `m` at `ptr`.
-    fn view(m: TensorMeta, ptr: u64) -> TensorView {
+    pub(crate) fn view(m: TensorMeta, ptr: u64) -> TensorView {
         TensorView { meta: m, ptr }
     }
 
@@ -228,7 +206,7 @@ mod tests {
     /// sequences in 3 · 65537 query and 5 · 65537 key rows) bf16 call, at distinct addresses:
     /// q k v out lse, cu_seqlens_q/k (varlen), (b, h) ALiBi slopes, rng_state, S_dmask (rows 16,
     /// cols 32) and its max, dout dq dk dv softmax_d dq_accum.
-    fn views(varlen: bool) -> Vec<TensorView> {
+    pub(crate) fn views(varlen: bool) -> Vec<TensorView> {
         let bf = DType::BF16;
         let metas = if varlen {
             let (tq, tk) = (3 * B, 5 * B);
@@ -255,7 +233,7 @@ mod tests {
         metas.into_iter().chain(rest).enumerate().map(|(i, m)| view(m, (i as u64 + 1) << 40)).collect()
     }
 
-    fn variant(v: &[TensorView]) -> AttnVariant<&TensorView> {
+    pub(crate) fn variant(v: &[TensorView]) -> AttnVariant<&TensorView> {
         AttnVariant {
             causal: true,
             alibi_slopes: Some(&v[7]),
@@ -267,7 +245,7 @@ mod tests {
         }
     }
 
-    fn fwd(varlen: bool, v: &[TensorView]) -> (Problem, AttnFwdParams) {
+    pub(crate) fn fwd(varlen: bool, v: &[TensorView]) -> (Problem, AttnFwdParams) {
         let (cq, ck) = if varlen { (Some(&v[5]), Some(&v[6])) } else { (None, None) };
         let p = validate(&v[0].meta, &v[1].meta, &v[2].meta, Some(&v[3].meta), Some(&v[4].meta),
                          cq.map(|c| &c.meta), ck.map(|c| &c.meta), 4, 6).unwrap();
@@ -276,12 +254,12 @@ mod tests {
         (p, params(&p, &v[0], &v[1], &v[2], &v[3], &v[4], cq, ck, 0.125, &var))
     }
 
-    fn addr<T>(p: *const T) -> u64 {
+    pub(crate) fn addr<T>(p: *const T) -> u64 {
         p as u64
     }
 
     /// The fields a slice leaves alone are the whole call's.
-    fn same_fields(a: &AttnFwdParams, b: &AttnFwdParams) {
+    pub(crate) fn same_fields(a: &AttnFwdParams, b: &AttnFwdParams) {
         assert_eq!(
             (a.q_batch_stride, a.q_row_stride, a.k_batch_stride, a.o_head_stride, a.lse_batch_stride, a.lse_head_stride),
             (b.q_batch_stride, b.q_row_stride, b.k_batch_stride, b.o_head_stride, b.lse_batch_stride, b.lse_head_stride)
@@ -325,16 +303,6 @@ mod tests {
         assert!(launch_shape(&p, &cfg).check().is_err());
         let grids: Vec<_> = batch_slices(B).map(|s| launch_shape(&p.slice(s), &cfg).grid).collect();
         assert_eq!(grids, [(1, 2, 65535), (1, 2, 2)]);
-        for det in [false, true] {
-            for c in bwd_plan(64, VariantKind::CAUSAL, det, DType::BF16, Arch::Sm80) {
-                assert!(bwd_launch_shape(&p, &c).unwrap().check().is_err());
-                for s in batch_slices(B) {
-                    let shape = bwd_launch_shape(&p.slice(s), &c).unwrap();
-                    shape.check().unwrap();
-                    assert_eq!(shape.grid.2 as i64, s.len);
-                }
-            }
-        }
         // (h,) slopes are shared by every batch entry: no offset
         let mut var = variant(&v);
         let h_slopes = view(t(&[2], DType::F32), 0x77 << 40);
@@ -360,71 +328,5 @@ mod tests {
         assert_eq!(addr(s.alibi_slopes), v[7].ptr + 65535 * 2 * 4);
         assert_eq!(addr(s.s_dmask), v[9].ptr + 65535 * 2 * 16 * 32 * 2);
         assert_eq!(addr(s.s_dmask_max), v[10].ptr + 65535 * 2 * 16 * 2 * 4);
-    }
-
-    fn bwd(varlen: bool, v: &[TensorView], deterministic: bool) -> (Problem, crate::ops::attention_bwd::AttnBwdParams) {
-        let (cq, ck) = if varlen { (Some(&v[5]), Some(&v[6])) } else { (None, None) };
-        let tensors = BwdTensors {
-            dout: &v[11],
-            q: &v[0],
-            k: &v[1],
-            v: &v[2],
-            out: &v[3],
-            softmax_lse: &v[4],
-            dq: &v[12],
-            dk: &v[13],
-            dv: &v[14],
-            softmax_d: &v[15],
-            dq_accum: Some(&v[16]),
-            cu_seqlens_q: cq,
-            cu_seqlens_k: ck,
-        };
-        let (p, _) = fwd(varlen, v);
-        let var = AttnVariant { s_dmask: None, s_dmask_max: None, ..variant(v) };
-        let ws = (!deterministic).then_some(&v[16]);
-        (p, bwd_params(&p, &tensors, ws, 0.125, &var))
-    }
-
-    #[test]
-    fn a_backward_slice_starts_the_gradients_at_its_first_entry() {
-        let n = 65535u64;
-        for deterministic in [false, true] {
-            // padded
-            let v = views(false);
-            let (_, prm) = bwd(false, &v, deterministic);
-            let s = prm.slice(DType::BF16, LAST);
-            same_fields(&s.fwd, &prm.fwd);
-            assert_eq!((s.fwd.batch, s.fwd.dropout_batch0), (2, 65535));
-            assert_eq!((addr(s.fwd.q), addr(s.fwd.k), addr(s.fwd.lse)), (v[0].ptr + n * 4 * 2 * 64 * 2, v[1].ptr + n * 6 * 64 * 2, v[4].ptr + n * 2 * 4 * 4));
-            assert_eq!(addr(s.dout), v[11].ptr + n * 4 * 2 * 64 * 2);
-            assert_eq!(addr(s.dq), v[12].ptr + n * 4 * 2 * 64 * 2);
-            assert_eq!(addr(s.dk), v[13].ptr + n * 6 * 64 * 2);
-            assert_eq!(addr(s.dv), v[14].ptr + n * 6 * 64 * 2);
-            assert_eq!(addr(s.softmax_d), v[15].ptr + n * 2 * 4 * 4, "softmax_d moves like lse");
-            if deterministic {
-                assert!(s.dq_accum.is_null(), "no workspace: stays null");
-            } else {
-                assert_eq!(addr(s.dq_accum), v[16].ptr + n * 4 * 2 * 64 * 4, "fp32 (b, s_q, h, d)");
-            }
-            assert_eq!(addr(s.fwd.alibi_slopes), v[7].ptr + n * 2 * 4);
-            assert_eq!(
-                (s.do_batch_stride, s.dq_row_stride, s.dk_head_stride, s.dqa_batch_stride),
-                (prm.do_batch_stride, prm.dq_row_stride, prm.dk_head_stride, prm.dqa_batch_stride)
-            );
-            // varlen: only cu_seqlens (and the per-sequence slopes) move
-            let v = views(true);
-            let (_, prm) = bwd(true, &v, deterministic);
-            let s = prm.slice(DType::BF16, LAST);
-            same_fields(&s.fwd, &prm.fwd);
-            assert_eq!(
-                [addr(s.fwd.q), addr(s.fwd.lse), addr(s.dout), addr(s.dq), addr(s.dk), addr(s.dv), addr(s.softmax_d)],
-                [v[0].ptr, v[4].ptr, v[11].ptr, v[12].ptr, v[13].ptr, v[14].ptr, v[15].ptr]
-            );
-            let dqa = if deterministic { 0 } else { v[16].ptr };
-            assert_eq!(addr(s.dq_accum), dqa);
-            assert_eq!((addr(s.fwd.cu_seqlens_q), addr(s.fwd.cu_seqlens_k)), (v[5].ptr + n * 4, v[6].ptr + n * 4));
-            assert_eq!(addr(s.fwd.alibi_slopes), v[7].ptr + n * 2 * 4);
-            assert_eq!((s.fwd.batch, s.fwd.dropout_batch0), (2, 65535));
-        }
     }
 }

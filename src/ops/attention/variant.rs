@@ -2,89 +2,23 @@
 //! (mask, softcap, ALiBi, sinks), as one value shared by the forward and the backward.
 //!
 //! `AttnVariant` is what the caller gives (Python's `ferroattn.ops.variant.AttnVariant`, field by
-//! field): the flash_attn arguments after flash_attn's own normalisation (a window side
-//! >= seqlen_k is already -1, causal already forces right = 0). `validate` checks it against the
+//! field): the flash_attn arguments after flash_attn's own normalisation (a window side of
+//! seqlen_k or more is already -1, causal already forces right = 0). `validate` checks it against the
 //! problem and returns its compile-time part, `VariantKind` (a template argument of every
 //! attention kernel, `AttnVariant<Mask, Softcap, Alibi, Sinks>` in
 //! kernels/attention/variant.cuh); `fill_params` writes the run-time part into the kernel
 //! parameters. `visible_pairs` is the one count of unmasked (query, key) pairs, for the FLOP
 //! counts of the launch records, the op's FLOP formula and the benchmarks.
+//!
+//! `VariantKind` and `MaskKind` are pure descriptions that the heuristics read too: they live
+//! in `tuning::variant` (tuning imports nothing from ops) and are re-exported here.
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::attention::{AttnFwdParams, Problem};
 use crate::ops::validate::{check_device, check_dtype, check_shape};
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
-
-/// Which keys a query row sees (kernels/attention/variant.cuh, RowKeys).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum MaskKind {
-    /// Every key.
-    #[default]
-    None,
-    /// Bottom-right causal: row i sees keys j <= i + s_k − s_q.
-    Causal,
-    /// A local window [i + s_k − s_q − left, i + s_k − s_q + right] (a side may be unbounded).
-    Local,
-}
-
-impl MaskKind {
-    fn code(self) -> u32 {
-        match self {
-            MaskKind::None => 0,
-            MaskKind::Causal => 1,
-            MaskKind::Local => 2,
-        }
-    }
-}
-
-/// The compile-time part of a variant: one specialisation of every attention kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct VariantKind {
-    pub mask: MaskKind,
-    pub softcap: bool,
-    pub alibi: bool,
-    pub sinks: bool,
-    pub dropout: bool,
-    /// Dropout, testing only: the forward also writes the softmax and the mask (S_dmask).
-    pub return_softmax: bool,
-}
-
-impl VariantKind {
-    /// No mask, no score modification.
-    pub const PLAIN: VariantKind =
-        VariantKind { mask: MaskKind::None, softcap: false, alibi: false, sinks: false, dropout: false, return_softmax: false };
-    /// The bottom-right causal mask alone.
-    pub const CAUSAL: VariantKind = VariantKind { mask: MaskKind::Causal, ..VariantKind::PLAIN };
-
-    /// The C++ type of kernels/attention/variant.cuh this kind instantiates.
-    pub fn cuda_type(&self) -> String {
-        format!(
-            "ferroattn::AttnVariant<{}, {}, {}, {}, {}, {}>",
-            self.mask.code(),
-            self.softcap,
-            self.alibi,
-            self.sinks,
-            self.dropout,
-            self.return_softmax
-        )
-    }
-
-    pub fn causal(&self) -> bool {
-        self.mask == MaskKind::Causal
-    }
-
-    /// PLAIN or CAUSAL.
-    pub fn from_causal(causal: bool) -> VariantKind {
-        if causal { VariantKind::CAUSAL } else { VariantKind::PLAIN }
-    }
-
-    /// The kind the backward kernels specialise on: sinks change nothing there (the forward's
-    /// LSE includes them; their gradient is formed from LSE and D on the host side).
-    pub fn for_backward(self) -> VariantKind {
-        VariantKind { sinks: false, return_softmax: false, ..self }
-    }
-}
+pub use crate::tuning::variant::{MaskKind, VariantKind};
 
 /// The softcaps the kernels take (`softcap` 0 = off): float32 keeps the cap, 1 / cap and
 /// scale / cap normal numbers.
@@ -466,12 +400,5 @@ mod tests {
         assert_eq!(v(true, 5, -1).window(), (Some(5), Some(0)));
         assert_eq!(v(false, -1, 3).mask(), MaskKind::Local);
         assert_eq!(v(false, 2, -1).window(), (Some(2), None));
-    }
-
-    #[test]
-    fn kinds_render_the_cuda_type() {
-        assert_eq!(VariantKind::PLAIN.cuda_type(), "ferroattn::AttnVariant<0, false, false, false, false, false>");
-        let k = VariantKind { mask: MaskKind::Local, softcap: true, alibi: false, sinks: true, dropout: true, return_softmax: false };
-        assert_eq!(k.cuda_type(), "ferroattn::AttnVariant<2, true, false, true, true, false>");
     }
 }

@@ -12,9 +12,9 @@
 //! each other. m, n, k, batch >= 1 (k == 0 is the Python layer's business: out = beta·c + bias).
 //! Errors: ArgumentError / DTypeError / DeviceError naming the argument, expected and actual.
 
-pub mod problem;
 pub mod sm90;
 pub mod wmma;
+pub mod work;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -24,7 +24,7 @@ use crate::ops::validate::{
 };
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
 use crate::tuning::knobs::Knobs;
-use problem::{Activation, GemmProblem, Operand};
+use crate::tuning::gemm_problem::{Activation, GemmProblem, Operand};
 
 /// The kernel families, fastest first where both run.
 pub const BACKENDS: [&str; 2] = ["sm90", "wmma"];

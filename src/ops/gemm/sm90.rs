@@ -12,7 +12,7 @@
 //! stride and batch stride aligned to two elements. m, n, k <= 2^31 - 513 and fewer than 2^31
 //! tiles per batch entry (int32 TMA coordinates and tile indices).
 
-use super::problem::{GemmProblem, Operand};
+use crate::tuning::gemm_problem::{GemmProblem, Operand};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::arch::Arch;
@@ -65,12 +65,7 @@ pub struct GemmSm90Params {
     pub beta: f32,
 }
 
-impl_kernel_spec!(
-    GemmSm90Config,
-    kernel: |c| c.kernel(),
-    header: |c| c.header(),
-    smem: |c| c.smem_bytes(),
-);
+impl_kernel_spec!(GemmSm90Config, smem: |c| c.smem_bytes());
 
 /// What `precompile` builds for this family (sm_90a only).
 pub fn production_specs(arch: Arch) -> Vec<GemmSm90Config> {
@@ -231,7 +226,7 @@ impl Prepared {
     unsafe fn launch(mut self, p: &GemmProblem, stream: u64) -> Result<()> {
         let info = LaunchInfo {
             op: "ferroattn::gemm",
-            work: crate::ops::work::gemm(p),
+            work: super::work::gemm(p),
         };
         // SAFETY: `params` mirrors GemmSm90Params; the caller keeps the tensors alive.
         unsafe { launch_kernel(self.kernel, p.device, &self.shape, stream, &mut self.params, &info) }
@@ -331,7 +326,7 @@ mod tests {
     }
 
     fn problem(m: i64, n: i64, k: i64) -> GemmProblem {
-        crate::ops::gemm::problem::row_major_problem(1, m, n, k, DType::BF16, DType::BF16)
+        crate::tuning::gemm_problem::row_major_problem(1, m, n, k, DType::BF16, DType::BF16)
     }
 
     #[test]

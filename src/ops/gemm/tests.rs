@@ -1,4 +1,4 @@
-use super::problem::{Activation, GemmProblem, Operand};
+use crate::tuning::gemm_problem::{Activation, GemmProblem, Operand};
 use super::wmma::{launch_shape, params, production_specs, GemmWmmaParams};
 use super::*;
 use crate::jit::KernelSpec;
@@ -166,13 +166,13 @@ fn problem_normalises_operands_and_rejects_overlap() {
 }
 
 fn problem_of(batch: i64, m: i64, n: i64, k: i64) -> GemmProblem {
-    super::problem::row_major_problem(batch, m, n, k, DType::BF16, DType::F32)
+    crate::tuning::gemm_problem::row_major_problem(batch, m, n, k, DType::BF16, DType::F32)
 }
 
 #[test]
 fn work_counts_flops_and_compulsory_bytes() {
     let mut p = problem_of(3, 100, 60, 40);
-    let w = crate::ops::work::gemm(&p);
+    let w = super::work::gemm(&p);
     assert_eq!(w.flops, 2.0 * 3.0 * 100.0 * 60.0 * 40.0);
     assert_eq!(w.bytes, 3.0 * (100.0 * 40.0 * 2.0 + 40.0 * 60.0 * 2.0 + 100.0 * 60.0 * 4.0));
     assert!(w.exact);
@@ -184,7 +184,7 @@ fn work_counts_flops_and_compulsory_bytes() {
     p.beta = 1.0;
     p.bias = Some((0x20000, DType::BF16));
     p.aux = Some(p.out);
-    let w = crate::ops::work::gemm(&p);
+    let w = super::work::gemm(&p);
     let a = 3.0 * 100.0 * 40.0 * 2.0;
     let b = 40.0 * 60.0 * 2.0;
     let out = 3.0 * 100.0 * 60.0 * 4.0;

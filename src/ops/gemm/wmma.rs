@@ -1,7 +1,7 @@
 //! The WMMA GEMM family (kernels/gemm/wmma.cuh, sm_80+): kernel parameters, launch shape and
 //! launch of a validated [`GemmProblem`].
 
-use super::problem::GemmProblem;
+use crate::tuning::gemm_problem::GemmProblem;
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::arch::Arch;
@@ -196,7 +196,7 @@ pub fn launch(p: &GemmProblem, arch: Arch, knobs: &Knobs, stream: u64) -> Result
     prm.group = knobs.gemm_wmma_group.0 as i32;
     let info = LaunchInfo {
         op: "ferroattn::gemm",
-        work: crate::ops::work::gemm(p),
+        work: super::work::gemm(p),
     };
     if let Some(sk) = stream_k(p, &config, sms, knobs) {
         // Workspace: grid partial tiles, then grid x warps flags (zeroed here, in stream order).

@@ -48,7 +48,7 @@ pub(super) fn compress_launch(
     let kernel = COMPRESS.get(&config, device)?;
     let info = LaunchInfo {
         op: "ferroattn::sparse24_compress",
-        work: work::sparse24_compress(
+        work: work::compress(
             l,
             dtype.size_bytes() as u64,
             dense_bytes,

@@ -52,8 +52,9 @@
 
 use half::{bf16, f16};
 
-/// Rows of w are padded to a multiple of this (the largest row tile of the kernels).
-pub const TILE_M: usize = 128;
+/// Rows of w are padded to a multiple of this (the largest row tile of the kernels; the tile
+/// heuristics own it).
+pub use crate::tuning::sparse24::TILE_M;
 /// Columns of w are padded to a multiple of this (one metadata unit: two k32 steps).
 pub const TILE_K: usize = 64;
 

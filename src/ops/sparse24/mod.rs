@@ -8,14 +8,15 @@
 //! Files: this one (kernel parameter mirrors, production specs, the backend choice and the
 //! `matmul` entry with its mma.sp launch), validate.rs (argument checks from metadata),
 //! compress.rs (compress / decompress launches and host entry points), wgmma.rs (the Hopper
-//! `wgmma .sp` path and its schedules; its switches are tuning knobs, src/tuning/knobs.rs), host.rs
-//! (the CPU reference).
+//! `wgmma .sp` path and its schedules; its switches are tuning knobs, src/tuning/knobs.rs), work.rs
+//! (FLOPs and bytes of each launch), host.rs (the CPU reference).
 
 pub mod host;
 
 mod compress;
 mod validate;
 mod wgmma;
+mod work;
 pub use compress::{compress, compress_host, decompress, decompress_host};
 pub use validate::{layout, validate_matmul, MatmulProblem};
 use compress::*;
@@ -31,8 +32,7 @@ use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::ops::validate::{
     check_device, check_dtype, check_no_self_overlap, check_not_null, check_shape, check_strides,
 };
-use crate::ops::gemm::problem::Activation;
-use crate::ops::work;
+use crate::tuning::gemm_problem::Activation;
 use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
@@ -184,10 +184,11 @@ fn tile_grid(p: &MatmulProblem, block_r: u32, block_n: u32) -> Result<(u64, u64)
 /// (GPU time only, bench/results/sparse24_splitk_20261130T1105/): wgmma_sp (split where the rule
 /// says) beats mma_sp on all four LLM weight shapes at 64, 96 and 128 rows in bf16 and fp16 (e.g.
 /// 64 x 4096 x 11008: 31.0 vs 51.4 us; 64 x 4096 x 4096: 21.6 vs 22.3), mma_sp wins at 16 rows
-/// everywhere (15.3 vs 19.7 us at 4096 x 4096). 46 is the boundary of python/ferroattn/sparse24.py's
-/// dispatch table between its 32-row entries (measured on mma_sp) and 64-row entries (measured on
-/// wgmma_sp): rows >= 46 are nearest to 64 in log space, so each table entry describes the kernel
-/// that runs. The crossover between 16 and 64 rows is not measured.
+/// everywhere (15.3 vs 19.7 us at 4096 x 4096). 46 is the boundary of the dispatch table of
+/// python/ferroattn/sparse24/dispatch.py between its 32-row entries (measured on mma_sp) and
+/// 64-row entries (measured on wgmma_sp): rows >= 46 are nearest to 64 in log space, so each
+/// table entry describes the kernel that runs. The crossover between 16 and 64 rows is not
+/// measured.
 pub const WGMMA_MIN_ROWS: i64 = 46;
 
 /// The kernel "auto" runs for problem `p` on `arch` with input `x` under `knobs`.
@@ -340,7 +341,7 @@ pub fn matmul(
     let bias_bytes = bias.map_or(0.0, |b| (p.n as usize * b.meta.dtype.size_bytes()) as f64);
     let info = LaunchInfo {
         op: "ferroattn::sparse24_matmul",
-        work: work::sparse24_matmul(&p, bias_bytes),
+        work: work::matmul(&p, bias_bytes),
     };
     if ran == "wgmma_sp" {
         launch_wgmma(&p, x, values, meta, prm, &info, &knobs, stream)?;

@@ -68,7 +68,7 @@ fn valid_matmul_problems() {
         let p = validate_matmul(&x, &v, &m, Some(&out), Some(&bias), n, k, "gelu_tanh").unwrap();
         assert_eq!((p.rows, p.n, p.k, p.bias_kind), (rows, n, k, 2));
         assert_eq!(p.activation, Activation::GeluTanh);
-        let w = work::sparse24_matmul(&p, 4.0 * n as f64);
+        let w = work::matmul(&p, 4.0 * n as f64);
         assert_eq!(w.flops, 2.0 * rows as f64 * n as f64 * k as f64);
     }
     // a strided x (a column slice of a wider matrix) and a strided out are fine

@@ -202,7 +202,7 @@ pub(super) fn launch_wgmma_banded(
     };
     let (row_tiles, _) = tile_grid(&head, head_cfg.block_r, head_cfg.block_n)?;
     params.p.n_tiles = head_tiles as i32;
-    let head_info = LaunchInfo { op: info.op, work: work::sparse24_matmul(&head, bias_bytes(&head)) };
+    let head_info = LaunchInfo { op: info.op, work: work::matmul(&head, bias_bytes(&head)) };
     launch_wgmma_tiles(&head, params, head_cfg, row_tiles * head_tiles, sms, &head_info, stream)?;
     // tail: features row0 .. n - 1 on the 128-row tile
     let tail_cfg = wgmma_bm128_config(p.activation, p.dtype, head_cfg.arch);
@@ -224,7 +224,7 @@ pub(super) fn launch_wgmma_banded(
     prm.row_tiles = row_tiles as i32;
     prm.n_tiles = n_tiles as i32;
     let mut tail_params = Sparse24WgmmaParams { tma_values, tma_meta, p: prm, ..*params };
-    let tail_info = LaunchInfo { op: info.op, work: work::sparse24_matmul(&tail, bias_bytes(&tail)) };
+    let tail_info = LaunchInfo { op: info.op, work: work::matmul(&tail, bias_bytes(&tail)) };
     launch_wgmma_tiles(&tail, &mut tail_params, &tail_cfg, row_tiles * n_tiles, sms, &tail_info, stream)
 }
 

@@ -17,6 +17,24 @@ pub trait KnobValue: Sized {
     fn text(&self) -> String;
 }
 
+/// A knob value that is one of a few names (`KnobValue` follows from its table).
+pub trait Named: Copy + PartialEq + 'static {
+    /// "one of " and every name of `NAMES`, in order (a test checks it).
+    const EXPECTED: &'static str;
+    /// Each value with the names that parse to it; the first is its text.
+    const NAMES: &'static [(Self, &'static [&'static str])];
+}
+
+impl<T: Named> KnobValue for T {
+    const EXPECTED: &'static str = <T as Named>::EXPECTED;
+    fn parse(text: &str) -> Option<Self> {
+        T::NAMES.iter().find(|(_, names)| names.contains(&text)).map(|(v, _)| *v)
+    }
+    fn text(&self) -> String {
+        T::NAMES.iter().find(|(v, _)| v == self).map_or_else(String::new, |(_, names)| names[0].to_string())
+    }
+}
+
 /// Which kernel family an attention call may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum FamilyChoice {
@@ -29,39 +47,16 @@ pub enum FamilyChoice {
     Sm90,
 }
 
-impl KnobValue for FamilyChoice {
+impl Named for FamilyChoice {
     const EXPECTED: &'static str = "one of auto, sm80, sm90";
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "auto" => Some(FamilyChoice::Auto),
-            "sm80" => Some(FamilyChoice::Sm80),
-            "sm90" => Some(FamilyChoice::Sm90),
-            _ => None,
-        }
-    }
-    fn text(&self) -> String {
-        match self {
-            FamilyChoice::Auto => "auto",
-            FamilyChoice::Sm80 => "sm80",
-            FamilyChoice::Sm90 => "sm90",
-        }
-        .into()
-    }
+    const NAMES: &'static [(Self, &'static [&'static str])] =
+        &[(FamilyChoice::Auto, &["auto"]), (FamilyChoice::Sm80, &["sm80"]), (FamilyChoice::Sm90, &["sm90"])];
 }
 
 /// An on / off switch.
-impl KnobValue for bool {
+impl Named for bool {
     const EXPECTED: &'static str = "one of 1, on, 0, off";
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "1" | "on" => Some(true),
-            "0" | "off" => Some(false),
-            _ => None,
-        }
-    }
-    fn text(&self) -> String {
-        if *self { "1" } else { "0" }.into()
-    }
+    const NAMES: &'static [(Self, &'static [&'static str])] = &[(true, &["1", "on"]), (false, &["0", "off"])];
 }
 
 /// Tile rows per raster group of the WMMA GEMM's tile order (consecutive tiles walk the tile columns
@@ -84,46 +79,20 @@ impl KnobValue for RasterGroup {
     }
 }
 
-impl KnobValue for SchedulePolicy {
+impl Named for SchedulePolicy {
     const EXPECTED: &'static str = "one of coop, pingpong, pingpong_c2, auto";
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "auto" => Some(SchedulePolicy::ByK),
-            "coop" => Some(SchedulePolicy::Fixed(Schedule::Cooperative)),
-            "pingpong" => Some(SchedulePolicy::Fixed(Schedule::PingPong)),
-            "pingpong_c2" => Some(SchedulePolicy::Fixed(Schedule::PingPongCluster2)),
-            _ => None,
-        }
-    }
-    fn text(&self) -> String {
-        match self {
-            SchedulePolicy::ByK => "auto",
-            SchedulePolicy::Fixed(Schedule::Cooperative) => "coop",
-            SchedulePolicy::Fixed(Schedule::PingPong) => "pingpong",
-            SchedulePolicy::Fixed(Schedule::PingPongCluster2) => "pingpong_c2",
-        }
-        .into()
-    }
+    const NAMES: &'static [(Self, &'static [&'static str])] = &[
+        (SchedulePolicy::Fixed(Schedule::Cooperative), &["coop"]),
+        (SchedulePolicy::Fixed(Schedule::PingPong), &["pingpong"]),
+        (SchedulePolicy::Fixed(Schedule::PingPongCluster2), &["pingpong_c2"]),
+        (SchedulePolicy::ByK, &["auto"]),
+    ];
 }
 
-impl KnobValue for StreamK {
+impl Named for StreamK {
     const EXPECTED: &'static str = "one of auto, off, 0, on, 1";
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "auto" => Some(StreamK::Auto),
-            "0" | "off" => Some(StreamK::Off),
-            "1" | "on" => Some(StreamK::On),
-            _ => None,
-        }
-    }
-    fn text(&self) -> String {
-        match self {
-            StreamK::Auto => "auto",
-            StreamK::Off => "off",
-            StreamK::On => "on",
-        }
-        .into()
-    }
+    const NAMES: &'static [(Self, &'static [&'static str])] =
+        &[(StreamK::Auto, &["auto"]), (StreamK::Off, &["off", "0"]), (StreamK::On, &["on", "1"])];
 }
 
 impl KnobValue for GridPolicy {
@@ -203,24 +172,10 @@ impl KnobValue for SplitPolicy {
     }
 }
 
-impl KnobValue for FusePolicy {
+impl Named for FusePolicy {
     const EXPECTED: &'static str = "one of auto, 1, 0";
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "auto" => Some(FusePolicy::Auto),
-            "1" => Some(FusePolicy::On),
-            "0" => Some(FusePolicy::Off),
-            _ => None,
-        }
-    }
-    fn text(&self) -> String {
-        match self {
-            FusePolicy::Auto => "auto",
-            FusePolicy::On => "1",
-            FusePolicy::Off => "0",
-        }
-        .into()
-    }
+    const NAMES: &'static [(Self, &'static [&'static str])] =
+        &[(FusePolicy::Auto, &["auto"]), (FusePolicy::On, &["1"]), (FusePolicy::Off, &["0"])];
 }
 
 impl KnobValue for TilePolicy {
@@ -267,40 +222,16 @@ impl KnobValue for StreamKPolicy {
     }
 }
 
-impl KnobValue for WgmmaEpilogue {
+impl Named for WgmmaEpilogue {
     const EXPECTED: &'static str = "one of smem, staged, 1, direct, 0";
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "smem" | "staged" | "1" => Some(WgmmaEpilogue::Staged),
-            "direct" | "0" => Some(WgmmaEpilogue::Direct),
-            _ => None,
-        }
-    }
-    fn text(&self) -> String {
-        match self {
-            WgmmaEpilogue::Staged => "smem",
-            WgmmaEpilogue::Direct => "direct",
-        }
-        .into()
-    }
+    const NAMES: &'static [(Self, &'static [&'static str])] =
+        &[(WgmmaEpilogue::Staged, &["smem", "staged", "1"]), (WgmmaEpilogue::Direct, &["direct", "0"])];
 }
 
-impl KnobValue for WgmmaMainloop {
+impl Named for WgmmaMainloop {
     const EXPECTED: &'static str = "one of wait0, 1, pipe, 2";
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "wait0" | "1" => Some(WgmmaMainloop::Wait0),
-            "pipe" | "2" => Some(WgmmaMainloop::Pipe),
-            _ => None,
-        }
-    }
-    fn text(&self) -> String {
-        match self {
-            WgmmaMainloop::Wait0 => "wait0",
-            WgmmaMainloop::Pipe => "pipe",
-        }
-        .into()
-    }
+    const NAMES: &'static [(Self, &'static [&'static str])] =
+        &[(WgmmaMainloop::Wait0, &["wait0", "1"]), (WgmmaMainloop::Pipe, &["pipe", "2"])];
 }
 
 #[cfg(test)]
@@ -345,6 +276,24 @@ mod tests {
         );
         round_trip(&[WgmmaEpilogue::Staged, WgmmaEpilogue::Direct], &["fast", "2"]);
         round_trip(&[WgmmaMainloop::Wait0, WgmmaMainloop::Pipe], &["3", "0"]);
+    }
+
+    /// `EXPECTED` is "one of " and every name of `NAMES`; every value has a name.
+    fn names_are_listed<T: Named + std::fmt::Debug>() {
+        let names: Vec<_> = T::NAMES.iter().flat_map(|(_, n)| n.iter().copied()).collect();
+        assert_eq!(<T as Named>::EXPECTED, format!("one of {}", names.join(", ")));
+        assert!(T::NAMES.iter().all(|(v, n)| !n.is_empty() && T::parse(n[0]) == Some(*v)), "{:?}", T::NAMES);
+    }
+
+    #[test]
+    fn named_values_list_their_names() {
+        names_are_listed::<FamilyChoice>();
+        names_are_listed::<bool>();
+        names_are_listed::<SchedulePolicy>();
+        names_are_listed::<StreamK>();
+        names_are_listed::<FusePolicy>();
+        names_are_listed::<WgmmaEpilogue>();
+        names_are_listed::<WgmmaMainloop>();
     }
 
     #[test]

@@ -12,13 +12,16 @@
 
 use crate::dtype::DType;
 use crate::arch::Arch;
-use crate::ops::gemm::problem::Activation;
-use crate::ops::sparse24::host::TILE_M;
+use crate::tuning::gemm_problem::Activation;
 
 mod schedule;
 mod wgmma;
 pub use schedule::*;
 pub use wgmma::*;
+
+/// Rows of w are padded to a multiple of this in the compressed layout (the largest row tile
+/// of the kernels, so they load w tiles without bounds checks; `ops::sparse24::host::Layout`).
+pub const TILE_M: usize = 128;
 
 /// Logical k per pipeline stage (one metadata unit = two mma.sp k32 steps).
 pub const BLOCK_K: u32 = 64;

@@ -29,7 +29,7 @@ use crate::arch::Arch;
 use crate::jit::{impl_kernel_spec, Kernel, KernelMap, KernelSpec};
 use crate::launch::launch as launch_kernel;
 use crate::launch_record::{LaunchInfo, LaunchShape, Work};
-use crate::ops::gemm::problem::{Activation, GemmProblem, Operand};
+use crate::tuning::gemm_problem::{Activation, GemmProblem, Operand};
 use crate::tuning::gemm_sm90::{
     splitk_plan, splitk_reduce_production_configs, GemmSplitkReduceConfig, SplitK,
     SPLITK_REDUCE_THREADS,
@@ -288,7 +288,7 @@ pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, s: SplitK, stream: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::gemm::problem::row_major_problem;
+    use crate::tuning::gemm_problem::row_major_problem;
 
     #[test]
     fn reduce_params_layout_matches_the_kernel_struct() {

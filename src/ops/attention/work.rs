@@ -20,8 +20,9 @@
 //! A call whose batch is split over launches (src/ops/attention/batch.rs) counts each launch
 //! with its slice's sizes (`AttnSizes::slice`): the launches' FLOPs add up to the call's.
 
+use super::variant::{visible_pairs, Window};
+use super::Problem;
 use crate::launch_record::Work;
-use crate::ops::attention::Problem;
 use crate::tensor::TensorMeta;
 use crate::tuning::attention_bwd::BwdKind;
 
@@ -37,8 +38,6 @@ pub const ATTN_BWD_PRODUCTS: u64 = 5;
 pub fn attn_product_flops(products: u64, pairs: u128, head_dim: u64) -> u128 {
     2 * products as u128 * pairs * head_dim as u128
 }
-
-pub use crate::ops::attention::variant::{visible_pairs, Window};
 
 /// The window of a plain (`false`) or causal (`true`) call.
 pub fn causal_window(causal: bool) -> Window {
@@ -188,54 +187,6 @@ impl AttnSizes {
     }
 }
 
-/// One 2:4 sparse matmul launch (src/ops/sparse24): FLOPs counted dense, 2·rows·n·k (DESIGN.md
-/// §5: sparse counts dense FLOPs); bytes: x (rows, k), the compressed weight (values
-/// (m_pad, k_pad / 2) and 2 bits of metadata per kept element, padding included), out
-/// (rows, n) and the bias (`bias_bytes`, 0 without).
-pub fn sparse24_matmul(p: &crate::ops::sparse24::MatmulProblem, bias_bytes: f64) -> Work {
-    let e = p.dtype.size_bytes() as f64;
-    let (rows, n, k) = (p.rows as f64, p.n as f64, p.k as f64);
-    let l = &p.layout;
-    let kept = (l.m_pad * l.k_pad / 2) as f64;
-    Work {
-        flops: 2.0 * rows * n * k,
-        bytes: rows * k * e + kept * e + kept / 4.0 + rows * n * e + bias_bytes,
-        exact: true,
-    }
-}
-
-/// One 2:4 compress (`compress`) or decompress launch: no FLOPs; bytes: the dense matrix
-/// (`dense_bytes`), values and metadata of `l` (`elem` bytes per value), and the 4-byte
-/// bad_groups counter of compress.
-pub fn sparse24_compress(l: &crate::ops::sparse24::host::Layout, elem: u64, dense_bytes: f64, compress: bool) -> Work {
-    let kept = (l.m_pad * l.k_pad / 2) as f64;
-    Work {
-        flops: 0.0,
-        bytes: dense_bytes + kept * elem as f64 + kept / 4.0 + if compress { 4.0 } else { 0.0 },
-        exact: true,
-    }
-}
-
-/// One dense GEMM launch (src/ops/gemm): FLOPs 2·batch·m·n·k (DESIGN.md §5); bytes: every
-/// distinct element read or written once: a and b (a broadcast operand, batch stride 0, once),
-/// c when read (beta != 0; likewise), bias, out and aux.
-pub fn gemm(p: &crate::ops::gemm::problem::GemmProblem) -> Work {
-    use crate::ops::gemm::problem::Operand;
-    let batch = p.batch as f64;
-    let bytes = |o: &Operand| {
-        let copies = if o.batch_stride == 0 { 1.0 } else { batch };
-        copies * o.rows as f64 * o.cols as f64 * o.dtype.size_bytes() as f64
-    };
-    let mut total = bytes(&p.a) + bytes(&p.b) + bytes(&p.out);
-    total += p.c.as_ref().map_or(0.0, bytes) + p.aux.as_ref().map_or(0.0, bytes);
-    total += p.bias.map_or(0.0, |(_, d)| p.n as f64 * d.size_bytes() as f64);
-    Work {
-        flops: 2.0 * batch * p.m as f64 * p.n as f64 * p.k as f64,
-        bytes: total,
-        exact: true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,7 +194,7 @@ mod tests {
     use crate::arch::Arch;
     use crate::ops::test_support::t;
     use crate::tuning::attention_bwd::bwd_plan;
-    use crate::ops::attention::VariantKind;
+    use crate::tuning::variant::VariantKind;
 
     fn brute_force(s_q: u64, s_k: u64) -> u128 {
         let mut n = 0;

@@ -5,7 +5,7 @@
 //! (cuBLASLt epilogue order: scale, add C, add bias, activate; fp32 accumulation and epilogue,
 //! rounded once to out's dtype; `aux`, when present, receives the pre-activation value.)
 //!
-//! Built only by `ops::gemm::validate_views` (src/ops/gemm/mod.rs), which guarantees:
+//! Built only by `ops::gemm::problem` (src/ops/gemm/mod.rs), which guarantees:
 //! - a is (m, k), b is (k, n), out / c / aux are (m, n) per batch; m, n, k, batch >= 1;
 //! - every operand has `col_stride == 1` (row-major) or `row_stride == 1` (column-major);
 //!   out, c and aux are row-major; for a dim of size 1 the stride that does not matter is
@@ -14,6 +14,9 @@
 //! - a and b have the same dtype (fp16 or bf16); c and aux have out's dtype; bias is (n,),
 //!   contiguous, a's dtype or fp32;
 //! - non-NULL pointers, all on `device`; out/aux overlap no input and not each other.
+//!
+//! A pure description: the heuristics (`tuning::gemm`, `tuning::gemm_sm90`, `tuning::sparse24`)
+//! read it, so it lives here and not in ops (tuning imports nothing from ops).
 //!
 //! Alignment is *not* guaranteed (any alignment is legal): backends check what they need
 //! (e.g. [`Operand::vector_aligned`]).
