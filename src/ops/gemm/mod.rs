@@ -1,5 +1,6 @@
 //! Dense GEMM: argument validation (shared by `gemm_check` on metadata and `gemm` on real
-//! tensors), backend selection ("auto" / "wmma" / "sm90") and the launch.
+//! tensors), backend selection ("auto" / "wmma" / "sm90"), the plan (`plan`: split-k, the
+//! stream-k tail, and so the workspace the caller allocates; src/ops/workspace.rs) and the launch.
 //!
 //!   out[i] = act(alpha · a[i] @ b[i] + beta · c[i] + bias)        (python/ferroattn/_native.pyi)
 //!

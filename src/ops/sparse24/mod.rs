@@ -234,12 +234,13 @@ fn vec_ok(t: &TensorView, cols: i64) -> bool {
 
 static MATMUL: KernelMap<Sparse24MatmulConfig> = KernelMap::new();
 
-/// A validated matmul call ([`validate_call`]): the problem, the backend that runs it (None: rows ==
-/// 0, nothing to launch), the knobs and, for wgmma_sp, its plan.
+/// A validated matmul call ([`validate_call`]): the problem, the backend that runs it and what the
+/// launch needs (None: rows == 0, nothing to launch): the knobs, the device's arch and, for
+/// wgmma_sp, its plan.
 struct Call {
     p: MatmulProblem,
     ran: &'static str,
-    launch: Option<(Knobs, Option<WgmmaPlan>)>,
+    launch: Option<(Knobs, Arch, Option<WgmmaPlan>)>,
 }
 
 /// The common part of [`matmul`] and [`matmul_workspace`]: every check, the backend choice and the
@@ -315,7 +316,7 @@ fn validate_call(
     } else {
         None
     };
-    Ok(Call { p, ran, launch: Some((knobs, plan)) })
+    Ok(Call { p, ran, launch: Some((knobs, arch, plan)) })
 }
 
 /// Bytes of the workspace a [`matmul`] call with these arguments needs (0: none; only wgmma_sp's
@@ -336,7 +337,7 @@ pub fn matmul_workspace(
 ) -> Result<u64> {
     let call = validate_call(x, values, meta, out, bias, n, k, activation, backend)?;
     Ok(match &call.launch {
-        Some((_, Some(plan))) => plan.workspace(&call.p).bytes(),
+        Some((_, _, Some(plan))) => plan.workspace(&call.p).bytes(),
         _ => 0,
     })
 }
@@ -363,7 +364,7 @@ pub fn matmul(
         crate::ops::workspace::check_meta("workspace", &w.meta)?;
     }
     let Call { p, ran, launch: prepared } = validate_call(x, values, meta, out, bias, n, k, activation, backend)?;
-    let Some((knobs, plan)) = prepared else { return Ok(ran) };
+    let Some((knobs, arch, plan)) = prepared else { return Ok(ran) };
     let need = plan.as_ref().map_or(WorkspaceLayout::NONE, |w| w.workspace(&p));
     let tensors = [("x", Some(x)), ("values", Some(values)), ("meta", Some(meta)), ("out", Some(out)), ("bias", bias)];
     let ws = crate::ops::workspace::check("workspace", workspace, need, "x", &x.meta, &tensors)?;
@@ -374,7 +375,7 @@ pub fn matmul(
         p.activation,
         vec_ok(x, p.k),
         p.dtype,
-        crate::device::arch(p.device)?,
+        arch,
         knobs.sparse24_tile,
     );
     let t = &config.tile;
