@@ -3,7 +3,8 @@
 
 Run as ``compute-sanitizer --tool memcheck python scripts/sanitize_gemm.py`` (with
 ``FERROATTN_LINEINFO=1`` so reports carry source lines). The cases call the Rust entry points of
-``ferroattn._native`` directly (the contract in ``python/ferroattn/_native.pyi``), so the kernels
+``ferroattn._native`` directly (the contract in ``python/ferroattn/_native.pyi``; the split-k / stream-K
+workspace from their planners, ``gemm_workspace`` / ``sparse24_matmul_workspace``), so the kernels
 see exactly the tensors named here: tails in m, n and k (1, 3, 17, 127), all four operand layouts
 (row/column-major by strides), a batch with a broadcast operand, every epilogue (bias, alpha/beta
 with C, activations, the pre-activation aux output), fp32 output, every backend this GPU supports;
@@ -74,6 +75,12 @@ def _check(out, ref, name: str) -> str:
     return f"rel err {err:.2e}"
 
 
+def _workspace(nbytes: int):
+    """The split-k / stream-K workspace a native planner asked for, as the op layer allocates it."""
+    import torch
+    return torch.empty(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
+
+
 def run_gemm(case, backend: str) -> str:
     import torch
     from ferroattn import _native
@@ -87,7 +94,8 @@ def run_gemm(case, backend: str) -> str:
     aux = torch.full_like(out, float("nan")) if act != "none" else None
     alpha = 0.75
     stream = torch.cuda.current_stream().cuda_stream
-    ran = _native.gemm(a.detach(), b.detach(), out, c, bias, aux, alpha, beta, act, backend, stream)
+    args = (a.detach(), b.detach(), out, c, bias, aux, alpha, beta, act, backend)
+    ran = _native.gemm(*args, _workspace(_native.gemm_workspace(*args)), stream)
     torch.cuda.synchronize()
     pre = alpha * (a.float() @ b.float())
     if c is not None:
@@ -118,7 +126,8 @@ def run_sparse(case) -> str:
     x = torch.randn(rows, k, device="cuda", dtype=dtype)
     bias = torch.randn(n, device="cuda", dtype=dtype) if with_bias else None
     out = torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)
-    ran = _native.sparse24_matmul(x, values, meta, out, bias, n, k, act, backend, stream)
+    args = (x, values, meta, out, bias, n, k, act, backend)
+    ran = _native.sparse24_matmul(*args, _workspace(_native.sparse24_matmul_workspace(*args)), stream)
     torch.cuda.synchronize()
     if not torch.isfinite(dense).all():
         raise AssertionError(f"{name}: decompress left unwritten elements")

@@ -1,6 +1,7 @@
 """Helpers of the wgmma_sp GPU tests (tests/test_gpu_sparse24_splitk.py, tests/test_gpu_sparse24_sched.py):
 pruned weights and activations from seeded generators, the fp32 reference check of act(x @ w.T + bias), the
-native launcher into a NaN-poisoned out, and the launch records of the native profiler."""
+native launcher (with the workspace its planner asks for) into a NaN-poisoned out, and the launch records of the
+native profiler."""
 from __future__ import annotations
 
 import pytest
@@ -45,11 +46,21 @@ def check(out, x, w, bias=None, activation=None):
     assert_close_to_ref(out.float(), ref, ref_lp.float(), factor=2.0)
 
 
+def native_workspace(x, t, out, bias, n, k, activation, backend):
+    """The workspace the native planner asks for (``_native.sparse24_matmul_workspace``: the
+    launch's own plan), as the op layer allocates it: a uint8 tensor of that many bytes, or None."""
+    from ferroattn import _native
+    nbytes = _native.sparse24_matmul_workspace(x, t.values, t.meta, out, bias, n, k, activation, backend)
+    return torch.empty(nbytes, dtype=torch.uint8, device=DEV) if nbytes else None
+
+
 def native_call(x, t, n, k, bias=None, activation="none", backend="wgmma_sp"):
-    """The native launcher into a NaN-poisoned out (so an unwritten element shows)."""
+    """The native launcher (with the planned workspace) into a NaN-poisoned out (so an unwritten
+    element shows)."""
     from ferroattn import _native
     out = torch.full((x.shape[0], n), float("nan"), device=DEV, dtype=x.dtype)
-    _native.sparse24_matmul(x, t.values, t.meta, out, bias, n, k, activation, backend,
+    ws = native_workspace(x, t, out, bias, n, k, activation, backend)
+    _native.sparse24_matmul(x, t.values, t.meta, out, bias, n, k, activation, backend, ws,
                             torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     return out

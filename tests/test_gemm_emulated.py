@@ -24,7 +24,7 @@ _OUT_NAMES = {"float16", "bfloat16", "float32"}
 
 
 class ContractNative:
-    """``gemm_check`` / ``gemm`` / ``gemm_backends`` of the contract, on CPU (device type 1 is
+    """``gemm_check`` / ``gemm_workspace`` / ``gemm`` / ``gemm_backends`` of the contract, on CPU (device type 1 is
     accepted like CUDA here; every tensor must be on the first one's device)."""
 
     def __init__(self, backends=("wmma",)):
@@ -80,7 +80,11 @@ class ContractNative:
             raise errors.ArgumentError(f"activation: expected one of {ops_gemm.ACTIVATIONS}, got {activation!r}")
 
     # -- the "launch" ------------------------------------------------------------------------
-    def gemm(self, a, b, out, c, bias, aux, alpha, beta, activation, backend, stream):
+    def gemm_workspace(self, a, b, out, c, bias, aux, alpha, beta, activation, backend):
+        return 0   # the emulation needs no split-k / stream-K workspace
+
+    def gemm(self, a, b, out, c, bias, aux, alpha, beta, activation, backend, workspace, stream):
+        assert workspace is None
         meta = ops_gemm.tensor_meta
         self.gemm_check(meta(a), meta(b), meta(out), meta(c) if beta != 0.0 else None, meta(bias), meta(aux),
                         beta, activation)

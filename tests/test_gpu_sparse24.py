@@ -190,7 +190,9 @@ def test_gpu_every_output_element_written():
         t = sparse24.compress(w)
         x = torch.randn(rows, k, device=DEV, dtype=BF16)
         out = torch.full((rows, n), float("nan"), device=DEV, dtype=BF16)
-        _native.sparse24_matmul(x, t.values, t.meta, out, None, n, k, "none", "auto",
+        nbytes = _native.sparse24_matmul_workspace(x, t.values, t.meta, out, None, n, k, "none", "auto")
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=DEV) if nbytes else None
+        _native.sparse24_matmul(x, t.values, t.meta, out, None, n, k, "none", "auto", ws,
                                 torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
         assert not bool(torch.isnan(out).any()), (rows, n, k)

@@ -225,7 +225,9 @@ def test_gpu_stream_k_noncontiguous_x(knob, layout):
 
 
 def test_gpu_stream_k_cuda_graph_capture(knob):
-    """The workspace and the zeroed counters are stream-ordered: a captured call replays correctly."""
+    """The workspace is the op layer's torch allocation (the graph's private pool) and its counters are
+    zeroed by a memset node before the kernel on every replay: a captured call replays correctly,
+    three times."""
     _sm90()
     from ferroattn import sparse24
     n, k = 2048, 4096

@@ -130,7 +130,8 @@ def test_gpu_split_auto_rule_launches(knob):
 
 @pytest.mark.parametrize("splits", ["4", "2"])      # 2: the fused form by default (counters zeroed by a memset)
 def test_gpu_split_cuda_graph_capture(knob, splits):
-    """The workspace is a stream-ordered allocation: a captured split call replays correctly."""
+    """The workspace is the op layer's torch allocation (the graph's private pool under capture; the
+    fused form's counters zeroed by a captured memset): a captured split call replays correctly."""
     _sm90()
     from ferroattn import sparse24
     n, k = 1024, 4096

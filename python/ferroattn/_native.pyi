@@ -316,6 +316,11 @@ class ProfilerForward:
 #      (kernels/gemm/wmma.cuh, sm_80+), "sm90" (kernels/gemm/sm90.cuh, wgmma + TMA, sm_90a only).
 #      An explicit backend that cannot run this problem (or this device) raises ArgumentError
 #      naming `backend`, the supported backends and the reason.
+#   workspace: the split-k / stream-K workspace (src/ops/workspace.rs), allocated by the caller:
+#      None when gemm_workspace(...) is 0, else a uint8 CUDA tensor (one dim, contiguous, 16-byte
+#      aligned, on a's device, overlapping no other argument) of at least gemm_workspace(...)
+#      bytes; anything else raises ArgumentError / DTypeError / DeviceError naming `workspace`.
+#      Its counters are zeroed by the launch on `stream` (a memset node under graph capture).
 def gemm_check(
     a: TensorMeta, b: TensorMeta, out: TensorMeta, c: Optional[TensorMeta],
     bias: Optional[TensorMeta], aux: Optional[TensorMeta], beta: float, activation: str,
@@ -323,10 +328,18 @@ def gemm_check(
     """Validate GEMM arguments from metadata alone (fake/meta tensors): same checks, same
     errors as gemm (ArgumentError / DTypeError / DeviceError naming the argument, the expected
     and the actual value)."""
+def gemm_workspace(
+    a: DLPackLike, b: DLPackLike, out: DLPackLike, c: Optional[DLPackLike],
+    bias: Optional[DLPackLike], aux: Optional[DLPackLike], alpha: float, beta: float,
+    activation: str, backend: str,
+) -> int:
+    """Bytes of the workspace a gemm call with these arguments needs (0: none): the sm90 split-k
+    chunks (splits x m x n fp32) or the wmma stream-k tail (a partial tile per CTA + flags). Runs
+    gemm's validation (same errors) and its plan on a's device (SM count, tuning knobs)."""
 def gemm(
     a: DLPackLike, b: DLPackLike, out: DLPackLike, c: Optional[DLPackLike],
     bias: Optional[DLPackLike], aux: Optional[DLPackLike], alpha: float, beta: float,
-    activation: str, backend: str, stream: int,
+    activation: str, backend: str, workspace: Optional[DLPackLike], stream: int,
 ) -> str:
     """Launch the GEMM on `stream` (raw CUstream, as for attn_fwd) in the primary context of a's
     device; validates everything first; never synchronises. Returns the backend that ran
@@ -367,9 +380,18 @@ def sparse24_matmul_check(
     bias: Optional[TensorMeta], n: int, k: int, activation: str,
 ) -> None:
     """Validate sparse24_matmul arguments from metadata alone (same checks and errors)."""
+def sparse24_matmul_workspace(
+    x: DLPackLike, values: DLPackLike, meta: DLPackLike, out: DLPackLike,
+    bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str,
+) -> int:
+    """Bytes of the workspace a sparse24_matmul call with these arguments needs (0: none; only
+    wgmma_sp's split-k (chunks of fp32), fused split-k (a slot + a counter per tile) and stream-K
+    (a slot + a counter per CTA) schedules have one). Runs sparse24_matmul's checks (same errors)
+    and its plan on x's device."""
 def sparse24_matmul(
     x: DLPackLike, values: DLPackLike, meta: DLPackLike, out: DLPackLike,
-    bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str, stream: int,
+    bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str,
+    workspace: Optional[DLPackLike], stream: int,
 ) -> str:
     """out = act(x @ w.T + bias) (torch.nn.functional.linear semantics) with w (n, k) the 2:4
     matrix compressed into values/meta (n rows = output features). x: (rows, k) fp16/bf16 with
@@ -378,6 +400,8 @@ def sparse24_matmul(
     backend: "auto" | "mma_sp" (mma.sp, sm_80+) | "wgmma_sp" (wgmma .sp, sm_90a, x rows 16-byte
     aligned; FERROATTN_SPARSE24_WGMMA=0 disables it). "auto" runs wgmma_sp from 46 rows where it
     can run, else mma_sp. wgmma_sp splits k into chunks (an fp32 workspace + a reduce kernel) when
-    its tiles would leave SMs idle: FERROATTN_SPARSE24_SPLITK = "auto" (the cost rule) | "off" | N. Returns the backend that ran. Malformed values/meta shapes or dtypes raise ArgumentError; no meta bit pattern
+    its tiles would leave SMs idle: FERROATTN_SPARSE24_SPLITK = "auto" (the cost rule) | "off" | N.
+    workspace: None when sparse24_matmul_workspace(...) is 0, else a uint8 CUDA tensor of at least
+    that many bytes, with gemm's workspace rules (errors name `workspace`). Returns the backend that ran. Malformed values/meta shapes or dtypes raise ArgumentError; no meta bit pattern
     can make the kernel access memory outside the tensors. Profiler op "ferroattn::sparse24_matmul",
     flops counted dense (2*rows*n*k)."""

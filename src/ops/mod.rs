@@ -1,4 +1,5 @@
-//! Operations: validate → tuning config → JIT kernel → launch. One file per kernel family.
+//! Operations: validate → tuning config → JIT kernel → launch. One file per kernel family;
+//! workspace.rs is the split-k / stream-K workspace the GEMM and 2:4 families share.
 
 pub mod attention;
 pub mod attention_bwd;
@@ -8,6 +9,7 @@ pub mod sparse24;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub(crate) mod validate;
+pub mod workspace;
 
 use crate::error::Result;
 use crate::arch::Arch;

@@ -1,4 +1,4 @@
-//! gemm_check (metadata), gemm (DLPack tensors) and gemm_backends → ops::gemm.
+//! gemm_check (metadata), gemm_workspace and gemm (DLPack tensors) and gemm_backends → ops::gemm.
 
 use super::args::{import_opt, meta_of, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable};
@@ -35,8 +35,36 @@ fn gemm_check(
     Ok(())
 }
 
+/// Bytes of the split-k / stream-K workspace a `gemm` call with these arguments needs (0: none);
+/// the same validation and plan as the launch (ops::gemm::workspace_bytes).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn gemm_workspace(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    c: Option<&Bound<'_, PyAny>>,
+    bias: Option<&Bound<'_, PyAny>>,
+    aux: Option<&Bound<'_, PyAny>>,
+    alpha: f64,
+    beta: f64,
+    activation: &str,
+    backend: &str,
+) -> Result<u64> {
+    let (a, b, o) = (import(a, "a")?, import(b, "b")?, import(out, "out")?);
+    let c = import_opt(c, "c", false)?;
+    let bias = import_opt(bias, "bias", false)?;
+    let aux = import_opt(aux, "aux", false)?;
+    let (cv, biasv, auxv) = (c.as_ref().map(|t| &t.view), bias.as_ref().map(|t| &t.view), aux.as_ref().map(|t| &t.view));
+    py.detach(|| {
+        op::workspace_bytes(&a.view, &b.view, &o.view, cv, biasv, auxv, alpha as f32, beta as f32, activation, backend)
+    })
+}
+
 /// Launch the GEMM on `stream` (raw CUstream) in a's device's primary context; returns the
-/// backend that ran. Validates everything before launching; never synchronises.
+/// backend that ran. Validates everything (`workspace` included) before launching; never
+/// synchronises.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn gemm(
@@ -51,6 +79,7 @@ fn gemm(
     beta: f64,
     activation: &str,
     backend: &str,
+    workspace: Option<&Bound<'_, PyAny>>,
     stream: &Bound<'_, PyAny>,
 ) -> Result<&'static str> {
     let stream = stream_handle(stream)?;
@@ -58,7 +87,9 @@ fn gemm(
     let c = import_opt(c, "c", false)?;
     let bias = import_opt(bias, "bias", false)?;
     let aux = import_opt(aux, "aux", true)?;
+    let ws = import_opt(workspace, "workspace", true)?;
     let (cv, biasv, auxv) = (c.as_ref().map(|t| &t.view), bias.as_ref().map(|t| &t.view), aux.as_ref().map(|t| &t.view));
+    let wsv = ws.as_ref().map(|t| &t.view);
     // Detached: the first call of a configuration compiles or loads a module.
     py.detach(|| {
         op::gemm(
@@ -72,6 +103,7 @@ fn gemm(
             beta as f32,
             activation,
             backend,
+            wsv,
             stream,
         )
     })
@@ -86,6 +118,7 @@ fn gemm_backends(device: i32) -> Result<Vec<&'static str>> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gemm_check, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gemm, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_backends, m)?)?;
     Ok(())

@@ -121,7 +121,33 @@ fn sparse24_matmul_check(
     Ok(())
 }
 
-/// out = act(x @ w.T + bias) with w 2:4-compressed; returns the backend that ran.
+/// Bytes of the split-k / stream-K workspace a `sparse24_matmul` call with these arguments needs
+/// (0: none); the same checks and plan as the launch (ops::sparse24::matmul_workspace).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn sparse24_matmul_workspace(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    values: &Bound<'_, PyAny>,
+    meta: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    n: i64,
+    k: i64,
+    activation: &str,
+    backend: &str,
+) -> Result<u64> {
+    let x = import(x, "x")?;
+    let (v, m) = (import(values, "values")?, import(meta, "meta")?);
+    let o = import(out, "out")?;
+    let b = import_opt(bias, "bias", false)?;
+    let (xv, vv, mv, ov) = (&x.view, &v.view, &m.view, &o.view);
+    let bv = b.as_ref().map(|b| &b.view);
+    py.detach(|| op::matmul_workspace(xv, vv, mv, ov, bv, n, k, activation, backend))
+}
+
+/// out = act(x @ w.T + bias) with w 2:4-compressed; returns the backend that ran. `workspace`:
+/// None or the uint8 buffer of `sparse24_matmul_workspace` bytes.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn sparse24_matmul(
@@ -135,6 +161,7 @@ fn sparse24_matmul(
     k: i64,
     activation: &str,
     backend: &str,
+    workspace: Option<&Bound<'_, PyAny>>,
     stream: &Bound<'_, PyAny>,
 ) -> Result<&'static str> {
     let stream = stream_handle(stream)?;
@@ -142,9 +169,11 @@ fn sparse24_matmul(
     let (v, m) = (import(values, "values")?, import(meta, "meta")?);
     let o = import_writable(out, "out")?;
     let b = import_opt(bias, "bias", false)?;
+    let ws = import_opt(workspace, "workspace", true)?;
     let (xv, vv, mv, ov) = (&x.view, &v.view, &m.view, &o.view);
     let bv = b.as_ref().map(|b| &b.view);
-    py.detach(|| op::matmul(xv, vv, mv, ov, bv, n, k, activation, backend, stream))
+    let wsv = ws.as_ref().map(|w| &w.view);
+    py.detach(|| op::matmul(xv, vv, mv, ov, bv, n, k, activation, backend, wsv, stream))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -154,6 +183,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sparse24_compress_host, m)?)?;
     m.add_function(wrap_pyfunction!(sparse24_decompress_host, m)?)?;
     m.add_function(wrap_pyfunction!(sparse24_matmul_check, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse24_matmul_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(sparse24_matmul, m)?)?;
     Ok(())
 }

@@ -10,7 +10,10 @@ same way before and around a ``ferroattn._native`` call.
   tensor's CUDA device only when it is not the current one (torch exports CUDA tensors of the
   current device only), and call the native launcher with ``torch.cuda.current_stream(device)``
   (the capture stream while a CUDA graph is being captured); a ``BufferError`` from the export is
-  first turned into the precise error of the Rust validation when there is one.
+  first turned into the precise error of the Rust validation when there is one;
+- :func:`workspace`: the split-k / stream-K workspace of a GEMM or 2:4 call (src/ops/workspace.rs):
+  the call's native planner gives its size, torch allocates it (DESIGN §1: the caller allocates, so
+  CUDA-graph capture and torch's memory accounting keep working).
 
 Sources: torch 2.11 DLPack export rules and stream semantics (reference/api-contracts.md §2.2,
 §2.3); DESIGN §2 (Python allocates, Rust validates and launches).
@@ -24,10 +27,13 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 
-__all__ = ["as_int", "tensor_meta", "tile_aligned", "launch", "reject_forward_ad"]
+__all__ = ["as_int", "tensor_meta", "tile_aligned", "launch", "workspace", "reject_forward_ad"]
 
 # DLPack device types used in TensorMeta (DLPack spec: kDLCPU = 1, kDLCUDA = 2).
 _DL_CPU, _DL_CUDA = 1, 2
+#: Device types whose calls :func:`workspace` plans (the kernels' devices; tests add "cpu" to run
+#: the planning and the allocation against emulated launchers).
+_WORKSPACE_DEVICES = ("cuda",)
 
 
 def as_int(v) -> int:
@@ -110,9 +116,33 @@ def tile_aligned(t: Tensor) -> Tensor:
     return t.clone(memory_format=torch.contiguous_format)  # a copy even when t is contiguous
 
 
+def _call(native_fn: Callable, device: torch.device, tensors: Sequence[Optional[Tensor]], scalars: Sequence,
+          on_buffer_error: Callable[[], None], with_stream: bool):
+    """``native_fn(*detached tensors, *scalars[, stream])`` with ``device`` current: :func:`launch`'s
+    rules, for launchers (``with_stream``) and for the planners that take the same tensors."""
+    # DLPack refuses tensors that require grad; detaching the others would only cost host time
+    args = [t.detach() if t is not None and t.requires_grad else t for t in tensors]
+    try:
+        if device.type == "cuda":
+            # torch exports CUDA tensors of the current device only: switch only when needed
+            current = torch.cuda.current_device()
+            index = current if device.index is None else device.index
+            with torch.cuda.device(index) if index != current else contextlib.nullcontext():
+                if not with_stream:
+                    return native_fn(*args, *scalars)
+                # the raw handle of torch.cuda.current_stream(index) without building a Stream
+                # object (the capture stream while a CUDA graph is being captured)
+                return native_fn(*args, *scalars, torch._C._cuda_getCurrentRawStream(index))
+        return native_fn(*args, *scalars, 0) if with_stream else native_fn(*args, *scalars)
+    except BufferError:
+        on_buffer_error()
+        raise
+
+
 def launch(native_fn: Callable[..., None], device: torch.device, tensors: Sequence[Optional[Tensor]],
-           scalars: Sequence, on_buffer_error: Callable[[], None]) -> None:
-    """``native_fn(*detached tensors, *scalars, stream)`` on ``device``'s current stream.
+           scalars: Sequence, on_buffer_error: Callable[[], None]):
+    """``native_fn(*detached tensors, *scalars, stream)`` on ``device``'s current stream; returns
+    what ``native_fn`` returns.
 
     Args:
         native_fn: a ``ferroattn._native`` launcher whose last parameter is the raw stream.
@@ -127,19 +157,24 @@ def launch(native_fn: Callable[..., None], device: torch.device, tensors: Sequen
             device than ``device``): it should raise the Rust validation's precise error (e.g.
             DeviceError naming the argument); if it returns, the BufferError propagates.
     """
-    # DLPack refuses tensors that require grad; detaching the others would only cost host time
-    args = [t.detach() if t is not None and t.requires_grad else t for t in tensors]
-    try:
-        if device.type == "cuda":
-            # torch exports CUDA tensors of the current device only: switch only when needed
-            current = torch.cuda.current_device()
-            index = current if device.index is None else device.index
-            with torch.cuda.device(index) if index != current else contextlib.nullcontext():
-                # the raw handle of torch.cuda.current_stream(index) without building a Stream
-                # object (the capture stream while a CUDA graph is being captured)
-                native_fn(*args, *scalars, torch._C._cuda_getCurrentRawStream(index))
-        else:
-            native_fn(*args, *scalars, 0)
-    except BufferError:
-        on_buffer_error()
-        raise
+    return _call(native_fn, device, tensors, scalars, on_buffer_error, with_stream=True)
+
+
+def workspace(planner: Callable[..., int], device: torch.device, tensors: Sequence[Optional[Tensor]],
+              scalars: Sequence, on_buffer_error: Callable[[], None]) -> Optional[Tensor]:
+    """The split-k / stream-K workspace of one GEMM or 2:4 call, allocated by torch, or None.
+
+    ``planner`` (``_native.gemm_workspace`` / ``_native.sparse24_matmul_workspace``) takes the
+    launcher's arguments without the workspace and the stream (``tensors`` and ``scalars`` as for
+    :func:`launch`), runs the launch's own validation and plan and returns the bytes it needs
+    (src/ops/workspace.rs: the size rule lives there only). A non-zero answer becomes a
+    ``torch.uint8`` tensor of that many bytes on ``device``, from torch's caching allocator on the
+    current stream, the stream the launch runs on: freed when the caller drops it, reused in stream
+    order; under CUDA-graph capture a block of the graph's private pool, the same memory on every
+    replay. Off CUDA nothing is planned (the launcher's validation rejects the tensors)."""
+    if device.type not in _WORKSPACE_DEVICES:
+        return None
+    nbytes = _call(planner, device, tensors, scalars, on_buffer_error, with_stream=False)
+    if not nbytes:
+        return None
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)

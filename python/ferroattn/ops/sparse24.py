@@ -2,9 +2,10 @@
 ``torch.ops.ferroattn.sparse24_decompress``, plus the one place the 2:4 ``ferroattn._native``
 launchers are called from (compress included).
 
-What lives here is what only Python can do (DESIGN §2): allocate outputs with torch, pick the
-current stream, detach, call ``ferroattn._native.sparse24_*`` (which validate and launch), and the
-torch.library registrations:
+What lives here is what only Python can do (DESIGN §2): allocate outputs and wgmma_sp's split-k /
+stream-K workspace with torch (its size from ``_native.sparse24_matmul_workspace``, the launch's own
+plan, so a captured CUDA graph replays with the same memory), pick the current stream, detach, call
+``ferroattn._native.sparse24_*`` (which validate and launch), and the torch.library registrations:
 
 - ``sparse24_linear(x, values, meta, bias, n, k, activation, backend)``: ``act(x @ w.T + bias)``
   with ``w`` (n, k) the 2:4 matrix held as ``values``/``meta`` (torch.nn.functional.linear
@@ -41,6 +42,7 @@ from ._to_native import as_int as _as_int
 from ._to_native import launch as _launch
 from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
+from ._to_native import workspace as _workspace
 from .activation import NATIVE, activation_backward
 
 __all__ = ["sparse24_linear", "linear", "sparse24_decompress", "run_compress", "run_decompress", "check_compressed",
@@ -148,8 +150,14 @@ def _sparse24_linear_impl(x: Tensor, values: Tensor, meta: Tensor, bias: Optiona
         _check_meta(x, values, meta, out, bias, n, k, activation)  # names the rank error
     if bias is not None and bias.dim() == 1 and bias.stride(0) != 1:
         bias = bias.contiguous()
-    _launch(_native.sparse24_matmul, x.device, (x, values, meta, out, bias), (n, k, activation, backend),
-            lambda: _check_meta(x, values, meta, out, bias, n, k, activation))
+    tensors, scalars = (x, values, meta, out, bias), (n, k, activation, backend)
+
+    def check():
+        _check_meta(x, values, meta, out, bias, n, k, activation)
+
+    # wgmma_sp's split-k / stream-K workspace (if the call's plan has one), allocated by torch
+    ws = _workspace(_native.sparse24_matmul_workspace, x.device, tensors, scalars, check)
+    _launch(_native.sparse24_matmul, x.device, tensors, (*scalars, ws), check)
     return out
 
 

@@ -1,5 +1,6 @@
 //! Dense GEMM: argument validation (shared by `gemm_check` on metadata and `gemm` on real
-//! tensors), backend selection ("auto" / "wmma" / "sm90") and the launch.
+//! tensors), backend selection ("auto" / "wmma" / "sm90"), the plan (`plan`: split-k, the
+//! stream-k tail, and so the workspace the caller allocates; src/ops/workspace.rs) and the launch.
 //!
 //!   out[i] = act(alpha · a[i] @ b[i] + beta · c[i] + bias)        (python/ferroattn/_native.pyi)
 //!
@@ -23,6 +24,8 @@ use crate::ops::validate::{
     check_device, check_disjoint, check_i32, check_no_self_overlap, check_not_null, NO_ELEMENT_TWICE,
 };
 use crate::tensor::{fmt_shape, TensorMeta, TensorView};
+use crate::ops::workspace::WorkspaceLayout;
+use crate::tuning::gemm_sm90::SplitK;
 use crate::tuning::knobs::Knobs;
 use crate::tuning::gemm_problem::{Activation, GemmProblem, Operand};
 
@@ -311,8 +314,99 @@ fn supported(sm90: bool) -> Vec<&'static str> {
     BACKENDS.into_iter().filter(|b| *b == "wmma" || (*b == "sm90" && sm90)).collect()
 }
 
+/// What a validated call launches ([`plan`]): the backend and the decision that sets its
+/// workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// The Hopper kernel, split-k with `split` (src/ops/gemm/sm90/splitk.rs).
+    Sm90 { split: Option<SplitK> },
+    /// The WMMA kernel as the plan says (a stream-k tail or not).
+    Wmma(wmma::Plan),
+}
+
+impl Launch {
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Launch::Sm90 { .. } => "sm90",
+            Launch::Wmma(_) => "wmma",
+        }
+    }
+
+    /// The workspace this launch needs (src/ops/workspace.rs; empty: none): the split-k chunks
+    /// or the stream-k tail's partial tiles and flags.
+    pub fn workspace(&self, p: &GemmProblem) -> WorkspaceLayout {
+        match self {
+            Launch::Sm90 { split: Some(s) } => sm90::splitk::workspace(p, *s),
+            Launch::Sm90 { split: None } => WorkspaceLayout::NONE,
+            Launch::Wmma(w) => w.workspace(),
+        }
+    }
+}
+
+/// The launch of `p` with backend `chosen` (from [`choose_backend`]) on `arch` with `sms` SMs
+/// under `knobs`: the one decision that both the launch ([`gemm`]) and the caller's workspace
+/// planner ([`workspace_bytes`]) follow. Pure but for the wmma tile override's error.
+pub fn plan(p: &GemmProblem, chosen: &str, arch: Arch, sms: u32, knobs: &Knobs) -> Result<Launch> {
+    if chosen == "sm90" {
+        Ok(Launch::Sm90 { split: sm90::splitk::plan(p, knobs, sms as i64) })
+    } else {
+        Ok(Launch::Wmma(wmma::plan(p, arch, sms, knobs)?))
+    }
+}
+
+/// A validated call, its knobs and its launch.
+type Planned = (GemmProblem, Knobs, Launch);
+
+/// The common part of [`gemm`] and [`workspace_bytes`]: the backend name, validation, the
+/// backend choice and the plan on a's device.
+#[allow(clippy::too_many_arguments)]
+fn validate_and_plan(
+    a: &TensorView,
+    b: &TensorView,
+    out: &TensorView,
+    c: Option<&TensorView>,
+    bias: Option<&TensorView>,
+    aux: Option<&TensorView>,
+    alpha: f32,
+    beta: f32,
+    activation: &str,
+    backend: &str,
+) -> Result<Planned> {
+    if !matches!(backend, "auto" | "wmma" | "sm90") {
+        return Err(Error::argument("backend", "one of \"auto\", \"wmma\", \"sm90\"", format!("{backend:?}")));
+    }
+    let p = problem(a, b, out, c, bias, aux, alpha, beta, activation)?;
+    let arch = crate::device::arch(p.device)?;
+    let knobs = crate::tuning::knobs::get()?;
+    let chosen = choose_backend(&p, arch, &knobs, backend)?;
+    let launch = plan(&p, chosen, arch, crate::device::sm_count(p.device)?, &knobs)?;
+    Ok((p, knobs, launch))
+}
+
+/// Bytes of the workspace a [`gemm`] call with these arguments needs (0: none): the same
+/// validation and plan as the launch, so the caller allocates exactly what it checks
+/// (`_native.gemm_workspace`; src/ops/workspace.rs).
+#[allow(clippy::too_many_arguments)]
+pub fn workspace_bytes(
+    a: &TensorView,
+    b: &TensorView,
+    out: &TensorView,
+    c: Option<&TensorView>,
+    bias: Option<&TensorView>,
+    aux: Option<&TensorView>,
+    alpha: f32,
+    beta: f32,
+    activation: &str,
+    backend: &str,
+) -> Result<u64> {
+    let (p, _, launch) = validate_and_plan(a, b, out, c, bias, aux, alpha, beta, activation, backend)?;
+    Ok(launch.workspace(&p).bytes())
+}
+
 /// Validate everything, pick the backend and launch on `stream` (raw CUstream) in the primary
-/// context of a's device. Never synchronises. Returns the backend that ran.
+/// context of a's device. Never synchronises. Returns the backend that ran. `workspace`: the
+/// caller's uint8 buffer of at least [`workspace_bytes`] bytes (None when that is 0), checked
+/// here (an error naming `workspace` otherwise).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     a: &TensorView,
@@ -325,22 +419,22 @@ pub fn gemm(
     beta: f32,
     activation: &str,
     backend: &str,
+    workspace: Option<&TensorView>,
     stream: u64,
 ) -> Result<&'static str> {
-    if !matches!(backend, "auto" | "wmma" | "sm90") {
-        return Err(Error::argument("backend", "one of \"auto\", \"wmma\", \"sm90\"", format!("{backend:?}")));
+    if let Some(w) = workspace {
+        crate::ops::workspace::check_meta("workspace", &w.meta)?;
     }
-    let p = problem(a, b, out, c, bias, aux, alpha, beta, activation)?;
-    let arch = crate::device::arch(p.device)?;
-    let knobs = crate::tuning::knobs::get()?;
-    let chosen = choose_backend(&p, arch, &knobs, backend)?;
-    if chosen == "sm90" {
-        // SAFETY: `p` was validated by `problem` and sm90 supports it (choose_backend).
-        unsafe { sm90::launch(&p, &knobs, stream)? }
-    } else {
-        wmma::launch(&p, arch, &knobs, stream)?
+    let (p, knobs, launch) = validate_and_plan(a, b, out, c, bias, aux, alpha, beta, activation, backend)?;
+    let tensors = [("a", Some(a)), ("b", Some(b)), ("out", Some(out)), ("c", c), ("bias", bias), ("aux", aux)];
+    let ws = crate::ops::workspace::check("workspace", workspace, launch.workspace(&p), "a", &a.meta, &tensors)?;
+    match launch {
+        // SAFETY: `p` was validated by `problem` and sm90 supports it (choose_backend); `ws` was
+        // checked for this launch and the caller keeps it alive with the tensors.
+        Launch::Sm90 { split } => unsafe { sm90::launch(&p, &knobs, split, ws.as_ref(), stream)? },
+        Launch::Wmma(w) => wmma::launch(&p, &w, &knobs, ws.as_ref(), stream)?,
     }
-    Ok(chosen)
+    Ok(launch.backend())
 }
 
 #[cfg(test)]

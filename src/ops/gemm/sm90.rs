@@ -20,10 +20,11 @@ use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
 use crate::launch::launch as launch_kernel;
 use crate::launch_record::{LaunchInfo, LaunchShape};
 use crate::tma::{Swizzle, TensorMap, Tiled};
-use crate::tuning::gemm_sm90::{config, production_configs, schedule_for, GemmSm90Config, Schedule, BLOCK_K, GROUP_M, THREADS};
+use crate::ops::workspace::Workspace;
+use crate::tuning::gemm_sm90::{config, production_configs, schedule_for, GemmSm90Config, Schedule, SplitK, BLOCK_K, GROUP_M, THREADS};
 use crate::tuning::knobs::Knobs;
 
-pub(crate) mod splitk; // pub(crate): the 2:4 split-k path (src/ops/sparse24) shares its workspace + reduce helpers
+pub(crate) mod splitk; // pub(crate): the 2:4 split-k path (src/ops/sparse24) shares its reduce kernel
 pub use splitk::{reduce_production_specs, GemmSplitkReduceParams};
 
 /// Whether `supports` may return true. The kernel passed its H200 checks (84/84 layouts, tails,
@@ -185,16 +186,16 @@ static KERNELS: KernelMap<GemmSm90Config> = KernelMap::new();
 
 /// Launch the sm90 kernel for `p` on `stream` (raw CUstream). Never synchronises.
 ///
-/// Small-m problems (too few 128 x 256 tiles to fill the SMs; `splitk_plan`) run split-k
-/// (src/ops/gemm/sm90/splitk.rs: one batched launch of this kernel over k-chunks into a
-/// stream-ordered fp32 workspace, then kernels/gemm/splitk_reduce.cuh) unless the
-/// `gemm_sm90_splitk` knob is off; where the split views cannot be built (a tensor map the driver
-/// rejects, no workspace memory) the problem runs unsplit.
+/// With `split` (`splitk::plan`: small-m problems, too few 128 x 256 tiles to fill the SMs) the
+/// problem runs split-k (src/ops/gemm/sm90/splitk.rs: one batched launch of this kernel over
+/// k-chunks into the caller's fp32 workspace `ws`, then kernels/gemm/splitk_reduce.cuh); where
+/// the split views cannot be built (a tensor map the driver rejects) it runs unsplit.
 ///
 /// # Safety
-/// `p` must come from `ops::gemm::problem` (validated, pointers live until the kernel has run
-/// in stream order) and `supports(p, Sm90a, knobs)` must hold.
-pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, stream: u64) -> Result<()> {
+/// `p` must come from `tuning::gemm_problem` (validated, pointers live until the kernel has run
+/// in stream order) and `supports(p, Sm90a, knobs)` must hold; `ws` (given with `split`) was
+/// checked for `splitk::workspace(p, split)` and lives as long as the tensors.
+pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, split: Option<SplitK>, ws: Option<&Workspace>, stream: u64) -> Result<()> {
     if !supports(p, crate::device::arch(p.device)?, knobs) {
         return Err(Error::argument(
             "backend",
@@ -202,9 +203,9 @@ pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, stream: u64) -> Result<()> 
             "an unsupported problem for \"sm90\"",
         ));
     }
-    if let Some(plan) = splitk::plan(p, knobs)? {
+    if let (Some(s), Some(ws)) = (split, ws) {
         // SAFETY: forwarded from the caller.
-        if unsafe { splitk::launch(p, knobs, plan, stream)? } {
+        if unsafe { splitk::launch(p, knobs, s, ws, stream)? } {
             return Ok(());
         }
     }

@@ -348,3 +348,57 @@ fn production_specs_compile_without_spills() {
     }
     crate::jit::precompile::check_spills(&reports).unwrap();
 }
+
+/// The workspace a plan asks the caller for (src/ops/workspace.rs): the sm90 split-k chunks, the
+/// wmma stream-k tail's partial tiles and flags, nothing otherwise.
+#[test]
+fn plans_size_their_workspace() {
+    use crate::tuning::gemm_sm90::SplitK;
+    let k = Knobs::default();
+    // sm90, m = 16, n = k = 4096 on 132 SMs: 16 tiles -> 8 chunks of 512 -> 8 x (16, 4096) fp32
+    let p = crate::tuning::gemm_problem::row_major_problem(1, 16, 4096, 4096, DType::BF16, DType::BF16);
+    let l = plan(&p, "sm90", Arch::Sm90a, 132, &k).unwrap();
+    assert_eq!(l, Launch::Sm90 { split: Some(SplitK { splits: 8, kc: 512 }) });
+    assert_eq!(l.backend(), "sm90");
+    let w = l.workspace(&p);
+    assert_eq!((w.slots, w.slot_bytes, w.counters), (8, 16 * 4096 * 4, 0));
+    assert_eq!(w.bytes(), 2 << 20);
+    // out fp32 does not change the chunks (always fp32)
+    let p32 = crate::tuning::gemm_problem::row_major_problem(1, 16, 4096, 4096, DType::BF16, DType::F32);
+    assert_eq!(plan(&p32, "sm90", Arch::Sm90a, 132, &k).unwrap().workspace(&p32).bytes(), 2 << 20);
+    // k = 11008: 4 chunks; m = 100, n = 256 (1 tile), k = 4096: 32 chunks
+    let q = crate::tuning::gemm_problem::row_major_problem(1, 16, 4096, 11008, DType::F16, DType::F16);
+    assert_eq!(plan(&q, "sm90", Arch::Sm90a, 132, &k).unwrap().workspace(&q).bytes(), 4 * 16 * 4096 * 4);
+    let q = crate::tuning::gemm_problem::row_major_problem(1, 100, 256, 4096, DType::F16, DType::F16);
+    assert_eq!(plan(&q, "sm90", Arch::Sm90a, 132, &k).unwrap().workspace(&q).bytes(), 32 * 100 * 256 * 4);
+    // no split: many tiles, a batch, k not a multiple of 64, the knob off -> no workspace
+    for q in [
+        crate::tuning::gemm_problem::row_major_problem(1, 2048, 4096, 4096, DType::BF16, DType::BF16),
+        crate::tuning::gemm_problem::row_major_problem(2, 16, 4096, 4096, DType::BF16, DType::BF16),
+        crate::tuning::gemm_problem::row_major_problem(1, 16, 4096, 1000, DType::BF16, DType::BF16),
+    ] {
+        let l = plan(&q, "sm90", Arch::Sm90a, 132, &k).unwrap();
+        assert_eq!(l, Launch::Sm90 { split: None });
+        assert!(l.workspace(&q).is_empty());
+    }
+    let off = Knobs { gemm_sm90_splitk: false, ..k };
+    assert!(plan(&p, "sm90", Arch::Sm90a, 132, &off).unwrap().workspace(&p).is_empty());
+    // wmma: 26 x 41 = 1066 items of the persistent 128 x 256 tile on 132 SMs (8 waves + 10): a
+    // stream-k tail on 132 CTAs -> 132 partial tiles of 128 x 256 fp32, then 132 x 8 warps flags
+    let big = crate::tuning::gemm_problem::row_major_problem(1, 26 * 128, 41 * 256, 512, DType::BF16, DType::BF16);
+    let Launch::Wmma(w) = plan(&big, "wmma", Arch::Sm90a, 132, &k).unwrap() else { panic!("not wmma") };
+    assert_eq!(w.config.tile, WmmaTile::LARGE_SM90);
+    assert_eq!(w.stream_k.map(|s| (s.grid, s.sk_first)), Some((132, 7 * 132)));
+    assert_eq!(w.shape.grid, (132, 1, 1));
+    let ws = w.workspace();
+    assert_eq!((ws.slots, ws.slot_bytes, ws.counters), (132, 128 * 256 * 4, 132 * 8));
+    assert_eq!(ws.bytes(), 132 * 128 * 256 * 4 + 132 * 8 * 4);
+    assert_eq!(Launch::Wmma(w).workspace(&big), ws);
+    // the tail off, or whole waves only: no workspace
+    let sk_off = Knobs { gemm_wmma_streamk: crate::tuning::gemm::StreamK::Off, ..k };
+    assert!(plan(&big, "wmma", Arch::Sm90a, 132, &sk_off).unwrap().workspace(&big).is_empty());
+    let whole = crate::tuning::gemm_problem::row_major_problem(1, 24 * 128, 44 * 256, 512, DType::BF16, DType::BF16); // 1056 = 8 x 132
+    assert!(plan(&whole, "wmma", Arch::Sm90a, 132, &k).unwrap().workspace(&whole).is_empty());
+    // the small problem on wmma: not persistent, no tail
+    assert!(plan(&p, "wmma", Arch::Sm90a, 132, &k).unwrap().workspace(&p).is_empty());
+}

@@ -3,11 +3,12 @@
 
 use crate::tuning::gemm_problem::GemmProblem;
 use crate::dtype::DType;
-use crate::error::{CudaResultExt, Error, Result};
+use crate::error::{Error, Result};
 use crate::arch::Arch;
 use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
 use crate::launch::launch as launch_kernel;
 use crate::launch_record::{LaunchInfo, LaunchShape};
+use crate::ops::workspace::{Workspace, WorkspaceLayout};
 use crate::tuning::gemm::{smem_of, stream_k_plan, wmma_config, wmma_production_configs, GemmWmmaConfig, StreamKPlan, WmmaTile};
 use crate::tuning::grid::GridPolicy;
 use crate::tuning::knobs::{Knobs, RasterGroup};
@@ -176,55 +177,78 @@ fn tile_override(tile: Option<WmmaTile>, arch: Arch) -> Result<Option<WmmaTile>>
 
 static KERNELS: KernelMap<GemmWmmaConfig> = KernelMap::new();
 
-/// Launch the WMMA kernel for a validated problem on `stream` (raw CUstream) of its device.
-/// Never synchronises; blocking only on the first call of a configuration (compile or load).
-/// A persistent tile with a stream-k tail ([`stream_k`]) runs on one CTA per SM with a
-/// stream-ordered workspace (grid x bm x bn fp32 + flags, allocated, zeroed and freed on
-/// `stream`); without workspace memory it runs without the tail. `knobs`: the tile override, the
-/// raster group, the persistent grid and the stream-k tail.
-pub fn launch(p: &GemmProblem, arch: Arch, knobs: &Knobs, stream: u64) -> Result<()> {
-    let sms = crate::device::sm_count(p.device)?;
+/// What a WMMA launch of a problem runs ([`plan`]): the specialisation, the launch shape and the
+/// stream-k tail, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub config: GemmWmmaConfig,
+    pub shape: LaunchShape,
+    pub stream_k: Option<StreamKPlan>,
+}
+
+impl Plan {
+    /// The workspace of the stream-k tail (src/ops/workspace.rs): one bm x bn fp32 partial tile
+    /// per CTA, then grid x warps flags zeroed before the kernel; none without a tail.
+    pub fn workspace(&self) -> WorkspaceLayout {
+        let Some(sk) = self.stream_k else { return WorkspaceLayout::NONE };
+        let t = self.config.tile;
+        let tile_bytes = u64::from(t.bm) * u64::from(t.bn) * 4;
+        WorkspaceLayout::with_counters(sk.grid, tile_bytes, sk.grid * u64::from(t.warps_m * t.warps_n))
+    }
+}
+
+/// The WMMA launch of a validated problem on `arch` with `sms` SMs under `knobs` (the tile
+/// override, the persistent grid, the stream-k tail: [`stream_k`], on one CTA per SM). Pure but
+/// for the tile override's error ([`tile_override`]).
+pub fn plan(p: &GemmProblem, arch: Arch, sms: u32, knobs: &Knobs) -> Result<Plan> {
     let config = wmma_config(p, tile_override(knobs.gemm_wmma_tile, arch)?, sms, arch);
     let mut shape = if config.tile.persistent {
         persistent_shape(p, &config, sms, knobs.persistent_grid)
     } else {
         launch_shape(p, &config)
     };
+    let stream_k = stream_k(p, &config, sms, knobs);
+    if let Some(sk) = stream_k {
+        shape.grid = (sk.grid as u32, 1, 1);
+    }
+    Ok(Plan { config, shape, stream_k })
+}
+
+/// Launch the WMMA kernel for a validated problem on `stream` (raw CUstream) of its device, as
+/// `plan` (from [`plan`] for `p`) says; a stream-k tail uses the caller's workspace `ws`, checked
+/// for `plan.workspace()` (its flags are zeroed here, on `stream`). Never synchronises; blocking
+/// only on the first call of a configuration (compile or load). `knobs`: the raster group. The
+/// caller keeps the problem's tensors and `ws` alive until the kernel has run in stream order.
+pub fn launch(p: &GemmProblem, plan: &Plan, knobs: &Knobs, ws: Option<&Workspace>, stream: u64) -> Result<()> {
+    let shape = plan.shape;
     shape.check()?;
-    let kernel = KERNELS.get(&config, p.device)?;
-    let mut prm = params(p, &config);
+    let kernel = KERNELS.get(&plan.config, p.device)?;
+    let mut prm = params(p, &plan.config);
     prm.group = knobs.gemm_wmma_group.0 as i32;
     let info = LaunchInfo {
         op: "ferroattn::gemm",
         work: super::work::gemm(p),
     };
-    if let Some(sk) = stream_k(p, &config, sms, knobs) {
-        // Workspace: grid partial tiles, then grid x warps flags (zeroed here, in stream order).
-        let tile_bytes = u64::from(config.tile.bm) * u64::from(config.tile.bn) * 4;
-        let flags_off = sk.grid * tile_bytes;
-        let flags = sk.grid * u64::from(config.tile.warps_m * config.tile.warps_n);
-        crate::device::bind(p.device)?;
-        // SAFETY: the body enqueues the flag memset and the kernel on `stream` only; the
-        // workspace is freed in stream order after them; `prm` as below.
-        let ran = unsafe {
-            crate::ops::gemm::sm90::splitk::with_workspace(p.device, (flags_off + flags * 4) as usize, stream, |ws| {
-                cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, flags as usize, stream as _)
-                    .result()
-                    .call("cuMemsetD32Async")?;
-                prm.sk_first = sk.sk_first as i64;
-                prm.sk_ws = ws as *mut f32;
-                prm.sk_flags = (ws + flags_off) as *mut u32;
-                shape.grid = (sk.grid as u32, 1, 1);
-                launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info)?;
-                Ok(true)
-            })?
-        };
-        if ran {
-            return Ok(());
+    match (plan.stream_k, ws) {
+        (Some(sk), Some(ws)) => {
+            debug_assert_eq!(ws.layout, plan.workspace());
+            // SAFETY: the flag memset and the kernel are enqueued on `stream`; `ws` was checked
+            // for this plan's layout; `prm` as below.
+            unsafe {
+                crate::ops::workspace::launch(ws, p.device, stream, |ws| {
+                    prm.sk_first = sk.sk_first as i64;
+                    prm.sk_ws = ws.partials() as *mut f32;
+                    prm.sk_flags = ws.counters() as *mut u32;
+                    launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info)
+                })
+            }
         }
-        // no workspace memory: run without the tail
+        (Some(_), None) => Err(Error::argument("workspace", "the stream-k tail's workspace (Plan::workspace)", "None")),
+        (None, _) => {
+            // SAFETY: `prm` mirrors GemmWmmaParams; the problem was validated (pointers non-NULL
+            // where used, shapes and strides in range) and the caller keeps the tensors alive in
+            // stream order.
+            unsafe { launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info) }
+        }
     }
-    // SAFETY: `prm` mirrors GemmWmmaParams; the problem was validated (pointers non-NULL where
-    // used, shapes and strides in range) and the caller keeps the tensors alive in stream order.
-    unsafe { launch_kernel(kernel, p.device, &shape, stream, &mut prm, &info) }
 }

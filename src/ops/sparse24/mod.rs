@@ -33,6 +33,7 @@ use crate::ops::validate::{
     check_device, check_dtype, check_no_self_overlap, check_not_null, check_shape, check_strides,
 };
 use crate::tuning::gemm_problem::Activation;
+use crate::ops::workspace::{Workspace, WorkspaceLayout};
 use crate::tensor::{fmt_shape, overlaps, TensorMeta, TensorView};
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::sparse24::{
@@ -234,10 +235,19 @@ fn vec_ok(t: &TensorView, cols: i64) -> bool {
 
 static MATMUL: KernelMap<Sparse24MatmulConfig> = KernelMap::new();
 
-/// Validate everything, then launch out = act(x @ w.T + bias) on `stream`; returns the backend
-/// that ran. Never synchronises; rows == 0 launches nothing.
+/// A validated matmul call ([`validate_call`]): the problem, the backend that runs it and what the
+/// launch needs (None: rows == 0, nothing to launch): the knobs, the device's arch and, for
+/// wgmma_sp, its plan.
+struct Call {
+    p: MatmulProblem,
+    ran: &'static str,
+    launch: Option<(Knobs, Arch, Option<WgmmaPlan>)>,
+}
+
+/// The common part of [`matmul`] and [`matmul_workspace`]: every check, the backend choice and the
+/// wgmma_sp plan.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul(
+fn validate_call(
     x: &TensorView,
     values: &TensorView,
     meta: &TensorView,
@@ -247,8 +257,7 @@ pub fn matmul(
     k: i64,
     activation: &str,
     backend: &str,
-    stream: u64,
-) -> Result<&'static str> {
+) -> Result<Call> {
     let p = validate_matmul(
         &x.meta,
         &values.meta,
@@ -270,11 +279,12 @@ pub fn matmul(
     }
     check_no_overlap(&pairs, false)?;
     if p.rows == 0 {
-        return Ok(ran);
+        return Ok(Call { p, ran, launch: None });
     }
     let knobs = crate::tuning::knobs::get()?;
+    let arch = crate::device::arch(p.device)?;
     if backend == "auto" {
-        ran = auto_backend(&p, x, crate::device::arch(p.device)?, &knobs);
+        ran = auto_backend(&p, x, arch, &knobs);
     }
     for (arg, t) in [("x", x), ("values", values), ("meta", meta), ("out", out)] {
         check_not_null(arg, t)?;
@@ -302,7 +312,63 @@ pub fn matmul(
             ));
         }
     }
-    let arch = crate::device::arch(p.device)?;
+    let plan = if ran == "wgmma_sp" {
+        Some(wgmma_plan(&p, x, arch, crate::device::sm_count(p.device)? as u64, &knobs)?)
+    } else {
+        None
+    };
+    Ok(Call { p, ran, launch: Some((knobs, arch, plan)) })
+}
+
+/// Bytes of the workspace a [`matmul`] call with these arguments needs (0: none; only wgmma_sp's
+/// split-k, fused split-k and stream-K schedules have one): the same checks and plan as the
+/// launch, so the caller allocates exactly what it checks (`_native.sparse24_matmul_workspace`;
+/// src/ops/workspace.rs).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_workspace(
+    x: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    out: &TensorView,
+    bias: Option<&TensorView>,
+    n: i64,
+    k: i64,
+    activation: &str,
+    backend: &str,
+) -> Result<u64> {
+    let call = validate_call(x, values, meta, out, bias, n, k, activation, backend)?;
+    Ok(match &call.launch {
+        Some((_, _, Some(plan))) => plan.workspace(&call.p).bytes(),
+        _ => 0,
+    })
+}
+
+/// Validate everything, then launch out = act(x @ w.T + bias) on `stream`; returns the backend
+/// that ran. Never synchronises; rows == 0 launches nothing. `workspace`: the caller's uint8
+/// buffer of at least [`matmul_workspace`] bytes (None when that is 0), checked here (an error
+/// naming `workspace` otherwise).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    x: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    out: &TensorView,
+    bias: Option<&TensorView>,
+    n: i64,
+    k: i64,
+    activation: &str,
+    backend: &str,
+    workspace: Option<&TensorView>,
+    stream: u64,
+) -> Result<&'static str> {
+    if let Some(w) = workspace {
+        crate::ops::workspace::check_meta("workspace", &w.meta)?;
+    }
+    let Call { p, ran, launch: prepared } = validate_call(x, values, meta, out, bias, n, k, activation, backend)?;
+    let Some((knobs, arch, plan)) = prepared else { return Ok(ran) };
+    let need = plan.as_ref().map_or(WorkspaceLayout::NONE, |w| w.workspace(&p));
+    let tensors = [("x", Some(x)), ("values", Some(values)), ("meta", Some(meta)), ("out", Some(out)), ("bias", bias)];
+    let ws = crate::ops::workspace::check("workspace", workspace, need, "x", &x.meta, &tensors)?;
     let config = matmul_config(
         p.rows as u64,
         p.layout.m_pad as u64,
@@ -343,8 +409,8 @@ pub fn matmul(
         op: "ferroattn::sparse24_matmul",
         work: work::matmul(&p, bias_bytes),
     };
-    if ran == "wgmma_sp" {
-        launch_wgmma(&p, x, values, meta, prm, &info, &knobs, stream)?;
+    if let Some(plan) = plan {
+        launch_wgmma(&p, &plan, x, values, meta, prm, ws.as_ref(), &info, stream)?;
         return Ok(ran);
     }
     shape.check()?;

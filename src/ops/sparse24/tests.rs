@@ -463,3 +463,60 @@ fn gpu_compress_and_decompress_reject_misaligned_values_and_meta() {
         check_err(r, "Argument", arg, &["16-byte aligned"]);
     }
 }
+
+/// The workspace a wgmma_sp plan asks the caller for (src/ops/workspace.rs) on a 132-SM sm_90a
+/// device: split-k chunks, fused split-k slots + counters per tile, stream-K slots + counters per
+/// CTA, nothing for whole tiles.
+#[test]
+fn wgmma_plans_size_their_workspace() {
+    use crate::tuning::sparse24::{FusePolicy, SplitPolicy};
+    let plan_of = |rows: i64, n: i64, k: i64, knobs: &Knobs| {
+        let (v, m) = sp(n, k, DType::BF16);
+        let x = t(&[rows, k], DType::BF16);
+        let out = t(&[rows, n], DType::BF16);
+        let p = validate_matmul(&x, &v, &m, Some(&out), None, n, k, "none").unwrap();
+        let plan = wgmma_plan(&p, &view(x, 0x10000), Arch::Sm90a, 132, knobs).unwrap();
+        (plan, plan.workspace(&p))
+    };
+    let only256 = Knobs { wgmma_sp_tile: TilePolicy::Only256, ..Knobs::default() };
+    // split-k (auto, unfused): 256 x 4096 x 11008 -> 4 chunks of (256, 4096) fp32
+    let unfused = Knobs { sparse24_splitk_fuse: FusePolicy::Off, ..only256 };
+    let (plan, ws) = plan_of(256, 4096, 11008, &unfused);
+    let WgmmaLaunch::Split { split, .. } = plan.launch else { panic!("{plan:?}") };
+    assert_eq!(split.splits, 4);
+    assert_eq!((ws.slots, ws.slot_bytes, ws.counters), (4, 256 * 4096 * 4, 0));
+    // n % 4 != 0: the chunks' rows are padded to a multiple of 4 columns
+    let forced = Knobs { sparse24_splitk: SplitPolicy::Force(3), ..unfused };
+    let (plan, ws) = plan_of(300, 1030, 4160, &forced);
+    assert!(matches!(plan.launch, WgmmaLaunch::Split { split: WgmmaSplit { splits: 3, .. }, .. }), "{plan:?}");
+    assert_eq!(ws.bytes(), 3 * 300 * 1032 * 4);
+    // fused split-k (2 chunks, fuse auto): one 128 KiB slot and one counter per 128 x 256 tile
+    let two = Knobs { sparse24_splitk: SplitPolicy::Force(2), ..only256 };
+    let (plan, ws) = plan_of(512, 4096, 11008, &two);
+    let WgmmaLaunch::SplitFused { grid, .. } = plan.launch else { panic!("{plan:?}") };
+    assert_eq!((plan.tiles, grid), (4 * 16, 128));
+    assert_eq!((ws.slots, ws.slot_bytes, ws.counters), (64, 128 * 1024, 64));
+    assert_eq!(ws.bytes(), 64 * 128 * 1024 + 64 * 4);
+    // more units than SMs (256 on a balanced grid of 128 CTAs): still one slot per tile
+    let (plan, ws) = plan_of(1024, 4096, 4096, &Knobs { sparse24_splitk_fuse: FusePolicy::On, ..two });
+    assert!(matches!(plan.launch, WgmmaLaunch::SplitFused { grid: 128, .. }), "{plan:?}");
+    assert_eq!(ws.bytes(), 128 * 128 * 1024 + 128 * 4);
+    // stream-K (forced on): one slot and one counter per CTA, at most one CTA per SM
+    let sk = Knobs { wgmma_sp_streamk: StreamKPolicy::On, ..Knobs::default() };
+    let (plan, ws) = plan_of(2048, 4096, 4096, &sk);
+    let WgmmaLaunch::StreamK { grid, .. } = plan.launch else { panic!("{plan:?}") };
+    assert_eq!(grid, 132);
+    assert_eq!((ws.slots, ws.slot_bytes, ws.counters), (132, 128 * 1024, 132));
+    // whole tiles (a full wave), split-k off: no workspace
+    let (plan, ws) = plan_of(2048, 4096, 4096, &only256);
+    assert!(matches!(plan.launch, WgmmaLaunch::Tiles(_)), "{plan:?}");
+    assert!(ws.is_empty());
+    let off = Knobs { sparse24_splitk: SplitPolicy::Off, ..only256 };
+    assert!(plan_of(256, 4096, 11008, &off).1.is_empty());
+    // wgmma_sp cannot run: the plan is the error the launch gives, naming backend
+    let (v, m) = sp(64, 64, DType::BF16);
+    let (x, out) = (t(&[64, 64], DType::BF16), t(&[64, 64], DType::BF16));
+    let p = validate_matmul(&x, &v, &m, Some(&out), None, 64, 64, "none").unwrap();
+    check_err(wgmma_plan(&p, &view(x.clone(), 0x10002), Arch::Sm90a, 132, &only256), "Argument", "backend", &["16-byte"]);
+    check_err(wgmma_plan(&p, &view(x, 0x10000), Arch::Sm80, 108, &only256), "Argument", "backend", &["sm_90"]);
+}

@@ -5,21 +5,67 @@ use super::*;
 
 pub(super) static WGMMA: KernelMap<Sparse24WgmmaConfig> = KernelMap::new();
 
-/// Launch the wgmma_sp kernel (kernels/sparse24/wgmma_sp.cuh) for a validated problem whose
-/// pointers `matmul` has checked; `prm` carries the mma_sp parameters (row_tiles / n_tiles are
-/// recomputed for the wgmma tile); `knobs` choose the kernel forms and the schedule.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_wgmma(
-    p: &MatmulProblem,
-    x: &TensorView,
-    values: &TensorView,
-    meta: &TensorView,
-    mut prm: Sparse24MatmulParams,
-    info: &LaunchInfo,
-    knobs: &Knobs,
-    stream: u64,
-) -> Result<()> {
-    let arch = crate::device::arch(p.device)?;
+/// What a wgmma_sp call launches ([`wgmma_plan`]): the schedule (src/tuning/sparse24/schedule.rs
+/// `wgmma_schedule`) resolved to the kernels that run, with what sets their workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WgmmaLaunch {
+    /// Whole tiles of this config on the persistent grid (`launch_wgmma_tiles`).
+    Tiles(Sparse24WgmmaConfig),
+    /// The banded schedule (`launch_wgmma_banded`).
+    Banded { head_tiles: u64 },
+    /// The stream-K tail kernel on `grid` CTAs (`launch_wgmma_stream_k`).
+    StreamK { dp_tiles: u64, grid: u64 },
+    /// Fused split-k of this config (Epi = 3) on `grid` CTAs (`launch_wgmma_split_fused`).
+    SplitFused { config: Sparse24WgmmaConfig, split: WgmmaSplit, grid: u64 },
+    /// Split-k partial products of this config (Epi = 2) on `grid` CTAs, then the reduce
+    /// (`launch_wgmma_split`).
+    Split { config: Sparse24WgmmaConfig, split: WgmmaSplit, grid: u64 },
+}
+
+/// The plan of a wgmma_sp call: the config whose tensor maps are built (`config`, its `tiles`
+/// output tiles and the `k_tiles` 128-k stages), the production config (`base`) and the launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WgmmaPlan {
+    pub base: Sparse24WgmmaConfig,
+    pub config: Sparse24WgmmaConfig,
+    pub tiles: u64,
+    pub k_tiles: u64,
+    pub launch: WgmmaLaunch,
+}
+
+/// One fp32 partial slot of a `cfg` tile: 256 consumer threads x (block_n / 128) x (block_r / 2).
+fn slot_bytes(cfg: &Sparse24WgmmaConfig) -> u64 {
+    256 * (cfg.block_n as u64 / 128) * (cfg.block_r as u64 / 2) * 4
+}
+
+/// The fp32 row stride of the split-k chunks: n rounded up to 4 (the reduce reads float4s).
+fn split_row_stride(p: &MatmulProblem) -> u64 {
+    (p.n as u64).div_ceil(4) * 4
+}
+
+impl WgmmaPlan {
+    /// The workspace of the launch (src/ops/workspace.rs; empty: none): stream-K one partial slot
+    /// and one counter per CTA; fused split-k one slot and one counter per tile; split-k `splits`
+    /// chunks (rows, n rounded up to 4) of fp32, no counters.
+    pub fn workspace(&self, p: &MatmulProblem) -> WorkspaceLayout {
+        match self.launch {
+            WgmmaLaunch::Tiles(_) | WgmmaLaunch::Banded { .. } => WorkspaceLayout::NONE,
+            WgmmaLaunch::StreamK { grid, .. } => WorkspaceLayout::with_counters(grid, slot_bytes(&self.config), grid),
+            WgmmaLaunch::SplitFused { config, .. } => {
+                WorkspaceLayout::with_counters(self.tiles, slot_bytes(&config), self.tiles)
+            }
+            WgmmaLaunch::Split { split, .. } => {
+                WorkspaceLayout::partials(split.splits as u64, p.rows as u64 * split_row_stride(p) * 4)
+            }
+        }
+    }
+}
+
+/// The wgmma_sp plan of a validated problem `p` with input `x` on `arch` with `sms` SMs under
+/// `knobs` (the kernel forms, the schedule, the persistent grid): the one decision that both the
+/// launch ([`launch_wgmma`]) and the workspace planner (`matmul_workspace`) follow. Errors:
+/// ArgumentError naming `backend` when wgmma_sp cannot run the call; `x` with too many tiles.
+pub(super) fn wgmma_plan(p: &MatmulProblem, x: &TensorView, arch: Arch, sms: u64, knobs: &Knobs) -> Result<WgmmaPlan> {
     if let Some(why) = wgmma_unsupported(x, arch, knobs) {
         return Err(Error::argument(
             "backend",
@@ -34,10 +80,8 @@ pub(super) fn launch_wgmma(
         knobs.wgmma_sp_epilogue.form(),
         knobs.wgmma_sp_mainloop.meta_sets(),
     );
-    let (rows, k) = (p.rows as u64, p.k as u64);
-    let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
-    let sms = crate::device::sm_count(p.device)? as u64;
-    let k_tiles = k_pad.div_ceil(128);
+    let rows = p.rows as u64;
+    let k_tiles = (p.layout.k_pad as u64).div_ceil(128);
     // the schedule (src/tuning/sparse24/schedule.rs `wgmma_schedule`): split-k, the 128-row tile, the stream-K
     // tail or whole tiles. The partial-product kernel has the production tile and mainloop, so split-k
     // needs them; the opt-in pipelined mainloop never splits. The 128-row tile and stream-K (precompiled
@@ -66,6 +110,62 @@ pub(super) fn launch_wgmma(
         WgmmaSchedule::StreamK { .. } => wgmma_stream_k_config(p.activation, p.dtype, arch),
         _ => base,
     };
+    let (row_tiles, n_tiles) = tile_grid(p, config.block_r, config.block_n)?;
+    let tiles = row_tiles * n_tiles;
+    let grid_of = |units: u64| knobs.persistent_grid.grid(units, sms);
+    let launch = match schedule {
+        WgmmaSchedule::Split(s) => {
+            // split-k where the tiles leave SMs idle (the maps are the production tile's); more
+            // work units than 32-bit indices: whole tiles
+            let units = tiles * s.splits as u64;
+            let fused_cfg = wgmma_config_variant(p.activation, p.dtype, arch, 3, 1);
+            if units > i32::MAX as u64 {
+                WgmmaLaunch::Tiles(config)
+            } else if fuse_split(s.splits, knobs.sparse24_splitk_fuse) && grid_of(units) <= sms {
+                // a unit waits only for a unit of lower index: every CTA must be resident
+                WgmmaLaunch::SplitFused { config: fused_cfg, split: s, grid: grid_of(units) }
+            } else {
+                WgmmaLaunch::Split { config: split_cfg, split: s, grid: grid_of(units) }
+            }
+        }
+        WgmmaSchedule::StreamK { dp_tiles, grid } => {
+            // an owner waits for CTAs of higher index, so all must be resident (grid <= SMs); sizes
+            // past the kernel's 64-bit range arithmetic, or no tail: whole tiles of the production
+            // tile with the same maps
+            let grid = grid.min(sms);
+            let overflow = (tiles.saturating_sub(dp_tiles)).saturating_mul(k_tiles).saturating_mul(grid + 1) > (1u64 << 62);
+            if grid == 0 || dp_tiles >= tiles || overflow {
+                WgmmaLaunch::Tiles(base)
+            } else {
+                WgmmaLaunch::StreamK { dp_tiles, grid }
+            }
+        }
+        WgmmaSchedule::Banded { head_tiles } => WgmmaLaunch::Banded { head_tiles },
+        WgmmaSchedule::Bm128 | WgmmaSchedule::Tiles => WgmmaLaunch::Tiles(config),
+    };
+    Ok(WgmmaPlan { base, config, tiles, k_tiles, launch })
+}
+
+/// Launch the wgmma_sp kernels of `plan` (from [`wgmma_plan`] for `p` and `x`) for a validated
+/// problem whose pointers `matmul` has checked; `prm` carries the mma_sp parameters (row_tiles /
+/// n_tiles are recomputed for the wgmma tile); `ws` is the caller's workspace, checked for
+/// `plan.workspace(p)` (None when that is empty).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_wgmma(
+    p: &MatmulProblem,
+    plan: &WgmmaPlan,
+    x: &TensorView,
+    values: &TensorView,
+    meta: &TensorView,
+    mut prm: Sparse24MatmulParams,
+    ws: Option<&Workspace>,
+    info: &LaunchInfo,
+    stream: u64,
+) -> Result<()> {
+    let config = plan.config;
+    let (rows, k) = (p.rows as u64, p.k as u64);
+    let (m_pad, k_pad) = (p.layout.m_pad as u64, p.layout.k_pad as u64);
+    let sms = crate::device::sm_count(p.device)? as u64;
     let round16 = |v: u64| v.div_ceil(16).max(1) * 16;
     // x (rows, k): dims (k, rows, 1), box (64, block_r, 1), 128-byte swizzle; zero fill past
     // rows and k. A dim of size 1 gets a stride that meets TMA's rules (never stepped over).
@@ -85,11 +185,8 @@ pub(super) fn launch_wgmma(
     .encode("x")?;
     let (tma_values, tma_meta) = w_maps(p.dtype, values.ptr, meta.ptr, k_pad, m_pad, 0, config.block_n)?;
     let (row_tiles, n_tiles) = tile_grid(p, config.block_r, config.block_n)?;
-    let tiles = row_tiles * n_tiles;
     prm.row_tiles = row_tiles as i32;
     prm.n_tiles = n_tiles as i32;
-    // persistent grid: by default the fewest CTAs that keep ceil(tiles / SMs) waves
-    // (src/tuning/grid.rs; the `persistent_grid` knob)
     let mut params = Sparse24WgmmaParams {
         tma_x,
         tma_values,
@@ -99,37 +196,31 @@ pub(super) fn launch_wgmma(
         ws_split_stride: 0,
         ws_row_stride: 0,
         splits: 1,
-        chunk_tiles: k_tiles as i32,
+        chunk_tiles: plan.k_tiles as i32,
         flags: std::ptr::null_mut(),
         dp_tiles: 0,
     };
-    match schedule {
-        WgmmaSchedule::Split(s) => {
-            // split-k where the tiles leave SMs idle (the maps above are the production tile's)
-            if fuse_split(s.splits, knobs.sparse24_splitk_fuse) {
-                let fused_cfg = wgmma_config_variant(p.activation, p.dtype, arch, 3, 1);
-                if launch_wgmma_split_fused(p, &mut params, &fused_cfg, s, tiles, sms, info, stream)? {
-                    return Ok(());
-                }
-            }
-            if launch_wgmma_split(p, &mut params, &split_cfg, s, tiles, sms, info, stream)? {
-                return Ok(());
-            }
+    let need = |ws: Option<&Workspace>| {
+        ws.copied().ok_or_else(|| Error::argument("workspace", "this call's split-k / stream-K workspace", "None"))
+    };
+    match plan.launch {
+        WgmmaLaunch::Tiles(cfg) => launch_wgmma_tiles(p, &mut params, &cfg, plan.tiles, sms, info, stream),
+        WgmmaLaunch::Banded { head_tiles } => {
+            launch_wgmma_banded(p, &mut params, &config, values.ptr, meta.ptr, head_tiles, sms, info, stream)
         }
-        WgmmaSchedule::StreamK { dp_tiles, grid } => {
-            if launch_wgmma_stream_k(p, &mut params, &config, dp_tiles, grid, tiles, k_tiles, sms, info, stream)? {
-                return Ok(());
-            }
-            // not launched (no workspace): whole tiles with the same maps (production tile)
-            let plain = base;
-            return launch_wgmma_tiles(p, &mut params, &plain, tiles, sms, info, stream);
+        WgmmaLaunch::StreamK { dp_tiles, grid } => {
+            params.dp_tiles = dp_tiles as i32;
+            launch_with_slots(p, &mut params, &config, grid, &need(ws)?, info, stream)
         }
-        WgmmaSchedule::Banded { head_tiles } => {
-            return launch_wgmma_banded(p, &mut params, &config, values.ptr, meta.ptr, head_tiles, sms, info, stream);
+        WgmmaLaunch::SplitFused { config: cfg, split, grid } => {
+            params.splits = split.splits as i32;
+            params.chunk_tiles = split.chunk_tiles as i32;
+            launch_with_slots(p, &mut params, &cfg, grid, &need(ws)?, info, stream)
         }
-        WgmmaSchedule::Bm128 | WgmmaSchedule::Tiles => {}
+        WgmmaLaunch::Split { config: cfg, split, grid } => {
+            launch_wgmma_split(p, &mut params, &cfg, split, grid, &need(ws)?, info, stream)
+        }
     }
-    launch_wgmma_tiles(p, &mut params, &config, tiles, sms, info, stream)
 }
 
 /// The TMA maps of the compressed weight's w rows `row0 .. m_pad - 1` (`row0` a multiple of 128, so
@@ -251,52 +342,27 @@ pub(super) fn launch_wgmma_tiles(
     unsafe { launch(kernel, p.device, &shape, stream, params, info) }
 }
 
-/// Stream-K tail wgmma_sp (kernel form Epi = 4, `WgmmaSchedule::StreamK`): `grid` CTAs (<= the SMs:
-/// an owner waits for CTAs of higher index, so all must be resident; else Ok(false)); tiles 0 ..
-/// dp_tiles - 1 whole, the rest's stages in `grid` equal ranges. Workspace: one 128 KiB fp32 slot per
-/// CTA (the partial sum of its first segment when that starts inside a tile) + one counter per CTA
-/// (zeroed here with cuMemsetD32Async). Ok(false): nothing launched (no workspace, or sizes past the
-/// kernel's 64-bit range arithmetic).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_wgmma_stream_k(
-    p: &MatmulProblem,
-    params: &mut Sparse24WgmmaParams,
-    cfg: &Sparse24WgmmaConfig,
-    dp_tiles: u64,
-    grid: u64,
-    tiles: u64,
-    k_tiles: u64,
-    sms: u64,
-    info: &LaunchInfo,
-    stream: u64,
-) -> Result<bool> {
-    let grid = grid.min(sms);
-    if grid == 0 || dp_tiles >= tiles || (tiles - dp_tiles).saturating_mul(k_tiles).saturating_mul(grid + 1) > (1u64 << 62) {
-        return Ok(false);
-    }
-    // slot per CTA
-    params.dp_tiles = dp_tiles as i32;
-    launch_with_slots(p, params, cfg, grid, grid, info, stream)
-}
-
-/// Launch the wgmma_sp kernel `cfg` on `grid` CTAs with a stream-ordered workspace of `slots` fp32
-/// slots (256 consumer threads x (block_n / 128) x (block_r / 2) each) followed by `slots` u32
-/// counters, zeroed with cuMemsetD32Async before the kernel; sets `params.ws` / `params.flags`.
-/// Ok(true): launched.
-#[allow(clippy::too_many_arguments)]
+/// Launch the wgmma_sp kernel `cfg` on `grid` CTAs with the slots + counters workspace `ws`
+/// (`WgmmaPlan::workspace`: one partial slot and one counter per CTA for stream-K (Epi = 4), per
+/// tile for fused split-k (Epi = 3)); the counters are zeroed on `stream` before the kernel
+/// (src/ops/workspace.rs `launch`); sets `params.ws` / `params.flags`.
+///
+/// Stream-K (`WgmmaSchedule::StreamK`): tiles 0 .. dp_tiles - 1 whole, the rest's stages in `grid`
+/// equal ranges; a slot holds the partial sum of a CTA's first segment when that starts inside a
+/// tile. Fused split-k (where `fuse_split` says so): `splits` k chunks x tiles as work units; the
+/// chunks of a tile pass a running fp32 sum through its slot in chunk order, guarded by its counter;
+/// the last chunk runs the staged epilogue into out (no reduce launch, half the workspace traffic of
+/// `launch_wgmma_split`). Either way a CTA waits only for others that are resident: `grid` <= SMs
+/// (`wgmma_plan` checks it).
 fn launch_with_slots(
     p: &MatmulProblem,
     params: &mut Sparse24WgmmaParams,
     cfg: &Sparse24WgmmaConfig,
     grid: u64,
-    slots: u64,
+    ws: &Workspace,
     info: &LaunchInfo,
     stream: u64,
-) -> Result<bool> {
-    use crate::ops::gemm::sm90::splitk;
-    let slot_bytes = 256 * (cfg.block_n as u64 / 128) * (cfg.block_r as u64 / 2) * 4;
-    let flags_off = slots * slot_bytes;
-    let bytes = flags_off + slots * 4;
+) -> Result<()> {
     let shape = LaunchShape {
         grid: (grid as u32, 1, 1),
         block: (Sparse24WgmmaConfig::THREADS, 1, 1),
@@ -304,51 +370,40 @@ fn launch_with_slots(
     };
     shape.check()?;
     let kernel = WGMMA.get(cfg, p.device)?;
-    crate::device::bind(p.device)?;
-    // SAFETY: the body enqueues the counter memset and the kernel on `stream` only; the maps in
-    // `params` describe the validated tensors, which the caller keeps alive in stream order; the
-    // workspace lives until the kernel has run (stream-ordered free).
+    // SAFETY: the counter memset and the kernel are enqueued on `stream` only; the maps in
+    // `params` describe the validated tensors, which the caller keeps alive in stream order with
+    // the workspace.
     unsafe {
-        splitk::with_workspace(p.device, bytes as usize, stream, |ws| {
-            cudarc::driver::sys::cuMemsetD32Async(ws + flags_off, 0, slots as usize, stream as _)
-                .result()
-                .call("cuMemsetD32Async")?;
-            params.ws = ws as *mut f32;
-            params.flags = (ws + flags_off) as *mut u32;
-            launch(kernel, p.device, &shape, stream, params, info)?;
-            Ok(true)
+        crate::ops::workspace::launch(ws, p.device, stream, |ws| {
+            params.ws = ws.partials() as *mut f32;
+            params.flags = ws.counters() as *mut u32;
+            launch(kernel, p.device, &shape, stream, params, info)
         })
     }
 }
 
-/// Split-k wgmma_sp: `split.splits` k chunks x `tiles` tiles as work units of the partial-product
-/// kernel (`split_cfg`, Epi = 2) into a stream-ordered fp32 workspace (splits, rows, n rounded up
-/// to 4), then the dense path's reduce kernel (kernels/gemm/splitk_reduce.cuh: sum in chunk order,
-/// + bias, activation, rounded to x's dtype into out). The workspace and reduce launch are the
-/// dense split-k's (src/ops/gemm/sm90/splitk.rs). Ok(false): nothing launched (no workspace
-/// memory, or too many units): run unsplit.
+/// Split-k wgmma_sp: `split.splits` k chunks x the tiles as work units of the partial-product
+/// kernel (`split_cfg`, Epi = 2) on `grid` CTAs into the caller's fp32 workspace `ws` (splits, rows,
+/// n rounded up to 4), then the dense path's reduce kernel (kernels/gemm/splitk_reduce.cuh: sum in
+/// chunk order, + bias, activation, rounded to x's dtype into out; src/ops/gemm/sm90/splitk.rs).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch_wgmma_split(
     p: &MatmulProblem,
     params: &mut Sparse24WgmmaParams,
     split_cfg: &Sparse24WgmmaConfig,
     split: WgmmaSplit,
-    tiles: u64,
-    sms: u64,
+    grid: u64,
+    ws: &Workspace,
     info: &LaunchInfo,
     stream: u64,
-) -> Result<bool> {
+) -> Result<()> {
     use crate::ops::gemm::sm90::{splitk, GemmSplitkReduceParams};
     let (rows, n) = (p.rows as u64, p.n as u64);
-    let ws_row = n.div_ceil(4) * 4;
+    let ws_row = split_row_stride(p);
     let split_stride = rows * ws_row;
-    let units = tiles * split.splits as u64;
-    if units > i32::MAX as u64 {
-        return Ok(false);
-    }
     let bytes = split.splits as u64 * split_stride * 4;
     let shape = LaunchShape {
-        grid: (crate::ops::persistent::persistent_grid(units, sms)? as u32, 1, 1),
+        grid: (grid as u32, 1, 1),
         block: (Sparse24WgmmaConfig::THREADS, 1, 1),
         dynamic_smem_bytes: split_cfg.smem_bytes(),
     };
@@ -373,20 +428,19 @@ pub(super) fn launch_wgmma_split(
         bytes: (bytes + rows * n * p.dtype.size_bytes() as u64) as f64 + bias_bytes,
         exact: true,
     };
-    crate::device::bind(p.device)?;
-    // SAFETY: the body enqueues the partial-product kernel and the reduce on `stream` only; the
-    // maps in `params` describe the validated tensors, which the caller keeps alive in stream
-    // order; the workspace lives until both kernels have run (stream-ordered free).
+    // SAFETY: the partial-product kernel and the reduce are enqueued on `stream` only; the maps in
+    // `params` describe the validated tensors, which the caller keeps alive in stream order with
+    // the workspace (checked for these chunks).
     unsafe {
-        splitk::with_workspace(p.device, bytes as usize, stream, |ws| {
-            params.ws = ws as *mut f32;
+        crate::ops::workspace::launch(ws, p.device, stream, |ws| {
+            params.ws = ws.partials() as *mut f32;
             params.ws_split_stride = split_stride as i64;
             params.ws_row_stride = ws_row as i64;
             params.splits = split.splits as i32;
             params.chunk_tiles = split.chunk_tiles as i32;
             launch(kernel, p.device, &shape, stream, params, info)?;
             let mut rp = GemmSplitkReduceParams {
-                ws,
+                ws: ws.partials(),
                 out: params.p.out as u64,
                 c: 0,
                 bias: params.p.bias as u64,
@@ -403,41 +457,7 @@ pub(super) fn launch_wgmma_split(
                 alpha: 1.0,
                 beta: 0.0,
             };
-            splitk::launch_reduce(reduce, p.device, &mut rp, info.op, work, stream)?;
-            Ok(true)
+            splitk::launch_reduce(reduce, p.device, &mut rp, info.op, work, stream)
         })
     }
 }
-
-/// Fused split-k wgmma_sp (kernel form Epi = 3; where `fuse_split` says so): `split.splits`
-/// k chunks x `tiles` tiles as work units; the chunks of a tile pass a running fp32 sum through one
-/// workspace slot per tile (256 x 128 fp32 = 128 KiB at the production tile) in chunk order, guarded
-/// by a per-tile counter (zeroed here with cuMemsetD32Async); the last chunk runs the staged epilogue
-/// into out. No reduce launch, half the workspace traffic of `launch_wgmma_split`. A unit waits only
-/// for a unit of lower index, so every wait ends once all CTAs are resident: the grid must not exceed
-/// the SMs (checked; else Ok(false)). Ok(false): nothing launched: run the unfused split.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_wgmma_split_fused(
-    p: &MatmulProblem,
-    params: &mut Sparse24WgmmaParams,
-    cfg: &Sparse24WgmmaConfig,
-    split: WgmmaSplit,
-    tiles: u64,
-    sms: u64,
-    info: &LaunchInfo,
-    stream: u64,
-) -> Result<bool> {
-    let units = tiles * split.splits as u64;
-    if units > i32::MAX as u64 {
-        return Ok(false);
-    }
-    let grid = crate::ops::persistent::persistent_grid(units, sms)?;
-    if grid > sms {
-        return Ok(false);
-    }
-    // slot per tile
-    params.splits = split.splits as i32;
-    params.chunk_tiles = split.chunk_tiles as i32;
-    launch_with_slots(p, params, cfg, grid, tiles, info, stream)
-}
-

@@ -16,15 +16,14 @@
 //! is an example of packed strides. Should the driver reject such a map, `launch` returns
 //! Ok(false) before anything was launched and the caller runs the problem unsplit.
 //!
-//! Workspace: cuMemAllocAsync / cuMemFreeAsync on the launch stream (the device's current memory
-//! pool): private to this call, freed in stream order after the reduce, so no other stream can
-//! race on it; under CUDA-graph capture both become memory nodes of the graph. The pool's release
-//! threshold is raised once per device to `POOL_KEEP_BYTES` (never lowered), so that a
-//! synchronisation does not hand the workspace back to the OS between calls.
+//! Workspace: the caller's (src/ops/workspace.rs): `workspace` gives its layout, `splits` fp32
+//! slots of m x n; the Python op layer allocates it with torch from the planner's answer
+//! (`_native.gemm_workspace`), so a captured CUDA graph replays with the same memory. It holds
+//! no counters: every slot is written by the GEMM before the reduce reads it.
 
 use super::{config_for, prepare, tiles_m, tiles_n, tma_operand_ok};
 use crate::dtype::DType;
-use crate::error::{CudaResultExt, Result};
+use crate::error::Result;
 use crate::arch::Arch;
 use crate::jit::{impl_kernel_spec, Kernel, KernelMap, KernelSpec};
 use crate::launch::launch as launch_kernel;
@@ -34,10 +33,8 @@ use crate::tuning::gemm_sm90::{
     splitk_plan, splitk_reduce_production_configs, GemmSplitkReduceConfig, SplitK,
     SPLITK_REDUCE_THREADS,
 };
+use crate::ops::workspace::{Workspace, WorkspaceLayout};
 use crate::tuning::knobs::Knobs;
-use cudarc::driver::{result as cu, sys};
-use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock};
 
 /// Mirror of `struct GemmSplitkReduceParams` in kernels/gemm/splitk_reduce.cuh (change both).
 #[repr(C)]
@@ -75,21 +72,21 @@ pub fn reduce_production_specs(arch: Arch) -> Vec<GemmSplitkReduceConfig> {
 
 static REDUCE_KERNELS: KernelMap<GemmSplitkReduceConfig> = KernelMap::new();
 
-/// Release threshold the workspace pool keeps (bytes): the largest workspace is
-/// splits · m · n · 4 <= sms · 128 · 256 · 4 bytes (~17 MB on 132 SMs).
-const POOL_KEEP_BYTES: u64 = 64 << 20;
-
-/// The split-k plan for `p` (a problem sm90 supports), or None: split-k off (the
-/// `gemm_sm90_splitk` knob), the rule declines (`splitk_plan`), or the split operands would not be
-/// TMA-loadable.
-pub fn plan(p: &GemmProblem, knobs: &Knobs) -> Result<Option<SplitK>> {
+/// The split-k plan for `p` (a problem sm90 supports) on a device of `sms` SMs, or None: split-k
+/// off (the `gemm_sm90_splitk` knob), the rule declines (`splitk_plan`), or the split operands
+/// would not be TMA-loadable (pure).
+pub fn plan(p: &GemmProblem, knobs: &Knobs, sms: i64) -> Option<SplitK> {
     if !knobs.gemm_sm90_splitk || p.batch != 1 {
-        return Ok(None);
+        return None;
     }
     let cfg = config_for(p, knobs);
     let tiles = tiles_m(p, cfg.block_m) * tiles_n(p, cfg.block_n);
-    let sms = crate::device::sm_count(p.device)? as i64;
-    Ok(plan_for(p, tiles, cfg.schedule.cluster(), sms))
+    plan_for(p, tiles, cfg.schedule.cluster(), sms)
+}
+
+/// The workspace of split `s` of `p`: `splits` fp32 slots of (m, n), row stride n (pure).
+pub fn workspace(p: &GemmProblem, s: SplitK) -> WorkspaceLayout {
+    WorkspaceLayout::partials(s.splits as u64, (p.m * p.n * 4) as u64)
 }
 
 /// `plan` with the device's numbers given (pure).
@@ -180,33 +177,6 @@ fn reduce_work(p: &GemmProblem, s: SplitK) -> Work {
     Work { flops: 0.0, bytes, exact: true }
 }
 
-/// Raise the release threshold of `device`'s current memory pool to POOL_KEEP_BYTES (once per
-/// device; errors ignored: the threshold only affects speed).
-fn keep_pool_memory(device: i32) {
-    static DONE: OnceLock<Mutex<HashSet<i32>>> = OnceLock::new();
-    let mut done = DONE.get_or_init(Default::default).lock().unwrap();
-    if !done.insert(device) {
-        return;
-    }
-    let Ok(dev) = cu::device::get(device) else { return };
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: writes one handle; the attribute is a u64 (cuda.h CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).
-    unsafe {
-        if sys::cuDeviceGetMemPool(&mut pool, dev) != sys::CUresult::CUDA_SUCCESS {
-            return;
-        }
-        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
-        let mut cur: u64 = 0;
-        if sys::cuMemPoolGetAttribute(pool, attr, &mut cur as *mut u64 as *mut std::ffi::c_void)
-            == sys::CUresult::CUDA_SUCCESS
-            && cur < POOL_KEEP_BYTES
-        {
-            let mut want = POOL_KEEP_BYTES;
-            let _ = sys::cuMemPoolSetAttribute(pool, attr, &mut want as *mut u64 as *mut std::ffi::c_void);
-        }
-    }
-}
-
 /// The reduce kernel for `out_dtype` outputs with `activation` on `device` (sm_90a; compiled on
 /// first use unless precompiled). Shared with the 2:4 split-k path (src/ops/sparse24).
 pub(crate) fn reduce_kernel(out_dtype: DType, activation: Activation, device: i32) -> Result<&'static Kernel> {
@@ -235,50 +205,24 @@ pub(crate) unsafe fn launch_reduce(
     unsafe { launch_kernel(kernel, device, &shape, stream, params, &info) }
 }
 
-/// Run `body` with a stream-ordered workspace of `bytes` bytes on `stream` (cuMemAllocAsync on
-/// `device`'s current pool, whose release threshold is raised once to POOL_KEEP_BYTES), freed in
-/// stream order after everything `body` enqueued. Ok(false) without calling `body` when the
-/// allocation fails; otherwise `body`'s answer (Ok(false): it launched nothing, run unsplit).
-/// An error of the free wins over `body`'s. The caller has bound `device`'s context. Shared with
-/// the 2:4 split-k path.
+/// Run `p` split-k on `stream` into the caller's workspace `ws` (`workspace(p, s)`): the batched
+/// GEMM, then the reduce. Ok(false): nothing was launched (a split tensor map the driver
+/// rejects): run `p` unsplit.
 ///
 /// # Safety
-/// `body` may only enqueue work that uses the workspace on `stream`.
-pub(crate) unsafe fn with_workspace(
-    device: i32,
-    bytes: usize,
-    stream: u64,
-    body: impl FnOnce(u64) -> Result<bool>,
-) -> Result<bool> {
-    keep_pool_memory(device);
-    let cs = stream as sys::CUstream;
-    // SAFETY: a stream-ordered allocation on the caller's stream, freed below in stream order.
-    let Ok(ws) = (unsafe { cu::malloc_async(cs, bytes) }) else { return Ok(false) };
-    let r = body(ws);
-    // SAFETY: `ws` came from malloc_async on `cs`; every use of it is enqueued before this.
-    unsafe { cu::free_async(ws, cs) }.call("cuMemFreeAsync")?;
-    r
-}
-
-/// Run `p` split-k on `stream`: workspace allocation, the batched GEMM, the reduce, the
-/// workspace's stream-ordered free. Ok(false): nothing was launched (no workspace memory, or a
-/// split tensor map the driver rejects): run `p` unsplit.
-///
-/// # Safety
-/// As `super::launch` (`p` validated, supported, its tensors live until the kernels have run).
-pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, s: SplitK, stream: u64) -> Result<bool> {
-    crate::device::bind(p.device)?;
-    let bytes = (s.splits * p.m * p.n * 4) as usize;
-    // SAFETY: the body enqueues the GEMM and the reduce on `stream` only.
+/// As `super::launch` (`p` validated, supported, its tensors live until the kernels have run);
+/// `ws` was checked for `workspace(p, s)` and lives as long.
+pub unsafe fn launch(p: &GemmProblem, knobs: &Knobs, s: SplitK, ws: &Workspace, stream: u64) -> Result<bool> {
+    debug_assert_eq!(ws.layout, workspace(p, s));
+    let q = split_problem(p, s, ws.partials());
+    let Ok(gemm) = prepare(&q, knobs) else { return Ok(false) };
+    let reduce = reduce_kernel(p.out.dtype, p.activation, p.device)?;
+    // SAFETY: the GEMM and the reduce are enqueued on `stream`; `gemm` was prepared from `q`,
+    // whose operands are views of p's (live) a and b and of the workspace.
     unsafe {
-        with_workspace(p.device, bytes, stream, |ws| {
-            let q = split_problem(p, s, ws);
-            let Ok(gemm) = prepare(&q, knobs) else { return Ok(false) };
-            let reduce = reduce_kernel(p.out.dtype, p.activation, p.device)?;
-            // `gemm` was prepared from `q`, whose operands are views of p's (live) a and b and of
-            // the workspace.
+        crate::ops::workspace::launch(ws, p.device, stream, |ws| {
             gemm.launch(&q, stream)?;
-            let mut params = reduce_params(p, s, ws);
+            let mut params = reduce_params(p, s, ws.partials());
             launch_reduce(reduce, p.device, &mut params, "ferroattn::gemm", reduce_work(p, s), stream)?;
             Ok(true)
         })
