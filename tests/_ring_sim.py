@@ -82,4 +82,19 @@ def ring_attention(q, k, v, transport, causal: bool, zigzag: bool, cu_seqlens=No
     return _RingAttention.apply(q, k, v, layout, q.shape[-1] ** -0.5, causal, zigzag, deterministic, transport)
 
 
-__all__ = ["SimRing", "Slots", "ring_attention", "ring_mod", "run_ranks"]
+def ring_attention_with_grads(q, k, v, dout, transport, causal: bool, zigzag: bool, cu_seqlens=None,
+                              max_seqlen=None, deterministic: bool = False):
+    """(out, (dq, dk, dv)) of one rank's part: the autograd function's forward and backward
+    bodies called directly. On CUDA the autograd engine runs every thread's backward on one
+    worker thread per device, so N rank threads blocking on each other's transfers inside
+    ``torch.autograd.grad`` would wait forever; calling the bodies keeps each rank on its thread
+    (the real ring has one process per rank and never meets this)."""
+    layout = _Padded(q.shape[1]) if cu_seqlens is None else _Varlen(cu_seqlens, max_seqlen)
+    scale = q.shape[-1] ** -0.5
+    with torch.no_grad():
+        out, lse = ring_mod._forward(transport, layout, q, k, v, scale, causal, zigzag)
+        grads = ring_mod._backward(transport, layout, dout, q, k, v, out, lse, scale, causal, zigzag, deterministic)
+    return out, grads
+
+
+__all__ = ["SimRing", "Slots", "ring_attention", "ring_attention_with_grads", "ring_mod", "run_ranks"]

@@ -1,6 +1,7 @@
 """GPU test of context parallelism on one GPU: the ring of ferroattn.distributed simulated in one
 process (tests/_ring_sim.py: N ranks as threads, in-memory transfers instead of NCCL), running the
-real attention kernels on each block and the fp32 LSE merge, against the reference attention of
+real attention kernels on each block and the fp32 LSE merge (the ring's forward and backward
+bodies, called per rank thread), against the reference attention of
 the whole sequence (ferroattn.testing) with the pass rule of DESIGN §5 -- padded and varlen, plain
 and zigzag, causal and not, forward and backward (GQA 8/2, d 128, bf16).
 
@@ -44,11 +45,13 @@ def test_simulated_ring_matches_whole_sequence_attention(world, zigzag, causal, 
     q, k, v, dout = full(h), full(hk), full(hk), full(h)
 
     def rank_fn(r, transport):
-        ql, kl, vl = (part(x, r).requires_grad_() for x in (q, k, v))
-        out, _ = _ring_sim.ring_attention(ql, kl, vl, transport, causal, zigzag, **extra)
-        grads = torch.autograd.grad(out, (ql, kl, vl), part(dout, r))
+        ql, kl, vl = (part(x, r) for x in (q, k, v))
+        # the forward and backward bodies, not autograd (whose CUDA backward runs every rank
+        # thread's on one worker thread: see ring_attention_with_grads)
+        out, grads = _ring_sim.ring_attention_with_grads(ql, kl, vl, part(dout, r), transport, causal, zigzag,
+                                                         **extra)
         torch.cuda.synchronize()
-        return out.detach(), grads
+        return out, grads
 
     res = _ring_sim.run_ranks(world, rank_fn)
     out = join([r[0] for r in res])
