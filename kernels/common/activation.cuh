@@ -2,7 +2,7 @@
 //
 // What: the element-wise activations a fused epilogue applies to fp32 accumulators, selected
 // at compile time by an integer template parameter (the Rust `Activation` enum's discriminant,
-// src/ops/gemm/problem.rs; the two must agree):
+// src/tuning/gemm_problem.rs; the two must agree):
 //   0 none   f(x) = x
 //   1 relu   f(x) = max(x, 0)
 //   2 gelu_tanh  f(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (Hendrycks & Gimpel 2016, eq. 2;

@@ -2,7 +2,7 @@
 // persistent, wgmma.mma_async with fp32 accumulators and a fused epilogue.
 //
 // What: out[z] = act(alpha * a[z] @ b[z] + beta * c[z] + bias), aux[z] = the pre-activation value
-// (src/ops/gemm/problem.rs states the contract; cuBLASLt epilogue order: scale, add C, add bias,
+// (src/tuning/gemm_problem.rs states the contract; cuBLASLt epilogue order: scale, add C, add bias,
 // activate; the epilogue runs in fp32 and rounds once to out's type).
 //   a: (m, k) per batch entry, K-major (row-major, k contiguous) or M-major (column-major);
 //   b: (k, n), K-major (column-major, k contiguous) or N-major (row-major, n contiguous);
