@@ -331,11 +331,12 @@ def gemm_check(
 def gemm_workspace(
     a: DLPackLike, b: DLPackLike, out: DLPackLike, c: Optional[DLPackLike],
     bias: Optional[DLPackLike], aux: Optional[DLPackLike], alpha: float, beta: float,
-    activation: str, backend: str,
+    activation: str, backend: str, /,
 ) -> int:
     """Bytes of the workspace a gemm call with these arguments needs (0: none): the sm90 split-k
     chunks (splits x m x n fp32) or the wmma stream-k tail (a partial tile per CTA + flags). Runs
-    gemm's validation (same errors) and its plan on a's device (SM count, tuning knobs)."""
+    gemm's validation (same errors) and its plan on a's device (SM count, tuning knobs).
+    Positional only; another argument count raises ArgumentError naming gemm_workspace."""
 def gemm(
     a: DLPackLike, b: DLPackLike, out: DLPackLike, c: Optional[DLPackLike],
     bias: Optional[DLPackLike], aux: Optional[DLPackLike], alpha: float, beta: float,
@@ -382,12 +383,13 @@ def sparse24_matmul_check(
     """Validate sparse24_matmul arguments from metadata alone (same checks and errors)."""
 def sparse24_matmul_workspace(
     x: DLPackLike, values: DLPackLike, meta: DLPackLike, out: DLPackLike,
-    bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str,
+    bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str, /,
 ) -> int:
     """Bytes of the workspace a sparse24_matmul call with these arguments needs (0: none; only
     wgmma_sp's split-k (chunks of fp32), fused split-k (a slot + a counter per tile) and stream-K
     (a slot + a counter per CTA) schedules have one). Runs sparse24_matmul's checks (same errors)
-    and its plan on x's device."""
+    and its plan on x's device. Positional only; another argument count raises ArgumentError
+    naming sparse24_matmul_workspace."""
 def sparse24_matmul(
     x: DLPackLike, values: DLPackLike, meta: DLPackLike, out: DLPackLike,
     bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str,

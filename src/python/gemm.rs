@@ -1,11 +1,12 @@
 //! gemm_check (metadata), gemm_workspace and gemm (DLPack tensors) and gemm_backends → ops::gemm.
 
 use super::args::{import_opt, meta_of, stream_handle, MetaTuple};
-use crate::dlpack::{import, import_writable};
+use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::gemm as op;
-use crate::tensor::TensorMeta;
+use crate::tensor::{TensorMeta, TensorView};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 fn meta_opt(arg: &str, t: Option<MetaTuple>, expected: &str) -> Result<Option<TensorMeta>> {
     t.map(|t| meta_of(arg, t, expected)).transpose()
@@ -35,31 +36,53 @@ fn gemm_check(
     Ok(())
 }
 
-/// Bytes of the split-k / stream-K workspace a `gemm` call with these arguments needs (0: none);
-/// the same validation and plan as the launch (ops::gemm::workspace_bytes).
+/// The imported tensors of a `gemm` call (a, b, out, c, bias, aux); `out` and `aux` writable
+/// when the call launches.
+struct Operands {
+    a: Imported,
+    b: Imported,
+    out: Imported,
+    c: Option<Imported>,
+    bias: Option<Imported>,
+    aux: Option<Imported>,
+}
+
+type AnyRef<'a, 'py> = &'a Bound<'py, PyAny>;
+type OperandArgs<'a, 'py> =
+    (AnyRef<'a, 'py>, AnyRef<'a, 'py>, AnyRef<'a, 'py>, Option<AnyRef<'a, 'py>>, Option<AnyRef<'a, 'py>>, Option<AnyRef<'a, 'py>>);
+
+impl Operands {
+    fn import((a, b, out, c, bias, aux): OperandArgs<'_, '_>, launch: bool) -> Result<Self> {
+        let (a, b) = (import(a, "a")?, import(b, "b")?);
+        let out = if launch { import_writable(out, "out")? } else { import(out, "out")? };
+        let (c, bias) = (import_opt(c, "c", false)?, import_opt(bias, "bias", false)?);
+        Ok(Operands { a, b, out, c, bias, aux: import_opt(aux, "aux", launch)? })
+    }
+    fn opt(t: &Option<Imported>) -> Option<&TensorView> {
+        t.as_ref().map(|t| &t.view)
+    }
+}
+
+/// Bytes of the split-k / stream-K workspace a `gemm` call needs (0: none): `args` are gemm's
+/// arguments before `workspace` (a, b, out, c, bias, aux, alpha, beta, activation, backend),
+/// positional; the same validation and plan as the launch (ops::gemm::workspace_bytes).
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn gemm_workspace(
-    py: Python<'_>,
-    a: &Bound<'_, PyAny>,
-    b: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-    c: Option<&Bound<'_, PyAny>>,
-    bias: Option<&Bound<'_, PyAny>>,
-    aux: Option<&Bound<'_, PyAny>>,
-    alpha: f64,
-    beta: f64,
-    activation: &str,
-    backend: &str,
-) -> Result<u64> {
-    let (a, b, o) = (import(a, "a")?, import(b, "b")?, import(out, "out")?);
-    let c = import_opt(c, "c", false)?;
-    let bias = import_opt(bias, "bias", false)?;
-    let aux = import_opt(aux, "aux", false)?;
-    let (cv, biasv, auxv) = (c.as_ref().map(|t| &t.view), bias.as_ref().map(|t| &t.view), aux.as_ref().map(|t| &t.view));
-    py.detach(|| {
-        op::workspace_bytes(&a.view, &b.view, &o.view, cv, biasv, auxv, alpha as f32, beta as f32, activation, backend)
-    })
+#[pyo3(signature = (*args))]
+fn gemm_workspace(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<u64> {
+    type Any<'py> = Bound<'py, PyAny>;
+    type Args<'py> = (Any<'py>, Any<'py>, Any<'py>, Option<Any<'py>>, Option<Any<'py>>, Option<Any<'py>>, f64, f64, String, String);
+    // A wrong count or type raises pyo3's TypeError, as a mis-called gemm does.
+    if args.len() != 10 {
+        let expected = "its launch's 10 arguments before workspace (a, b, out, c, bias, aux, alpha, beta, activation, backend)";
+        return Err(crate::error::Error::argument("gemm_workspace", expected, format!("{} arguments", args.len())).into());
+    }
+    let (a, b, out, c, bias, aux, alpha, beta, activation, backend): Args<'_> = args.extract()?;
+    let t = Operands::import((&a, &b, &out, c.as_ref(), bias.as_ref(), aux.as_ref()), false)?;
+    let (cv, biasv, auxv) = (Operands::opt(&t.c), Operands::opt(&t.bias), Operands::opt(&t.aux));
+    Ok(py.detach(|| {
+        op::workspace_bytes(&t.a.view, &t.b.view, &t.out.view, cv, biasv, auxv, alpha as f32, beta as f32, &activation,
+                            &backend)
+    })?)
 }
 
 /// Launch the GEMM on `stream` (raw CUstream) in a's device's primary context; returns the
@@ -83,29 +106,13 @@ fn gemm(
     stream: &Bound<'_, PyAny>,
 ) -> Result<&'static str> {
     let stream = stream_handle(stream)?;
-    let (a, b, o) = (import(a, "a")?, import(b, "b")?, import_writable(out, "out")?);
-    let c = import_opt(c, "c", false)?;
-    let bias = import_opt(bias, "bias", false)?;
-    let aux = import_opt(aux, "aux", true)?;
+    let t = Operands::import((a, b, out, c, bias, aux), true)?;
     let ws = import_opt(workspace, "workspace", true)?;
-    let (cv, biasv, auxv) = (c.as_ref().map(|t| &t.view), bias.as_ref().map(|t| &t.view), aux.as_ref().map(|t| &t.view));
-    let wsv = ws.as_ref().map(|t| &t.view);
+    let (cv, biasv, auxv, wsv) = (Operands::opt(&t.c), Operands::opt(&t.bias), Operands::opt(&t.aux), Operands::opt(&ws));
     // Detached: the first call of a configuration compiles or loads a module.
     py.detach(|| {
-        op::gemm(
-            &a.view,
-            &b.view,
-            &o.view,
-            cv,
-            biasv,
-            auxv,
-            alpha as f32,
-            beta as f32,
-            activation,
-            backend,
-            wsv,
-            stream,
-        )
+        op::gemm(&t.a.view, &t.b.view, &t.out.view, cv, biasv, auxv, alpha as f32, beta as f32, activation, backend, wsv,
+                 stream)
     })
 }
 

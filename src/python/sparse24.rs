@@ -1,11 +1,11 @@
 //! sparse24_* (python/ferroattn/_native.pyi, "2:4 structured sparsity") → ops::sparse24.
 
 use super::args::{import_opt, meta_of, stream_handle, MetaTuple};
-use crate::dlpack::{import, import_writable};
+use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::sparse24 as op;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 /// {m_pad, k_pad, values_shape, meta_shape, tile_m, tile_k} of a (m, k) matrix.
 #[pyfunction]
@@ -121,29 +121,45 @@ fn sparse24_matmul_check(
     Ok(())
 }
 
-/// Bytes of the split-k / stream-K workspace a `sparse24_matmul` call with these arguments needs
-/// (0: none); the same checks and plan as the launch (ops::sparse24::matmul_workspace).
+/// The imported tensors of a `sparse24_matmul` call (x, values, meta, out, bias); `out`
+/// writable when the call launches.
+struct MatmulOperands {
+    x: Imported,
+    values: Imported,
+    meta: Imported,
+    out: Imported,
+    bias: Option<Imported>,
+}
+
+type MatmulOperandArgs<'a, 'py> =
+    (&'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>, Option<&'a Bound<'py, PyAny>>);
+
+impl MatmulOperands {
+    fn import((x, values, meta, out, bias): MatmulOperandArgs<'_, '_>, launch: bool) -> Result<Self> {
+        let (x, values, meta) = (import(x, "x")?, import(values, "values")?, import(meta, "meta")?);
+        let out = if launch { import_writable(out, "out")? } else { import(out, "out")? };
+        Ok(MatmulOperands { x, values, meta, out, bias: import_opt(bias, "bias", false)? })
+    }
+}
+
+/// Bytes of the split-k / stream-K workspace a `sparse24_matmul` call needs (0: none): `args` are
+/// sparse24_matmul's arguments before `workspace` (x, values, meta, out, bias, n, k, activation,
+/// backend), positional; the same checks and plan as the launch (ops::sparse24::matmul_workspace).
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn sparse24_matmul_workspace(
-    py: Python<'_>,
-    x: &Bound<'_, PyAny>,
-    values: &Bound<'_, PyAny>,
-    meta: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-    bias: Option<&Bound<'_, PyAny>>,
-    n: i64,
-    k: i64,
-    activation: &str,
-    backend: &str,
-) -> Result<u64> {
-    let x = import(x, "x")?;
-    let (v, m) = (import(values, "values")?, import(meta, "meta")?);
-    let o = import(out, "out")?;
-    let b = import_opt(bias, "bias", false)?;
-    let (xv, vv, mv, ov) = (&x.view, &v.view, &m.view, &o.view);
-    let bv = b.as_ref().map(|b| &b.view);
-    py.detach(|| op::matmul_workspace(xv, vv, mv, ov, bv, n, k, activation, backend))
+#[pyo3(signature = (*args))]
+fn sparse24_matmul_workspace(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<u64> {
+    type Any<'py> = Bound<'py, PyAny>;
+    type Args<'py> = (Any<'py>, Any<'py>, Any<'py>, Any<'py>, Option<Any<'py>>, i64, i64, String, String);
+    // A wrong count or type raises pyo3's TypeError, as a mis-called sparse24_matmul does.
+    if args.len() != 9 {
+        let expected = "its launch's 9 arguments before workspace (x, values, meta, out, bias, n, k, activation, backend)";
+        return Err(crate::error::Error::argument("sparse24_matmul_workspace", expected, format!("{} arguments", args.len())).into());
+    }
+    let (x, values, meta, out, bias, n, k, activation, backend): Args<'_> = args.extract()?;
+    let t = MatmulOperands::import((&x, &values, &meta, &out, bias.as_ref()), false)?;
+    let bv = t.bias.as_ref().map(|b| &b.view);
+    let (xv, vv, mv, ov) = (&t.x.view, &t.values.view, &t.meta.view, &t.out.view);
+    Ok(py.detach(|| op::matmul_workspace(xv, vv, mv, ov, bv, n, k, &activation, &backend))?)
 }
 
 /// out = act(x @ w.T + bias) with w 2:4-compressed; returns the backend that ran. `workspace`:
@@ -165,14 +181,10 @@ fn sparse24_matmul(
     stream: &Bound<'_, PyAny>,
 ) -> Result<&'static str> {
     let stream = stream_handle(stream)?;
-    let x = import(x, "x")?;
-    let (v, m) = (import(values, "values")?, import(meta, "meta")?);
-    let o = import_writable(out, "out")?;
-    let b = import_opt(bias, "bias", false)?;
+    let t = MatmulOperands::import((x, values, meta, out, bias), true)?;
     let ws = import_opt(workspace, "workspace", true)?;
-    let (xv, vv, mv, ov) = (&x.view, &v.view, &m.view, &o.view);
-    let bv = b.as_ref().map(|b| &b.view);
-    let wsv = ws.as_ref().map(|w| &w.view);
+    let (bv, wsv) = (t.bias.as_ref().map(|b| &b.view), ws.as_ref().map(|w| &w.view));
+    let (xv, vv, mv, ov) = (&t.x.view, &t.values.view, &t.meta.view, &t.out.view);
     py.detach(|| op::matmul(xv, vv, mv, ov, bv, n, k, activation, backend, wsv, stream))
 }
 
