@@ -73,8 +73,8 @@ __host__ __device__ constexpr int attn_bwd_dq_sm80_smem_bytes() {
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V, typename T>
 __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdParams params) {
-    static_assert(attn_detail::QueryTileSm80<HeadDim, BlockM, BlockN, NumWarps, Stages, T,
-                  attn_bwd_dq_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>()>::kOk);
+    static_assert(attn_detail::query_tile_sm80_ok<HeadDim, BlockM, BlockN, NumWarps, Stages, T,
+                  attn_bwd_dq_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>()>());
 
     constexpr int kThreads = NumWarps * 32;
     constexpr int kWarpM = BlockM / NumWarps;
