@@ -73,15 +73,8 @@ __host__ __device__ constexpr int attn_bwd_dq_sm80_smem_bytes() {
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V, typename T>
 __global__ void __launch_bounds__(NumWarps * 32) attn_bwd_dq_sm80(const AttnBwdParams params) {
-    static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
-                  "HeadDim must be a multiple of 32 in [32, 256]");
-    static_assert(NumWarps >= 1 && BlockM % (16 * NumWarps) == 0,
-                  "BlockM must be a multiple of 16 * NumWarps");
-    static_assert(BlockN % 16 == 0 && BlockN >= 16, "BlockN must be a multiple of 16");
-    static_assert(Stages >= 1, "Stages must be >= 1");
-    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
-    static_assert(attn_bwd_dq_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>() <= 227 * 1024,
-                  "tile does not fit in 227 KiB of shared memory");
+    static_assert(attn_detail::query_tile_sm80_ok<HeadDim, BlockM, BlockN, NumWarps, Stages, T,
+                  attn_bwd_dq_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>()>());
 
     constexpr int kThreads = NumWarps * 32;
     constexpr int kWarpM = BlockM / NumWarps;

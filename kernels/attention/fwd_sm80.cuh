@@ -71,6 +71,23 @@ __host__ __device__ constexpr int attn_fwd_sm80_smem_bytes() {
 
 namespace attn_detail {
 
+// The tile constraints of the query-row kernels (attn_fwd_sm80, attn_bwd_dq_sm80): BlockM query
+// rows in m16 tiles split evenly over NumWarps warps, K/V tiles of BlockN keys (a multiple of
+// 16) in a ring of Stages, 16-bit T, SmemBytes of dynamic shared memory within the 227 KiB
+// limit. True, or a compile error naming the constraint that fails (compile time only).
+template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, typename T, int SmemBytes>
+__host__ __device__ constexpr bool query_tile_sm80_ok() {
+    static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
+                  "HeadDim must be a multiple of 32 in [32, 256]");
+    static_assert(NumWarps >= 1 && BlockM % (16 * NumWarps) == 0,
+                  "BlockM must be a multiple of 16 * NumWarps");
+    static_assert(BlockN % 16 == 0 && BlockN >= 16, "BlockN must be a multiple of 16");
+    static_assert(Stages >= 1, "Stages must be >= 1");
+    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
+    static_assert(SmemBytes <= 227 * 1024, "tile does not fit in 227 KiB of shared memory");
+    return true;
+}
+
 // The passes of one thread's part of a tile copy: pass i copies the 16 bytes of chunk column c
 // of row r0 + i * kRowsPerPass from `src` (advanced by kRowsPerPass rows per pass) into the
 // swizzled shared tile s, zero-filling passes at or beyond rows_left (nothing is read there).
@@ -215,15 +232,8 @@ __device__ __forceinline__ SeqCoords seq_coords(const AttnFwdParams& p, int head
 
 template <int HeadDim, int BlockM, int BlockN, int NumWarps, int Stages, class V, typename T>
 __global__ void __launch_bounds__(NumWarps * 32) attn_fwd_sm80(const AttnFwdParams params) {
-    static_assert(HeadDim % 32 == 0 && HeadDim >= 32 && HeadDim <= 256,
-                  "HeadDim must be a multiple of 32 in [32, 256]");
-    static_assert(NumWarps >= 1 && BlockM % (16 * NumWarps) == 0,
-                  "BlockM must be a multiple of 16 * NumWarps");
-    static_assert(BlockN % 16 == 0 && BlockN >= 16, "BlockN must be a multiple of 16");
-    static_assert(Stages >= 1, "Stages must be >= 1");
-    static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
-    static_assert(attn_fwd_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>() <= 227 * 1024,
-                  "tile does not fit in 227 KiB of shared memory");
+    static_assert(attn_detail::query_tile_sm80_ok<HeadDim, BlockM, BlockN, NumWarps, Stages, T,
+                  attn_fwd_sm80_smem_bytes<HeadDim, BlockM, BlockN, Stages>()>());
 
     constexpr int kThreads = NumWarps * 32;
     constexpr int kWarpM = BlockM / NumWarps;

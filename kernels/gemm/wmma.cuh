@@ -391,7 +391,6 @@ __device__ __forceinline__ unsigned ldsm_lane_offset(int lane) {
     return static_cast<unsigned>((line * Ld + elem) * 2);
 }
 
-// 4 consecutive elements of a TOut row: one vector access when `vec`, else per element j < count.
 // Part `part` of `parts` (compile-time after unrolling) of one k tile's copies on the interior fast
 // path: vectors j with j * parts / kN == part, A's first, from the global cursors a_g / b_g into the
 // ring slot at shared addresses sa / sb (this thread's first vector); the last part advances the
@@ -446,6 +445,29 @@ __device__ __forceinline__ void load_step_frags(FragA (&a)[kMI], FragB (&b)[kNI]
     }
 }
 
+// The k-step fragment loads of one warp (warp tile (warp_m, warp_n) of S): its shared addresses in
+// ring slot 0, one 32-bit base per operand (the warp's tile; bf16: plus this lane's ldmatrix row,
+// ldsm_lane_offset), and load_frags(a, b, slot, kk): load_step_frags of k step kk from ring slot
+// `slot` (int or unsigned, as the caller's loop counts them).
+template <typename T, typename S, bool ARow, bool BRow, int BK>
+struct WarpStepFrags {
+    unsigned a_base, b_base;
+
+    __device__ __forceinline__ WarpStepFrags(const T* sA, const T* sB, int lane, int warp_m, int warp_n)
+        : a_base(smem_addr(sA) + (IsHalf<T>::value ? 0u : ldsm_lane_offset<ARow, S::kALd>(lane)) +
+                 (ARow ? warp_m * S::kWM * S::kALd * 2 : warp_m * S::kWM * 2)),
+          b_base(smem_addr(sB) + (IsHalf<T>::value ? 0u : ldsm_lane_offset<BRow, S::kBLd>(lane)) +
+                 (BRow ? warp_n * S::kWN * 2 : warp_n * S::kWN * S::kBLd * 2)) {}
+
+    template <int kMI, int kNI, typename FragA, typename FragB, typename Slot>
+    __device__ __forceinline__ void operator()(FragA (&a)[kMI], FragB (&b)[kNI], Slot slot, int kk) const {
+        const unsigned a_s = a_base + slot * (S::kAStage * 2);
+        const unsigned b_s = b_base + slot * (S::kBStage * 2);
+        load_step_frags<T, S, ARow, BRow, BK>(a, b, a_s, b_s, kk);
+    }
+};
+
+// 4 consecutive elements of a TOut row: one vector access when `vec`, else per element j < count.
 template <typename TOut>
 __device__ __forceinline__ void load4(const TOut* p, bool vec, int count, float (&x)[4]) {
     if (vec) {
@@ -593,19 +615,7 @@ gemm_wmma(const GemmWmmaParams p) {
         using FragB = wm::fragment<wm::matrix_b, 16, 16, 16, T, LayoutB>;
         FragA fa[2][kMI];
         FragB fb[2][kNI];
-        // Shared addresses: one 32-bit base per operand (warp's tile + this lane's ldmatrix row
-        // for bf16), plus the ring slot and compile-time fragment offsets per load.
-        const unsigned a_base = smem_addr(sA) +
-                                (kHalf ? 0u : ldsm_lane_offset<ARow, S::kALd>(lane)) +
-                                (ARow ? warp_m * kWM * S::kALd * 2 : warp_m * kWM * 2);
-        const unsigned b_base = smem_addr(sB) +
-                                (kHalf ? 0u : ldsm_lane_offset<BRow, S::kBLd>(lane)) +
-                                (BRow ? warp_n * kWN * 2 : warp_n * kWN * S::kBLd * 2);
-        auto load_frags = [&](FragA (&a)[kMI], FragB (&b)[kNI], int stage, int kk) {
-            const unsigned a_s = a_base + stage * (S::kAStage * 2);
-            const unsigned b_s = b_base + stage * (S::kBStage * 2);
-            load_step_frags<T, S, ARow, BRow, BK>(a, b, a_s, b_s, kk);
-        };
+        const WarpStepFrags<T, S, ARow, BRow, BK> load_frags(sA, sB, lane, warp_m, warp_n);
 
         // The main loop; kFast (a constant at both call sites) selects the copy path of every tile.
         auto main_loop = [&](const bool kFast) {
@@ -919,17 +929,7 @@ gemm_wmma(const GemmWmmaParams p) {
         using FragB = wm::fragment<wm::matrix_b, 16, 16, 16, T, LayoutB>;
         FragA fa[2][kMI];
         FragB fb[2][kNI];
-        const unsigned a_base = smem_addr(sA) +
-                                (kHalf ? 0u : ldsm_lane_offset<ARow, S::kALd>(lane)) +
-                                (ARow ? warp_m * kWM * S::kALd * 2 : warp_m * kWM * 2);
-        const unsigned b_base = smem_addr(sB) +
-                                (kHalf ? 0u : ldsm_lane_offset<BRow, S::kBLd>(lane)) +
-                                (BRow ? warp_n * kWN * 2 : warp_n * kWN * S::kBLd * 2);
-        auto load_frags = [&](FragA (&a)[kMI], FragB (&b)[kNI], unsigned slot, int kk) {
-            const unsigned a_s = a_base + slot * (S::kAStage * 2);
-            const unsigned b_s = b_base + slot * (S::kBStage * 2);
-            load_step_frags<T, S, ARow, BRow, BK>(a, b, a_s, b_s, kk);
-        };
+        const WarpStepFrags<T, S, ARow, BRow, BK> load_frags(sA, sB, lane, warp_m, warp_n);
 
         // Work segments (item w, k tiles [kb, ke)): items below sk_end0 whole, w = blockIdx.x,
         // + gridDim.x, ... (data-parallel); then, with a stream-k tail, this CTA's contiguous range

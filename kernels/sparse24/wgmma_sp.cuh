@@ -42,13 +42,13 @@
 // groups in flight for the same reason). Run 1 reloaded the registers for stage s + 1 while
 // stage s's group was still running (wait_group 1): wrong results whenever metadata differed
 // between stages / units (uniform metadata passed, a one-stage problem passed, error grew with
-// the pipeline depth). The template parameter Sets (default FERROATTN_WGMMA_SP_META_SETS, below)
-// picks the cure: 1 = wait_group 0 after each stage (production), 2 = two register sets, alternate
-// stages (wait_group 1 keeps one stage of wgmmas in flight; the stage count per tile is made even
-// with a zero padding stage; the host picks it per call with $FERROATTN_WGMMA_SP_MAINLOOP=pipe).
+// the pipeline depth). The template parameter Sets picks the cure: 1 = wait_group 0 after each
+// stage (production, the default), 2 = two register sets, alternate stages (wait_group 1 keeps
+// one stage of wgmmas in flight; the stage count per tile is made even with a zero padding stage;
+// the host picks it per call with $FERROATTN_WGMMA_SP_MAINLOOP=pipe).
 // Pipeline (per stage s): full[s] (count 1; producer arrive.expect_tx + TMA complete_tx),
 // empty[s] (count 8: lane 0 of each consumer warp once that stage's wgmmas completed).
-// k_pad % 128 == 64 and the padding stage of META_SETS = 2: see the consumer loop.
+// k_pad % 128 == 64 and the padding stage of Sets = 2: see the consumer loop.
 // Tails: TMA zero-fills out-of-range x rows / x columns (k ..) and values / meta columns past
 // k_pad / 2 (expect_tx counts whole boxes). A stage with one metadata unit (k_pad % 128 == 64,
 // the last one) still loads the second x box (wholly out of range: zeros) and runs steps 2 and
@@ -89,15 +89,6 @@
 #include "common/dtype.cuh"
 #include "gemm/sm90.cuh"
 #include "sparse24/params.cuh"
-
-// Default of the kernel's Sets template parameter (harness builds set it with -D; the Rust side
-// passes Sets explicitly when it is 2): metadata register sets per consumer thread (see "Metadata
-// registers are read asynchronously" above): 1 = wait_group 0 after every stage (the safe form);
-// 2 = two alternating sets, wait_group 1 (one stage of wgmmas stays in flight while the next
-// stage's metadata is loaded).
-#ifndef FERROATTN_WGMMA_SP_META_SETS
-#define FERROATTN_WGMMA_SP_META_SETS 1
-#endif
 
 namespace ferroattn {
 
@@ -296,25 +287,6 @@ __device__ __forceinline__ void sk_unit(const Sparse24WgmmaParams& P, long long 
     ke = static_cast<int>(e - tt * k_tiles);
 }
 
-// mbarrier wait. With FERROATTN_WGMMA_SP_WAIT_LIMIT (harness builds only) a wait that spins
-// that many times traps (the launch fails with an error instead of hanging the GPU).
-__device__ __forceinline__ void wait_bar(unsigned bar, unsigned parity) {
-#ifdef FERROATTN_WGMMA_SP_WAIT_LIMIT
-    unsigned done = 0;
-    for (long long i = 0; i < static_cast<long long>(FERROATTN_WGMMA_SP_WAIT_LIMIT); ++i) {
-        asm volatile(
-            "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        if (done) return;
-    }
-    __trap();
-#else
-    sm90::mbar_wait(bar, parity);
-#endif
-}
-
 // A real (PTX-level) use of a metadata register after the wait_group that retired its wgmmas.
 __device__ __forceinline__ unsigned touch(unsigned v) {
     unsigned r;
@@ -388,22 +360,21 @@ __device__ __forceinline__ float epilogue_value(float acc, float bias) {
 // token % 8: conflict-free writes and reads) and leave as 16-byte coalesced stores (8 lanes = one
 // token's 128 contiguous bytes); per element where out is not 16-byte aligned / a feature tail.
 //
-// Sets (mainloop form, metadata register sets): 1 = wait_group 0 after every stage; 2 = two
+// Sets (mainloop form, metadata register sets): 1 (the default, the production form of
+// src/tuning/sparse24 WgmmaMainloop::DEFAULT) = wait_group 0 after every stage; 2 = two
 // alternating metadata register sets and wait_group 1 (one stage of wgmmas in flight across the
 // stage boundary). Register budget: ptxas reports 168 registers (the entry count, 65536 / 384)
 // for every form, but it allocates the code after setmaxnreg.inc 232 against 232 (SASS: the
 // consumer code of <bf16, 128, 3, 0, 256, 1> uses R0..R186, Sets = 1) -- EXCEPT when the consumer
 // path contains a trap (BPT.TRAP): then the whole kernel is allocated at 168 (Sets = 2 with the
 // former __trap() liveness sink: R0..R165 and 32 B of epilogue spills; with the store sink below:
-// R0..R185, 0 spills). Keep traps (and the harness's FERROATTN_WGMMA_SP_WAIT_LIMIT) out of the
-// consumer path of production builds.
-template <typename T, int BN, int Stages, int Act, int BM = 128, int Epi = 0,
-          int Sets = FERROATTN_WGMMA_SP_META_SETS>
+// R0..R185, 0 spills). Keep traps out of the consumer path.
+template <typename T, int BN, int Stages, int Act, int BM = 128, int Epi = 0, int Sets = 1>
 __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_constant__ Sparse24WgmmaParams P) {
     using namespace sm90;
     constexpr int kMT = BM / 128;                             // m64 blocks per consumer warpgroup
     constexpr int kSets = Sets;                               // metadata register sets (1 or 2)
-    static_assert(kSets == 1 || kSets == 2, "Sets (FERROATTN_WGMMA_SP_META_SETS) is 1 or 2");
+    static_assert(kSets == 1 || kSets == 2, "Sets is 1 or 2");
     constexpr unsigned kABytes = BM * 128;                    // BM rows x 64 compressed elements
     constexpr unsigned kBBoxBytes = BN * 128;                 // BN tokens x 64 k
     constexpr unsigned kBBytes = 2 * kBBoxBytes;
@@ -469,7 +440,7 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
                 const int n0 = n_tile * BM;
                 const int r0 = row_tile * BN;
                 for (int kt = kb; kt < ke; ++kt) {
-                    sp90::wait_bar(empty(stage), phase ^ 1u);
+                    sm90::mbar_wait(empty(stage), phase ^ 1u);
                     const unsigned fb = full(stage);
                     mbar_expect_tx(fb, kStageBytes);  // out-of-range box parts count (zero-filled)
                     const unsigned sa = base + stage * kStageBytes;
@@ -522,7 +493,7 @@ __global__ void __launch_bounds__(384, 1) sparse24_matmul_wgmma(const __grid_con
 #pragma unroll
                 for (int h = 0; h < kSets; ++h) {
                     const int kt = kt0 + h;
-                    sp90::wait_bar(full(stage), phase);
+                    sm90::mbar_wait(full(stage), phase);
                     const unsigned st = base + stage * kStageBytes;
                     const unsigned sb = st + kABytes;
                     // a unit past k_pad (unit 1 of a stage with k_pad % 128 == 64, or both units of
