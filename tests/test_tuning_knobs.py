@@ -105,3 +105,28 @@ def test_environment_sets_the_initial_value():
     env = {**os.environ, "FERROATTN_SPARSE24_SPLITK": " 3 ", "FERROATTN_WGMMA_SP_TILE": ""}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["3", "auto"], out.stdout + out.stderr
+
+
+def test_non_utf8_environment_value_is_malformed():
+    """A value that is not UTF-8 is an error naming the variable, not ignored."""
+    code = ("import ferroattn._native as n\n"
+            "try:\n    n.tuning_knobs()\nexcept ValueError as e:\n    print('ERR', e)\n")
+    env = {**{k: v for k, v in os.environb.items()}, b"FERROATTN_ATTN_BWD_FAMILY": b"\xff"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERR") and "FERROATTN_ATTN_BWD_FAMILY" in out.stdout, out.stdout
+
+
+def test_setting_a_knob_replaces_its_malformed_variable_only():
+    """With FERROATTN_ATTN_BWD_FAMILY malformed, setting that knob works (its variable is not
+    read) and the knobs are then usable; setting another knob still names the bad variable."""
+    code = ("import ferroattn._native as n\n"
+            "try:\n    n.set_tuning_knob('sparse24_splitk', '2')\nexcept ValueError as e:\n    print('ERR', e)\n"
+            "n.set_tuning_knob('attn_bwd_family', 'sm80')\n"
+            "k = n.tuning_knobs()\nprint(k['attn_bwd_family'], k['sparse24_splitk'])\n")
+    env = {**os.environ, "FERROATTN_ATTN_BWD_FAMILY": "bogus", "FERROATTN_SPARSE24_SPLITK": "3"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ERR") and "FERROATTN_ATTN_BWD_FAMILY" in lines[0], out.stdout
+    assert lines[1].split() == ["sm80", "3"], out.stdout

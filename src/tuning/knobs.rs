@@ -107,10 +107,14 @@ knobs! {
 }
 
 impl Knobs {
-    /// The knobs as `var` (a variable's value, None when unset) sets them.
-    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Knobs> {
+    /// The knobs as `var` (a variable's value, None when unset) sets them, leaving the variable
+    /// `skip` out (its knob is being set). ArgumentError naming the first malformed variable.
+    fn from_vars(var: impl Fn(&str) -> Option<String>, skip: Option<&str>) -> Result<Knobs> {
         let mut k = Knobs::default();
         for (name, v) in KNOBS {
+            if skip == Some(*v) {
+                continue;
+            }
             if let Some(text) = var(v) {
                 k.set_text(name, &text, v)?;
             }
@@ -118,34 +122,52 @@ impl Knobs {
         Ok(k)
     }
 
-    /// The knobs as the environment sets them. ArgumentError naming the first malformed variable.
-    pub fn from_env() -> Result<Knobs> {
-        Knobs::from_vars(|v| std::env::var(v).ok())
+    /// The knobs as the environment sets them (all but `skip`'s variable). ArgumentError naming
+    /// the first malformed variable; a value that is not UTF-8 is malformed too.
+    fn from_env(skip: Option<&str>) -> Result<Knobs> {
+        Knobs::from_vars(env_value, skip)
     }
+}
+
+/// A variable's value; one that is not UTF-8 as its lossy form (which no knob accepts, so the
+/// variable is named in the error rather than ignored).
+fn env_value(var: &str) -> Option<String> {
+    std::env::var_os(var).map(|v| v.into_string().unwrap_or_else(|v| format!("{} (not UTF-8)", v.to_string_lossy())))
 }
 
 static CURRENT: RwLock<Option<Knobs>> = RwLock::new(None);
 
 /// The current knobs (the environment's on first use). ArgumentError naming the variable when
-/// one is malformed (raised by every call until it is fixed or the knob is set).
+/// one is malformed (raised by every call until the variable is fixed or its knob is set).
 pub fn get() -> Result<Knobs> {
     if let Some(k) = *CURRENT.read().unwrap_or_else(|e| e.into_inner()) {
         return Ok(k);
     }
     let mut w = CURRENT.write().unwrap_or_else(|e| e.into_inner());
     if w.is_none() {
-        *w = Some(Knobs::from_env()?);
+        *w = Some(Knobs::from_env(None)?);
     }
     Ok(w.expect("set above"))
 }
 
 /// Change knob `name` for the rest of the process (`value` in its variable's text form; empty:
 /// the default). ArgumentError naming `name` when it is unknown or the value is malformed (the
-/// knobs are then unchanged).
+/// knobs are then unchanged). Before the knobs were first read, the environment's other
+/// variables are read now (a malformed one is an error naming it); `name`'s own variable is not,
+/// so setting a knob whose variable is malformed replaces it.
 pub fn set(name: &str, value: &str) -> Result<()> {
-    let mut k = get()?;
+    let mut w = CURRENT.write().unwrap_or_else(|e| e.into_inner());
+    let mut k = match *w {
+        Some(k) => k,
+        None => {
+            let var = KNOBS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+            let mut k = Knobs::default();
+            k.set_text(name, value, name)?; // an unknown name or a bad value first, naming `name`
+            Knobs::from_env(var)?
+        }
+    };
     k.set_text(name, value, name)?;
-    *CURRENT.write().unwrap_or_else(|e| e.into_inner()) = Some(k);
+    *w = Some(k);
     Ok(())
 }
 
@@ -199,12 +221,14 @@ mod tests {
     #[test]
     fn malformed_environment_values_name_the_variable_and_the_value() {
         for (name, var) in KNOBS {
-            let e = Knobs::from_vars(|v| (v == *var).then(|| "bogus,1".to_string())).unwrap_err().to_string();
+            let e = Knobs::from_vars(|v| (v == *var).then(|| "bogus,1".to_string()), None).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains("bogus,1"), "{name}: {e}");
+            // its knob being set: the variable is left out
+            assert_eq!(Knobs::from_vars(|v| (v == *var).then(|| "bogus,1".to_string()), Some(var)).unwrap(), Knobs::default());
         }
-        let k = Knobs::from_vars(|v| (v == "FERROATTN_SPARSE24_SPLITK").then(|| " 4 ".into())).unwrap();
+        let k = Knobs::from_vars(|v| (v == "FERROATTN_SPARSE24_SPLITK").then(|| " 4 ".into()), None).unwrap();
         assert_eq!(k.sparse24_splitk, SplitPolicy::Force(4));
-        assert_eq!(Knobs::from_vars(|_| None).unwrap(), Knobs::default());
+        assert_eq!(Knobs::from_vars(|_| None, None).unwrap(), Knobs::default());
     }
 
     #[test]
