@@ -130,3 +130,19 @@ def test_setting_a_knob_replaces_its_malformed_variable_only():
     lines = out.stdout.splitlines()
     assert lines[0].startswith("ERR") and "FERROATTN_ATTN_BWD_FAMILY" in lines[0], out.stdout
     assert lines[1].split() == ["sm80", "3"], out.stdout
+
+
+@pytest.mark.parametrize("var,module", [("FERROATTN_CHECK_CU_SEQLENS", "ferroattn.ops.attention"),
+                                        ("FERROATTN_EAGER_FASTPATH", "ferroattn.ops._eager")])
+def test_on_off_environment_switches_take_the_knobs_rule(var, module):
+    """The on / off switches outside the knobs: 0 / off turn them off, a malformed value is an
+    ArgumentError naming the variable (at the import that reads it)."""
+    attr = "CHECK_CU_SEQLENS_VALUES" if "CHECK" in var else "ENABLED"
+    code = f"import {module} as m\nprint(m.{attr})\n"
+    for value, want in (("off", "False"), ("0", "False"), ("on", "True"), ("", "True")):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, var: value}, capture_output=True,
+                             text=True, timeout=120)
+        assert out.stdout.strip() == want, (value, out.stdout, out.stderr)
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, var: "false"}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "ArgumentError" in out.stderr and var in out.stderr, out.stderr

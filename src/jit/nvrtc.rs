@@ -113,7 +113,7 @@ pub fn options(arch: Arch) -> Result<Vec<String>> {
         format!("-I{}", inc.display()),
         "--ptxas-options=-v".to_string(),
     ];
-    if std::env::var("FERROATTN_LINEINFO").as_deref() == Ok("1") {
+    if crate::tuning::knobs::env_switch("FERROATTN_LINEINFO", false)? {
         opts.push("-lineinfo".to_string());
     }
     Ok(opts)

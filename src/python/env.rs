@@ -72,7 +72,15 @@ fn tuning_knobs(py: Python<'_>) -> Result<Py<PyDict>> {
     Ok(d.unbind())
 }
 
+/// The on / off environment switch `var` (the knobs' rule: `1`/`on`, `0`/`off`, empty or unset:
+/// `default`). ArgumentError naming `var` for any other value.
+#[pyfunction]
+fn env_switch(var: &str, default: bool) -> Result<bool> {
+    crate::tuning::knobs::env_switch(var, default)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(env_switch, m)?)?;
     m.add_function(wrap_pyfunction!(set_tuning_knob, m)?)?;
     m.add_function(wrap_pyfunction!(tuning_knobs, m)?)?;
     m.add_function(wrap_pyfunction!(_configure, m)?)?;

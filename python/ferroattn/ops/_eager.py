@@ -36,17 +36,19 @@ cost ~2 µs).
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from .. import _native
+
 __all__ = ["ENABLED", "plain_eager"]
 
 #: The fast path's switch: False sends every call through the custom op. Initialised from
-#: ``$FERROATTN_EAGER_FASTPATH`` ("0" / "false" / "off" / "no": off; unset or anything else: on).
-ENABLED: bool = os.environ.get("FERROATTN_EAGER_FASTPATH", "1").strip().lower() not in ("0", "false", "off", "no")
+#: ``$FERROATTN_EAGER_FASTPATH`` (``0`` / ``off``: off; ``1`` / ``on``, empty or unset: on; any other
+#: value is an ArgumentError naming the variable, raised at import: ``_native.env_switch``).
+ENABLED: bool = _native.env_switch("FERROATTN_EAGER_FASTPATH", True)
 
 _PLAIN = (Tensor, torch.nn.Parameter)
 #: device types of the first tensor that may take the fast path (the ops launch CUDA kernels;

@@ -25,7 +25,6 @@ Sources: FlashAttention-2 (Dao, 2023) §3.1 for the forward pass; flash_attn 2.8
 (b, h, s_q) padded or (h, total_q) varlen); torch 2.11 ``torch.library`` docs.
 """
 
-import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -57,7 +56,7 @@ __all__ = ["attn_fwd", "run_attn_fwd", "check_cu_seqlens_values", "check_varlen_
 #: graph nor on fake/meta tensors).
 #: Disable with the environment variable ``FERROATTN_CHECK_CU_SEQLENS=0`` or by setting this to
 #: False when the host sync matters more than the check.
-CHECK_CU_SEQLENS_VALUES: bool = os.environ.get("FERROATTN_CHECK_CU_SEQLENS", "1") != "0"
+CHECK_CU_SEQLENS_VALUES: bool = _native.env_switch("FERROATTN_CHECK_CU_SEQLENS", True)
 
 
 # ---------------------------------------------------------------------------------------------
