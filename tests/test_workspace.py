@@ -178,3 +178,24 @@ def test_sparse24_op_allocates_what_the_planner_asks(monkeypatch, cpu_planned, n
         assert ws is None
     else:
         assert ws.dtype == torch.uint8 and tuple(ws.shape) == (nbytes,) and ws.device == x.device
+
+
+def test_planner_argument_errors_name_the_argument():
+    """The planners take their launch's leading arguments positionally: a wrong count names the
+    planner, a wrong type or an out-of-range int names the argument."""
+    a = torch.zeros(1, 64, 64, dtype=torch.float16)
+    x = torch.zeros(64, 64, dtype=torch.float16)
+    gemm = (a, a, a, None, None, None, 1.0, 0.0, "none", "auto")
+    sparse = (x, x, x, x, None, 64, 64, "none", "auto")
+    with pytest.raises(errors.ArgumentError, match="gemm_workspace: expected its launch's 10 arguments"):
+        _native.gemm_workspace(*gemm[:9])
+    with pytest.raises(errors.ArgumentError, match="sparse24_matmul_workspace: expected its launch's 9 arguments"):
+        _native.sparse24_matmul_workspace(*sparse, None)
+    for i, bad in ((6, "1"), (7, None), (8, None), (9, 3)):
+        name = ("alpha", "beta", "activation", "backend")[i - 6]
+        with pytest.raises(TypeError, match=f"^{name}: "):
+            _native.gemm_workspace(*gemm[:i], bad, *gemm[i + 1:])
+    with pytest.raises(OverflowError, match="^n: "):
+        _native.sparse24_matmul_workspace(*sparse[:5], 2 ** 63, *sparse[6:])
+    with pytest.raises(TypeError, match="^k: "):
+        _native.sparse24_matmul_workspace(*sparse[:6], "64", *sparse[7:])

@@ -4,7 +4,9 @@
 use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::tensor::TensorMeta;
+use pyo3::conversion::FromPyObjectOwned;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 /// `TensorMeta` as the .pyi defines it.
 pub(super) type MetaTuple = (Vec<i64>, Vec<i64>, String, (i32, i32));
@@ -63,4 +65,34 @@ pub(super) fn import_cu(
     cu_seqlens_k: Option<&Bound<'_, PyAny>>,
 ) -> Result<(Option<Imported>, Option<Imported>)> {
     Ok((import_opt(cu_seqlens_q, "cu_seqlens_q", false)?, import_opt(cu_seqlens_k, "cu_seqlens_k", false)?))
+}
+
+/// The positional arguments of a workspace planner, which are its launch's leading ones
+/// (`names`): ArgumentError naming `func` for another count.
+pub(super) fn planner_args<'py>(func: &str, args: &Bound<'py, PyTuple>, names: &[&str]) -> Result<()> {
+    if args.len() != names.len() {
+        let expected = format!("its launch's {} arguments before workspace ({})", names.len(), names.join(", "));
+        return Err(crate::error::Error::argument(func, expected, format!("{} arguments", args.len())));
+    }
+    Ok(())
+}
+
+/// Item `i` of `args` as `T`; a conversion error keeps its type (TypeError, OverflowError) and
+/// names `names[i]`.
+pub(super) fn planner_item<'py, T>(args: &Bound<'py, PyTuple>, i: usize, names: &[&str]) -> PyResult<T>
+where
+    T: FromPyObjectOwned<'py>,
+    for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+{
+    let py = args.py();
+    args.get_item(i)?.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        PyErr::from_type(e.get_type(py), format!("{}: {}", names[i], e.value(py)))
+    })
+}
+
+/// Item `i` of `args`: None as None.
+pub(super) fn planner_opt<'py>(args: &Bound<'py, PyTuple>, i: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let x = args.get_item(i)?;
+    Ok(if x.is_none() { None } else { Some(x) })
 }

@@ -1,6 +1,6 @@
 //! gemm_check (metadata), gemm_workspace and gemm (DLPack tensors) and gemm_backends → ops::gemm.
 
-use super::args::{import_opt, meta_of, stream_handle, MetaTuple};
+use super::args::{import_opt, meta_of, planner_args, planner_item, planner_opt, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::gemm as op;
@@ -69,14 +69,12 @@ impl Operands {
 #[pyfunction]
 #[pyo3(signature = (*args))]
 fn gemm_workspace(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<u64> {
-    type Any<'py> = Bound<'py, PyAny>;
-    type Args<'py> = (Any<'py>, Any<'py>, Any<'py>, Option<Any<'py>>, Option<Any<'py>>, Option<Any<'py>>, f64, f64, String, String);
-    // A wrong count or type raises pyo3's TypeError, as a mis-called gemm does.
-    if args.len() != 10 {
-        let expected = "its launch's 10 arguments before workspace (a, b, out, c, bias, aux, alpha, beta, activation, backend)";
-        return Err(crate::error::Error::argument("gemm_workspace", expected, format!("{} arguments", args.len())).into());
-    }
-    let (a, b, out, c, bias, aux, alpha, beta, activation, backend): Args<'_> = args.extract()?;
+    const NAMES: [&str; 10] = ["a", "b", "out", "c", "bias", "aux", "alpha", "beta", "activation", "backend"];
+    planner_args("gemm_workspace", args, &NAMES)?;
+    let (a, b, out) = (args.get_item(0)?, args.get_item(1)?, args.get_item(2)?);
+    let (c, bias, aux) = (planner_opt(args, 3)?, planner_opt(args, 4)?, planner_opt(args, 5)?);
+    let (alpha, beta): (f64, f64) = (planner_item(args, 6, &NAMES)?, planner_item(args, 7, &NAMES)?);
+    let (activation, backend): (String, String) = (planner_item(args, 8, &NAMES)?, planner_item(args, 9, &NAMES)?);
     let t = Operands::import((&a, &b, &out, c.as_ref(), bias.as_ref(), aux.as_ref()), false)?;
     let (cv, biasv, auxv) = (Operands::opt(&t.c), Operands::opt(&t.bias), Operands::opt(&t.aux));
     Ok(py.detach(|| {

@@ -1,6 +1,6 @@
 //! sparse24_* (python/ferroattn/_native.pyi, "2:4 structured sparsity") → ops::sparse24.
 
-use super::args::{import_opt, meta_of, stream_handle, MetaTuple};
+use super::args::{import_opt, meta_of, planner_args, planner_item, planner_opt, stream_handle, MetaTuple};
 use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::sparse24 as op;
@@ -148,14 +148,12 @@ impl MatmulOperands {
 #[pyfunction]
 #[pyo3(signature = (*args))]
 fn sparse24_matmul_workspace(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<u64> {
-    type Any<'py> = Bound<'py, PyAny>;
-    type Args<'py> = (Any<'py>, Any<'py>, Any<'py>, Any<'py>, Option<Any<'py>>, i64, i64, String, String);
-    // A wrong count or type raises pyo3's TypeError, as a mis-called sparse24_matmul does.
-    if args.len() != 9 {
-        let expected = "its launch's 9 arguments before workspace (x, values, meta, out, bias, n, k, activation, backend)";
-        return Err(crate::error::Error::argument("sparse24_matmul_workspace", expected, format!("{} arguments", args.len())).into());
-    }
-    let (x, values, meta, out, bias, n, k, activation, backend): Args<'_> = args.extract()?;
+    const NAMES: [&str; 9] = ["x", "values", "meta", "out", "bias", "n", "k", "activation", "backend"];
+    planner_args("sparse24_matmul_workspace", args, &NAMES)?;
+    let (x, values, meta, out) = (args.get_item(0)?, args.get_item(1)?, args.get_item(2)?, args.get_item(3)?);
+    let bias = planner_opt(args, 4)?;
+    let (n, k): (i64, i64) = (planner_item(args, 5, &NAMES)?, planner_item(args, 6, &NAMES)?);
+    let (activation, backend): (String, String) = (planner_item(args, 7, &NAMES)?, planner_item(args, 8, &NAMES)?);
     let t = MatmulOperands::import((&x, &values, &meta, &out, bias.as_ref()), false)?;
     let bv = t.bias.as_ref().map(|b| &b.view);
     let (xv, vv, mv, ov) = (&t.x.view, &t.values.view, &t.meta.view, &t.out.view);

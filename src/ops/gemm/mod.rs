@@ -231,6 +231,12 @@ pub fn problem(
     beta: f32,
     activation: &str,
 ) -> Result<GemmProblem> {
+    // The scales as the kernels take them (fp32): NaN or inf would silently poison every output.
+    for (arg, v) in [("alpha", alpha), ("beta", beta)] {
+        if !v.is_finite() {
+            return Err(Error::argument(arg, "a number finite in float32", v));
+        }
+    }
     let (s, act) = validate(
         &a.meta,
         &b.meta,

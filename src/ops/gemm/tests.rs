@@ -149,6 +149,10 @@ fn problem_normalises_operands_and_rejects_overlap() {
     assert!(!p.b.row_major() && p.b.leading_dim() == 8 && p.b.batch_stride == 48);
     assert_eq!((p.out.row_stride, p.out.batch_stride, p.out.dtype), (6, 24, DType::F32));
     assert_eq!((p.alpha, p.activation, p.c), (2.0, Activation::Relu, None));
+    // the scales must be finite in fp32
+    for (alpha, beta, arg) in [(f32::NAN, 0.0, "alpha"), (f32::INFINITY, 0.0, "alpha"), (1.0, f32::NEG_INFINITY, "beta")] {
+        check_err(problem(&av, &bv, &ov, None, None, None, alpha, beta, "relu"), "Argument", arg, &["finite in float32"]);
+    }
     // beta == 0: c dropped even when given
     let cv = view(t(&[2, 4, 6], DType::F32), 0x5000);
     let p = problem(&av, &bv, &ov, Some(&cv), None, None, 1.0, 0.0, "none").unwrap();
