@@ -386,6 +386,10 @@ def test_kvcache_arguments_checked_before_the_op():
         ferroattn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=2.5)
     with pytest.raises(AssertionError):
         ferroattn.flash_attn_with_kvcache(q, kc.transpose(-1, -2), kc)
+    # head dims: the user's sizes (not the padded ones) in the message
+    q60, kc64 = _t(1, 1, 4, 60), _t(1, 8, 4, 64)
+    with pytest.raises(ferroattn.errors.ArgumentError, match=r"^k_cache: expected head dim 60 .*got head dim 64$"):
+        ferroattn.flash_attn_with_kvcache(q60, kc64, kc64)
 
 
 def test_unsupported_raise_on_fake_tensors_too():

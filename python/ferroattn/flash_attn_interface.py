@@ -721,6 +721,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _kvcache.check_paged_capacity(cache_seqlens, s_new, capacity)
     variant = AttnVariant.from_flash_attn(causal, window_size, softcap, alibi_slopes, None, q.shape[1], capacity)
     q_per_token = variant.causal or variant.window_left >= 0 or variant.window_right >= 0
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and x.shape[-1] != head_dim:   # before padding: the user's sizes
+            raise ArgumentError(f"{name}: expected head dim {head_dim} (q's head dim), got head dim {x.shape[-1]}")
     pad = (8 - head_dim % 8) % 8
     q = F.pad(q, [0, pad]) if pad else _maybe_contiguous(q)
     kc, vc = (F.pad(k_cache, [0, pad]), F.pad(v_cache, [0, pad])) if pad else (k_cache, v_cache)
