@@ -147,8 +147,23 @@ def test_ring_argument_errors():
         ring_flash_attn_func(q, q, q, 0.1)
     with pytest.raises(NotImplementedError, match="^window_size"):
         ring_flash_attn_func(q, q, q, window_size=(4, 0))
+    # malformed values name the argument (as flash_attn_func does), before the group check
+    for kw, name in ((dict(window_size=5), "window_size"), (dict(window_size=None), "window_size"),
+                     (dict(softmax_scale="x"), "softmax_scale"), (dict(dropout_p="x"), "dropout_p"),
+                     (dict(causal="no"), "causal")):
+        with pytest.raises(ArgumentError, match=f"^{name}"):
+            ring_flash_attn_func(q, q, q, **kw)
     with pytest.raises(ArgumentError, match="^group: torch.distributed is not initialized"):
         ring_flash_attn_func(q, q, q)
+
+
+def test_llama3_prepare_cu_seqlens_argument_errors():
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    for args, name in (((cu.float(), True, 0, 2), "cu_seqlens"), ((cu, "no", 0, 2), "causal"),
+                       ((cu, True, 0.5, 2), "rank"), ((cu, True, 0, 2.0), "world_size"), ((cu, True, "0", 2), "rank"),
+                       ((cu, True, 0, None), "world_size"), ((cu, True, 2, 2), "rank")):
+        with pytest.raises(ArgumentError, match=f"^{name}"):
+            llama3_flash_attn_prepare_cu_seqlens(*args)
 
 
 @pytest.mark.parametrize("world,zigzag,causal", [(2, False, True), (2, True, True), (3, True, True),

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from ..errors import ArgumentError
-from ..flash_attn_interface import _check_flag
+from ..flash_attn_interface import _as_int, _check_flag
 from . import ring as _ring
 
 
@@ -43,12 +44,19 @@ def llama3_flash_attn_prepare_cu_seqlens(cu_seqlens: Tensor, causal: bool, rank:
 
     Raises: ArgumentError (a bad cu_seqlens, a total that is not a multiple of world_size, a rank
     outside the world)."""
+    causal = _check_flag(causal, "causal")
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if _as_int(value) is None or isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(f"{name}: expected an int, got {value!r}")
+    rank, world_size = _as_int(rank), _as_int(world_size)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ArgumentError(f"rank: expected in [0, world_size) with world_size >= 1, got rank {rank}, "
                             f"world_size {world_size}")
-    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ArgumentError(f"cu_seqlens: expected a (n + 1,) tensor with n >= 1, got "
-                            f"{tuple(cu_seqlens.shape) if isinstance(cu_seqlens, Tensor) else type(cu_seqlens).__name__}")
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
+            or cu_seqlens.dtype != torch.int32:
+        shown = (f"dtype {cu_seqlens.dtype}, shape {tuple(cu_seqlens.shape)}" if isinstance(cu_seqlens, Tensor)
+                 else type(cu_seqlens).__name__)
+        raise ArgumentError(f"cu_seqlens: expected an int32 (n + 1,) tensor with n >= 1, got {shown}")
     c = cu_seqlens.tolist()
     total = c[-1]
     if c[0] != 0 or any(b < a for a, b in zip(c[:-1], c[1:])) or total % world_size != 0 or total == 0:

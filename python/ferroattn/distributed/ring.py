@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..errors import ArgumentError
-from ..flash_attn_interface import _check_flag
+from ..flash_attn_interface import _check_dropout, _check_flag, _check_softmax_scale, _check_window
 from .merge import merge_attention
 
 Part = Tuple[slice, slice, bool]   # (query rows, key rows, causal) of one block
@@ -271,15 +271,16 @@ def _check(q, k, v, dropout_p, softmax_scale, window_size, alibi_slopes, group, 
                             f"{v.shape[-1]}")
     if zigzag and not varlen and q.shape[1] % 2 != 0:
         raise ArgumentError(f"q: expected an even local length (the zigzag layout's two chunks), got {q.shape[1]}")
-    if dropout_p not in (0, 0.0) or (isinstance(dropout_p, float) and dropout_p != dropout_p):
+    # malformed values are ArgumentErrors as in flash_attn_func; well-formed unsupported ones are
+    # NotImplementedError
+    if _check_dropout(dropout_p) != 0.0:
         raise NotImplementedError(f"dropout_p: the ring runs without dropout, got {dropout_p!r}")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"window_size: the ring runs full or causal attention, got {tuple(window_size)}")
+    left, right = _check_window(window_size)
+    if (left >= 0 or right >= 0):
+        raise NotImplementedError(f"window_size: the ring runs full or causal attention, got {(left, right)}")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: the ring runs without ALiBi")
-    if softmax_scale is None:
-        return d ** -0.5
-    return float(softmax_scale)
+    return float(_check_softmax_scale(softmax_scale, d))
 
 
 def _check_cu_seqlens(cu_seqlens, max_seqlen, total: int, zigzag: bool) -> int:
@@ -308,14 +309,14 @@ def _ring_call(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slo
                return_attn_probs, group, zigzag, cu_seqlens=None, max_seqlen=None):
     varlen = cu_seqlens is not None
     scale = _check(q, k, v, dropout_p, softmax_scale, window_size, alibi_slopes, group, zigzag, varlen)
+    causal, deterministic = _check_flag(causal, "causal"), _check_flag(deterministic, "deterministic")
     if varlen:
         layout = _Varlen(cu_seqlens, _check_cu_seqlens(cu_seqlens, max_seqlen, q.shape[0], zigzag))
     else:
         layout = _Padded(q.shape[1])
     require_initialized()
     group = dist.group.WORLD if group is None else group
-    out, lse = _RingAttention.apply(q, k, v, layout, scale, _check_flag(causal, "causal"), zigzag,
-                                    _check_flag(deterministic, "deterministic"), group)
+    out, lse = _RingAttention.apply(q, k, v, layout, scale, causal, zigzag, deterministic, group)
     return (out, lse, None) if return_attn_probs else out
 
 
