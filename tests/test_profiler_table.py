@@ -99,6 +99,8 @@ def test_name_truncation():
 
 @pytest.mark.parametrize("call, arg", [
     (lambda: records().key_averages("layer"), "group_by"),
+    (lambda: key_averages([]), "records"),
+    (lambda: key_averages(None), "records"),
     (lambda: records().key_averages("module").table(sort_by="tflops"), "sort_by"),
     (lambda: records().key_averages("kernel").table(sort_by="cpu_time_total"), "sort_by"),
     (lambda: records().key_averages("kernel").table(row_limit=0), "row_limit"),

@@ -97,7 +97,11 @@ def _same(values):
 
 def key_averages(records, group_by: str = "module") -> "KeyAverages":
     """Aggregate ``records`` (:class:`~.events.Records`) by ``group_by`` ("module", "kernel", "op");
-    rows in order of first appearance. Raises ArgumentError for another ``group_by``."""
+    rows in order of first appearance. Raises ArgumentError for another ``group_by`` or when
+    ``records`` is not a Records (modules, kernels, ceilings)."""
+    if not all(hasattr(records, a) for a in ("modules", "kernels", "ceilings", "total_gpu_ms")):
+        raise ArgumentError(f"records: expected ferroattn.profiler Records (profile().records), got "
+                            f"{type(records).__name__}")
     if group_by not in GROUPS:
         raise ArgumentError(f"group_by: expected one of {GROUPS}, got {group_by!r}")
     ceil = records.ceilings
