@@ -10,6 +10,7 @@ pub mod arch;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
+pub mod env_switch;
 pub mod error;
 pub mod jit;
 pub mod launch;

@@ -30,6 +30,10 @@ def cache_dir() -> Path:
     """The on-disk kernel cache directory ($FERROATTN_CACHE_DIR or ~/.cache/ferroattn)."""
 def cuda_available() -> bool:
     """True when libcuda loads, cuInit succeeds and at least one GPU exists. Never raises."""
+def env_switch(var: str, default: bool) -> bool:
+    """The on / off environment switch ``var``: ``1`` / ``on`` True, ``0`` / ``off`` False, empty
+    or unset ``default`` (src/env_switch.rs, the tuning knobs' on/off rule). Raises ArgumentError
+    naming ``var`` for any other value."""
 def set_tuning_knob(name: str, value: str) -> None:
     """Change one tuning knob for the rest of the process (``value`` in the text form of its
     environment variable, ``""`` for the default; e.g. ``set_tuning_knob("attn_fwd_family", "sm80")``;

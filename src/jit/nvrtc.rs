@@ -113,7 +113,7 @@ pub fn options(arch: Arch) -> Result<Vec<String>> {
         format!("-I{}", inc.display()),
         "--ptxas-options=-v".to_string(),
     ];
-    if crate::tuning::knobs::env_switch("FERROATTN_LINEINFO", false)? {
+    if crate::env_switch::env_switch("FERROATTN_LINEINFO", false)? {
         opts.push("-lineinfo".to_string());
     }
     Ok(opts)

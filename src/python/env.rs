@@ -72,11 +72,11 @@ fn tuning_knobs(py: Python<'_>) -> Result<Py<PyDict>> {
     Ok(d.unbind())
 }
 
-/// The on / off environment switch `var` (the knobs' rule: `1`/`on`, `0`/`off`, empty or unset:
-/// `default`). ArgumentError naming `var` for any other value.
+/// The on / off environment switch `var` (src/env_switch.rs, the knobs' rule too: `1`/`on`,
+/// `0`/`off`, empty or unset: `default`). ArgumentError naming `var` for any other value.
 #[pyfunction]
 fn env_switch(var: &str, default: bool) -> Result<bool> {
-    crate::tuning::knobs::env_switch(var, default)
+    crate::env_switch::env_switch(var, default)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

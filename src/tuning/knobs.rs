@@ -125,21 +125,8 @@ impl Knobs {
     /// The knobs as the environment sets them (all but `skip`'s variable). ArgumentError naming
     /// the first malformed variable; a value that is not UTF-8 is malformed too.
     fn from_env(skip: Option<&str>) -> Result<Knobs> {
-        Knobs::from_vars(env_value, skip)
+        Knobs::from_vars(crate::env_switch::env_value, skip)
     }
-}
-
-/// A variable's value; one that is not UTF-8 as its lossy form (which no knob accepts, so the
-/// variable is named in the error rather than ignored).
-fn env_value(var: &str) -> Option<String> {
-    std::env::var_os(var).map(|v| v.into_string().unwrap_or_else(|v| format!("{} (not UTF-8)", v.to_string_lossy())))
-}
-
-/// An on / off environment switch outside the knobs (FERROATTN_LINEINFO, and through
-/// `_native.env_switch` FERROATTN_EAGER_FASTPATH / FERROATTN_CHECK_CU_SEQLENS): the knobs' rule
-/// (`1`/`on`, `0`/`off`, empty or unset: `default`). ArgumentError naming `var` otherwise.
-pub fn env_switch(var: &str, default: bool) -> Result<bool> {
-    env_value(var).map_or(Ok(default), |text| parse_knob(var, &text, default))
 }
 
 static CURRENT: RwLock<Option<Knobs>> = RwLock::new(None);
@@ -236,21 +223,6 @@ mod tests {
         let k = Knobs::from_vars(|v| (v == "FERROATTN_SPARSE24_SPLITK").then(|| " 4 ".into()), None).unwrap();
         assert_eq!(k.sparse24_splitk, SplitPolicy::Force(4));
         assert_eq!(Knobs::from_vars(|_| None, None).unwrap(), Knobs::default());
-    }
-
-    #[test]
-    fn env_switches_take_the_knobs_on_off_rule() {
-        let var = "FERROATTN_TEST_ENV_SWITCH_RULE";
-        for (text, want) in [("1", Some(true)), (" on ", Some(true)), ("0", Some(false)), ("off", Some(false)), ("", None)] {
-            std::env::set_var(var, text);
-            assert_eq!(env_switch(var, true).unwrap(), want.unwrap_or(true), "{text:?}");
-            assert_eq!(env_switch(var, false).unwrap(), want.unwrap_or(false), "{text:?}");
-        }
-        std::env::set_var(var, "false");
-        let e = env_switch(var, true).unwrap_err().to_string();
-        assert!(e.contains(var) && e.contains("\"false\"") && e.contains("1, on, 0, off"), "{e}");
-        std::env::remove_var(var);
-        assert!(env_switch(var, true).unwrap());
     }
 
     #[test]

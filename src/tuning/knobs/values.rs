@@ -55,8 +55,8 @@ impl Named for FamilyChoice {
 
 /// An on / off switch.
 impl Named for bool {
-    const EXPECTED: &'static str = "one of 1, on, 0, off";
-    const NAMES: &'static [(Self, &'static [&'static str])] = &[(true, &["1", "on"]), (false, &["0", "off"])];
+    const EXPECTED: &'static str = crate::env_switch::EXPECTED;
+    const NAMES: &'static [(Self, &'static [&'static str])] = &[(true, crate::env_switch::ON), (false, crate::env_switch::OFF)];
 }
 
 /// Tile rows per raster group of the WMMA GEMM's tile order (consecutive tiles walk the tile columns
