@@ -18,6 +18,7 @@ For the variant bench (python/ferroattn/bench/variants.py): ``FakeFlashAttn`` (a
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Callable
 
 
@@ -44,6 +45,9 @@ class FakeEvent:
         return other.t - self.t
 
 
+_FAKE_KEYS = itertools.count()
+
+
 class FakeGpu:
     """See the module docstring. ``kernel(host_ms, gpu_ms)`` is what a fake function calls: it
     spends ``host_ms`` of host time, then enqueues ``gpu_ms`` of GPU work."""
@@ -58,7 +62,9 @@ class FakeGpu:
         self.sleep_overhead_ms, self.slow = sleep_overhead_ms, slow
         self.host = 0.0
         self.gpu_free = 0.0
-        self.key = ("fake", id(self))
+        # a key no other FakeGpu of this process has (id() is reused once an instance is freed,
+        # which would hand a new fake the calibration cached for a freed one)
+        self.key = ("fake", next(_FAKE_KEYS))
         self.kernels: list[tuple[str, float, float]] = []   # (tag, start, end) of every fake kernel
 
     def _enqueue(self, gpu_ms: float, tag: str = "") -> None:

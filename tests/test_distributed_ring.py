@@ -59,6 +59,35 @@ def test_zigzag_layout(world):
         zigzag_shard(torch.zeros(1, 5), 0, world)
 
 
+def test_layout_argument_errors():
+    x = torch.arange(8).view(1, 8)
+    for rank, world in [(0.0, 2), (True, 2), (0, 2.0), (0, True), (-1, 2), (2, 2)]:
+        name = "^rank" if isinstance(world, int) and not isinstance(world, bool) else "^world_size"
+        with pytest.raises(ArgumentError, match=name):
+            zigzag_shard(x, rank, world)
+        with pytest.raises(ArgumentError, match=name):
+            shard_varlen(x[0], [0, 8], rank, world)
+    a, b = zigzag_shard(x, 0, 2), zigzag_shard(x, 1, 2)
+    with pytest.raises(ArgumentError, match=r"^parts\[1\]: expected the shape of parts\[0\], \(1, 4\), got \(1, 2\)"):
+        zigzag_unshard([a, b[:, :2]])
+    with pytest.raises(ArgumentError, match="^parts: expected a non-empty list"):
+        zigzag_unshard([])
+    with pytest.raises(ArgumentError, match="^parts: expected a non-empty list"):
+        zigzag_unshard(a)
+    with pytest.raises(ArgumentError, match=r"^parts\[0\]: expected a Tensor, got list"):
+        zigzag_unshard([[1, 2], b])
+    with pytest.raises(ArgumentError, match="^parts: expected an even size along dim 1"):
+        zigzag_unshard([a[:, :3], b[:, :3]])
+    with pytest.raises(ArgumentError, match="^dim: expected in"):
+        zigzag_unshard([a, b], dim=2)
+    p = [shard_varlen(x[0], [0, 8], r, 2) for r in range(2)]
+    assert torch.equal(unshard_varlen(p, [0, 8]), x[0])
+    with pytest.raises(ArgumentError, match=r"^parts: expected size 4 along dim 0 \(cu_seqlens\[-1\] / 2 ranks\), got 3"):
+        unshard_varlen([t[:3] for t in p], [0, 8])
+    with pytest.raises(ArgumentError, match=r"^parts\[1\]: expected the shape"):
+        unshard_varlen([p[0], p[1][:3]], [0, 8])
+
+
 def _positions(rank, world, s, zigzag):
     if not zigzag:
         return list(range(rank * s, (rank + 1) * s))
@@ -314,6 +343,8 @@ def test_context_parallel_errors():
     try:
         with pytest.raises(ArgumentError, match="multiple of 2 · world_size = 2"):
             shard_sequence(torch.zeros(1, 3))
+        with pytest.raises(ArgumentError, match=r"^tensors\[1\]: expected a Tensor or None, got list"):
+            shard_sequence(torch.zeros(1, 4), [1, 2])
         ids, none = shard_sequence(torch.arange(4)[None], None)
         assert none is None and ids.tolist() == [[0, 1, 2, 3]]
         module = torch.nn.Module()

@@ -75,9 +75,11 @@ def shard_sequence(*tensors: Optional[Tensor], group=None, zigzag: bool = True, 
     require_initialized()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     out = []
-    for t in tensors:
+    for i, t in enumerate(tensors):
         if t is None:
             out.append(None)
+        elif not isinstance(t, Tensor):
+            raise ArgumentError(f"tensors[{i}]: expected a Tensor or None, got {type(t).__name__}")
         elif zigzag:
             out.append(zigzag_shard(t, rank, world, dim=dim))
         else:

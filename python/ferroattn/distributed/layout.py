@@ -10,9 +10,43 @@ from torch import Tensor
 from ..errors import ArgumentError
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_world(world_size) -> None:
+    if not _is_int(world_size) or world_size < 1:
+        raise ArgumentError(f"world_size: expected an int >= 1, got {world_size!r}")
+
+
+def _check_rank(rank, world_size) -> None:
+    _check_world(world_size)
+    if not _is_int(rank) or not 0 <= rank < world_size:
+        raise ArgumentError(f"rank: expected an int in [0, {world_size}), got {rank!r}")
+
+
+def _check_parts(parts, dim: int, halves: bool) -> list:
+    """``parts`` as a list of tensors of one shape (each even along ``dim`` when it holds two
+    halves); ArgumentError naming ``parts`` otherwise."""
+    if isinstance(parts, Tensor) or not isinstance(parts, (list, tuple)) or not parts:
+        raise ArgumentError(f"parts: expected a non-empty list of tensors (one per rank), got {type(parts).__name__}")
+    for r, p in enumerate(parts):
+        if not isinstance(p, Tensor):
+            raise ArgumentError(f"parts[{r}]: expected a Tensor, got {type(p).__name__}")
+    shape = tuple(parts[0].shape)
+    for r, p in enumerate(parts):
+        if tuple(p.shape) != shape:
+            raise ArgumentError(f"parts[{r}]: expected the shape of parts[0], {shape}, got {tuple(p.shape)}")
+    if not -len(shape) <= dim < len(shape):
+        raise ArgumentError(f"dim: expected in [{-len(shape)}, {len(shape)}) for parts of shape {shape}, got {dim}")
+    if halves and shape[dim] % 2:
+        raise ArgumentError(f"parts: expected an even size along dim {dim} (two zigzag chunks per rank), "
+                            f"got {shape[dim]}")
+    return list(parts)
+
+
 def _chunks(x: Tensor, world_size: int, dim: int):
-    if world_size < 1:
-        raise ArgumentError(f"world_size: expected >= 1, got {world_size}")
+    _check_world(world_size)
     n = x.shape[dim]
     if n % (2 * world_size) != 0:
         raise ArgumentError(f"x: expected dim {dim} to be a multiple of 2 · world_size = {2 * world_size}, got {n}")
@@ -22,15 +56,16 @@ def _chunks(x: Tensor, world_size: int, dim: int):
 def zigzag_shard(x: Tensor, rank: int, world_size: int, dim: int = 1) -> Tensor:
     """Rank ``rank``'s part of ``x``: chunks rank and 2·world_size − 1 − rank of dim ``dim`` (whose
     size must be a multiple of 2·world_size), concatenated (a new tensor). Raises ArgumentError."""
-    if not 0 <= rank < world_size:
-        raise ArgumentError(f"rank: expected in [0, {world_size}), got {rank}")
+    _check_rank(rank, world_size)
     c = _chunks(x, world_size, dim)
     return torch.cat([c[rank], c[2 * world_size - 1 - rank]], dim=dim)
 
 
 def zigzag_unshard(parts, dim: int = 1) -> Tensor:
     """The inverse of :func:`zigzag_shard`: ``parts[r]`` is rank r's part (all of one shape); returns
-    the whole sequence along ``dim``."""
+    the whole sequence along ``dim``. Raises ArgumentError (an empty list, parts of different
+    shapes or of an odd size along ``dim``)."""
+    parts = _check_parts(parts, dim, halves=True)
     n = len(parts)
     halves = [p.chunk(2, dim=dim) for p in parts]
     order = [halves[r][0] for r in range(n)] + [halves[n - 1 - i][1] for i in range(n)]
@@ -38,8 +73,7 @@ def zigzag_unshard(parts, dim: int = 1) -> Tensor:
 
 
 def _offsets(cu_seqlens, world_size: int, zigzag: bool):
-    if world_size < 1:
-        raise ArgumentError(f"world_size: expected >= 1, got {world_size}")
+    _check_world(world_size)
     c = cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else list(cu_seqlens)
     unit = 2 * world_size if zigzag else world_size
     lens = [b - a for a, b in zip(c[:-1], c[1:])]
@@ -55,8 +89,7 @@ def shard_varlen(x: Tensor, cu_seqlens, rank: int, world_size: int, zigzag: bool
     ``zigzag``, in 2·world_size chunks (rank r takes chunks r and 2·world_size − 1 − r), packed in
     sequence order; its local offsets are ``cu_seqlens // world_size``. A new tensor. Raises
     ArgumentError (lengths that do not split evenly, a rank outside the world)."""
-    if not 0 <= rank < world_size:
-        raise ArgumentError(f"rank: expected in [0, {world_size}), got {rank}")
+    _check_rank(rank, world_size)
     c, lens, unit = _offsets(cu_seqlens, world_size, zigzag)
     parts = []
     for a, n in zip(c, lens):
@@ -71,9 +104,16 @@ def shard_varlen(x: Tensor, cu_seqlens, rank: int, world_size: int, zigzag: bool
 
 def unshard_varlen(parts, cu_seqlens, zigzag: bool = False, dim: int = 0) -> Tensor:
     """The inverse of :func:`shard_varlen`: ``parts[r]`` is rank r's part; ``cu_seqlens`` the
-    global offsets. Returns the packed sequences along ``dim``."""
+    global offsets. Returns the packed sequences along ``dim``. Raises ArgumentError (an empty
+    list, parts of different shapes, a part whose size along ``dim`` is not its share of
+    ``cu_seqlens``)."""
+    parts = _check_parts(parts, dim, halves=False)
     world = len(parts)
     c, lens, unit = _offsets(cu_seqlens, world, zigzag)
+    share = (c[-1] - c[0]) // world
+    if parts[0].shape[dim] != share:
+        raise ArgumentError(f"parts: expected size {share} along dim {dim} (cu_seqlens[-1] / {world} ranks), "
+                            f"got {parts[0].shape[dim]}")
     per = [n // unit for n in lens]                  # chunk length of each sequence
     take = 2 if zigzag else 1
     seqs, pos = [], [0] * world
