@@ -47,11 +47,12 @@ pub struct Imported {
 /// producer default (stream=-1) does not synchronise; the caller orders work by launching
 /// on the stream the data was produced on.
 pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
+    reject_lazy_negation(obj, arg)?;
     if let Some(t) = import_view(obj, arg) {
         return t;
     }
     // Producer errors keep their Python type (TypeError, BufferError, ...) and gain the argument name.
-    let owner = from_dlpack(obj.as_borrowed(), None, None).map_err(|e| {
+    let owner = managed_import(obj).map_err(|e| {
         PyErr::from_type(
             e.get_type(obj.py()),
             format!("{arg}: {}", e.value(obj.py())),
@@ -72,6 +73,40 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> Result<Imported> {
         versioned,
         read_only,
     })
+}
+
+/// torch exports a tensor with its lazy negation bit (`torch._neg_view`, `x.conj().imag`) as
+/// the un-negated memory, flag-free, through both DLPack paths: such a tensor is an error
+/// naming `arg` (it must be resolved first), never read as its negation.
+fn reject_lazy_negation(obj: &Bound<'_, PyAny>, arg: &str) -> Result<()> {
+    let py = obj.py();
+    let Ok(is_neg) = obj.getattr(pyo3::intern!(py, "is_neg")) else {
+        return Ok(());
+    };
+    if is_neg.call0().and_then(|b| b.is_truthy()).unwrap_or(false) {
+        return Err(Error::argument(arg, "a tensor without torch's lazy negation bit (call .resolve_neg() first)",
+                                   "one with is_neg() True"));
+    }
+    Ok(())
+}
+
+/// dlpark's import of a producer or capsule, with the Array API standard's fallback: a producer
+/// whose `__dlpack__` raises TypeError for the `max_version` keyword (one older than DLPack 1.0)
+/// is asked again with no arguments, and its legacy capsule imported. The first error is the
+/// one reported when the retry fails too.
+fn managed_import(obj: &Bound<'_, PyAny>) -> PyResult<ImportedDlpack> {
+    let py = obj.py();
+    match from_dlpack(obj.as_borrowed(), None, None) {
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
+            && obj.hasattr(pyo3::intern!(py, "__dlpack_device__")).unwrap_or(false) =>
+        {
+            match obj.call_method0(pyo3::intern!(py, "__dlpack__")) {
+                Ok(capsule) => from_dlpack(capsule.as_borrowed(), None, None).map_err(|_| e),
+                Err(_) => Err(e),
+            }
+        }
+        other => other,
+    }
 }
 
 /// The import through the producer's borrowed view (module docs), or None when the producer

@@ -55,6 +55,46 @@ def test_torch_cpu_import(dtype, name):
     assert tuple(info["strides"]) == v.stride() and tuple(info["shape"]) == tuple(v.shape)
 
 
+def test_a_lazily_negated_tensor_is_an_argument_error():
+    """torch exports a tensor with the negation bit as its un-negated memory, unflagged: the import
+    refuses it (reading it would compute on the wrong sign), and a resolved one imports."""
+    from ferroattn.errors import ArgumentError
+    x = torch.arange(6.0).reshape(2, 3)
+    neg = torch._neg_view(x)
+    assert neg.is_neg()
+    with pytest.raises(ArgumentError, match=r"^x: expected a tensor without torch's lazy negation bit"):
+        _native.dlpack_info(neg)
+    assert _native.dlpack_info(neg.resolve_neg())["data_ptr"] != x.data_ptr()
+    assert _native.dlpack_info(x)["data_ptr"] == x.data_ptr()     # the next valid call works
+
+
+def test_a_producer_without_max_version_is_asked_again_without_it():
+    """The Array API standard's rule: a `__dlpack__` that raises TypeError for `max_version` (a
+    producer older than DLPack 1.0) is called again with no arguments."""
+    x = torch.arange(12.0).reshape(3, 4)
+
+    class Old:
+        calls = []
+
+        def __dlpack_device__(self):
+            return x.__dlpack_device__()
+
+        def __dlpack__(self, stream=None):
+            self.calls.append(stream)
+            return torch.utils.dlpack.to_dlpack(x)
+
+    info = _native.dlpack_info(Old())
+    assert info["data_ptr"] == x.data_ptr() and tuple(info["shape"]) == (3, 4) and info["versioned"] is False
+    assert Old.calls == [None]
+
+    class Broken(Old):
+        def __dlpack__(self, stream=None, **kw):
+            raise TypeError("no export today")
+
+    with pytest.raises(TypeError, match="^x: no export today"):
+        _native.dlpack_info(Broken())
+
+
 # A legacy DLPack capsule made by hand, with byte_offset != 0 (torch and numpy always advance
 # `data` and leave byte_offset 0, but the spec allows producers to use it).
 class _DLDevice(ctypes.Structure):

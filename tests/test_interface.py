@@ -370,6 +370,17 @@ def test_kvcache_on_cpu_tensors_names_the_device():
         ferroattn.flash_attn_with_kvcache(q, _t(1, 8, 4, 32), _t(1, 8, 4, 32))
 
 
+def test_kvcache_split_planner_rejects_negative_sizes():
+    from ferroattn import _native
+    sizes = dict(batch=1, seqlen_q=1, heads=4, heads_k=4, key_len=8, head_dim=32)
+    for name in sizes:
+        args = {**sizes, name: -1}
+        with pytest.raises(ferroattn.errors.ArgumentError, match=f"^{name}: expected a size >= 0, got -1"):
+            _native.attn_kvcache_num_splits(0, *args.values(), False, 0)
+    # an empty problem needs no device: one split
+    assert _native.attn_kvcache_num_splits(0, *{**sizes, "batch": 0}.values(), False, 0) == 1
+
+
 def test_kvcache_arguments_checked_before_the_op():
     q, kc = _t(1, 1, 4, 32), _t(1, 8, 4, 32)
     with pytest.raises(ferroattn.errors.ArgumentError, match="^num_splits"):

@@ -543,6 +543,30 @@ def test_native_wrapper_gives_the_python_wrappers_records_and_is_collectable():
     assert ref() is None
 
 
+@pytest.mark.skipif(not NWRAP, reason="the extension lacks ProfilerForward")
+def test_native_wrapper_rejects_unknown_and_mistyped_fields():
+    clock, model, factory = make(1)
+    with attach(model, event_factory=factory, native_wrap=True) as att:
+        fields = dict(inner=lambda *a: None, att=att, name="m", kind="M", module=model, stack=[], calls=[],
+                      kill=[False], close=att._exit, raw_stream=None, device=0, mark=att._mark, probe=None,
+                      open_rf=lambda *a: None, push=None, pop=None, tensor=torch.Tensor, shapes=False)
+        cls = type(model.layers[0].__dict__["forward"])
+        assert cls(**fields) is not None
+        with pytest.raises(TypeError, match='unexpected field "extra"'):
+            cls(**fields, extra=1)
+        with pytest.raises(KeyError, match="inner"):
+            cls(**{k: v for k, v in fields.items() if k != "inner"})
+        for name, bad in [("inner", 3), ("close", "x"), ("open_rf", None), ("mark", 1.5), ("push", 0)]:
+            with pytest.raises(TypeError, match=f"{name}: expected a callable"):
+                cls(**{**fields, name: bad})
+        with pytest.raises(TypeError, match="raw_stream: expected a callable"):
+            cls(**{**fields, "mark": None})          # native marks read raw_stream
+        with pytest.raises(TypeError, match="tensor: expected a type"):
+            cls(**{**fields, "tensor": torch.zeros(1)})
+        with pytest.raises(TypeError, match="stack"):
+            cls(**{**fields, "stack": ()})
+
+
 @pytest.mark.parametrize("nw", WRAPS)
 def test_a_model_copied_while_attached_shares_the_wrapper(nw):
     """copy.deepcopy of an attached model works with either wrapper (a Python function is atomic

@@ -191,6 +191,11 @@ struct Fields {
     shapes: bool,
 }
 
+/// The keyword names `ProfilerForward(...)` takes: the fields of `Fields`.
+const FIELD_NAMES: [&str; 18] = ["inner", "att", "name", "kind", "module", "stack", "calls", "kill", "close",
+                                 "raw_stream", "device", "mark", "probe", "open_rf", "push", "pop", "tensor",
+                                 "shapes"];
+
 impl ProfilerForward {
     fn take_mark<'py>(
         &self,
@@ -267,14 +272,48 @@ impl ProfilerForward {
 #[pymethods]
 impl ProfilerForward {
     /// Every field by keyword (`ProfilerForward(inner=..., att=..., ...)`, the names of
-    /// `Fields`): a missing one is a KeyError naming it, a mistyped one a TypeError naming it.
+    /// `Fields`): a missing one is a KeyError naming it; an unknown one, a callable field that
+    /// is not callable or a `tensor` that is not a type is a TypeError naming it.
     #[new]
     #[pyo3(signature = (**fields))]
     fn new(fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        match fields {
-            Some(f) => Ok(ProfilerForward { f: f.extract()? }),
-            None => Err(PyTypeError::new_err("ProfilerForward: expected its fields as keyword arguments")),
+        let Some(given) = fields else {
+            return Err(PyTypeError::new_err("ProfilerForward: expected its fields as keyword arguments"));
+        };
+        for key in given.keys() {
+            let key: String = key.extract()?;
+            if !FIELD_NAMES.contains(&key.as_str()) {
+                return Err(PyTypeError::new_err(format!(
+                    "ProfilerForward: unexpected field {key:?} (expected {})",
+                    FIELD_NAMES.join(", ")
+                )));
+            }
         }
+        let f: Fields = given.extract()?;
+        let py = given.py();
+        // raw_stream is read only for native marks (mark None)
+        let raw_stream = if f.mark.is_none() { Some(&f.raw_stream) } else { None };
+        let callables = [("inner", Some(&f.inner)), ("close", Some(&f.close)), ("raw_stream", raw_stream),
+                         ("open_rf", Some(&f.open_rf)), ("mark", f.mark.as_ref()), ("probe", f.probe.as_ref()),
+                         ("push", f.push.as_ref()), ("pop", f.pop.as_ref())];
+        for (name, v) in callables {
+            if let Some(v) = v {
+                let v = v.bind(py);
+                if !v.is_callable() {
+                    return Err(PyTypeError::new_err(format!(
+                        "ProfilerForward: {name}: expected a callable, got {}",
+                        v.get_type().name()?
+                    )));
+                }
+            }
+        }
+        if f.tensor.bind(py).cast::<pyo3::types::PyType>().is_err() {
+            return Err(PyTypeError::new_err(format!(
+                "ProfilerForward: tensor: expected a type (torch.Tensor), got {}",
+                f.tensor.bind(py).get_type().name()?
+            )));
+        }
+        Ok(ProfilerForward { f })
     }
 
     #[pyo3(signature = (*args, **kwargs))]

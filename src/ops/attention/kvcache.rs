@@ -380,7 +380,13 @@ pub fn plan_splits(device: i32, batch: i64, seqlen_q: i64, heads: i64, heads_k: 
     if !(0..=MAX_SPLITS as i64).contains(&requested) {
         return Err(arg_err("num_splits", format!("0 (heuristic) or 1..={MAX_SPLITS}"), requested));
     }
-    if batch <= 0 || seqlen_q <= 0 || heads_k <= 0 || key_len <= 0 {
+    for (name, v) in [("batch", batch), ("seqlen_q", seqlen_q), ("heads", heads), ("heads_k", heads_k),
+                      ("key_len", key_len), ("head_dim", head_dim)] {
+        if v < 0 {
+            return Err(arg_err(name, "a size >= 0", v));
+        }
+    }
+    if batch == 0 || seqlen_q == 0 || heads_k == 0 || key_len == 0 {
         return Ok(1);
     }
     let arch = crate::device::arch(device)?;
