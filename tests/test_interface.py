@@ -453,3 +453,23 @@ def test_kvcache_append_is_validated_on_fake_tensors(make, needle):
         out = ferroattn.flash_attn_with_kvcache(q, kc, kc, T(2, 1, 2, 64), T(2, 1, 2, 64), T(64, 16), T(64, 16),
                                                 cache_seqlens=sl)
         assert out.shape == q.shape
+
+
+def test_one_call_forward_declines_what_the_python_path_must_handle():
+    """``_native.attn_fwd_fast`` (flash_attn_func's one-call eager forward) returns None, never
+    raises, for every call it does not take: off CUDA, an unusual argument type or value (the
+    Python path then raises its own named errors), a variant."""
+    from ferroattn import _native
+    q = _t(1, 128, 4, 64)
+    plain = dict(dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0,
+                 alibi_slopes=None, deterministic=False, return_attn_probs=False, s_aux=None)
+    odd = [("causal", "yes"), ("causal", 1), ("deterministic", None), ("return_attn_probs", True),
+           ("dropout_p", 0.1), ("dropout_p", "0"), ("softcap", 5.0), ("window_size", [-1, -1]),
+           ("window_size", (4, 0)), ("window_size", (-1,)), ("softmax_scale", 1), ("softmax_scale", -0.1),
+           ("alibi_slopes", torch.zeros(4)), ("s_aux", torch.zeros(4))]
+    for name, value in [(None, None), *odd]:
+        args = dict(plain) if name is None else {**plain, name: value}
+        assert _native.attn_fwd_fast(q, q, q, *args.values()) is None, (name, value)
+    assert _native.attn_fwd_fast([1], q, q, *plain.values()) is None
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^causal"):
+        ferroattn.flash_attn_func(q, q, q, causal="yes")

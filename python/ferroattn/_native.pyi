@@ -112,6 +112,22 @@ def attn_fwd(
     CUstream of q's device (as for any CUDA driver call, a made-up handle is undefined behaviour
     and may crash the process; an int outside [0, 2**64) raises ArgumentError)."""
 
+def attn_fwd_fast(
+    q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
+    alibi_slopes: Any, deterministic: Any, return_attn_probs: Any, s_aux: Any,
+) -> Optional[Any]:
+    """``flash_attn_func``'s arguments, in its order: the common plain or causal eager call
+    launched in this one call, returning ``out`` (``torch.empty_like(q)``, fully written; the
+    softmax_lse it also writes is dropped), or None when the call must take the Python path
+    (src/ops/attention/fast.rs lists what is taken: exact argument types of the plain variant,
+    the eager rule, a padded tile-aligned 16-bit layout that needs no pad or copy, not
+    decode-shaped, q's device current). Raises only what the launch raises (the validation's
+    errors, CUDA / NVRTC errors)."""
+def eager_plain(tensors: Sequence[Optional[Any]], device_types: Sequence[str]) -> bool:
+    """The eager fast path's rule past its switch and ``is_compiling`` (ops/_eager.py documents
+    it): plain tensor types, nothing for autograd to record, no lazy negation / conjugation
+    bit, the first tensor's device type in ``device_types``, no torch function / dispatch mode,
+    the autograd profiler off, no functorch transform, not jit-traced."""
 def attn_kvcache_check(
     q: TensorMeta, k_cache: TensorMeta, v_cache: TensorMeta, cu_seqlens_q: Optional[TensorMeta],
     cu_seqlens_k: Optional[TensorMeta], max_seqlen_q: int, cache_seqlens: Optional[TensorMeta], seqlen_k_add: int,

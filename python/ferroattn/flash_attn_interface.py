@@ -79,6 +79,7 @@ from .ops.attention import _F32_OVERFLOW  # the one fp32-finiteness bound (check
 from .ops.attention import check_softmax_scale as _check_scale_value
 from .ops.attention import run_attn_fwd as _attn_fwd_op
 from .ops.attention import run_attn_fwd_dmask as _attn_fwd_dmask_op
+from .ops import _eager
 from .ops import kvcache as _kvcache
 from .ops.variant import AttnVariant
 
@@ -528,6 +529,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     (ferroattn.errors, all RuntimeError). The backward raises the same classes (from the
     validation of ``ferroattn::attn_bwd``) only for inputs the forward already rejects.
     """
+    if _eager.ENABLED and not torch.compiler.is_compiling():
+        # the common plain / causal eager call in one native call (src/ops/attention/fast.rs:
+        # it takes a call only when this function would launch the same kernel unchanged; None
+        # otherwise, and every check and error below stays this function's)
+        out = _native.attn_fwd_fast(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                    deterministic, return_attn_probs, s_aux)
+        if out is not None:
+            return out
     return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
                       window_size, softcap, alibi_slopes, deterministic, return_attn_probs, s_aux=s_aux)
 

@@ -28,6 +28,7 @@ use crate::tuning::attention::{fwd_config, fwd_production_configs, AttnFwdConfig
 use std::ffi::c_void;
 
 pub mod batch;
+pub mod fast;
 pub mod kvcache;
 pub mod sm80;
 pub mod sm90;

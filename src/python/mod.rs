@@ -3,9 +3,11 @@
 
 mod args;
 mod attention;
+mod attention_fast;
 mod attention_bwd;
 mod attention_kvcache;
 mod dlpack;
+mod eager;
 mod env;
 pub mod errors;
 mod gemm;
@@ -22,10 +24,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     env::register(m)?;
     jit::register(m)?;
     attention::register(m)?;
+    attention_fast::register(m)?;
     attention_bwd::register(m)?;
     attention_kvcache::register(m)?;
     gemm::register(m)?;
     dlpack::register(m)?;
+    eager::register(m)?;
     profiler::register(m)?;
     sparse24::register(m)?;
     Ok(())

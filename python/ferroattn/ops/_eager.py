@@ -50,29 +50,18 @@ __all__ = ["ENABLED", "plain_eager"]
 #: value is an ArgumentError naming the variable, raised at import: ``_native.env_switch``).
 ENABLED: bool = _native.env_switch("FERROATTN_EAGER_FASTPATH", True)
 
-_PLAIN = (Tensor, torch.nn.Parameter)
 #: device types of the first tensor that may take the fast path (the ops launch CUDA kernels;
 #: CPU tests add "cpu" to exercise the selection with the launcher emulated)
 _DEVICE_TYPES = ("cuda",)
-_C = torch._C
 
 
 def plain_eager(tensors: Sequence[Optional[Tensor]]) -> bool:
     """True when calling a custom op's implementation directly on ``tensors`` (the op's tensor
     arguments, None allowed; the first one is not None) does exactly what the op call does (the
-    conditions of the module docstring), False when the call must go through the op.
-    Costs ~1 µs (a few reads of torch's C state)."""
+    conditions of the module docstring), False when the call must go through the op. The
+    conditions past the switch and ``is_compiling`` are read in one native call
+    (``_native.eager_plain``, src/python/eager.rs: their one home, which
+    ``_native.attn_fwd_fast`` shares)."""
     if not ENABLED or torch.compiler.is_compiling():   # first: torch.compile traces only this
         return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) not in _PLAIN or (grad and t.requires_grad) or t.is_neg() or t.is_conj():
-            return False   # a lazy negation / conjugation bit: the op resolves it (DLPack cannot carry it)
-    return (tensors[0].device.type in _DEVICE_TYPES
-            and _C._len_torch_function_stack() == 0
-            and _C._len_torch_dispatch_stack() == 0
-            and not torch.autograd.profiler._is_profiler_enabled
-            and not _C._are_functorch_transforms_active()
-            and _C._get_tracing_state() is None)
+    return _native.eager_plain(tensors, _DEVICE_TYPES)

@@ -1,0 +1,148 @@
+//! The one-call eager forward: which `flash_attn_func` calls may skip the Python layer's
+//! argument handling and launch from a single native call (`_native.attn_fwd_fast`), and what
+//! that call launches.
+//!
+//! The rule is a subset, never a second set of rules: a call is taken only when every argument
+//! is already in the normal form the Python path would produce without a copy, a pad or a
+//! change of route, so both routes launch the same kernel with the same parameters. Anything
+//! else — an unusual type, a variant, a pad, a misaligned view, a decode-shaped call, an empty
+//! or invalid tensor — is declined (None) and the caller runs the Python path, which owns the
+//! argument checks and their error messages.
+//!
+//! Taken here (on the tensors' views): padded q (b, s_q, h, d), k and v (b, s_k, h_k, d), all
+//! non-empty, of one 16-bit dtype on one CUDA device; h a multiple of h_k; d a multiple of 8 in
+//! 8..=256 (no pad); every tensor tile-aligned (`ops::_to_native.tile_aligned`'s rule: the data
+//! pointer and the strides of dims of size > 1 multiples of 16 bytes, stride(-1) == 1); s_q > 1
+//! (flash_attn drops `causal` at s_q == 1: the variant's normalisation stays in Python); and not
+//! decode-shaped (`tuning::attention_kvcache::use_kvcache_path`: that call takes the kv-cache
+//! kernel). The binding (src/python/attention.rs) checks the Python side: exact argument types,
+//! the values of the plain variant (no dropout, window, softcap, ALiBi, sinks, returned
+//! softmax), a positive scale finite in fp32, and the eager rule of `ops/_eager.py`.
+
+use crate::dtype::DType;
+use crate::ops::attention::VariantKind;
+use crate::tensor::TensorView;
+use crate::tuning::attention_kvcache::use_kvcache_path;
+
+/// What a taken call allocates and passes: lse (b, h, s_q) fp32, the default scale's head dim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastForward {
+    pub lse_shape: [i64; 3],
+    pub head_dim: i64,
+}
+
+/// The pointer and strides of `t` as the kernels read rows in place (module docs).
+fn tile_aligned(t: &TensorView) -> bool {
+    let elem = t.meta.dtype.size_bytes() as i64;
+    let m = &t.meta;
+    t.ptr % 16 == 0
+        && m.strides.last() == Some(&1)
+        && m.shape.iter().zip(&m.strides).rev().skip(1).all(|(&n, &s)| n <= 1 || (s * elem) % 16 == 0)
+}
+
+/// The call the one-call forward launches for q, k, v (module docs), or None to decline.
+pub fn fast_forward(q: &TensorView, k: &TensorView, v: &TensorView, causal: bool) -> Option<FastForward> {
+    let (qm, km, vm) = (&q.meta, &k.meta, &v.meta);
+    if qm.shape.len() != 4 || km.shape.len() != 4 || km.shape != vm.shape {
+        return None;
+    }
+    if !matches!(qm.dtype, DType::F16 | DType::BF16) || km.dtype != qm.dtype || vm.dtype != qm.dtype {
+        return None;
+    }
+    if !qm.device.is_cuda() || km.device != qm.device || vm.device != qm.device {
+        return None;
+    }
+    let (b, s_q, h, d) = (qm.shape[0], qm.shape[1], qm.shape[2], qm.shape[3]);
+    let (s_k, h_k) = (km.shape[1], km.shape[2]);
+    if km.shape[0] != b || km.shape[3] != d || b < 1 || s_q < 2 || s_k < 1 || h_k < 1 || h % h_k != 0 {
+        return None;
+    }
+    if d % 8 != 0 || !(8..=256).contains(&d) || s_q > i32::MAX as i64 || s_k > i32::MAX as i64 {
+        return None;
+    }
+    if !(tile_aligned(q) && tile_aligned(k) && tile_aligned(v)) {
+        return None;
+    }
+    let kind = if causal { VariantKind::CAUSAL } else { VariantKind::PLAIN };
+    if use_kvcache_path(s_q as u64, (h / h_k) as u64, s_k as u64, kind) {
+        return None;
+    }
+    Some(FastForward { lse_shape: [b, h, s_q], head_dim: d })
+}
+
+/// The kernels' fp32 scale of a caller's `softmax_scale` when the one-call path may pass it
+/// unchanged: positive and finite in fp32 (else None: zero, negative and overflowing scales
+/// take the Python path's mapping and checks, ops/attention.py `positive_scale`).
+pub fn fast_scale(softmax_scale: Option<f64>, head_dim: i64) -> Option<f64> {
+    let s = softmax_scale.unwrap_or_else(|| (head_dim as f64).powf(-0.5));
+    let s32 = s as f32;
+    (s32.is_finite() && s32 > 0.0).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::{Device, TensorMeta};
+
+    fn view(shape: &[i64], dtype: DType, ptr: u64) -> TensorView {
+        let mut strides = vec![1i64; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1];
+        }
+        TensorView {
+            meta: TensorMeta { shape: shape.to_vec(), strides, dtype, device: Device::cuda(0) },
+            ptr,
+        }
+    }
+
+    #[test]
+    fn takes_the_plain_padded_call() {
+        let q = view(&[2, 128, 16, 64], DType::BF16, 4096);
+        let k = view(&[2, 256, 4, 64], DType::BF16, 8192);
+        assert_eq!(fast_forward(&q, &k, &k, true), Some(FastForward { lse_shape: [2, 16, 128], head_dim: 64 }));
+    }
+
+    #[test]
+    fn declines_what_the_python_path_changes_or_checks() {
+        let k = view(&[2, 256, 4, 64], DType::BF16, 8192);
+        let q = |shape: &[i64], dtype, ptr| view(shape, dtype, ptr);
+        let cases = [
+            q(&[2, 128, 16, 60], DType::BF16, 4096),   // pad to 64
+            q(&[2, 1, 16, 64], DType::BF16, 4096),     // s_q == 1: causal dropped
+            q(&[2, 128, 16, 64], DType::F32, 4096),    // dtype
+            q(&[2, 128, 16, 64], DType::F16, 4096),    // dtype differs from k's
+            q(&[2, 128, 16, 64], DType::BF16, 4098),   // misaligned pointer
+            q(&[2, 128, 6, 64], DType::BF16, 4096),    // h not a multiple of h_k
+            q(&[0, 128, 16, 64], DType::BF16, 4096),   // empty
+            q(&[128, 16, 64], DType::BF16, 4096),      // varlen rank
+        ];
+        for c in &cases {
+            assert_eq!(fast_forward(c, &k, &k, false), None, "{:?}", c.meta);
+        }
+        let q = view(&[2, 128, 16, 64], DType::BF16, 4096);
+        let mut strided = view(&[2, 128, 16, 64], DType::BF16, 4096);
+        strided.meta.strides[3] = 2;
+        assert_eq!(fast_forward(&strided, &k, &k, false), None);
+        let mut odd_rows = view(&[2, 128, 16, 64], DType::BF16, 4096);
+        odd_rows.meta.strides[1] = 16 * 64 + 4;   // rows 8 bytes apart from 16-byte alignment
+        assert_eq!(fast_forward(&odd_rows, &k, &k, false), None);
+        let mut cpu = view(&[2, 128, 16, 64], DType::BF16, 4096);
+        cpu.meta.device = Device::CPU;
+        assert_eq!(fast_forward(&cpu, &k, &k, false), None);
+        let v_other = view(&[2, 256, 4, 32], DType::BF16, 8192);
+        assert_eq!(fast_forward(&q, &k, &v_other, false), None);
+        // decode-shaped: 2 queries against 4096 keys take the kv-cache kernel
+        let q2 = view(&[2, 2, 16, 64], DType::BF16, 4096);
+        let long_k = view(&[2, 4096, 4, 64], DType::BF16, 8192);
+        assert_eq!(fast_forward(&q2, &long_k, &long_k, true), None);
+    }
+
+    #[test]
+    fn scale_is_taken_only_positive_and_finite_in_fp32() {
+        assert_eq!(fast_scale(None, 64), Some(0.125));
+        assert_eq!(fast_scale(Some(0.5), 64), Some(0.5));
+        for bad in [0.0, -0.125, 1e300, f64::NAN, f64::INFINITY, 1e-50] {
+            assert_eq!(fast_scale(Some(bad), 64), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! attn_fwd_fast: `flash_attn_func`'s common eager call in one native call →
+//! ops::attention::fast (which calls it takes) and ops::attention::attn_fwd (the launch).
+//!
+//! The Python side's share of the rule, read here: every argument of an exact, already
+//! normal type — q, k, v plain tensors; `dropout_p` and `softcap` the float or int 0; `causal`,
+//! `deterministic` bools; `window_size` a tuple of two negative ints (unbounded); `alibi_slopes`
+//! and `s_aux` None; `return_attn_probs` False; `softmax_scale` None or a float that
+//! ops::attention::fast::fast_scale takes — the eager rule (eager.rs), no forward-mode AD level,
+//! q's device the current one. Anything else returns None and flash_attn_func runs its Python
+//! path, whose checks own every error message.
+
+use super::eager::{forward_ad_active, plain_eager, torch};
+use crate::dlpack::{import, import_writable};
+use crate::error::Result;
+use crate::ops::attention as op;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyTuple};
+
+/// An exact Python bool's value (not an int, not a numpy bool), or None.
+fn exact_bool(x: &Bound<'_, PyAny>) -> Option<bool> {
+    x.cast_exact::<PyBool>().ok().map(|b| b.is_true())
+}
+
+/// True for the exact float 0.0 / -0.0 or the exact int 0.
+fn exact_zero(x: &Bound<'_, PyAny>) -> bool {
+    if let Ok(f) = x.cast_exact::<PyFloat>() {
+        return f.value() == 0.0;
+    }
+    x.cast_exact::<PyInt>().ok().and_then(|i| i.extract::<i64>().ok()) == Some(0)
+}
+
+/// True for an exact tuple of two exact negative ints (flash_attn: both sides unbounded).
+fn unbounded_window(x: &Bound<'_, PyAny>) -> bool {
+    let Ok(t) = x.cast_exact::<PyTuple>() else { return false };
+    t.len() == 2
+        && t.iter().all(|s| s.cast_exact::<PyInt>().ok().and_then(|i| i.extract::<i64>().ok()).is_some_and(|v| v < 0))
+}
+
+/// `flash_attn_func(q, k, v, ...)` launched from here when it is the common plain or causal
+/// eager call (module docs): returns `out` (torch.empty_like(q), fully written), or None when
+/// the call must take the Python path. Raises only what that path would raise from the same
+/// launch (the Rust validation's errors, CUDA / NVRTC errors).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn attn_fwd_fast<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    dropout_p: &Bound<'py, PyAny>,
+    softmax_scale: &Bound<'py, PyAny>,
+    causal: &Bound<'py, PyAny>,
+    window_size: &Bound<'py, PyAny>,
+    softcap: &Bound<'py, PyAny>,
+    alibi_slopes: &Bound<'py, PyAny>,
+    deterministic: &Bound<'py, PyAny>,
+    return_attn_probs: &Bound<'py, PyAny>,
+    s_aux: &Bound<'py, PyAny>,
+) -> Result<Option<Bound<'py, PyAny>>> {
+    let Some(causal) = exact_bool(causal) else { return Ok(None) };
+    if exact_bool(deterministic).is_none() || exact_bool(return_attn_probs) != Some(false) {
+        return Ok(None);
+    }
+    if !(exact_zero(dropout_p) && exact_zero(softcap) && alibi_slopes.is_none() && s_aux.is_none()
+        && unbounded_window(window_size))
+    {
+        return Ok(None);
+    }
+    let scale = if softmax_scale.is_none() {
+        None
+    } else {
+        match softmax_scale.cast_exact::<PyFloat>() {
+            Ok(f) => Some(f.value()),
+            Err(_) => return Ok(None),
+        }
+    };
+    let cuda = intern!(py, "cuda");
+    let device_types = PyTuple::new(py, [cuda])?;
+    if !plain_eager(py, [q.clone(), k.clone(), v.clone()], device_types.as_any())? || forward_ad_active(py)? {
+        return Ok(None);
+    }
+    let (qi, ki, vi) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
+    let Some(call) = op::fast::fast_forward(&qi.view, &ki.view, &vi.view, causal) else { return Ok(None) };
+    let Some(scale) = op::fast::fast_scale(scale, call.head_dim) else { return Ok(None) };
+    let t = torch(py)?;
+    let device = qi.view.meta.device.id;
+    if t.cuda_get_device.bind(py).call0()?.extract::<i32>()? != device {
+        return Ok(None);   // the Python path switches the device
+    }
+    let out = t.empty_like.bind(py).call1((q,))?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
+    let lse = q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, call.lse_shape)?,), Some(&kwargs))?;
+    let stream: u64 = t.cuda_raw_stream.bind(py).call1((device,))?.extract()?;
+    let (oi, li) = (import_writable(&out, "out")?, import_writable(&lse, "softmax_lse")?);
+    let variant = op::AttnVariant { causal, ..Default::default() };
+    let (qv, kv, vv, ov, lv) = (&qi.view, &ki.view, &vi.view, &oi.view, &li.view);
+    let (s_q, s_k) = (qv.meta.shape[1], kv.meta.shape[1]);
+    // Detached: the first call of a configuration compiles or loads a module.
+    py.detach(|| op::attn_fwd(qv, kv, vv, ov, lv, None, None, s_q, s_k, scale as f32, &variant, stream))?;
+    Ok(Some(out))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(attn_fwd_fast, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_take_only_the_exact_plain_values() {
+        Python::initialize();
+        Python::attach(|py| -> PyResult<()> {
+            let eval = |src: &str| py.eval(&std::ffi::CString::new(src).unwrap(), None, None);
+            assert_eq!(exact_bool(&eval("True")?), Some(true));
+            assert_eq!(exact_bool(&eval("False")?), Some(false));
+            for odd in ["1", "0", "None", "'yes'"] {
+                assert_eq!(exact_bool(&eval(odd)?), None, "{odd}");
+            }
+            for zero in ["0.0", "-0.0", "0"] {
+                assert!(exact_zero(&eval(zero)?), "{zero}");
+            }
+            for odd in ["False", "0.1", "'0'", "None", "1", "10**30"] {
+                assert!(!exact_zero(&eval(odd)?), "{odd}");
+            }
+            for ok in ["(-1, -1)", "(-5, -1)"] {
+                assert!(unbounded_window(&eval(ok)?), "{ok}");
+            }
+            for odd in ["[-1, -1]", "(-1,)", "(-1, 0)", "(4, -1)", "(True, -1)", "(-1.0, -1)", "(-1, -1, -1)"] {
+                assert!(!unbounded_window(&eval(odd)?), "{odd}");
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}
