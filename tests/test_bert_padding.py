@@ -1,6 +1,7 @@
 """ferroattn.bert_padding on CPU: the flash_attn contract (5-tuple), round trip, gradients."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ferroattn.bert_padding import pad_input, unpad_input
@@ -74,3 +75,23 @@ def test_index_first_axis_and_inverse_are_differentiable():
     expected = torch.zeros(6, 2, 3, dtype=torch.float64)
     expected[idx] = torch.tensor([4.0, 0.0, 5.0], dtype=torch.float64)[:, None, None]
     assert torch.equal(x.grad, expected)
+
+
+def test_unpad_input_masks_are_checked_and_read_as_nonzero():
+    from ferroattn.bert_padding import unpad_input
+    from ferroattn.errors import ArgumentError
+    x = torch.arange(8.0).view(2, 4, 1)
+    m = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    want = unpad_input(x, m.bool())
+    for mask in (m * 2, m.float() * 0.5):
+        got = unpad_input(x, mask)
+        assert torch.equal(got[0], want[0]) and got[2].tolist() == [0, 2, 5] and got[3] == 3
+    # an unused_mask overlapping attention_mask counts each token once
+    got = unpad_input(x, m, unused_mask=m)
+    assert got[2].tolist() == [0, 2, 5] and got[4].tolist() == [2, 3]
+    with pytest.raises(ArgumentError, match=r"^attention_mask: expected shape \(batch, seqlen\) = \(2, 4\), got \(2, 3\)"):
+        unpad_input(x, m[:, :3])
+    with pytest.raises(ArgumentError, match="^unused_mask: expected shape"):
+        unpad_input(x, m, unused_mask=torch.tensor([0, 0, 1, 0]))
+    with pytest.raises(ArgumentError, match="^attention_mask: expected a .* tensor, got list"):
+        unpad_input(x, [[1, 1, 0, 0], [1, 1, 1, 0]])

@@ -410,3 +410,31 @@ def test_ring_simulated_in_one_process(monkeypatch, world, zigzag, causal, varle
     torch.testing.assert_close(join([r[1] for r in res], dim=1 if varlen else 2), ref_lse, rtol=1e-10, atol=1e-10)
     for i, name in enumerate(("dq", "dk", "dv")):
         torch.testing.assert_close(join([r[2][i] for r in res]), ref_grads[i], rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_merge_and_shard_argument_errors():
+    out, lse = torch.zeros(1, 4, 2, 8), torch.zeros(1, 2, 4)
+    with pytest.raises(ArgumentError, match=r"^block_lse: expected \(b, h, s\) = \(1, 2, 4\), got \(1, 2, 1\)"):
+        merge_attention(out, lse, out, lse[..., :1])
+    with pytest.raises(ArgumentError, match="^block_out: expected out's shape"):
+        merge_attention(out, lse, out[..., :1], lse)
+    with pytest.raises(ArgumentError, match="^out: expected float32 or float64"):
+        merge_attention(out.bfloat16(), lse.bfloat16(), out, lse)
+    with pytest.raises(ArgumentError, match=r"^out: expected \(b, s, h, d\)"):
+        merge_attention(out[0], lse, out, lse)
+    with pytest.raises(ArgumentError, match="^lse: expected a Tensor"):
+        merge_attention(out, 0.0, out, lse)
+    merged, new = merge_attention(out, lse, out, lse)        # the next valid call works
+    assert merged.shape == out.shape and new.shape == lse.shape
+    y = torch.arange(12.0).view(12, 1)
+    with pytest.raises(ArgumentError, match="^cu_seqlens: expected offsets ending at x's 12 rows"):
+        shard_varlen(y, [0, 4], 0, 2)
+    with pytest.raises(ArgumentError, match="^cu_seqlens: expected a 1-D integer tensor or list of ints"):
+        shard_varlen(y, [0, 4.0, 12], 0, 2)
+    with pytest.raises(ArgumentError, match="^cu_seqlens: expected a 1-D integer tensor"):
+        shard_varlen(y, torch.tensor([0.0, 12.0]), 0, 2)
+    with pytest.raises(ArgumentError, match="^zigzag: expected a bool"):
+        shard_varlen(y, [0, 12], 0, 2, zigzag="no")
+    with pytest.raises(ArgumentError, match="^dim: expected an int"):
+        shard_varlen(y, [0, 12], 0, 2, dim=3)
+    assert shard_varlen(y, [0, 12], 1, 2).shape == (6, 1)

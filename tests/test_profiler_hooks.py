@@ -66,6 +66,11 @@ def test_targets_follow_the_rule():
     assert "embed" not in [n for n, _ in find_targets(model, top_level=False)]
     with pytest.raises(ArgumentError, match="model"):
         find_targets(object())
+    for arg in ("layer_lists", "attention_names", "mlp_names"):
+        for bad in ("layers", None, [1]):
+            with pytest.raises(ArgumentError, match=f"^{arg}: expected a list, tuple or set of attribute names"):
+                find_targets(model, **{arg: bad})
+    assert [n for n, _ in find_targets(model, layer_lists=("layers",))] == names
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v))

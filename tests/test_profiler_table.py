@@ -232,3 +232,12 @@ def test_chrome_trace_is_written_atomically(tmp_path):
         records().export_chrome_trace(tmp_path / "missing" / "t.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "t.json"]   # no temp file left
     assert path.stat().st_mode & 0o777 == 0o644                         # not mkstemp's 0600
+
+
+def test_records_total_gpu_ms_must_be_a_finite_number():
+    from ferroattn.errors import ArgumentError
+    from ferroattn.profiler.events import Records
+    for bad in (float("nan"), -1.0, float("inf"), True, "abc"):
+        with pytest.raises(ArgumentError, match="^total_gpu_ms: expected a finite real number >= 0"):
+            Records([], total_gpu_ms=bad)
+    assert Records([], total_gpu_ms=2).total_gpu_ms == 2.0

@@ -442,3 +442,14 @@ def test_s_aux_gradcheck():
         return attention_ref(qq, k, v, window_size=(1, 1), softcap=3.0, s_aux=sink, reference_dtype=F64)[0]
 
     assert torch.autograd.gradcheck(f, (qq, sink))
+
+
+def test_max_abs_diff_refuses_what_it_cannot_compare():
+    from ferroattn.errors import ArgumentError
+    with pytest.raises(ArgumentError, match=r"^b: expected a's shape \(0,\), got \(3,\)"):
+        max_abs_diff(torch.zeros(0), torch.ones(3))
+    with pytest.raises(ArgumentError, match="^b: expected a's shape"):
+        max_abs_diff(torch.zeros(3), torch.zeros(1) + 5)
+    with pytest.raises(ArgumentError, match="^a: expected a real tensor"):
+        max_abs_diff(torch.tensor([1j]), torch.tensor([0j]))
+    assert max_abs_diff(torch.zeros(3), torch.ones(3)) == 1.0

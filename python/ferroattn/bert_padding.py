@@ -18,6 +18,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .errors import ArgumentError
+
 __all__ = ["unpad_input", "unpad_indices", "pad_input", "index_first_axis", "index_put_first_axis"]
 
 
@@ -46,13 +48,26 @@ def index_put_first_axis(values: Tensor, indices: Tensor, first_axis_dim: int) -
     return output.index_put((indices,), values)
 
 
+def _check_mask(name: str, mask, shape) -> None:
+    """A (batch, seqlen) bool or real mask (of ``shape`` when given; nonzero = a token);
+    ArgumentError otherwise.
+    Only metadata is read (no sync)."""
+    if not isinstance(mask, Tensor):
+        raise ArgumentError(f"{name}: expected a (batch, seqlen) bool or integer tensor, got {type(mask).__name__}")
+    if mask.dim() != 2 or (shape is not None and tuple(mask.shape) != shape):
+        want = "(batch, seqlen)" if shape is None else f"(batch, seqlen) = {shape}"
+        raise ArgumentError(f"{name}: expected shape {want}, got {tuple(mask.shape)}")
+    if mask.is_complex():
+        raise ArgumentError(f"{name}: expected a bool or real tensor, got {mask.dtype}")
+
+
 def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Optional[Tensor] = None
                 ) -> Tuple[Tensor, Tensor, Tensor, int, Tensor]:
     """Gather the real tokens of a padded batch into one packed tensor.
 
     Args:
         hidden_states: (batch, seqlen, ...), any dtype/device.
-        attention_mask: (batch, seqlen), bool or int; nonzero / True = real token (any position:
+        attention_mask: (batch, seqlen), bool or int (any real dtype); nonzero / True = real token (any position:
             left, right or middle padding all work; token order is kept).
         unused_mask: optional (batch, seqlen), same meaning: tokens that are kept in the packed
             tensor and counted in ``cu_seqlens`` but not in ``seqused`` (flash_attn semantics).
@@ -64,6 +79,10 @@ def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Opti
         max_seqlen_in_batch: Python int, the largest count (a host sync on CUDA).
         seqused: int32 (batch,), tokens per sequence selected by ``attention_mask`` alone.
     """
+    if not isinstance(hidden_states, Tensor) or hidden_states.dim() < 2:
+        raise ArgumentError(f"hidden_states: expected a (batch, seqlen, ...) tensor, got "
+                            f"{tuple(hidden_states.shape) if isinstance(hidden_states, Tensor) else type(hidden_states).__name__}")
+    _check_mask("attention_mask", attention_mask, tuple(hidden_states.shape[:2]))
     indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch = unpad_indices(attention_mask, unused_mask)
     flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
     return index_first_axis(flat, indices), indices, cu_seqlens, max_seqlen_in_batch, used_seqlens_in_batch
@@ -76,7 +95,16 @@ def unpad_indices(attention_mask: Tensor, unused_mask: Optional[Tensor] = None
 
     Returns ``(indices, cu_seqlens, max_seqlen_in_batch, seqused)`` as :func:`unpad_input` does.
     """
-    all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
+    _check_mask("attention_mask", attention_mask, None)
+    # nonzero = a real token: as bools, the counts and the gathered positions agree for any mask
+    # values (an int mask holding 2, or overlapping masks, would otherwise count a token twice)
+    attention_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+    if unused_mask is not None:
+        _check_mask("unused_mask", unused_mask, tuple(attention_mask.shape))
+        unused = unused_mask if unused_mask.dtype == torch.bool else unused_mask != 0
+        all_masks = attention_mask | unused
+    else:
+        all_masks = attention_mask
     seqlens_in_batch = all_masks.sum(dim=-1, dtype=torch.int32)
     used_seqlens_in_batch = attention_mask.sum(dim=-1, dtype=torch.int32)
     indices = torch.nonzero(all_masks.flatten(), as_tuple=False).flatten()

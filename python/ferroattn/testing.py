@@ -40,6 +40,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .errors import ArgumentError
+
 __all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "max_abs_diff", "assert_close_to_ref",
            "random_cu_seqlens", "attention_grads_ref", "normalise_window", "rotary_ref", "paged_to_contiguous",
            "kvcache_ref"]
@@ -261,7 +263,13 @@ def attention_varlen_ref(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
 
 def max_abs_diff(a: Tensor, b: Tensor) -> float:
     """max |a - b| in fp64; positions where both are equal (including equal infinities) count 0;
-    NaN anywhere in ``a`` or ``b`` gives NaN."""
+    NaN anywhere in ``a`` or ``b`` gives NaN. ArgumentError for shapes that differ (no broadcast)
+    or a complex tensor (its imaginary part would be dropped)."""
+    if tuple(a.shape) != tuple(b.shape):
+        raise ArgumentError(f"b: expected a's shape {tuple(a.shape)}, got {tuple(b.shape)}")
+    for name, t in (("a", a), ("b", b)):
+        if t.is_complex():
+            raise ArgumentError(f"{name}: expected a real tensor, got {t.dtype}")
     a64, b64 = a.detach().to(torch.float64), b.detach().to(torch.float64)
     if a64.numel() == 0:
         return 0.0

@@ -74,7 +74,14 @@ def zigzag_unshard(parts, dim: int = 1) -> Tensor:
 
 def _offsets(cu_seqlens, world_size: int, zigzag: bool):
     _check_world(world_size)
+    if isinstance(cu_seqlens, Tensor) and (cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point()):
+        raise ArgumentError(f"cu_seqlens: expected a 1-D integer tensor or list of ints, got {cu_seqlens.dtype} "
+                            f"of shape {tuple(cu_seqlens.shape)}")
+    if not isinstance(cu_seqlens, (Tensor, list, tuple)):
+        raise ArgumentError(f"cu_seqlens: expected a 1-D integer tensor or list of ints, got {type(cu_seqlens).__name__}")
     c = cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else list(cu_seqlens)
+    if not all(_is_int(v) for v in c):
+        raise ArgumentError(f"cu_seqlens: expected a 1-D integer tensor or list of ints, got {c}")
     unit = 2 * world_size if zigzag else world_size
     lens = [b - a for a, b in zip(c[:-1], c[1:])]
     if not c or c[0] != 0 or any(n < 0 or n % unit for n in lens):
@@ -91,6 +98,15 @@ def shard_varlen(x: Tensor, cu_seqlens, rank: int, world_size: int, zigzag: bool
     ArgumentError (lengths that do not split evenly, a rank outside the world)."""
     _check_rank(rank, world_size)
     c, lens, unit = _offsets(cu_seqlens, world_size, zigzag)
+    if not isinstance(x, Tensor):
+        raise ArgumentError(f"x: expected a Tensor, got {type(x).__name__}")
+    if not isinstance(zigzag, bool):
+        raise ArgumentError(f"zigzag: expected a bool, got {zigzag!r}")
+    if not _is_int(dim) or not -x.dim() <= dim < x.dim():
+        raise ArgumentError(f"dim: expected an int in [{-x.dim()}, {x.dim()}), got {dim!r}")
+    if c[-1] != x.shape[dim]:
+        raise ArgumentError(f"cu_seqlens: expected offsets ending at x's {x.shape[dim]} rows along dim {dim}, "
+                            f"got {c[-1]}")
     parts = []
     for a, n in zip(c, lens):
         chunks = x.narrow(dim, a, n).chunk(unit, dim=dim) if n else []

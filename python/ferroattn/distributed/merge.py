@@ -12,6 +12,31 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from ..errors import ArgumentError
+
+
+def _check_merge(out, lse, block_out, block_lse) -> None:
+    """merge_attention's argument checks (shapes only: no data is read)."""
+    for name, t in (("out", out), ("lse", lse), ("block_out", block_out), ("block_lse", block_lse)):
+        if not isinstance(t, Tensor):
+            raise ArgumentError(f"{name}: expected a Tensor, got {type(t).__name__}")
+    if out.dim() != 4:
+        raise ArgumentError(f"out: expected (b, s, h, d), got shape {tuple(out.shape)}")
+    b, s, h, _ = out.shape
+    if tuple(block_out.shape) != tuple(out.shape):
+        raise ArgumentError(f"block_out: expected out's shape {tuple(out.shape)}, got {tuple(block_out.shape)}")
+    for name, t in (("lse", lse), ("block_lse", block_lse)):
+        if tuple(t.shape) != (b, h, s):
+            raise ArgumentError(f"{name}: expected (b, h, s) = {(b, h, s)}, got {tuple(t.shape)}")
+    for name, t in (("out", out), ("lse", lse)):
+        if t.dtype not in (torch.float32, torch.float64):
+            raise ArgumentError(f"{name}: expected float32 or float64 (the running pair), got {t.dtype}")
+    if lse.dtype != out.dtype:
+        raise ArgumentError(f"lse: expected out's dtype {out.dtype}, got {lse.dtype}")
+    for name, t in (("block_out", block_out), ("block_lse", block_lse)):
+        if not t.is_floating_point():
+            raise ArgumentError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+
 
 def lse_for_merge(lse: Tensor) -> Tensor:
     """The kernels' LSE (+inf for a row that saw no key) as a merge operand (−inf there: the row's
@@ -28,7 +53,9 @@ def merge_attention(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tens
         block_out: (b, s, h, d), any float dtype: the block's output.
         block_lse: fp32 (b, h, s): the block's LSE (−inf or +inf: the block has no key for the row).
 
-    Returns (out, lse), new tensors of out's dtype. Rows where both LSEs are −inf stay (0, −inf)."""
+    Returns (out, lse), new tensors of out's dtype. Rows where both LSEs are −inf stay (0, −inf).
+    Raises ArgumentError (not tensors, other shapes, a running pair that is not fp32 or wider)."""
+    _check_merge(out, lse, block_out, block_lse)
     block_lse = lse_for_merge(block_lse.to(lse.dtype))
     new = torch.logaddexp(lse, block_lse)
     empty = torch.isneginf(new)

@@ -246,12 +246,17 @@ class Records:
     start_us on one time base), the ceilings utilisation figures use (None: no % of ceiling
     columns) and ``total_gpu_ms``, the GPU time of the profiled window in ms (the denominator of
     "% of total"; ``profile`` sets the summed outermost module records, or without a model the
-    window's reference-to-end time; None: computed by :func:`.table.key_averages`)."""
+    window's reference-to-end time; None: computed by :func:`.table.key_averages`; else a finite
+    number >= 0, ArgumentError otherwise)."""
 
     modules: list = field(default_factory=list)
     kernels: list = field(default_factory=list)
     ceilings: Optional[Ceilings] = None
     total_gpu_ms: Optional[float] = None
+
+    def __post_init__(self):
+        if self.total_gpu_ms is not None:
+            self.total_gpu_ms = real("total_gpu_ms", self.total_gpu_ms, 0.0)
 
     def key_averages(self, group_by: str = "module"):
         """Aggregate by ``group_by`` ("module", "kernel" or "op"); see :func:`.table.key_averages`."""

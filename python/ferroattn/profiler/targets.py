@@ -36,10 +36,16 @@ def find_targets(model: Any, include_root: bool = True, layer_lists: Sequence[st
                  mlp_names: Sequence[str] = MLP_NAMES, top_level: bool = True) -> list:
     """The modules :func:`attach` hooks, as ``[(qualified name, module), ...]`` (rule in the
     module docstring): the root first, then the top-level components and layers in
-    ``model.named_modules()`` order. Raises ArgumentError when ``model`` is not a ``torch.nn.Module``."""
+    ``model.named_modules()`` order. Raises ArgumentError when ``model`` is not a ``torch.nn.Module``
+    or a name list is not a list, tuple or set of str (a bare str included)."""
     import torch  # noqa: PLC0415
     if not isinstance(model, torch.nn.Module):
         raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    for arg, names in (("layer_lists", layer_lists), ("attention_names", attention_names), ("mlp_names", mlp_names)):
+        # a str is a sequence of characters: "layers" would match a list named "l"
+        if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple, set, frozenset)) \
+                or not all(isinstance(n, str) for n in names):
+            raise ArgumentError(f"{arg}: expected a list, tuple or set of attribute names, got {names!r}")
     targets: list = []
     seen: set = set()
 
