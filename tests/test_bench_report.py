@@ -33,6 +33,19 @@ def test_fwd_flops_rejects_negative():
         report.fwd_flops(1, 1, -1, 4, 8, False)
 
 
+def test_flop_counts_refuse_mistyped_arguments():
+    from ferroattn.errors import ArgumentError
+    for args, name in [((1.5, 1, 4, 4, 8, False), "b"), (("1", 1, 4, 4, 8, False), "b"),
+                       ((1, 1, 4, 4, 8, "no"), "causal"), ((1, True, 4, 4, 8, False), "h")]:
+        with pytest.raises(ArgumentError, match=f"^{name}: expected"):
+            report.fwd_flops(*args)
+    for window in [(1,), 3, (1.0, 2)]:
+        with pytest.raises(ArgumentError, match="^window_size: expected a pair of ints"):
+            report.visible_pairs(4, 4, False, window)
+    import numpy as np
+    assert report.fwd_flops(np.int64(1), 1, 4, 4, 8, np.bool_(False)) == 4 * 16 * 8
+
+
 def test_tflops():
     assert report.tflops(2e12, 1000.0) == pytest.approx(2.0)
     assert report.tflops(1e12, None) is None and report.tflops(1e12, 0.0) is None

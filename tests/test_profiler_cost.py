@@ -54,6 +54,16 @@ def test_bad_rounds_are_argument_errors():
         cost.cost_verdict([], [], [], gpu_bound=False)
     with pytest.raises(ArgumentError, match="> 0"):
         cost.cost_verdict([1.0], [0.0], [1.0], gpu_bound=False)
+    with pytest.raises(ArgumentError, match=r"^ours_ms\[0\]: expected a finite real number > 0"):
+        cost.cost_verdict([1.0], [float("inf")], [1.0], gpu_bound=False)
+    with pytest.raises(ArgumentError, match=r"^plain_ms\[0\]: expected a finite real number"):
+        cost.cost_verdict(["1"], ["1"], ["1"], gpu_bound=False)
+    with pytest.raises(ArgumentError, match="^gpu_bound: expected a bool"):
+        cost.cost_verdict([1.0], [1.0], [1.0], gpu_bound="no")
+    with pytest.raises(ArgumentError, match="^plain_ms: expected a list of times"):
+        cost.cost_verdict((x for x in [1.0]), [1.0], [1.0], gpu_bound=False)
+    import numpy as np
+    assert cost.cost_verdict(np.ones(3), np.ones(3), np.ones(3), True)["rounds"] == 3
 
 
 def test_format_verdict_names_both_costs_and_each_rule():

@@ -75,6 +75,11 @@ def test_model_none_and_misuse():
         profile(None, schedule=3)
     with pytest.raises(ArgumentError, match="on_trace_ready"):
         profile(None, on_trace_ready="x")
+    with pytest.raises(ArgumentError, match="^record_shapes: expected a bool, got str 'no'"):
+        profile(None, record_shapes="no")
+    with pytest.raises(ArgumentError, match="^bogus: unexpected keyword argument of profile"):
+        profile(None, bogus=1)
+    assert profile(None, include_root=False, record_shapes=False).hook_options == {"include_root": False}
     with pytest.raises(ArgumentError, match="schedule"):
         with profile(None, schedule=lambda s: "RECORD"):
             pass

@@ -107,6 +107,8 @@ def test_token_ids_are_seeded():
     (dict(batches=[]), "batches"), (dict(batches=[1, 1]), "batches"), (dict(seqlens=[0]), "seqlens"),
     (dict(seqlens=[8.0]), "seqlens"), (dict(repeats=0), "repeats"), (dict(warmup=-1), "warmup"),
     (dict(vocab_size=None), "vocab_size"), (dict(vocab_size=0), "vocab_size"), (dict(seed="x"), "seed"),
+    (dict(profile_layers="no"), "profile_layers"), (dict(progress=1), "progress"),
+    (dict(profile_options={"bogus": 1}), "bogus"), (dict(profile_options={"record_shapes": "x"}), "record_shapes"),
 ])
 def test_sweep_argument_errors(kw, name):
     args = dict(batches=[1], seqlens=[8], repeats=1, warmup=0, progress=False, vocab_size=10)

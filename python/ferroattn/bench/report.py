@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import numbers
 import os
 import re
 import shutil
@@ -29,10 +30,34 @@ from typing import Any, Iterable, Sequence
 from .._measure import driver_version  # noqa: F401  (shared with the profiler; public here too)
 
 
+def _check_mask_args(causal, window_size) -> None:
+    """``causal`` a bool, ``window_size`` a pair of ints (ArgumentError naming them otherwise: a
+    string such as ``"no"`` is never read as True)."""
+    from ..errors import ArgumentError  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ArgumentError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window_size)):
+        raise ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+
+
+def _check_sizes(**sizes) -> None:
+    """Every size an int >= 0 (ArgumentError naming it otherwise: no float is truncated)."""
+    from ..errors import ArgumentError  # noqa: PLC0415
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+            raise ArgumentError(f"{name}: expected an int >= 0, got {type(v).__name__} {v!r}")
+
+
 def visible_pairs(s_q: int, s_k: int, causal: bool = False, window_size: Sequence[int] = (-1, -1)) -> int:
     """The (query, key) pairs of one (batch, head) that the causal / window mask leaves visible:
     :func:`ferroattn.ops.attention.visible_pairs` (the one count; the launch recorder's FLOPs use
-    the same). Needs torch and the native extension (imported on first use)."""
+    the same). Needs torch and the native extension (imported on first use). Raises
+    ArgumentError (sizes that are not ints >= 0, a causal that is not a bool, a window that is
+    not a pair of ints)."""
+    _check_sizes(s_q=s_q, s_k=s_k)
+    _check_mask_args(causal, window_size)
     from ferroattn.ops.attention import visible_pairs as _visible_pairs
     return int(_visible_pairs(int(s_q), int(s_k), bool(causal), tuple(int(w) for w in window_size)))
 
@@ -43,10 +68,9 @@ def fwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
     pair and head, i.e. 4·b·h·d·:func:`visible_pairs` -- 4·b·h·s_q·s_k·d without a mask; causal
     with s_q == s_k counts s·(s + 1)/2 pairs (the diagonal included: 1/s above the "half" of the
     FlashAttention papers); a local window counts only the pairs inside it. Softcap, ALiBi and
-    sinks do not change the count."""
-    for name, v in (("b", b), ("h", h), ("s_q", s_q), ("s_k", s_k), ("d", d)):
-        if v < 0:
-            raise ValueError(f"{name}: expected >= 0, got {v}")
+    sinks do not change the count. Raises ArgumentError (as :func:`visible_pairs`)."""
+    _check_sizes(b=b, h=h, s_q=s_q, s_k=s_k, d=d)
+    _check_mask_args(causal, window_size)
     return _flops("ATTN_FWD_PRODUCTS", b, h, s_q, s_k, d, causal, window_size)
 
 

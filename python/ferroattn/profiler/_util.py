@@ -30,6 +30,15 @@ def real(name: str, v: Any, lo: Optional[float] = None, *, strict: bool = False,
     return f
 
 
+def flag(name: str, v: Any) -> bool:
+    """``v`` as a bool: a bool or numpy bool (a truthy string such as ``"no"`` is an ArgumentError,
+    never read as True)."""
+    import numpy as np  # noqa: PLC0415
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    raise ArgumentError(f"{name}: expected a bool, got {type(v).__name__} {v!r}")
+
+
 def integer(name: str, v: Any, lo: Optional[int] = None, hi: Optional[int] = None, *, where: str = "") -> int:
     """``v`` as an int in ``[lo, hi]`` (a bound of None: none); ``where`` ends the error message."""
     rng = "" if lo is None and hi is None else (

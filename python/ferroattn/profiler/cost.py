@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from .._measure import median_ci
 from ..errors import ArgumentError
+from ._util import flag, real
 
 __all__ = ["BUDGET", "GPU_BOUND_TOKENS", "is_gpu_bound", "cost_verdict", "format_verdict"]
 
@@ -62,7 +63,14 @@ def cost_verdict(plain_ms: Sequence[float], ours_ms: Sequence[float], torch_ms: 
 
     Raises:
         ArgumentError: the three lists differ in length, are empty, or hold a time that is not
-            > 0."""
+            a finite number > 0; ``gpu_bound`` is not a bool."""
+    gpu_bound = flag("gpu_bound", gpu_bound)
+    lists = []
+    for name, xs in (("plain_ms", plain_ms), ("ours_ms", ours_ms), ("torch_ms", torch_ms)):
+        if isinstance(xs, (str, bytes)) or not hasattr(xs, "__len__"):
+            raise ArgumentError(f"{name}: expected a list of times (ms), got {type(xs).__name__}")
+        lists.append([real(f"{name}[{i}]", x, 0.0, strict=True) for i, x in enumerate(list(xs))])
+    plain_ms, ours_ms, torch_ms = lists
     if not (len(plain_ms) == len(ours_ms) == len(torch_ms)) or not plain_ms:
         raise ArgumentError(f"plain_ms, ours_ms, torch_ms: expected three non-empty lists of equal length, got "
                             f"{len(plain_ms)}, {len(ours_ms)} and {len(torch_ms)} values")

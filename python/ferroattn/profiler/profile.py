@@ -52,12 +52,14 @@ are not saved (warmup steps, an exception, a window left open) are released at o
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable, Optional
 
 from ..errors import ArgumentError, FerroattnError
 from . import launches
 from .ceilings import Ceilings
+from ._util import flag
 from .events import Records
 
 _RECORDING = ("RECORD", "RECORD_AND_SAVE")
@@ -112,9 +114,15 @@ class profile:
                                 f"got {type(recorder).__name__}")
         if event_factory is not None and not callable(event_factory):
             raise ArgumentError(f"event_factory: expected None or a callable returning an event, got {event_factory!r}")
+        from .hooks import attach  # noqa: PLC0415
+        known = set(inspect.signature(attach).parameters) - {"model", "event_factory", "record_shapes"}
+        unknown = sorted(set(hook_options) - known)
+        if unknown:
+            raise ArgumentError(f"{unknown[0]}: unexpected keyword argument of profile (the hook options are "
+                                f"{', '.join(sorted(known))})")
         self.model = model
-        self.record_shapes = bool(record_shapes)
-        self.with_flops = bool(with_flops)
+        self.record_shapes = flag("record_shapes", record_shapes)
+        self.with_flops = flag("with_flops", with_flops)
         self.schedule = schedule
         self.on_trace_ready = on_trace_ready
         self.event_factory = event_factory

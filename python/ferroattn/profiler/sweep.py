@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 from .._measure import event_ms
 from ..errors import ArgumentError, FerroattnError
 from .events import Records
-from ._util import integer
+from ._util import flag, integer
 from .knee import Knee, _check_axis_values, detect_knee, fmt_growth
 
 OOM = "out of memory"
@@ -272,6 +272,10 @@ def sweep(model: Any, batches: Sequence[int], seqlens: Sequence[int], *, repeats
     vocab_size = integer("vocab_size", vocab_size, 1)
     if profile_options is not None and not isinstance(profile_options, dict):
         raise ArgumentError(f"profile_options: expected a dict or None, got {type(profile_options).__name__}")
+    profile_layers, progress = flag("profile_layers", profile_layers), flag("progress", progress)
+    if profile_options:
+        from .profile import profile as _profile  # noqa: PLC0415
+        _profile(model, **profile_options)   # its argument checks, up front (nothing is attached yet)
     device = _model_device(model)
     cfg = getattr(model, "config", None)
     info = {"model": type(model).__name__, "device": str(device),
