@@ -78,8 +78,17 @@ def test_layout_argument_errors():
         zigzag_unshard([[1, 2], b])
     with pytest.raises(ArgumentError, match="^parts: expected an even size along dim 1"):
         zigzag_unshard([a[:, :3], b[:, :3]])
-    with pytest.raises(ArgumentError, match="^dim: expected in"):
+    with pytest.raises(ArgumentError, match="^dim: expected an int in"):
         zigzag_unshard([a, b], dim=2)
+    with pytest.raises(ArgumentError, match="^x: expected a Tensor, got list"):
+        zigzag_shard([1, 2], 0, 1)
+    for dim in (5, "1", 1.0):
+        with pytest.raises(ArgumentError, match="^dim: expected an int"):
+            zigzag_shard(x, 0, 2, dim=dim)
+    with pytest.raises(ArgumentError, match="^dim: expected an int"):
+        zigzag_unshard([a, b], dim="1")
+    import numpy as np
+    assert torch.equal(zigzag_shard(x, np.int64(1), np.int64(2)), b)
     p = [shard_varlen(x[0], [0, 8], r, 2) for r in range(2)]
     assert torch.equal(unshard_varlen(p, [0, 8]), x[0])
     with pytest.raises(ArgumentError, match=r"^parts: expected size 4 along dim 0 \(cu_seqlens\[-1\] / 2 ranks\), got 3"):

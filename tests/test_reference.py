@@ -453,3 +453,22 @@ def test_max_abs_diff_refuses_what_it_cannot_compare():
     with pytest.raises(ArgumentError, match="^a: expected a real tensor"):
         max_abs_diff(torch.tensor([1j]), torch.tensor([0j]))
     assert max_abs_diff(torch.zeros(3), torch.ones(3)) == 1.0
+
+
+def test_reference_argument_errors():
+    from ferroattn.errors import ArgumentError
+    from ferroattn.testing import normalise_window, random_cu_seqlens, visible_mask
+    q, k2 = torch.zeros(1, 4, 2, 8), torch.zeros(2, 4, 2, 8)
+    with pytest.raises(ArgumentError, match="^k: expected q's batch 1"):
+        attention_ref(q, k2, k2)
+    with pytest.raises(ArgumentError, match="^causal: expected a bool, got str"):
+        attention_ref(q, q, q, causal="no")
+    with pytest.raises(ArgumentError, match="^softmax_scale: expected None or a finite real number"):
+        attention_ref(q, q, q, softmax_scale=float("nan"))
+    with pytest.raises(ArgumentError, match="^window_size: expected a pair of ints"):
+        normalise_window((1, 2, 3), 10)
+    with pytest.raises(ArgumentError, match="^seqlen_q: expected an int >= 0"):
+        visible_mask(-1, 4)
+    with pytest.raises(ArgumentError, match=r"^lengths\[1\]: expected an int >= 0"):
+        random_cu_seqlens([3, -5])
+    assert random_cu_seqlens([3, 5]).tolist() == [0, 3, 8]

@@ -35,8 +35,11 @@ its tests' reference); O. Press et al., "Train Short, Test Long" (ALiBi), 2022; 
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -47,12 +50,33 @@ __all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "max_abs_dif
            "kvcache_ref"]
 
 
+def _check_length(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+        raise ArgumentError(f"{name}: expected an int >= 0, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
+def _check_causal(causal) -> bool:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ArgumentError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    return bool(causal)
+
+
+def _check_window(window_size) -> Tuple[int, int]:
+    if (isinstance(window_size, (str, bytes)) or not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window_size)):
+        raise ArgumentError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
 def normalise_window(window_size: Sequence[int], seqlen_k: int, causal: bool = False) -> Tuple[int, int]:
     """flash_attn's normalisation of ``window_size`` (flash_api.cpp): a side >= ``seqlen_k``
     becomes -1, ``causal`` forces right = 0, then a side at -1 while the other is >= 0 becomes
     ``seqlen_k``. Returns ``(left, right)``; (-1, -1) means no window (full or, with right = 0
-    and left = -1 before the last step, causal)."""
-    left, right = (int(w) for w in window_size)
+    and left = -1 before the last step, causal). ArgumentError for a window that is not a pair of
+    ints, a negative or non-int ``seqlen_k``, a causal that is not a bool."""
+    left, right = _check_window(window_size)
+    seqlen_k, causal = _check_length("seqlen_k", seqlen_k), _check_causal(causal)
     if left >= seqlen_k:
         left = -1
     if right >= seqlen_k:
@@ -78,6 +102,7 @@ def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
         window_seqlen_k: the s_k that :func:`normalise_window` uses (None -> ``seqlen_k``; in
             varlen mode flash_attn normalises with ``max_seqlen_k``).
     """
+    seqlen_q, seqlen_k = _check_length("seqlen_q", seqlen_q), _check_length("seqlen_k", seqlen_k)
     left, right = normalise_window(window_size, seqlen_k if window_seqlen_k is None else window_seqlen_k, causal)
     row = torch.arange(seqlen_q, device=device)[:, None]
     col = torch.arange(seqlen_k, device=device)[None, :]
@@ -141,11 +166,22 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
             scores and the sink (when ``s_aux`` is given); +inf for rows that see no key without
             sinks (``s_aux[h]`` with sinks). Dropout does not change it.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            raise ArgumentError(f"{name}: expected a (batch, seqlen, heads, head_dim) tensor, got "
+                                f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
     b, s_q, h, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
-    if h % h_k != 0:
-        raise ValueError(f"k: expected h_k dividing h = {h}, got h_k = {h_k}")
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ArgumentError(f"k: expected q's batch {b} and head dim {d}, got shape {tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ArgumentError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if h_k == 0 or h % h_k != 0:
+        raise ArgumentError(f"k: expected h_k dividing h = {h}, got h_k = {h_k}")
+    _check_causal(causal)
     drop_scale = _check_dropout_args(dropout_p, dropout_mask)
+    if softmax_scale is not None and not (isinstance(softmax_scale, numbers.Real) and math.isfinite(softmax_scale)):
+        raise ArgumentError(f"softmax_scale: expected None or a finite real number, got {softmax_scale!r}")
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     cdt = reference_dtype if upcast else q.dtype
     qc, kc, vc = q.to(cdt), k.to(cdt), v.to(cdt)
@@ -299,10 +335,11 @@ def assert_close_to_ref(out: Tensor, ref: Tensor, ref_lp: Tensor, factor: float 
 
 
 def random_cu_seqlens(lengths: List[int], device=None) -> Tensor:
-    """int32 (len(lengths) + 1,) prefix sums of ``lengths`` starting at 0."""
+    """int32 (len(lengths) + 1,) prefix sums of ``lengths`` (ints >= 0: ArgumentError otherwise)
+    starting at 0."""
     cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
+    for i, n in enumerate(lengths):
+        cu.append(cu[-1] + _check_length(f"lengths[{i}]", n))
     return torch.tensor(cu, dtype=torch.int32, device=device)
 
 

@@ -4,6 +4,8 @@ chunk-pairs of work, so every rank's pair costs 2N (Brandon et al., "Striped Att
 and the ring-flash-attention project's zigzag scheme)."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -11,7 +13,8 @@ from ..errors import ArgumentError
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An int, numpy int included (bools excluded)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _check_world(world_size) -> None:
@@ -37,16 +40,26 @@ def _check_parts(parts, dim: int, halves: bool) -> list:
     for r, p in enumerate(parts):
         if tuple(p.shape) != shape:
             raise ArgumentError(f"parts[{r}]: expected the shape of parts[0], {shape}, got {tuple(p.shape)}")
-    if not -len(shape) <= dim < len(shape):
-        raise ArgumentError(f"dim: expected in [{-len(shape)}, {len(shape)}) for parts of shape {shape}, got {dim}")
+    if not _is_int(dim) or not -len(shape) <= dim < len(shape):
+        raise ArgumentError(f"dim: expected an int in [{-len(shape)}, {len(shape)}) for parts of shape {shape}, "
+                            f"got {dim!r}")
     if halves and shape[dim] % 2:
         raise ArgumentError(f"parts: expected an even size along dim {dim} (two zigzag chunks per rank), "
                             f"got {shape[dim]}")
     return list(parts)
 
 
+def _check_dim(x, dim) -> None:
+    if not isinstance(x, Tensor):
+        raise ArgumentError(f"x: expected a Tensor, got {type(x).__name__}")
+    if not _is_int(dim) or not -x.dim() <= dim < x.dim():
+        raise ArgumentError(f"dim: expected an int in [{-x.dim()}, {x.dim()}) for x of shape {tuple(x.shape)}, "
+                            f"got {dim!r}")
+
+
 def _chunks(x: Tensor, world_size: int, dim: int):
     _check_world(world_size)
+    _check_dim(x, dim)
     n = x.shape[dim]
     if n % (2 * world_size) != 0:
         raise ArgumentError(f"x: expected dim {dim} to be a multiple of 2 · world_size = {2 * world_size}, got {n}")
@@ -57,6 +70,7 @@ def zigzag_shard(x: Tensor, rank: int, world_size: int, dim: int = 1) -> Tensor:
     """Rank ``rank``'s part of ``x``: chunks rank and 2·world_size − 1 − rank of dim ``dim`` (whose
     size must be a multiple of 2·world_size), concatenated (a new tensor). Raises ArgumentError."""
     _check_rank(rank, world_size)
+    rank, world_size = int(rank), int(world_size)
     c = _chunks(x, world_size, dim)
     return torch.cat([c[rank], c[2 * world_size - 1 - rank]], dim=dim)
 
@@ -97,13 +111,11 @@ def shard_varlen(x: Tensor, cu_seqlens, rank: int, world_size: int, zigzag: bool
     sequence order; its local offsets are ``cu_seqlens // world_size``. A new tensor. Raises
     ArgumentError (lengths that do not split evenly, a rank outside the world)."""
     _check_rank(rank, world_size)
+    rank, world_size = int(rank), int(world_size)
     c, lens, unit = _offsets(cu_seqlens, world_size, zigzag)
-    if not isinstance(x, Tensor):
-        raise ArgumentError(f"x: expected a Tensor, got {type(x).__name__}")
+    _check_dim(x, dim)
     if not isinstance(zigzag, bool):
         raise ArgumentError(f"zigzag: expected a bool, got {zigzag!r}")
-    if not _is_int(dim) or not -x.dim() <= dim < x.dim():
-        raise ArgumentError(f"dim: expected an int in [{-x.dim()}, {x.dim()}), got {dim!r}")
     if c[-1] != x.shape[dim]:
         raise ArgumentError(f"cu_seqlens: expected offsets ending at x's {x.shape[dim]} rows along dim {dim}, "
                             f"got {c[-1]}")
