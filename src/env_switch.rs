@@ -20,6 +20,11 @@ pub fn env_value(var: &str) -> Option<String> {
 /// The on / off switch `var`: `default` when unset or empty (after trimming). ArgumentError
 /// naming `var`, the accepted values and the value otherwise.
 pub fn env_switch(var: &str, default: bool) -> Result<bool> {
+    // std::env::var_os reports an empty name or one with '=' or NUL as unset (no variable can
+    // have it): such a name is an error, never silently the default
+    if var.is_empty() || var.contains('=') || var.contains('\0') {
+        return Err(Error::argument("var", "an environment variable name (non-empty, no '=' or NUL)", format!("{var:?}")));
+    }
     let Some(text) = env_value(var) else { return Ok(default) };
     match text.trim() {
         "" => Ok(default),
@@ -46,5 +51,9 @@ mod tests {
         assert!(e.contains(var) && e.contains("\"false\"") && e.contains(EXPECTED), "{e}");
         std::env::remove_var(var);
         assert!(env_switch(var, true).unwrap());
+        for bad in ["", "A=B", "A\0B"] {
+            let e = env_switch(bad, true).unwrap_err().to_string();
+            assert!(e.contains("var") && e.contains("environment variable name"), "{e}");
+        }
     }
 }

@@ -94,6 +94,17 @@ def test_parse_archs():
     assert cli.parse_archs(" sm_86 ") == ["sm_86"]
     with pytest.raises(ValueError, match="sm_9x"):
         cli.parse_archs("sm_80,sm_9x")
+    with pytest.raises(ValueError, match="sm_80aa"):
+        cli.parse_archs("sm_80aa")
+
+
+@pytest.mark.parametrize("argv", [["demo", "--repeats", "0"], ["bench", "attention", "--rep-ms", "nan"],
+                                  ["bench", "attention", "--time-budget-s", "-1"],
+                                  ["bench", "attention", "--backward", "--rep-ms", "-5"]])
+def test_bad_timing_options_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and "expected a positive" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text", ["", "2048,x", "0", "-5,10"])
@@ -245,3 +256,10 @@ def test_real_info_if_the_extension_is_built(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "NVRTC" in out and ("GPU 0" in out or "no CUDA driver/GPU found" in out or "Error" in out)
+
+
+@pytest.mark.parametrize("extra", [["--pages", ","], ["--rep-ms", "inf"], ["--time-budget-s", "nan"],
+                                   ["--time-budget-s", "-1"], ["--rounds", "0"]])
+def test_bench_decode_bad_options_exit_2(extra, capsys):
+    assert cli.main(["bench", "decode", *extra]) == 2
+    assert "--pages must be a non-empty list of positive ints" in capsys.readouterr().err

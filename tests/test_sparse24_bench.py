@@ -45,6 +45,8 @@ def test_grid_sizes():
     (["--dtypes", "fp32"], "--dtypes: expected a comma-separated subset of bf16,fp16"),
     (["--shapes", "cube"], "--shapes: expected one of all,square,llm"),
     (["--rep-ms", "0"], "--rep-ms: expected a positive number"),
+    (["--rep-ms", "inf"], "--rep-ms: expected a positive number"),
+    (["--time-budget-s", "inf"], "--time-budget-s: expected a positive number"),
     (["--time-budget-s", "-1"], "--time-budget-s: expected a positive number"),
 ])
 def test_bad_arguments_exit_2(argv, msg, capsys):

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -152,7 +153,7 @@ def parse_archs(text: str) -> list[str]:
     if not archs:
         raise ValueError("--arch: expected a comma-separated list like sm_80,sm_90a, got an empty list")
     for a in archs:
-        if not a.startswith("sm_") or not a[3:].rstrip("a").isdigit():
+        if re.fullmatch(r"sm_\d+a?", a) is None:
             raise ValueError(f"--arch: expected entries like sm_80 or sm_90a, got {a!r}")
     return archs
 
@@ -350,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="decoder config: llama-3.2-1b (default) or tiny")
     pd.add_argument("--seqlens", type=_arg_type(parse_int_list, "--seqlens"), default=[2048, 8192],
                     help="LLM prefill lengths in tokens (default 2048,8192)")
-    pd.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (median)")
+    pd.add_argument("--repeats", type=_arg_type(_positive_int, "--repeats"), default=10, help="timed repeats per measurement (median)")
     pd.add_argument("--skip-llm", action="store_true", help="run the MiniLM part only")
     pd.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON")
     pd.set_defaults(func=cmd_demo)
@@ -367,8 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="subset of 64,128,256")
     pa.add_argument("--seqlens", type=_arg_type(parse_int_list, "--seqlens"), default=None,
                     help="subset of 512,1024,2048,4096,8192,16384 (with --variants: any lengths)")
-    pa.add_argument("--rep-ms", type=float, default=None, help="timing budget per measurement (ms)")
-    pa.add_argument("--time-budget-s", type=float, default=None,
+    pa.add_argument("--rep-ms", type=_arg_type(_positive_float, "--rep-ms"), default=None,
+                    help="timing budget per measurement (ms)")
+    pa.add_argument("--time-budget-s", type=_arg_type(_positive_float, "--time-budget-s"), default=None,
                     help="stop measuring new grid points after this many seconds (rest recorded as skipped)")
     pa.add_argument("--peers", default=None,
                     help="SDPA backends to compare against (default flash,cudnn,efficient; with --backward "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -145,10 +146,13 @@ def run(args: argparse.Namespace) -> int:
     prog = "ferroattn bench decode"
     try:
         pages = tuple(int(x) for x in str(args.pages).split(",") if x.strip())
-        if any(pg < 1 for pg in pages) or args.rounds < 1 or not args.rep_ms > 0:
+        budget = args.time_budget_s
+        if (not pages or any(pg < 1 for pg in pages) or args.rounds < 1 or not 0 < args.rep_ms < math.inf
+                or (budget is not None and not 0 < budget < math.inf)):
             raise ValueError
     except ValueError:
-        print(f"{prog}: --pages must be positive ints, --rounds >= 1, --rep-ms > 0", file=sys.stderr)
+        print(f"{prog}: --pages must be a non-empty list of positive ints, --rounds >= 1, --rep-ms and "
+              f"--time-budget-s finite numbers > 0", file=sys.stderr)
         return 2
     import torch
     if not torch.cuda.is_available():

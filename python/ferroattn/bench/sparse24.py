@@ -641,11 +641,11 @@ def check_args(args: argparse.Namespace, prog: str = "ferroattn bench sparse24")
         dtypes = _parse_list(args.dtypes, "--dtypes", DTYPES)
         peers = ["dense"] if args.no_semi_structured else list(PEERS)
         grid(args.quick, dtypes, args.shapes)
-        if args.rep_ms is not None and not args.rep_ms > 0:
+        if args.rep_ms is not None and not 0 < args.rep_ms < float("inf"):
             raise ValueError(f"--rep-ms: expected a positive number, got {args.rep_ms}")
         if args.gpu_rep_ms is not None and not 0 < args.gpu_rep_ms < float("inf"):
             raise ValueError(f"--gpu-rep-ms: expected a positive number, got {args.gpu_rep_ms}")
-        if args.time_budget_s is not None and not args.time_budget_s > 0:
+        if args.time_budget_s is not None and not 0 < args.time_budget_s < float("inf"):
             raise ValueError(f"--time-budget-s: expected a positive number, got {args.time_budget_s}")
         timing.check_rounds(args.rounds, "--rounds")
     except ValueError as e:
