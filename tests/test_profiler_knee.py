@@ -223,3 +223,13 @@ def test_single_bump_within_the_noise_is_not_a_knee():
     grid = {(b, s): 1.0 + 1e-3 * b * s for b in BATCHES for s in SEQLENS}
     grid[(4, 1024)] *= 1.02
     assert not detect_knee(grid).found
+
+
+def test_rows_and_latencies_must_be_numbers():
+    for grid in (["12", "34"], [b"12", b"34"], [{1: 2, 3: 4}, {5: 6, 7: 8}], [{1.0, 2.0}, {3.0, 4.0}], "1234"):
+        with pytest.raises(ArgumentError, match="^grid: expected a mapping or a 2-D array of latencies"):
+            detect_knee(grid, batches=[1, 2], seqlens=[1, 2])
+    with pytest.raises(ArgumentError, match="^grid: expected latencies in ms"):
+        detect_knee({(1, 2): " 7 ", (1, 4): 8.0})
+    with pytest.raises(ArgumentError, match="^grid: expected a mapping or a 2-D array"):
+        detect_knee(5, batches=[1], seqlens=[1])

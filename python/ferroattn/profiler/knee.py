@@ -146,7 +146,7 @@ def _latency(name: str, where: str, v) -> Optional[float]:
     """A latency value: None/NaN -> missing; negative, infinite or non-numeric -> error."""
     if v is None:
         return None
-    if isinstance(v, bool):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):   # "7" or b"7" is no latency
         raise ArgumentError(f"{name}: expected latencies in ms (numbers), got {v!r} at {where}")
     try:
         f = float(v)
@@ -182,8 +182,15 @@ def _normalise(grid, batches, seqlens) -> dict:
         bs = _check_axis_values("batches", batches)
         ss = _check_axis_values("seqlens", seqlens)
         rows = grid.tolist() if hasattr(grid, "tolist") else grid
+        # rows are sequences of latencies (a str, bytes, dict or set row would be read by its
+        # characters, bytes, keys or in no fixed order)
+        unordered = (str, bytes, Mapping, set, frozenset)
         try:
-            rows = [list(r) for r in rows]
+            raw = [] if isinstance(rows, unordered) else list(rows)
+            if isinstance(rows, unordered) or any(isinstance(r, unordered) for r in raw):
+                raise ArgumentError(f"grid: expected a mapping or a 2-D array of latencies, got "
+                                    f"{type(grid).__name__} of rows {[type(r).__name__ for r in raw][:4]}")
+            rows = [list(r) for r in raw]
         except TypeError:
             raise ArgumentError(f"grid: expected a mapping or a 2-D array, got {type(grid).__name__}") from None
         shape = (len(rows), len(rows[0]) if rows else 0)
