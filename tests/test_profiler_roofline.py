@@ -276,3 +276,18 @@ def test_plot_labels_of_close_points_do_not_overlap_and_legend_hides_no_point():
         x, y = ax.transData.transform((p.intensity, p.tflops))
         assert not (legend.x0 <= x <= legend.x1 and legend.y0 <= y <= legend.y1), p.name
     assert legend.x0 >= ax.get_window_extent(r).x1, "the legend is outside the axes"
+
+
+def test_ceilings_from_dict_and_by_dtype_errors_name_the_field():
+    from ferroattn.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="^bandwidth_gbps: expected in the ceilings dict"):
+        Ceilings.from_dict({"peak_tflops": 1})
+    with pytest.raises(ArgumentError, match="^d: expected a mapping"):
+        Ceilings.from_dict(None)
+    full = {"peak_tflops": "x", "bandwidth_gbps": 1.0, "compute_source": "s", "memory_source": "s", "device": "d"}
+    with pytest.raises(ArgumentError, match="^peak_tflops: expected a finite real number"):
+        Ceilings.from_dict(full)
+    with pytest.raises(ArgumentError, match="^by_dtype: expected a tuple of"):
+        Ceilings(1.0, 1.0, by_dtype=5)
+    with pytest.raises(ArgumentError, match="^by_dtype: expected dtypes among"):
+        Ceilings(1.0, 1.0, by_dtype=[([1], 1.0, "s")])

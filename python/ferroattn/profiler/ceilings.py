@@ -67,12 +67,14 @@ class Ceilings:
         for name in ("peak_tflops", "bandwidth_gbps"):
             object.__setattr__(self, name, real(name, getattr(self, name), 0, strict=True))
         items = []
+        if isinstance(self.by_dtype, (str, bytes)) or not isinstance(self.by_dtype, (tuple, list)):
+            raise ArgumentError(f"by_dtype: expected a tuple of (dtype, tflops, source) triples, got {self.by_dtype!r}")
         for e in self.by_dtype:
             try:
                 dt, tf, src = e
             except (TypeError, ValueError):
                 raise ArgumentError(f"by_dtype: expected (dtype, tflops, source) triples, got {e!r}") from None
-            if dt not in DTYPE_ALIASES:
+            if not isinstance(dt, str) or dt not in DTYPE_ALIASES:
                 raise ArgumentError(f"by_dtype: expected dtypes among {sorted(set(DTYPE_ALIASES.values()))}, got {dt!r}")
             items.append((DTYPE_ALIASES[dt], real(f"by_dtype ({dt} TFLOP/s)", tf, 0, strict=True), str(src)))
         object.__setattr__(self, "by_dtype", tuple(items))
@@ -102,9 +104,16 @@ class Ceilings:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Ceilings":
-        return cls(float(d["peak_tflops"]), float(d["bandwidth_gbps"]), str(d["compute_source"]),
+        """The ceilings of a :meth:`to_dict` dict (the cache file's form). ArgumentError naming a
+        missing or malformed field."""
+        if not isinstance(d, Mapping):
+            raise ArgumentError(f"d: expected a mapping of the ceilings' fields, got {type(d).__name__}")
+        for key in ("peak_tflops", "bandwidth_gbps", "compute_source", "memory_source", "device"):
+            if key not in d:
+                raise ArgumentError(f"{key}: expected in the ceilings dict, got keys {sorted(d)}")
+        return cls(d["peak_tflops"], d["bandwidth_gbps"], str(d["compute_source"]),
                    str(d["memory_source"]), str(d["device"]), str(d.get("measured_at", "")),
-                   tuple(tuple(e) for e in d.get("by_dtype", ())))
+                   tuple(tuple(e) if isinstance(e, (list, tuple)) else e for e in d.get("by_dtype", ())))
 
 
 def default_cache_dir() -> Path:
