@@ -13,6 +13,7 @@ use super::eager::{forward_ad_active, plain_eager, torch};
 use crate::dlpack::{import, import_writable};
 use crate::error::Result;
 use crate::ops::attention as op;
+use crate::ops::attention::kvcache;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyTuple};
@@ -81,24 +82,50 @@ fn attn_fwd_fast<'py>(
         return Ok(None);
     }
     let (qi, ki, vi) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
-    let Some(call) = op::fast::fast_forward(&qi.view, &ki.view, &vi.view, causal) else { return Ok(None) };
-    let Some(scale) = op::fast::fast_scale(scale, call.head_dim) else { return Ok(None) };
     let t = torch(py)?;
     let device = qi.view.meta.device.id;
-    if t.cuda_get_device.bind(py).call0()?.extract::<i32>()? != device {
+    if qi.view.meta.device.is_cuda() && t.cuda_get_device.bind(py).call0()?.extract::<i32>()? != device {
         return Ok(None);   // the Python path switches the device
     }
+    let plan = |b, s_q, h, h_k, s_k, d| kvcache::plan_splits(device, b, s_q, h, h_k, s_k, d, false, 0);
+    let Some(call) = op::fast::fast_forward(&qi.view, &ki.view, &vi.view, causal, plan)? else { return Ok(None) };
+    let Some(scale) = op::fast::fast_scale(scale, call.head_dim) else { return Ok(None) };
+    let f32_kw = PyDict::new(py);
+    f32_kw.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
+    let new_f32 = |shape: &[i64]| q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, shape)?,), Some(&f32_kw));
     let out = t.empty_like.bind(py).call1((q,))?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
-    let lse = q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, call.lse_shape)?,), Some(&kwargs))?;
+    let lse = new_f32(&call.lse_shape)?;
+    let [b, h, s_q] = call.lse_shape;
+    let accum = match call.route {
+        op::fast::FastRoute::Decode { splits } if splits > 1 => {
+            let s = splits as i64;
+            Some((new_f32(&[s, b, h, s_q, call.head_dim])?, new_f32(&[s, b, h, s_q])?))
+        }
+        _ => None,
+    };
     let stream: u64 = t.cuda_raw_stream.bind(py).call1((device,))?.extract()?;
     let (oi, li) = (import_writable(&out, "out")?, import_writable(&lse, "softmax_lse")?);
-    let variant = op::AttnVariant { causal, ..Default::default() };
+    let acc = match &accum {
+        Some((o, l)) => Some((import_writable(o, "o_accum")?, import_writable(l, "lse_accum")?)),
+        None => None,
+    };
+    let variant = op::AttnVariant { causal: call.causal, ..Default::default() };
     let (qv, kv, vv, ov, lv) = (&qi.view, &ki.view, &vi.view, &oi.view, &li.view);
-    let (s_q, s_k) = (qv.meta.shape[1], kv.meta.shape[1]);
+    let s_k = kv.meta.shape[1];
+    let scale = scale as f32;
     // Detached: the first call of a configuration compiles or loads a module.
-    py.detach(|| op::attn_fwd(qv, kv, vv, ov, lv, None, None, s_q, s_k, scale as f32, &variant, stream))?;
+    match call.route {
+        op::fast::FastRoute::Dense => {
+            py.detach(|| op::attn_fwd(qv, kv, vv, ov, lv, None, None, s_q, s_k, scale, &variant, stream))?
+        }
+        op::fast::FastRoute::Decode { .. } => {
+            let cache = kvcache::KvCache { cache_seqlens: None, seqlen_k_add: 0, cache_leftpad: None,
+                                           cache_batch_idx: None, block_table: None };
+            let accum = acc.as_ref().map(|(o, l)| (&o.view, &l.view));
+            py.detach(|| kvcache::attn_fwd_kvcache(qv, kv, vv, ov, lv, None, None, s_q, &cache, accum, scale, &variant,
+                                                   stream))?
+        }
+    }
     Ok(Some(out))
 }
 

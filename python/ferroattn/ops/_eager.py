@@ -29,8 +29,12 @@ when nothing can, so the implementation (the same code the op runs) is called di
 Forward-mode AD is not a condition: the implementations reject dual tensors themselves
 (:func:`ferroattn.ops._to_native.reject_forward_ad`), on either route.
 
-``$FERROATTN_EAGER_FASTPATH=0`` (read once, at import) turns the fast path off: every call goes
-through the custom op, as before the fast path existed. :data:`ENABLED` is the switch itself
+``flash_attn_func``'s common plain / causal call goes one step further: with the fast path on and
+outside torch.compile it is launched from one native call (``_native.attn_fwd_fast``,
+src/ops/attention/fast.rs) that applies this same rule natively and declines everything else.
+
+``$FERROATTN_EAGER_FASTPATH=0`` (read once, at import) turns the fast path off, the one-call
+forward included: every call goes through the custom op, as before the fast path existed. :data:`ENABLED` is the switch itself
 (tests and same-process A/B benchmarks set it; reading an environment variable per call would
 cost ~2 µs).
 """

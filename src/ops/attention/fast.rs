@@ -12,23 +12,39 @@
 //! Taken here (on the tensors' views): padded q (b, s_q, h, d), k and v (b, s_k, h_k, d), all
 //! non-empty, of one 16-bit dtype on one CUDA device; h a multiple of h_k; d a multiple of 8 in
 //! 8..=256 (no pad); every tensor tile-aligned (`ops::_to_native.tile_aligned`'s rule: the data
-//! pointer and the strides of dims of size > 1 multiples of 16 bytes, stride(-1) == 1); s_q > 1
-//! (flash_attn drops `causal` at s_q == 1: the variant's normalisation stays in Python); and not
-//! decode-shaped (`tuning::attention_kvcache::use_kvcache_path`: that call takes the kv-cache
-//! kernel). The binding (src/python/attention.rs) checks the Python side: exact argument types,
-//! the values of the plain variant (no dropout, window, softcap, ALiBi, sinks, returned
-//! softmax), a positive scale finite in fp32, and the eager rule of `ops/_eager.py`.
+//! pointer and the strides of dims of size > 1 multiples of 16 bytes, stride(-1) == 1). The
+//! route is the Python path's: decode-shaped calls (`tuning::attention_kvcache::use_kvcache_path`)
+//! take the kv-cache kernel with its split count (`kvcache::plan_splits`, num_splits 0), the rest
+//! the forward kernel; `causal` is dropped at s_q == 1 (flash_attn's rule, ops/variant.py
+//! `AttnVariant.from_flash_attn`: a no-op mask there). The binding (src/python/attention_fast.rs)
+//! checks the Python side: exact argument types, the values of the plain variant (no dropout,
+//! window, softcap, ALiBi, sinks, returned softmax), a positive scale finite in fp32, and the
+//! eager rule of `ops/_eager.py`.
 
 use crate::dtype::DType;
+use crate::error::Result;
 use crate::ops::attention::VariantKind;
 use crate::tensor::TensorView;
 use crate::tuning::attention_kvcache::use_kvcache_path;
 
-/// What a taken call allocates and passes: lse (b, h, s_q) fp32, the default scale's head dim.
+/// Which kernel a taken call launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FastRoute {
+    /// The attention forward (`attn_fwd`).
+    Dense,
+    /// The kv-cache kernel over k / v as a contiguous cache of s_k rows, `splits` key splits
+    /// (> 1: fp32 partials o_accum (splits, b, h, s_q, d) and lse_accum (splits, b, h, s_q)).
+    Decode { splits: u32 },
+}
+
+/// What a taken call allocates and passes: lse (b, h, s_q) fp32, the default scale's head dim,
+/// the mask after flash_attn's normalisation, the route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FastForward {
     pub lse_shape: [i64; 3],
     pub head_dim: i64,
+    pub causal: bool,
+    pub route: FastRoute,
 }
 
 /// The pointer and strides of `t` as the kernels read rows in place (module docs).
@@ -41,7 +57,24 @@ fn tile_aligned(t: &TensorView) -> bool {
 }
 
 /// The call the one-call forward launches for q, k, v (module docs), or None to decline.
-pub fn fast_forward(q: &TensorView, k: &TensorView, v: &TensorView, causal: bool) -> Option<FastForward> {
+/// `splits(b, s_q, h, h_k, s_k, d)` plans a decode route's key splits
+/// (`kvcache::plan_splits` on the call's device; a parameter so that the rule is testable
+/// without a GPU).
+pub fn fast_forward(q: &TensorView, k: &TensorView, v: &TensorView, causal: bool,
+                    splits: impl FnOnce(i64, i64, i64, i64, i64, i64) -> Result<u32>) -> Result<Option<FastForward>> {
+    let Some((b, s_q, h, h_k, s_k, d)) = fast_sizes(q, k, v) else { return Ok(None) };
+    let causal = causal && s_q != 1;
+    let kind = if causal { VariantKind::CAUSAL } else { VariantKind::PLAIN };
+    let route = if use_kvcache_path(s_q as u64, (h / h_k) as u64, s_k as u64, kind) {
+        FastRoute::Decode { splits: splits(b, s_q, h, h_k, s_k, d)? }
+    } else {
+        FastRoute::Dense
+    };
+    Ok(Some(FastForward { lse_shape: [b, h, s_q], head_dim: d, causal, route }))
+}
+
+/// (b, s_q, h, h_k, s_k, d) of a call whose layout the one-call forward takes, else None.
+fn fast_sizes(q: &TensorView, k: &TensorView, v: &TensorView) -> Option<(i64, i64, i64, i64, i64, i64)> {
     let (qm, km, vm) = (&q.meta, &k.meta, &v.meta);
     if qm.shape.len() != 4 || km.shape.len() != 4 || km.shape != vm.shape {
         return None;
@@ -54,7 +87,7 @@ pub fn fast_forward(q: &TensorView, k: &TensorView, v: &TensorView, causal: bool
     }
     let (b, s_q, h, d) = (qm.shape[0], qm.shape[1], qm.shape[2], qm.shape[3]);
     let (s_k, h_k) = (km.shape[1], km.shape[2]);
-    if km.shape[0] != b || km.shape[3] != d || b < 1 || s_q < 2 || s_k < 1 || h_k < 1 || h % h_k != 0 {
+    if km.shape[0] != b || km.shape[3] != d || b < 1 || s_q < 1 || s_k < 1 || h_k < 1 || h % h_k != 0 {
         return None;
     }
     if d % 8 != 0 || !(8..=256).contains(&d) || s_q > i32::MAX as i64 || s_k > i32::MAX as i64 {
@@ -63,11 +96,7 @@ pub fn fast_forward(q: &TensorView, k: &TensorView, v: &TensorView, causal: bool
     if !(tile_aligned(q) && tile_aligned(k) && tile_aligned(v)) {
         return None;
     }
-    let kind = if causal { VariantKind::CAUSAL } else { VariantKind::PLAIN };
-    if use_kvcache_path(s_q as u64, (h / h_k) as u64, s_k as u64, kind) {
-        return None;
-    }
-    Some(FastForward { lse_shape: [b, h, s_q], head_dim: d })
+    Some((b, s_q, h, h_k, s_k, d))
 }
 
 /// The kernels' fp32 scale of a caller's `softmax_scale` when the one-call path may pass it
@@ -95,11 +124,25 @@ mod tests {
         }
     }
 
+    fn plan(q: &TensorView, k: &TensorView, causal: bool) -> Option<FastForward> {
+        fast_forward(q, k, k, causal, |_, _, _, _, _, _| Ok(3)).unwrap()
+    }
+
     #[test]
-    fn takes_the_plain_padded_call() {
+    fn takes_the_plain_padded_call_on_its_route() {
         let q = view(&[2, 128, 16, 64], DType::BF16, 4096);
         let k = view(&[2, 256, 4, 64], DType::BF16, 8192);
-        assert_eq!(fast_forward(&q, &k, &k, true), Some(FastForward { lse_shape: [2, 16, 128], head_dim: 64 }));
+        assert_eq!(plan(&q, &k, true),
+                   Some(FastForward { lse_shape: [2, 16, 128], head_dim: 64, causal: true, route: FastRoute::Dense }));
+        // decode-shaped: 1 and 2 queries against 4096 keys take the kv-cache kernel; s_q == 1 drops causal
+        let long_k = view(&[2, 4096, 4, 64], DType::BF16, 8192);
+        for (s_q, causal) in [(1, false), (2, true)] {
+            let qd = view(&[2, s_q, 16, 64], DType::BF16, 4096);
+            assert_eq!(plan(&qd, &long_k, true), Some(FastForward {
+                lse_shape: [2, 16, s_q], head_dim: 64, causal, route: FastRoute::Decode { splits: 3 } }));
+        }
+        let (one, short_k) = (view(&[2, 1, 16, 64], DType::BF16, 4096), view(&[2, 4, 4, 64], DType::BF16, 8192));
+        assert_eq!(plan(&one, &short_k, true).map(|f| (f.causal, f.route)), Some((false, FastRoute::Dense)));
     }
 
     #[test]
@@ -108,7 +151,6 @@ mod tests {
         let q = |shape: &[i64], dtype, ptr| view(shape, dtype, ptr);
         let cases = [
             q(&[2, 128, 16, 60], DType::BF16, 4096),   // pad to 64
-            q(&[2, 1, 16, 64], DType::BF16, 4096),     // s_q == 1: causal dropped
             q(&[2, 128, 16, 64], DType::F32, 4096),    // dtype
             q(&[2, 128, 16, 64], DType::F16, 4096),    // dtype differs from k's
             q(&[2, 128, 16, 64], DType::BF16, 4098),   // misaligned pointer
@@ -117,24 +159,20 @@ mod tests {
             q(&[128, 16, 64], DType::BF16, 4096),      // varlen rank
         ];
         for c in &cases {
-            assert_eq!(fast_forward(c, &k, &k, false), None, "{:?}", c.meta);
+            assert_eq!(plan(c, &k, false), None, "{:?}", c.meta);
         }
         let q = view(&[2, 128, 16, 64], DType::BF16, 4096);
         let mut strided = view(&[2, 128, 16, 64], DType::BF16, 4096);
         strided.meta.strides[3] = 2;
-        assert_eq!(fast_forward(&strided, &k, &k, false), None);
+        assert_eq!(plan(&strided, &k, false), None);
         let mut odd_rows = view(&[2, 128, 16, 64], DType::BF16, 4096);
         odd_rows.meta.strides[1] = 16 * 64 + 4;   // rows 8 bytes apart from 16-byte alignment
-        assert_eq!(fast_forward(&odd_rows, &k, &k, false), None);
+        assert_eq!(plan(&odd_rows, &k, false), None);
         let mut cpu = view(&[2, 128, 16, 64], DType::BF16, 4096);
         cpu.meta.device = Device::CPU;
-        assert_eq!(fast_forward(&cpu, &k, &k, false), None);
+        assert_eq!(plan(&cpu, &k, false), None);
         let v_other = view(&[2, 256, 4, 32], DType::BF16, 8192);
-        assert_eq!(fast_forward(&q, &k, &v_other, false), None);
-        // decode-shaped: 2 queries against 4096 keys take the kv-cache kernel
-        let q2 = view(&[2, 2, 16, 64], DType::BF16, 4096);
-        let long_k = view(&[2, 4096, 4, 64], DType::BF16, 8192);
-        assert_eq!(fast_forward(&q2, &long_k, &long_k, true), None);
+        assert_eq!(fast_forward(&q, &k, &v_other, false, |_, _, _, _, _, _| Ok(1)).unwrap(), None);
     }
 
     #[test]
