@@ -1,0 +1,92 @@
+"""flash_attn_func's one-call eager forward (``_native.attn_fwd_fast``, src/ops/attention/fast.rs)
+on the GPU: it is taken for the common plain / causal call, dense and decode-shaped, and gives
+bitwise the output of the Python path (the same kernel with the same parameters: the fast path
+switched off sends the call through the custom op); it declines what the Python path must do
+(autograd, a pad, a copy, a variant); a decode step captured in a CUDA graph replays correctly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ferroattn
+from ferroattn import _native
+from ferroattn.ops import _eager
+
+from _gpu_common import BF16, DEV, DTYPES, capture_graph, rand
+
+pytestmark = pytest.mark.gpu
+
+PLAIN = dict(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+             deterministic=False, return_attn_probs=False, s_aux=None)
+
+
+def _fast(q, k, v, **kw):
+    return _native.attn_fwd_fast(q, k, v, *{**PLAIN, **kw}.values())
+
+
+def _python_path(q, k, v, **kw):
+    old = _eager.ENABLED
+    _eager.ENABLED = False
+    try:
+        return ferroattn.flash_attn_func(q, k, v, **kw)
+    finally:
+        _eager.ENABLED = old
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b, s_q, s_k, h, h_k, d", [
+    (2, 128, 128, 16, 16, 64),      # dense
+    (1, 333, 1000, 8, 2, 128),      # dense, GQA, s_q != s_k
+    (3, 1, 4096, 32, 8, 128),       # decode: one token against a long cache (kv-cache kernel, splits)
+    (2, 4, 2048, 16, 4, 64),        # speculative decode
+    (1, 1, 16, 4, 4, 256),          # s_q == 1, short: the forward kernel, causal dropped
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_path_is_taken_and_equals_the_python_path(dtype, b, s_q, s_k, h, h_k, d, causal):
+    q, k, v = rand(b, s_q, h, d, dtype=dtype), rand(b, s_k, h_k, d, dtype=dtype), rand(b, s_k, h_k, d, dtype=dtype)
+    fast = _fast(q, k, v, causal=causal)
+    assert fast is not None, "the common call must take the one-call forward"
+    assert fast.shape == q.shape and fast.dtype == dtype and fast.stride() == q.stride()
+    ref = _python_path(q, k, v, causal=causal)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=0)
+    for scale in (0.3, 2.0):
+        torch.testing.assert_close(_fast(q, k, v, causal=causal, softmax_scale=scale),
+                                   _python_path(q, k, v, causal=causal, softmax_scale=scale), rtol=0, atol=0)
+    # flash_attn_func itself routes it there
+    torch.testing.assert_close(ferroattn.flash_attn_func(q, k, v, causal=causal), ref, rtol=0, atol=0)
+
+
+def test_fast_path_declines_what_the_python_path_must_handle():
+    q = rand(1, 64, 4, 64)
+    assert _fast(q.requires_grad_(), q, q) is None                      # autograd records the backward
+    with torch.no_grad():
+        assert _fast(q, q, q) is not None                               # ... not without grad mode
+    q = rand(1, 64, 4, 60)
+    assert _fast(q, q, q) is None                                       # the pad to 64
+    x = rand(1, 64, 4, 72)[..., :64]
+    assert _fast(x, x, x) is None                                       # rows 144 B apart: the copy
+    q = rand(1, 64, 4, 64)
+    for kw in (dict(softcap=5.0), dict(window_size=(8, 0)), dict(dropout_p=0.1), dict(softmax_scale=-1.0),
+               dict(alibi_slopes=torch.zeros(4, device=DEV)), dict(return_attn_probs=True)):
+        assert _fast(q, q, q, **kw) is None, kw
+    assert _fast(torch._neg_view(q), q, q) is None                       # the lazy negation: the op resolves it
+
+
+def test_decode_step_with_splits_replays_in_a_cuda_graph():
+    q, k, v = rand(4, 1, 32, 128), rand(4, 8192, 8, 128), rand(4, 8192, 8, 128)
+    ref = _python_path(q, k, v, causal=True)
+    graph, out = capture_graph(lambda: ferroattn.flash_attn_func(q, k, v, causal=True))
+    q.copy_(rand(4, 1, 32, 128))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, _python_path(q, k, v, causal=True), rtol=0, atol=0)
+    assert not torch.equal(out, ref)
+
+
+def test_a_rejected_call_leaves_the_next_one_working():
+    q = rand(1, 64, 4, 64, dtype=BF16)
+    k16 = rand(1, 64, 4, 64, dtype=torch.float16)
+    with pytest.raises(ferroattn.errors.FerroattnError):
+        ferroattn.flash_attn_func(q, k16, k16)                         # declined, the Python path names k
+    assert _fast(q, q, q) is not None
+    torch.testing.assert_close(ferroattn.flash_attn_func(q, q, q), _python_path(q, q, q), rtol=0, atol=0)
