@@ -90,3 +90,76 @@ def test_a_rejected_call_leaves_the_next_one_working():
         ferroattn.flash_attn_func(q, k16, k16)                         # declined, the Python path names k
     assert _fast(q, q, q) is not None
     torch.testing.assert_close(ferroattn.flash_attn_func(q, q, q), _python_path(q, q, q), rtol=0, atol=0)
+
+
+# ---- flash_attn_with_kvcache's one-call path (_native.attn_kvcache_fast) --------------------------
+
+KV_PLAIN = dict(k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                cache_leftpad=None, block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False)
+
+
+def _kv_fast(q, kc, vc, **kw):
+    return _native.attn_kvcache_fast(q, kc, vc, *{**KV_PLAIN, **kw}.values())
+
+
+def _kv_python_path(q, kc, vc, **kw):
+    old = _eager.ENABLED
+    _eager.ENABLED = False
+    try:
+        return ferroattn.flash_attn_with_kvcache(q, kc, vc, **kw)
+    finally:
+        _eager.ENABLED = old
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b, s_q, s_new, cap, h, h_k, d", [
+    (1, 1, 0, 1024, 32, 8, 128),     # decode over the whole cache
+    (4, 1, 1, 8192, 32, 8, 128),     # decode with a one-token append (split-KV)
+    (2, 4, 4, 2048, 16, 4, 64),      # speculative decode with an append
+    (3, 16, 16, 300, 8, 8, 256),     # a prefill chunk
+])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_splits", [0, 3])
+def test_kvcache_fast_path_is_taken_and_equals_the_python_path(dtype, b, s_q, s_new, cap, h, h_k, d, causal,
+                                                                num_splits):
+    q = rand(b, s_q, h, d, dtype=dtype)
+    kc, vc = rand(b, cap, h_k, d, dtype=dtype), rand(b, cap, h_k, d, dtype=dtype)
+    kw = dict(causal=causal, num_splits=num_splits, return_softmax_lse=True)
+    if s_new:
+        seqlens = torch.randint(0, cap - s_new + 1, (b,), dtype=torch.int32, device=DEV)
+        kw.update(k=rand(b, s_new, h_k, d, dtype=dtype), v=rand(b, s_new, h_k, d, dtype=dtype), cache_seqlens=seqlens)
+    kc2, vc2 = kc.clone(), vc.clone()
+    res = _kv_fast(q, kc, vc, **kw)
+    assert res is not None, "the common kv-cache call must take the one-call path"
+    ref = _kv_python_path(q, kc2, vc2, **kw)
+    torch.testing.assert_close(res[0], ref[0], rtol=0, atol=0)
+    torch.testing.assert_close(res[1], ref[1], rtol=0, atol=0)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)                  # the same append, in place
+    out = ferroattn.flash_attn_with_kvcache(q, kc, vc, **{**kw, "return_softmax_lse": False})
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape
+
+
+def test_kvcache_fast_path_declines_pages_rotary_and_int_lengths():
+    q, kc = rand(2, 1, 8, 64), rand(2, 512, 8, 64)
+    kn = rand(2, 1, 8, 64)
+    seqlens = torch.full((2,), 10, dtype=torch.int32, device=DEV)
+    assert _kv_fast(q, kc, kc, k=kn, v=kn, cache_seqlens=5) is None
+    cos = torch.ones(512, 32, dtype=BF16, device=DEV)
+    assert _kv_fast(q, kc, kc, k=kn, v=kn, cache_seqlens=seqlens, rotary_cos=cos, rotary_sin=cos) is None
+    assert _kv_fast(q, kc, kc, cache_seqlens=seqlens.long()) is None
+    assert _kv_fast(q, kc, kc, cache_batch_idx=torch.arange(2, dtype=torch.int32, device=DEV)) is None
+
+
+def test_kvcache_decode_step_with_append_replays_in_a_cuda_graph():
+    q, kc, vc = rand(2, 1, 32, 128), rand(2, 4096, 8, 128), rand(2, 4096, 8, 128)
+    kn, vn = rand(2, 1, 8, 128), rand(2, 1, 8, 128)
+    seqlens = torch.tensor([100, 3000], dtype=torch.int32, device=DEV)
+    graph, out = capture_graph(lambda: ferroattn.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                                                         causal=True))
+    kc2, vc2 = kc.clone(), vc.clone()     # with the appends of the warm-up and capture calls
+    seqlens += 1
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = _kv_python_path(q, kc2, vc2, k=kn, v=vn, cache_seqlens=seqlens, causal=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)

@@ -473,3 +473,21 @@ def test_one_call_forward_declines_what_the_python_path_must_handle():
     assert _native.attn_fwd_fast([1], q, q, *plain.values()) is None
     with pytest.raises(ferroattn.errors.ArgumentError, match="^causal"):
         ferroattn.flash_attn_func(q, q, q, causal="yes")
+
+
+def test_one_call_kvcache_declines_what_the_python_path_must_handle():
+    """``_native.attn_kvcache_fast`` (flash_attn_with_kvcache's one-call path) returns None, never
+    raises, for calls it does not take; the Python path then raises its own named errors."""
+    from ferroattn import _native
+    q, kc = _t(1, 1, 4, 32), _t(1, 8, 4, 32)
+    plain = dict(k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                 cache_leftpad=None, block_table=None, softmax_scale=None, causal=True, window_size=(-1, -1),
+                 softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False)
+    odd = [("causal", "yes"), ("num_splits", True), ("num_splits", 1.0), ("return_softmax_lse", None),
+           ("cache_seqlens", 3), ("k", _t(1, 1, 4, 32)), ("rotary_cos", _t(8, 8)), ("block_table", _t(1, 1)),
+           ("cache_leftpad", _t(1)), ("softcap", 1.0), ("window_size", (2, 0)), ("softmax_scale", 0)]
+    for name, value in [(None, None), *odd]:
+        args = dict(plain) if name is None else {**plain, name: value}
+        assert _native.attn_kvcache_fast(q, kc, kc, *args.values()) is None, (name, value)
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^num_splits"):
+        ferroattn.flash_attn_with_kvcache(q, kc, kc, num_splits=True)

@@ -123,6 +123,17 @@ def attn_fwd_fast(
     the eager rule, a padded tile-aligned 16-bit layout that needs no pad or copy, not
     decode-shaped, q's device current). Raises only what the launch raises (the validation's
     errors, CUDA / NVRTC errors)."""
+def attn_kvcache_fast(
+    q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: Any, rotary_sin: Any, cache_seqlens: Any,
+    cache_batch_idx: Any, cache_leftpad: Any, block_table: Any, softmax_scale: Any, causal: Any, window_size: Any,
+    softcap: Any, rotary_interleaved: Any, alibi_slopes: Any, num_splits: Any, return_softmax_lse: Any,
+) -> Optional[Any]:
+    """``flash_attn_with_kvcache``'s arguments, in its order: the common call (a contiguous-row
+    cache of q's batch, an optional append of k / v at an int32 ``cache_seqlens``, no rotary,
+    paging, batch index or left pad, the plain or causal variant, exact argument types, the eager
+    rule; src/ops/attention/fast.rs ``fast_kvcache``) launched in this one call: the append, then
+    the kv-cache kernel. Returns ``out`` or ``(out, softmax_lse)``, or None when the call must take
+    the Python path. Raises only what the launches raise."""
 def eager_plain(tensors: Sequence[Optional[Any]], device_types: Sequence[str]) -> bool:
     """The eager fast path's rule past its switch and ``is_compiling`` (ops/_eager.py documents
     it): plain tensor types, nothing for autograd to record, no lazy negation / conjugation

@@ -671,6 +671,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     passes ``block_table``'s capacity (a device-to-host read, as flash_attn 2.8 does; once per
     version of the tensor: :func:`ferroattn.ops.kvcache.check_paged_capacity`).
     """
+    if _eager.ENABLED and not torch.compiler.is_compiling():
+        # the common call (a contiguous-row cache, an optional append, the plain or causal
+        # variant) in one native call (src/ops/attention/fast.rs `fast_kvcache`): None otherwise,
+        # and every check and error below stays this function's
+        res = _native.attn_kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                        cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                        window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                                        return_softmax_lse)
+        if res is not None:
+            return res
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, Tensor):
             raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")

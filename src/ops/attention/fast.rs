@@ -99,6 +99,59 @@ fn fast_sizes(q: &TensorView, k: &TensorView, v: &TensorView) -> Option<(i64, i6
     Some((b, s_q, h, h_k, s_k, d))
 }
 
+/// What a taken `flash_attn_with_kvcache` call launches: the append of `s_new` tokens first (when
+/// > 0), then the kv-cache kernel with `splits` key splits (fp32 partials as [`FastRoute::Decode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastKvcache {
+    pub lse_shape: [i64; 3],
+    pub head_dim: i64,
+    pub causal: bool,
+    pub s_new: i64,
+    pub splits: u32,
+}
+
+/// The one-call path of `flash_attn_with_kvcache` (module docs; src/python/attention_fast.rs checks
+/// the arguments' types): q as [`fast_forward`] takes it; k_cache / v_cache one contiguous-row
+/// cache (b, s_cache, h_k, d) of q's dtype, device and batch (no cache_batch_idx, leftpad or
+/// pages), tile-aligned; the new k / v, when given, (b, s_new, h_k, d) with 1 <= s_new <= s_cache,
+/// and then `cache_seqlens` int32 (b,) contiguous on the device (None: the whole cache, no append);
+/// `num_splits` 0..=128. `splits` plans the key splits as in [`fast_forward`] (capacity s_cache).
+#[allow(clippy::too_many_arguments)]
+pub fn fast_kvcache(q: &TensorView, k_cache: &TensorView, v_cache: &TensorView,
+                    new_kv: Option<(&TensorView, &TensorView)>, cache_seqlens: Option<&TensorView>, causal: bool,
+                    num_splits: i64,
+                    splits: impl FnOnce(i64, i64, i64, i64, i64, i64, i64) -> Result<u32>) -> Result<Option<FastKvcache>> {
+    let Some((b, s_q, h, h_k, s_cache, d)) = fast_sizes(q, k_cache, v_cache) else { return Ok(None) };
+    if k_cache.meta.shape[0] != b || !(0..=128).contains(&num_splits) {
+        return Ok(None);
+    }
+    let s_new = match new_kv {
+        None => 0,
+        Some((kn, vn)) => {
+            let shape = &kn.meta.shape;
+            let same = |t: &TensorView| t.meta.dtype == q.meta.dtype && t.meta.device == q.meta.device && tile_aligned(t);
+            if shape.len() != 4 || vn.meta.shape != *shape || shape[0] != b || shape[2] != h_k || shape[3] != d
+                || !(1..=s_cache).contains(&shape[1]) || !same(kn) || !same(vn) {
+                return Ok(None);
+            }
+            shape[1]
+        }
+    };
+    match cache_seqlens {
+        Some(sl) => {
+            let m = &sl.meta;
+            if m.dtype != DType::I32 || m.shape != [b] || m.device != q.meta.device || (b > 1 && m.strides[0] != 1) {
+                return Ok(None);
+            }
+        }
+        None if s_new > 0 => return Ok(None),   // the Python path names cache_seqlens
+        None => {}
+    }
+    let causal = causal && s_q != 1;
+    let splits = splits(b, s_q, h, h_k, s_cache, d, num_splits)?;
+    Ok(Some(FastKvcache { lse_shape: [b, h, s_q], head_dim: d, causal, s_new, splits }))
+}
+
 /// The kernels' fp32 scale of a caller's `softmax_scale` when the one-call path may pass it
 /// unchanged: positive and finite in fp32 (else None: zero, negative and overflowing scales
 /// take the Python path's mapping and checks, ops/attention.py `positive_scale`).
@@ -173,6 +226,28 @@ mod tests {
         assert_eq!(plan(&cpu, &k, false), None);
         let v_other = view(&[2, 256, 4, 32], DType::BF16, 8192);
         assert_eq!(fast_forward(&q, &k, &v_other, false, |_, _, _, _, _, _| Ok(1)).unwrap(), None);
+    }
+
+    #[test]
+    fn kvcache_call_takes_a_plain_contiguous_cache_with_or_without_an_append() {
+        let q = view(&[2, 1, 16, 64], DType::BF16, 4096);
+        let cache = view(&[2, 1024, 4, 64], DType::BF16, 8192);
+        let new = view(&[2, 1, 4, 64], DType::BF16, 16384);
+        let sl = view(&[2], DType::I32, 256);
+        let plan = |new_kv, sl, splits| fast_kvcache(&q, &cache, &cache, new_kv, sl, true, splits,
+                                                     |_, _, _, _, _, _, n| Ok(if n == 0 { 4 } else { n as u32 })).unwrap();
+        assert_eq!(plan(Some((&new, &new)), Some(&sl), 0),
+                   Some(FastKvcache { lse_shape: [2, 16, 1], head_dim: 64, causal: false, s_new: 1, splits: 4 }));
+        assert_eq!(plan(None, None, 7).map(|f| (f.s_new, f.splits)), Some((0, 7)));
+        assert_eq!(plan(Some((&new, &new)), None, 0), None);               // an append needs cache_seqlens
+        assert_eq!(plan(None, Some(&sl), 129), None);                       // num_splits
+        let sl64 = view(&[2], DType::I64, 256);
+        assert_eq!(plan(None, Some(&sl64), 0), None);                       // cache_seqlens not int32
+        let wide = view(&[2, 1, 8, 64], DType::BF16, 16384);
+        assert_eq!(plan(Some((&wide, &wide)), Some(&sl), 0), None);         // new k with other heads
+        let other_batch = view(&[3, 1024, 4, 64], DType::BF16, 8192);
+        assert_eq!(fast_kvcache(&q, &other_batch, &other_batch, None, None, true, 0, |_, _, _, _, _, _, _| Ok(1))
+                       .unwrap(), None);                                    // a cache of more rows: cache_batch_idx's case
     }
 
     #[test]
