@@ -1,8 +1,8 @@
 """The caller-allocated split-k / stream-K workspace on the GPU (``-m gpu``; sm_90a: src/ops/workspace.rs).
 
-The op layer asks the call's planner (``_native.gemm_workspace`` / ``_native.sparse24_matmul_workspace``,
-the launch's own plan) for the bytes and allocates them with torch; the launch checks and uses them and
-zeroes their counters on the stream. Checked here:
+The op layer passes the launch its allocator (``ops._to_native.allocate_workspace``); the launch plans,
+asks it for exactly the bytes its planner (``_native.gemm_workspace`` / ``_native.sparse24_matmul_workspace``)
+reports, checks and uses the torch tensor and zeroes its counters on the stream. Checked here:
 
 - every schedule that has a workspace, captured in a CUDA graph (``torch.cuda.graph``) and replayed twice
   with new inputs copied into the captured ones, bitwise equal to the eager call on the same inputs (all
@@ -256,3 +256,30 @@ def test_sparse24_workspace_errors_name_it(knob):
     torch.cuda.synchronize()
     from _sparse24_gpu import check
     check(out, x, w)
+
+
+def test_the_launch_asks_its_allocator_for_the_planned_bytes(knob):
+    knob("gemm_sm90_splitk", "1")
+    m, n, k = 16, 4096, 4096
+    a, b = rnd(1, m, k), rnd(1, k, n, scale=k ** -0.5)
+    out = torch.empty(1, m, n, dtype=BF16, device=DEV)
+    args = gemm_native_args(a, b, out)
+    nbytes = _native.gemm_workspace(*args)
+    stream = torch.cuda.current_stream().cuda_stream
+    asked = []
+
+    def alloc(n_, device):
+        asked.append((n_, device))
+        return torch.empty(n_, dtype=torch.uint8, device=DEV)
+
+    _native.gemm(*args, alloc, stream)
+    assert asked == [(nbytes, torch.cuda.current_device())]
+    ref = torch.empty_like(out)
+    _native.gemm(*gemm_native_args(a, b, ref), torch.empty(nbytes, dtype=torch.uint8, device=DEV), stream)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    with pytest.raises(errors.ArgumentError, match=rf"^workspace: expected at least {nbytes} bytes"):
+        _native.gemm(*args, lambda n_, d: torch.empty(n_ - 16, dtype=torch.uint8, device=DEV), stream)
+    with pytest.raises(KeyError, match="no memory today"):
+        _native.gemm(*args, lambda n_, d: {}["no memory today"], stream)
+    _native.gemm(*args, alloc, stream)                       # the next valid call works
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)

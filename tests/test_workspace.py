@@ -5,10 +5,10 @@
 Checked here: the native launchers reject a malformed workspace tensor with an error naming
 ``workspace`` before anything else (dtype, rank, contiguity: on any device); the planners
 (``_native.gemm_workspace``, ``_native.sparse24_matmul_workspace``) run the launch's validation and
-raise its errors; and the op layer's wiring (ferroattn.ops._to_native.workspace): it plans only on
-the kernels' devices, hands the planner exactly the launcher's tensors and scalars, allocates the
-planned bytes as one uint8 tensor on the call's device and passes it to the launcher just before
-the stream (here with "cpu" admitted and emulated launchers)."""
+raise its errors; and the op layer's wiring: the ops pass their allocator
+(ferroattn.ops._to_native.allocate_workspace, one uint8 tensor on the call's device) as the
+launcher's workspace argument, just before the stream, and the launch validates before it asks
+(emulated launchers where a GPU would be needed)."""
 from __future__ import annotations
 
 import pytest
@@ -95,89 +95,92 @@ def test_planners_validate_like_the_launchers():
 
 
 # ---- the op layer's wiring ---------------------------------------------------------------
-def test_workspace_is_planned_on_the_kernels_devices_only():
-    def planner(*args):
-        raise AssertionError("planned off CUDA")
-    assert _to_native.workspace(planner, torch.device("cpu"), (), (), lambda: None) is None
+def test_allocate_workspace_is_one_uint8_tensor_on_the_device():
+    """What the launchers call (here on CPU through a patched device constructor: the same torch
+    call, the bytes and dtype the launch asked for)."""
+    made = []
+    real_empty = torch.empty
+
+    def spy_empty(n, dtype, device):
+        made.append((n, dtype, device))
+        return real_empty(n, dtype=dtype)
+
+    old = torch.empty
+    torch.empty = spy_empty
+    try:
+        t = _to_native.allocate_workspace(4096, 1)
+    finally:
+        torch.empty = old
+    assert made == [(4096, torch.uint8, torch.device("cuda", 1))] and t.dtype == torch.uint8 and t.numel() == 4096
 
 
-@pytest.fixture
-def cpu_planned(monkeypatch):
-    """``_to_native.workspace`` plans CPU calls too (the allocation is then a CPU tensor)."""
-    monkeypatch.setattr(_to_native, "_WORKSPACE_DEVICES", ("cuda", "cpu"))
-
-
-class _PlannedGemm(ContractNative):
-    """The contract emulation whose planner asks for ``nbytes``; records plans and workspaces."""
+class _AllocatingGemm(ContractNative):
+    """The contract emulation whose launch plans ``nbytes`` and asks the op's allocator for them,
+    as the Rust launch does (ops::workspace::Source::Alloc); records what it got."""
 
     def __init__(self, nbytes):
         super().__init__()
-        self.nbytes, self.plans, self.workspaces = nbytes, [], []
-
-    def gemm_workspace(self, *args):
-        self.plans.append(args)
-        return self.nbytes
+        self.nbytes, self.workspaces = nbytes, []
 
     def gemm(self, a, b, out, c, bias, aux, alpha, beta, activation, backend, workspace, stream):
-        self.workspaces.append(workspace)
-        assert self.plans[-1] == (a, b, out, c, bias, aux, alpha, beta, activation, backend)
+        assert workspace is _to_native.allocate_workspace            # the op passes its allocator
+        self.workspaces.append(torch.empty(self.nbytes, dtype=torch.uint8) if self.nbytes else None)
         return super().gemm(a, b, out, c, bias, aux, alpha, beta, activation, backend, None, stream)
 
 
 @pytest.mark.parametrize("nbytes", [0, 4096])
-def test_gemm_op_allocates_what_the_planner_asks(monkeypatch, cpu_planned, nbytes):
-    fake = _PlannedGemm(nbytes)
+def test_gemm_op_passes_its_allocator_to_the_launch(monkeypatch, nbytes):
+    fake = _AllocatingGemm(nbytes)
     monkeypatch.setattr(ops_gemm, "_native", fake)
     a, b = torch.randn(3, 16, 64).to(BF16), torch.randn(64, 32).to(BF16)
     bias = torch.randn(32).to(BF16)
     y = matmul(a, b, bias=bias, activation="relu")
     torch.testing.assert_close(y, torch.relu(a.float() @ b.float() + bias.float()).to(BF16), rtol=2e-2, atol=2e-2)
-    assert len(fake.plans) == len(fake.workspaces) == 1
-    ws = fake.workspaces[0]
-    if nbytes == 0:
-        assert ws is None
-    else:
-        assert ws.dtype == torch.uint8 and tuple(ws.shape) == (nbytes,) and ws.is_contiguous()
-        assert ws.device == a.device
+    assert len(fake.workspaces) == 1
 
 
-class _PlannedSparse:
-    """The real extension, except the 2:4 planner (asks for ``nbytes``) and launcher (the fp32
-    result through the Rust host decompress; records its workspace)."""
+class _AllocatingSparse:
+    """The real extension, except the 2:4 launcher (the fp32 result through the Rust host
+    decompress; checks that it got the op's allocator)."""
 
-    def __init__(self, nbytes):
-        self.nbytes, self.plans, self.workspaces = nbytes, [], []
+    def __init__(self):
+        self.calls = 0
 
     def __getattr__(self, name):
         return getattr(_native, name)
 
-    def sparse24_matmul_workspace(self, *args):
-        self.plans.append(args)
-        return self.nbytes
-
     def sparse24_matmul(self, x, values, meta, out, bias, n, k, activation, backend, workspace, stream):
-        assert self.plans[-1] == (x, values, meta, out, bias, n, k, activation, backend)
-        self.workspaces.append(workspace)
+        assert workspace is _to_native.allocate_workspace
+        self.calls += 1
         w = torch.empty((n, k), dtype=values.dtype)
         _native.sparse24_decompress_host(values, meta, w)
         out.copy_(x.float() @ w.float().T)
         return "wgmma_sp"
 
 
-@pytest.mark.parametrize("nbytes", [0, 132 * 128 * 1024 + 132 * 4])
-def test_sparse24_op_allocates_what_the_planner_asks(monkeypatch, cpu_planned, nbytes):
-    fake = _PlannedSparse(nbytes)
+def test_sparse24_op_passes_its_allocator_to_the_launch(monkeypatch):
+    fake = _AllocatingSparse()
     monkeypatch.setattr(ops_sparse24, "_native", fake)
     (x, values, meta, out, bias, n, k, act, backend), w = _sparse_problem()
     y = ops_sparse24._sparse24_linear_impl(x, values, meta, bias, n, k, act, backend)
-    assert y.shape == (16, n) and y.dtype == BF16
+    assert y.shape == (16, n) and y.dtype == BF16 and fake.calls == 1
     torch.testing.assert_close(y, (x.float() @ w.float().T).to(BF16))
-    assert len(fake.plans) == len(fake.workspaces) == 1
-    ws = fake.workspaces[0]
-    if nbytes == 0:
-        assert ws is None
-    else:
-        assert ws.dtype == torch.uint8 and tuple(ws.shape) == (nbytes,) and ws.device == x.device
+
+
+def test_launchers_take_an_allocator_and_validate_before_calling_it():
+    """The native launch with an allocator validates first: CPU tensors get the device error of
+    a / x and the allocator is never called."""
+    calls = []
+
+    def alloc(n, device):
+        calls.append((n, device))
+        return torch.empty(n, dtype=torch.uint8)
+
+    with pytest.raises(errors.DeviceError, match="^a: expected a CUDA tensor"):
+        _native.gemm(*_gemm_args(), alloc, 0)
+    with pytest.raises(errors.DeviceError, match="^x: expected a CUDA tensor"):
+        _native.sparse24_matmul(*_sparse_args(), alloc, 0)
+    assert calls == []
 
 
 def test_planner_argument_errors_name_the_argument():

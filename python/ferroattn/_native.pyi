@@ -11,7 +11,7 @@ and dl_device_type is 1 (CPU) or 2 (CUDA).
 Errors are raised as the classes of ferroattn.errors.
 """
 from pathlib import Path
-from typing import Protocol, Any, Callable, Optional, Sequence, Tuple
+from typing import Protocol, Any, Callable, Optional, Sequence, Tuple, Union
 
 DLPackLike = Any
 TensorMeta = Tuple[Tuple[int, ...], Tuple[int, ...], str, Tuple[int, int]]
@@ -350,7 +350,9 @@ class ProfilerForward:
 #   workspace: the split-k / stream-K workspace (src/ops/workspace.rs), allocated by the caller:
 #      None when gemm_workspace(...) is 0, else a uint8 CUDA tensor (one dim, contiguous, 16-byte
 #      aligned, on a's device, overlapping no other argument) of at least gemm_workspace(...)
-#      bytes; anything else raises ArgumentError / DTypeError / DeviceError naming `workspace`.
+#      bytes; or a callable alloc(nbytes, device) -> such a tensor, which the launch calls once
+#      with exactly those bytes (not when they are 0); anything else raises ArgumentError /
+#      DTypeError / DeviceError naming `workspace`.
 #      Its counters are zeroed by the launch on `stream` (a memset node under graph capture).
 def gemm_check(
     a: TensorMeta, b: TensorMeta, out: TensorMeta, c: Optional[TensorMeta],
@@ -371,7 +373,7 @@ def gemm_workspace(
 def gemm(
     a: DLPackLike, b: DLPackLike, out: DLPackLike, c: Optional[DLPackLike],
     bias: Optional[DLPackLike], aux: Optional[DLPackLike], alpha: float, beta: float,
-    activation: str, backend: str, workspace: Optional[DLPackLike], stream: int,
+    activation: str, backend: str, workspace: Optional[Union[DLPackLike, Callable[[int, int], Any]]], stream: int,
 ) -> str:
     """Launch the GEMM on `stream` (raw CUstream, as for attn_fwd) in the primary context of a's
     device; validates everything first; never synchronises. Returns the backend that ran
@@ -424,7 +426,7 @@ def sparse24_matmul_workspace(
 def sparse24_matmul(
     x: DLPackLike, values: DLPackLike, meta: DLPackLike, out: DLPackLike,
     bias: Optional[DLPackLike], n: int, k: int, activation: str, backend: str,
-    workspace: Optional[DLPackLike], stream: int,
+    workspace: Optional[Union[DLPackLike, Callable[[int, int], Any]]], stream: int,
 ) -> str:
     """out = act(x @ w.T + bias) (torch.nn.functional.linear semantics) with w (n, k) the 2:4
     matrix compressed into values/meta (n rows = output features). x: (rows, k) fp16/bf16 with
@@ -435,6 +437,7 @@ def sparse24_matmul(
     can run, else mma_sp. wgmma_sp splits k into chunks (an fp32 workspace + a reduce kernel) when
     its tiles would leave SMs idle: FERROATTN_SPARSE24_SPLITK = "auto" (the cost rule) | "off" | N.
     workspace: None when sparse24_matmul_workspace(...) is 0, else a uint8 CUDA tensor of at least
-    that many bytes, with gemm's workspace rules (errors name `workspace`). Returns the backend that ran. Malformed values/meta shapes or dtypes raise ArgumentError; no meta bit pattern
+    that many bytes, or an allocator called for them, with gemm's workspace rules (errors name
+    `workspace`). Returns the backend that ran. Malformed values/meta shapes or dtypes raise ArgumentError; no meta bit pattern
     can make the kernel access memory outside the tensors. Profiler op "ferroattn::sparse24_matmul",
     flops counted dense (2*rows*n*k)."""

@@ -3,14 +3,15 @@
 //! stream-K): its layout, the checks of the tensor that holds it and the launch helper that
 //! readies it. Both families plan, check and launch through this module only.
 //!
-//! Who allocates: the caller (DESIGN §1, "who allocates"). The Python op layer asks the call's
-//! planner (`_native.gemm_workspace`, `_native.sparse24_matmul_workspace`: they run the same
-//! plan as the launch and return [`WorkspaceLayout::bytes`]), allocates a uint8 tensor of that
-//! many bytes with torch on the call's device, on the current stream, and passes it to the
-//! launch; the launch checks it ([`check`]) against the layout of the path it takes and uses
-//! it. Nothing here allocates or frees device memory, so under CUDA-graph capture the workspace
-//! is a block of the graph's private pool at the same address on every replay, and torch's
-//! memory accounting sees it.
+//! Who allocates: the caller (DESIGN §1, "who allocates"). The Python op layer passes the launch
+//! its allocator (`ops/_to_native.py` `allocate_workspace`: a uint8 tensor from torch on the call's
+//! device and current stream); the launch plans, asks it for exactly [`WorkspaceLayout::bytes`]
+//! of the path it takes ([`Source::Alloc`]; nothing when that is 0), checks the tensor ([`check`])
+//! and uses it, all in one native call. A caller may instead allocate beforehand with the bytes
+//! of the call's planner (`_native.gemm_workspace`, `_native.sparse24_matmul_workspace`: the same
+//! plan as the launch) and pass the tensor ([`Source::Given`]). Nothing here allocates or frees
+//! device memory, so under CUDA-graph capture the workspace is a block of the graph's private
+//! pool at the same address on every replay, and torch's memory accounting sees it.
 //!
 //! Layout ([`WorkspaceLayout`]): `slots` partial-sum slots of `slot_bytes` each from byte 0
 //! (fp32 split-k chunks, or one fp32 partial tile per CTA / per tile), then, from
@@ -110,6 +111,35 @@ pub(crate) fn check_meta(arg: &str, t: &TensorMeta) -> Result<()> {
         return Err(Error::argument(arg, "a contiguous tensor (stride 1)", format!("stride {}", t.strides[0])));
     }
     Ok(())
+}
+
+/// Where a launch's workspace comes from: a tensor the caller allocated beforehand (its planner's
+/// bytes; None when it needs none), or the caller's allocator, asked for exactly the bytes of the
+/// plan the launch takes (nothing when it needs none) — one call plans, allocates and launches.
+/// Either way the memory is the caller's (module docs, "who allocates").
+pub enum Source<'a> {
+    Given(Option<&'a TensorView>),
+    Alloc(&'a mut (dyn FnMut(u64) -> Result<TensorView> + Send)),
+}
+
+impl Source<'_> {
+    /// The checks a given tensor gets before the launch is planned (its metadata rules).
+    pub(crate) fn precheck(&self, arg: &str) -> Result<()> {
+        match self {
+            Source::Given(Some(w)) => check_meta(arg, &w.meta),
+            _ => Ok(()),
+        }
+    }
+
+    /// The tensor for a launch that needs `layout`: the given one, or a new allocation of
+    /// `layout.bytes()` (none when that is 0).
+    pub(crate) fn resolve(&mut self, layout: &WorkspaceLayout) -> Result<Option<TensorView>> {
+        match self {
+            Source::Given(w) => Ok(w.cloned()),
+            Source::Alloc(_) if layout.is_empty() => Ok(None),
+            Source::Alloc(alloc) => alloc(layout.bytes()).map(Some),
+        }
+    }
 }
 
 /// `t` checked for a launch that needs `layout`, on `base`'s device (`base_arg` names it), not

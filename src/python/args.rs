@@ -96,3 +96,39 @@ pub(super) fn planner_opt<'py>(args: &Bound<'py, PyTuple>, i: usize) -> PyResult
     let x = args.get_item(i)?;
     Ok(if x.is_none() { None } else { Some(x) })
 }
+
+/// Run `launch` detached from the interpreter with its `workspace` argument as an
+/// [`ops::workspace::Source`](crate::ops::workspace::Source): None or a uint8 tensor (imported
+/// writable), or a callable `alloc(nbytes, device) -> tensor` (the op layer's torch allocation)
+/// that the launch calls, re-attached, once its plan knows the bytes. The allocated tensor is
+/// held until `launch` returns (the kernels are enqueued by then; torch's allocator orders any
+/// reuse of the memory after them on the stream).
+pub(super) fn launch_with_workspace<R: Send>(
+    py: Python<'_>,
+    workspace: Option<&Bound<'_, PyAny>>,
+    device: i32,
+    launch: impl FnOnce(&mut crate::ops::workspace::Source<'_>) -> Result<R> + Send,
+) -> Result<R> {
+    use crate::ops::workspace::Source;
+    let Some(alloc) = workspace.filter(|w| !w.is_none() && w.is_callable()) else {
+        let given = import_opt(workspace, "workspace", true)?;
+        let mut source = Source::Given(given.as_ref().map(|w| &w.view));
+        return py.detach(|| launch(&mut source));
+    };
+    let alloc = alloc.clone().unbind();
+    let mut held: Option<Py<PyAny>> = None;
+    let result = {
+        let mut allocate = |bytes: u64| -> Result<crate::tensor::TensorView> {
+            Python::attach(|py| {
+                let t = alloc.bind(py).call1((bytes, device))?;
+                let view = import_writable(&t, "workspace")?.view.clone();
+                held = Some(t.unbind());
+                Ok(view)
+            })
+        };
+        let mut source = Source::Alloc(&mut allocate);
+        py.detach(|| launch(&mut source))
+    };
+    drop(held);
+    result
+}

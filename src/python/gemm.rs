@@ -1,6 +1,7 @@
 //! gemm_check (metadata), gemm_workspace and gemm (DLPack tensors) and gemm_backends → ops::gemm.
 
-use super::args::{import_opt, meta_of, planner_args, planner_item, planner_opt, stream_handle, MetaTuple};
+use super::args::{import_opt, launch_with_workspace, meta_of, planner_args, planner_item, planner_opt, stream_handle,
+                  MetaTuple};
 use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::gemm as op;
@@ -84,7 +85,9 @@ fn gemm_workspace(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<u64> {
 }
 
 /// Launch the GEMM on `stream` (raw CUstream) in a's device's primary context; returns the
-/// backend that ran. Validates everything (`workspace` included) before launching; never
+/// backend that ran. `workspace`: None, the uint8 tensor of `gemm_workspace` bytes, or an
+/// allocator `alloc(nbytes, device)` called for exactly those bytes (args.rs
+/// `launch_with_workspace`). Validates everything (`workspace` included) before launching; never
 /// synchronises.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -105,11 +108,10 @@ fn gemm(
 ) -> Result<&'static str> {
     let stream = stream_handle(stream)?;
     let t = Operands::import((a, b, out, c, bias, aux), true)?;
-    let ws = import_opt(workspace, "workspace", true)?;
-    let (cv, biasv, auxv, wsv) = (Operands::opt(&t.c), Operands::opt(&t.bias), Operands::opt(&t.aux), Operands::opt(&ws));
+    let (cv, biasv, auxv) = (Operands::opt(&t.c), Operands::opt(&t.bias), Operands::opt(&t.aux));
     // Detached: the first call of a configuration compiles or loads a module.
-    py.detach(|| {
-        op::gemm(&t.a.view, &t.b.view, &t.out.view, cv, biasv, auxv, alpha as f32, beta as f32, activation, backend, wsv,
+    launch_with_workspace(py, workspace, t.a.view.meta.device.id, |ws| {
+        op::gemm(&t.a.view, &t.b.view, &t.out.view, cv, biasv, auxv, alpha as f32, beta as f32, activation, backend, ws,
                  stream)
     })
 }

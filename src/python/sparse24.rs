@@ -1,6 +1,8 @@
 //! sparse24_* (python/ferroattn/_native.pyi, "2:4 structured sparsity") → ops::sparse24.
 
-use super::args::{import_opt, meta_of, planner_args, planner_item, planner_opt, stream_handle, MetaTuple};
+use super::args::{
+    import_opt, launch_with_workspace, meta_of, planner_args, planner_item, planner_opt, stream_handle, MetaTuple,
+};
 use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::sparse24 as op;
@@ -161,7 +163,8 @@ fn sparse24_matmul_workspace(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyRes
 }
 
 /// out = act(x @ w.T + bias) with w 2:4-compressed; returns the backend that ran. `workspace`:
-/// None or the uint8 buffer of `sparse24_matmul_workspace` bytes.
+/// None, the uint8 buffer of `sparse24_matmul_workspace` bytes, or an allocator
+/// `alloc(nbytes, device)` called for exactly those bytes (args.rs `launch_with_workspace`).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn sparse24_matmul(
@@ -180,10 +183,11 @@ fn sparse24_matmul(
 ) -> Result<&'static str> {
     let stream = stream_handle(stream)?;
     let t = MatmulOperands::import((x, values, meta, out, bias), true)?;
-    let ws = import_opt(workspace, "workspace", true)?;
-    let (bv, wsv) = (t.bias.as_ref().map(|b| &b.view), ws.as_ref().map(|w| &w.view));
+    let bv = t.bias.as_ref().map(|b| &b.view);
     let (xv, vv, mv, ov) = (&t.x.view, &t.values.view, &t.meta.view, &t.out.view);
-    py.detach(|| op::matmul(xv, vv, mv, ov, bv, n, k, activation, backend, wsv, stream))
+    launch_with_workspace(py, workspace, xv.meta.device.id, |ws| {
+        op::matmul(xv, vv, mv, ov, bv, n, k, activation, backend, ws, stream)
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -27,13 +27,10 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 
-__all__ = ["as_int", "tensor_meta", "tile_aligned", "launch", "workspace", "reject_forward_ad"]
+__all__ = ["as_int", "tensor_meta", "tile_aligned", "launch", "allocate_workspace", "reject_forward_ad"]
 
 # DLPack device types used in TensorMeta (DLPack spec: kDLCPU = 1, kDLCUDA = 2).
 _DL_CPU, _DL_CUDA = 1, 2
-#: Device types whose calls :func:`workspace` plans (the kernels' devices; tests add "cpu" to run
-#: the planning and the allocation against emulated launchers).
-_WORKSPACE_DEVICES = ("cuda",)
 
 
 def as_int(v) -> int:
@@ -160,21 +157,13 @@ def launch(native_fn: Callable[..., None], device: torch.device, tensors: Sequen
     return _call(native_fn, device, tensors, scalars, on_buffer_error, with_stream=True)
 
 
-def workspace(planner: Callable[..., int], device: torch.device, tensors: Sequence[Optional[Tensor]],
-              scalars: Sequence, on_buffer_error: Callable[[], None]) -> Optional[Tensor]:
-    """The split-k / stream-K workspace of one GEMM or 2:4 call, allocated by torch, or None.
+def allocate_workspace(nbytes: int, device: int) -> Tensor:
+    """The split-k / stream-K workspace a GEMM or 2:4 launch asks for once its plan knows the bytes
+    (``_native.gemm`` / ``_native.sparse24_matmul`` take this function as their ``workspace``
+    argument and call it, in the same native call; src/ops/workspace.rs holds the size rule): a
+    ``torch.uint8`` tensor of ``nbytes`` on CUDA device ``device`` from torch's caching allocator
+    on the current stream, the stream the launch runs on -- freed when the launch returns and reused
+    in stream order; under CUDA-graph capture a block of the graph's private pool, the same memory
+    on every replay."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
 
-    ``planner`` (``_native.gemm_workspace`` / ``_native.sparse24_matmul_workspace``) takes the
-    launcher's arguments without the workspace and the stream (``tensors`` and ``scalars`` as for
-    :func:`launch`), runs the launch's own validation and plan and returns the bytes it needs
-    (src/ops/workspace.rs: the size rule lives there only). A non-zero answer becomes a
-    ``torch.uint8`` tensor of that many bytes on ``device``, from torch's caching allocator on the
-    current stream, the stream the launch runs on: freed when the caller drops it, reused in stream
-    order; under CUDA-graph capture a block of the graph's private pool, the same memory on every
-    replay. Off CUDA nothing is planned (the launcher's validation rejects the tensors)."""
-    if device.type not in _WORKSPACE_DEVICES:
-        return None
-    nbytes = _call(planner, device, tensors, scalars, on_buffer_error, with_stream=False)
-    if not nbytes:
-        return None
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)

@@ -41,8 +41,9 @@ layouts with every 0 size replaced by 1.
 
 CUDA-graph safety: the launch uses ``torch.cuda.current_stream(a.device)`` (the capture stream
 while capturing), outputs and the split-k / stream-K workspace come from torch's caching allocator
-(the workspace's size from ``_native.gemm_workspace``, the launch's own plan; its counters are
-zeroed on the stream by the launch: a memset node of a captured graph), nothing synchronises.
+(the launch asks for the workspace with the bytes of its own plan, in the same native call:
+``_to_native.allocate_workspace``; its counters are zeroed on the stream by the launch: a memset
+node of a captured graph), nothing synchronises.
 
 Sources: cuBLASLt epilogue order (CUBLASLT_EPILOGUE_BIAS / GELU_AUX: the pre-activation "aux"
 output kept for the backward, cuBLASLt docs §"cublasLtEpilogue_t"); matrix calculus of
@@ -62,7 +63,7 @@ from torch.utils.flop_counter import register_flop_formula
 from .. import _env  # noqa: F401  (configures the extension before first use)
 from .. import _native
 from ..errors import ArgumentError, DTypeError
-from ._to_native import launch, reject_forward_ad, tensor_meta, workspace
+from ._to_native import allocate_workspace, launch, reject_forward_ad, tensor_meta
 from .activation import NATIVE, activate, activation_backward, public_activation
 
 __all__ = ["gemm", "gemm_out", "run_gemm", "gemm_into", "plan", "GemmPlan", "gemm_flops", "public_activation",
@@ -287,9 +288,9 @@ def gemm_into(a: Tensor, b: Tensor, out3: Tensor, c: Optional[Tensor], bias: Opt
         _check_meta(a3, b3, out3, c3, bias, aux3, beta, activation, empty=False)
 
     # A BufferError (a tensor on another GPU) becomes the Rust validation's error naming it. The
-    # split-k / stream-K workspace (if the call's plan has one) is allocated here, by torch.
-    ws = workspace(_native.gemm_workspace, a.device, tensors, scalars, check)
-    return launch(_native.gemm, a.device, tensors, (*scalars, ws), check)
+    # split-k / stream-K workspace (if the call's plan has one) is allocated by torch, from the
+    # launch itself once it has planned (allocate_workspace).
+    return launch(_native.gemm, a.device, tensors, (*scalars, allocate_workspace), check)
 
 
 def check_args(alpha, beta, activation: str, backend: str, out_dtype=None) -> None:

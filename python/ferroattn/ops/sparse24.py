@@ -3,8 +3,9 @@
 launchers are called from (compress included).
 
 What lives here is what only Python can do (DESIGN §2): allocate outputs and wgmma_sp's split-k /
-stream-K workspace with torch (its size from ``_native.sparse24_matmul_workspace``, the launch's own
-plan, so a captured CUDA graph replays with the same memory), pick the current stream, detach, call
+stream-K workspace with torch (the launch asks for it with its own plan's bytes, in the same native
+call: ``_to_native.allocate_workspace``; a captured CUDA graph replays with the same memory), pick
+the current stream, detach, call
 ``ferroattn._native.sparse24_*`` (which validate and launch), and the torch.library registrations:
 
 - ``sparse24_linear(x, values, meta, bias, n, k, activation, backend)``: ``act(x @ w.T + bias)``
@@ -42,7 +43,7 @@ from ._to_native import as_int as _as_int
 from ._to_native import launch as _launch
 from ._to_native import reject_forward_ad as _reject_forward_ad
 from ._to_native import tensor_meta
-from ._to_native import workspace as _workspace
+from ._to_native import allocate_workspace as _allocate_workspace
 from .activation import NATIVE, activation_backward
 
 __all__ = ["sparse24_linear", "linear", "sparse24_decompress", "run_compress", "run_decompress", "check_compressed",
@@ -155,9 +156,9 @@ def _sparse24_linear_impl(x: Tensor, values: Tensor, meta: Tensor, bias: Optiona
     def check():
         _check_meta(x, values, meta, out, bias, n, k, activation)
 
-    # wgmma_sp's split-k / stream-K workspace (if the call's plan has one), allocated by torch
-    ws = _workspace(_native.sparse24_matmul_workspace, x.device, tensors, scalars, check)
-    _launch(_native.sparse24_matmul, x.device, tensors, (*scalars, ws), check)
+    # wgmma_sp's split-k / stream-K workspace (if the call's plan has one), allocated by torch from
+    # the launch itself once it has planned (allocate_workspace)
+    _launch(_native.sparse24_matmul, x.device, tensors, (*scalars, _allocate_workspace), check)
     return out
 
 

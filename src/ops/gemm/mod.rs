@@ -411,8 +411,9 @@ pub fn workspace_bytes(
 
 /// Validate everything, pick the backend and launch on `stream` (raw CUstream) in the primary
 /// context of a's device. Never synchronises. Returns the backend that ran. `workspace`: the
-/// caller's uint8 buffer of at least [`workspace_bytes`] bytes (None when that is 0), checked
-/// here (an error naming `workspace` otherwise).
+/// caller's uint8 buffer of at least [`workspace_bytes`] bytes (None when that is 0), or its
+/// allocator, asked for those bytes once the plan is known (`workspace::Source`); checked here
+/// (an error naming `workspace` otherwise).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     a: &TensorView,
@@ -425,15 +426,15 @@ pub fn gemm(
     beta: f32,
     activation: &str,
     backend: &str,
-    workspace: Option<&TensorView>,
+    workspace: &mut crate::ops::workspace::Source<'_>,
     stream: u64,
 ) -> Result<&'static str> {
-    if let Some(w) = workspace {
-        crate::ops::workspace::check_meta("workspace", &w.meta)?;
-    }
+    workspace.precheck("workspace")?;
     let (p, knobs, launch) = validate_and_plan(a, b, out, c, bias, aux, alpha, beta, activation, backend)?;
     let tensors = [("a", Some(a)), ("b", Some(b)), ("out", Some(out)), ("c", c), ("bias", bias), ("aux", aux)];
-    let ws = crate::ops::workspace::check("workspace", workspace, launch.workspace(&p), "a", &a.meta, &tensors)?;
+    let layout = launch.workspace(&p);
+    let given = workspace.resolve(&layout)?;
+    let ws = crate::ops::workspace::check("workspace", given.as_ref(), layout, "a", &a.meta, &tensors)?;
     match launch {
         // SAFETY: `p` was validated by `problem` and sm90 supports it (choose_backend); `ws` was
         // checked for this launch and the caller keeps it alive with the tensors.

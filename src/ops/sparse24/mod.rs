@@ -345,8 +345,8 @@ pub fn matmul_workspace(
 
 /// Validate everything, then launch out = act(x @ w.T + bias) on `stream`; returns the backend
 /// that ran. Never synchronises; rows == 0 launches nothing. `workspace`: the caller's uint8
-/// buffer of at least [`matmul_workspace`] bytes (None when that is 0), checked here (an error
-/// naming `workspace` otherwise).
+/// buffer of at least [`matmul_workspace`] bytes (None when that is 0), or its allocator
+/// (`workspace::Source`), checked here (an error naming `workspace` otherwise).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     x: &TensorView,
@@ -358,17 +358,16 @@ pub fn matmul(
     k: i64,
     activation: &str,
     backend: &str,
-    workspace: Option<&TensorView>,
+    workspace: &mut crate::ops::workspace::Source<'_>,
     stream: u64,
 ) -> Result<&'static str> {
-    if let Some(w) = workspace {
-        crate::ops::workspace::check_meta("workspace", &w.meta)?;
-    }
+    workspace.precheck("workspace")?;
     let Call { p, ran, launch: prepared } = validate_call(x, values, meta, out, bias, n, k, activation, backend)?;
     let Some((knobs, arch, plan)) = prepared else { return Ok(ran) };
     let need = plan.as_ref().map_or(WorkspaceLayout::NONE, |w| w.workspace(&p));
     let tensors = [("x", Some(x)), ("values", Some(values)), ("meta", Some(meta)), ("out", Some(out)), ("bias", bias)];
-    let ws = crate::ops::workspace::check("workspace", workspace, need, "x", &x.meta, &tensors)?;
+    let given = workspace.resolve(&need)?;
+    let ws = crate::ops::workspace::check("workspace", given.as_ref(), need, "x", &x.meta, &tensors)?;
     let config = matmul_config(
         p.rows as u64,
         p.layout.m_pad as u64,
