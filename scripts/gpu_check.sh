@@ -13,7 +13,8 @@
 #   executed top to bottom with nbclient; needs the nbclient/ipykernel wheels in .whl; run it
 #   after precompile, or the notebooks pay the JIT compilation), train (`bench training`:
 #   Llama-3.2-1B-config training ferroattn vs sdpa, step-0 gradients vs fp32, attention peak
-#   memory at 16k), bench (`bench attention`, forward), bench_bwd (`bench attention --backward`),
+#   memory at 16k), host (scripts/host_time_breakdown.py: the host time of small eager calls
+#   against SDPA's), bench (`bench attention`, forward), bench_bwd (`bench attention --backward`),
 #   bench_decode (`bench decode`; BENCH_DECODE_ARGS), bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, fa2
 #   (flash-attention's own tests/test_flash_attn.py run against ferroattn through .fa2suite/run.sh,
 #   a deterministic sample of FA2_CORE / FA2_REST cases per test function; opt-in: runs only when
@@ -81,13 +82,13 @@ SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
 FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
-ALL_STAGES="install info precompile warm demo profile notebooks train bench bench_bwd bench_decode bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
+ALL_STAGES="install info precompile warm demo profile notebooks train host bench bench_bwd bench_decode bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
 OPT_IN_STAGES="fa2"              # run only when named in GPU_CHECK_STAGES (not part of "all")
 STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
 # Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd, bench_gemm,
 # bench_sparse24, fa2) keeps free for each selected stage after it.
-declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=90 [notebooks]=400 [train]=180
+declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=90 [notebooks]=400 [train]=180 [host]=60
                 [bench]=200 [bench_bwd]=330 [bench_decode]=240 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [fa2]=240
                 [memcheck]=150 [racecheck]=180)
 declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_decode]=90 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [fa2]=120
@@ -137,6 +138,10 @@ do_bench() {
     [ "$budget" -lt 30 ] && budget=30
     # shellcheck disable=SC2086
     "$PY" -m ferroattn bench attention --out "$OUT" --rep-ms 40 --time-budget-s "$budget" ${BENCH_ARGS:-}
+}
+
+do_host() {  # where the host time of one small eager call goes (scripts/host_time_breakdown.py)
+    "$PY" scripts/host_time_breakdown.py --out "$OUT"
 }
 
 do_bench_decode() {
@@ -426,6 +431,7 @@ stage profile "${CAP[profile]}" "$PY" scripts/profiler_overhead.py
 # the notebooks get min(cap, what is left after keeping time for the selected stages after them)
 if selected notebooks; then lim=$(elastic_limit notebooks); stage notebooks "$lim" bash "$SELF" __fn notebooks "$lim"; fi
 stage train "${CAP[train]}" bash "$SELF" __fn train
+stage host "${CAP[host]}" bash "$SELF" __fn host
 # the benchmarks get what is left after keeping time for the selected stages after them (capped)
 if selected bench; then lim=$(elastic_limit bench); stage bench "$lim" bash "$SELF" __fn bench "$lim"; fi
 if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$lim" bash "$SELF" __fn bench_bwd "$lim"; fi

@@ -360,7 +360,8 @@ def _list_stages(value):
 def test_gpu_check_stage_selection():
     r = _list_stages(None)
     assert r.returncode == 0
-    assert r.stdout.split() == ["install", "info", "precompile", "warm", "demo", "profile", "notebooks", "train", "bench",
+    assert r.stdout.split() == ["install", "info", "precompile", "warm", "demo", "profile", "notebooks", "train", "host",
+                                "bench",
                                 "bench_bwd", "bench_decode", "bench_gemm", "bench_sparse24", "pytest", "memcheck", "racecheck"]
     r = _list_stages("info, train,bench_bwd,memcheck,racecheck")
     assert r.returncode == 0 and r.stdout.split() == ["install", "info", "train", "bench_bwd", "memcheck", "racecheck"]
