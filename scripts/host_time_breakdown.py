@@ -1,7 +1,8 @@
 """Where the host time of one small eager attention call goes (GPU machine; writes JSON).
 
 For each case (a small ``flash_attn_func`` forward, a decode step through ``flash_attn_with_kvcache``
-without and with a one-token append, and SDPA on the same tensors), three figures:
+without and with a one-token append and through ``flash_attn_func``, the same calls through the
+Python path with the one-call native path off, and SDPA on the same tensors), three figures:
 
 - ``host_us``: wall time per call of N back-to-back calls (:func:`ferroattn.bench.timing.host_us_per_call`);
 - ``profile``: the ``cProfile`` top functions by own time over N calls (µs per call; cProfile's own
@@ -60,6 +61,18 @@ def profile(fn, n: int, top: int = 25) -> list[dict]:
     return rows[:top]
 
 
+def _python_path(fn):
+    """``fn`` with the eager fast path off (ops/_eager.ENABLED): flash_attn_func / with_kvcache take
+    their Python path through the custom ops, as before the one-call native path existed."""
+    def call():
+        _eager.ENABLED = False
+        try:
+            return fn()
+        finally:
+            _eager.ENABLED = True
+    return call
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -82,6 +95,12 @@ def main() -> None:
         "kvcache_decode_b1_L1024_gqa32_8_d128": lambda: flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens),
         "kvcache_append_decode": lambda: flash_attn_with_kvcache(qd, kc, vc, k1, v1, cache_seqlens=lens, causal=True),
         "sdpa_decode_gqa": lambda: F.scaled_dot_product_attention(qdt, kct, vct, enable_gqa=True),
+        # transformers' generate step: one token against the cache through flash_attn_func
+        "flash_attn_func_decode_L1024_gqa32_8_d128": lambda: flash_attn_func(qd, kc, vc, causal=True),
+        # the same calls through the Python path (the one-call native path switched off)
+        "python_path_flash_attn_func_b1_s128_h16_d64": _python_path(lambda: flash_attn_func(q, k, v)),
+        "python_path_kvcache_decode": _python_path(lambda: flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens)),
+        "python_path_flash_attn_func_decode": _python_path(lambda: flash_attn_func(qd, kc, vc, causal=True)),
     }
     res: dict = {"torch": torch.__version__, "ferroattn": getattr(ferroattn, "__version__", None),
                  "device": torch.cuda.get_device_name(), "n_calls": n, "cases": {}}
@@ -103,6 +122,9 @@ def main() -> None:
                                                                           0.0, q.device),
             "native_attn_fwd_direct": lambda: _native.attn_fwd(q, k, v, out, lse, None, None, 128, 128, 0.125, var,
                                                                stream),
+            "native_attn_fwd_fast": lambda: _native.attn_fwd_fast(q, k, v, 0.0, None, False, (-1, -1), 0.0, None,
+                                                                  False, False, None),
+            "native_eager_plain": lambda: _native.eager_plain((q, k, v), ("cuda",)),
             "tensor_dlpack_method": lambda: q.__dlpack__(),
             "torch_C_to_dlpack": lambda: torch._C._to_dlpack(q),
         }
