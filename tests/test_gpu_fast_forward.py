@@ -24,13 +24,18 @@ def _fast(q, k, v, **kw):
     return _native.attn_fwd_fast(q, k, v, *{**PLAIN, **kw}.values())
 
 
-def _python_path(q, k, v, **kw):
+def _fast_path_off(fn, *args, **kw):
+    """``fn(*args, **kw)`` with the eager fast path off: the Python path, through the custom ops."""
     old = _eager.ENABLED
     _eager.ENABLED = False
     try:
-        return ferroattn.flash_attn_func(q, k, v, **kw)
+        return fn(*args, **kw)
     finally:
         _eager.ENABLED = old
+
+
+def _python_path(q, k, v, **kw):
+    return _fast_path_off(ferroattn.flash_attn_func, q, k, v, **kw)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -104,12 +109,7 @@ def _kv_fast(q, kc, vc, **kw):
 
 
 def _kv_python_path(q, kc, vc, **kw):
-    old = _eager.ENABLED
-    _eager.ENABLED = False
-    try:
-        return ferroattn.flash_attn_with_kvcache(q, kc, vc, **kw)
-    finally:
-        _eager.ENABLED = old
+    return _fast_path_off(ferroattn.flash_attn_with_kvcache, q, kc, vc, **kw)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

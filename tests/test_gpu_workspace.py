@@ -150,7 +150,9 @@ def test_gemm_workspace_is_torch_memory(knob):
     assert torch.cuda.max_memory_allocated() - base >= nbytes + out.numel() * out.element_size()
 
 
-def test_gemm_workspace_errors_name_it(knob):
+def _split_gemm_call(knob):
+    """A dense sm90 split-k call (its native arguments before the workspace, a, b, out, the planned
+    bytes, the current stream)."""
     knob("gemm_sm90_splitk", "1")
     m, n, k = 16, 4096, 4096
     a, b = rnd(1, m, k), rnd(1, k, n, scale=k ** -0.5)
@@ -158,7 +160,11 @@ def test_gemm_workspace_errors_name_it(knob):
     args = gemm_native_args(a, b, out)
     nbytes = _native.gemm_workspace(*args)
     assert nbytes > 0
-    stream = torch.cuda.current_stream().cuda_stream
+    return args, a, b, out, nbytes, torch.cuda.current_stream().cuda_stream
+
+
+def test_gemm_workspace_errors_name_it(knob):
+    args, a, b, out, nbytes, stream = _split_gemm_call(knob)
     with pytest.raises(errors.ArgumentError, match=rf"^workspace: expected a uint8 tensor of at least {nbytes} bytes"):
         _native.gemm(*args, None, stream)
     with pytest.raises(errors.ArgumentError, match=rf"^workspace: expected at least {nbytes} bytes .* got {nbytes - 16}"):
@@ -169,7 +175,7 @@ def test_gemm_workspace_errors_name_it(knob):
         _native.gemm(*args, torch.empty(nbytes + 16, dtype=torch.uint8, device=DEV)[8:], stream)
     # a workspace whose first bytes hold out
     buf = torch.empty(nbytes + out.numel() * out.element_size(), dtype=torch.uint8, device=DEV)
-    out_in_buf = buf[:out.numel() * out.element_size()].view(BF16).view(1, m, n)
+    out_in_buf = buf[:out.numel() * out.element_size()].view(BF16).view(out.shape)
     with pytest.raises(errors.ArgumentError, match=r"^workspace: expected memory that does not overlap out"):
         _native.gemm(*gemm_native_args(a, b, out_in_buf), buf, stream)
     # the planned workspace (or a larger one) runs, with the result of the op
@@ -259,13 +265,7 @@ def test_sparse24_workspace_errors_name_it(knob):
 
 
 def test_the_launch_asks_its_allocator_for_the_planned_bytes(knob):
-    knob("gemm_sm90_splitk", "1")
-    m, n, k = 16, 4096, 4096
-    a, b = rnd(1, m, k), rnd(1, k, n, scale=k ** -0.5)
-    out = torch.empty(1, m, n, dtype=BF16, device=DEV)
-    args = gemm_native_args(a, b, out)
-    nbytes = _native.gemm_workspace(*args)
-    stream = torch.cuda.current_stream().cuda_stream
+    args, a, b, out, nbytes, stream = _split_gemm_call(knob)
     asked = []
 
     def alloc(n_, device):

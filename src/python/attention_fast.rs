@@ -10,10 +10,11 @@
 //! path, whose checks own every error message.
 
 use super::eager::{forward_ad_active, plain_eager, torch};
-use crate::dlpack::{import, import_writable};
+use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::attention as op;
 use crate::ops::attention::kvcache;
+use crate::tensor::TensorView;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyTuple};
@@ -36,6 +37,67 @@ fn unbounded_window(x: &Bound<'_, PyAny>) -> bool {
     let Ok(t) = x.cast_exact::<PyTuple>() else { return false };
     t.len() == 2
         && t.iter().all(|s| s.cast_exact::<PyInt>().ok().and_then(|i| i.extract::<i64>().ok()).is_some_and(|v| v < 0))
+}
+
+/// `softmax_scale` when it is None (`Some(None)`: the default) or an exact float (`Some(Some(x))`);
+/// None for anything else (the call is declined).
+fn exact_scale(x: &Bound<'_, PyAny>) -> Option<Option<f64>> {
+    if x.is_none() {
+        return Some(None);
+    }
+    x.cast_exact::<PyFloat>().ok().map(|f| Some(f.value()))
+}
+
+/// The eager rule (eager.rs) on `tensors` with CUDA as the only device type, and no
+/// forward-mode AD level: whether a call may leave the op route.
+fn eager_ok<'py>(py: Python<'py>, tensors: Vec<Bound<'py, PyAny>>) -> PyResult<bool> {
+    let device_types = PyTuple::new(py, [intern!(py, "cuda")])?;
+    Ok(plain_eager(py, tensors, device_types.as_any())? && !forward_ad_active(py)?)
+}
+
+/// Whether `q` is on the current CUDA device (the Python path switches the device otherwise).
+fn on_current_device(py: Python<'_>, q: &Imported) -> PyResult<bool> {
+    let d = &q.view.meta.device;
+    Ok(d.is_cuda() && torch(py)?.cuda_get_device.bind(py).call0()?.extract::<i32>()? == d.id)
+}
+
+/// A taken call's outputs, from torch as the Python path makes them: out = empty_like(q), lse
+/// fp32 (b, h, s_q), and with `splits` > 1 the fp32 split partials; each imported writable.
+struct Outputs<'py> {
+    out: Bound<'py, PyAny>,
+    lse: Bound<'py, PyAny>,
+    views: (Imported, Imported),
+    accum: Option<(Imported, Imported)>,
+}
+
+impl<'py> Outputs<'py> {
+    fn new(py: Python<'py>, q: &Bound<'py, PyAny>, lse_shape: [i64; 3], head_dim: i64, splits: u32) -> Result<Self> {
+        let t = torch(py)?;
+        let f32_kw = PyDict::new(py);
+        f32_kw.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
+        let new_f32 = |shape: &[i64]| q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, shape)?,), Some(&f32_kw));
+        let out = t.empty_like.bind(py).call1((q,))?;
+        let lse = new_f32(&lse_shape)?;
+        let [b, h, s_q] = lse_shape;
+        let accum = if splits > 1 {
+            let s = splits as i64;
+            let (o, l) = (new_f32(&[s, b, h, s_q, head_dim])?, new_f32(&[s, b, h, s_q])?);
+            Some((import_writable(&o, "o_accum")?, import_writable(&l, "lse_accum")?))
+        } else {
+            None
+        };
+        let views = (import_writable(&out, "out")?, import_writable(&lse, "softmax_lse")?);
+        Ok(Outputs { out, lse, views, accum })
+    }
+
+    fn accum(&self) -> Option<(&TensorView, &TensorView)> {
+        self.accum.as_ref().map(|(o, l)| (&o.view, &l.view))
+    }
+}
+
+/// The raw handle of torch's current stream on `device`.
+fn current_stream(py: Python<'_>, device: i32) -> PyResult<u64> {
+    torch(py)?.cuda_raw_stream.bind(py).call1((device,))?.extract()
 }
 
 /// `flash_attn_func(q, k, v, ...)` launched from here when it is the common plain or causal
@@ -68,51 +130,27 @@ fn attn_fwd_fast<'py>(
     {
         return Ok(None);
     }
-    let scale = if softmax_scale.is_none() {
-        None
-    } else {
-        match softmax_scale.cast_exact::<PyFloat>() {
-            Ok(f) => Some(f.value()),
-            Err(_) => return Ok(None),
-        }
-    };
-    let cuda = intern!(py, "cuda");
-    let device_types = PyTuple::new(py, [cuda])?;
-    if !plain_eager(py, [q.clone(), k.clone(), v.clone()], device_types.as_any())? || forward_ad_active(py)? {
+    let Some(scale) = exact_scale(softmax_scale) else { return Ok(None) };
+    if !eager_ok(py, vec![q.clone(), k.clone(), v.clone()])? {
         return Ok(None);
     }
     let (qi, ki, vi) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
-    let t = torch(py)?;
-    let device = qi.view.meta.device.id;
-    if qi.view.meta.device.is_cuda() && t.cuda_get_device.bind(py).call0()?.extract::<i32>()? != device {
-        return Ok(None);   // the Python path switches the device
+    if !on_current_device(py, &qi)? {
+        return Ok(None);
     }
+    let device = qi.view.meta.device.id;
     let plan = |b, s_q, h, h_k, s_k, d| kvcache::plan_splits(device, b, s_q, h, h_k, s_k, d, false, 0);
     let Some(call) = op::fast::fast_forward(&qi.view, &ki.view, &vi.view, causal, plan)? else { return Ok(None) };
     let Some(scale) = op::fast::fast_scale(scale, call.head_dim) else { return Ok(None) };
-    let f32_kw = PyDict::new(py);
-    f32_kw.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
-    let new_f32 = |shape: &[i64]| q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, shape)?,), Some(&f32_kw));
-    let out = t.empty_like.bind(py).call1((q,))?;
-    let lse = new_f32(&call.lse_shape)?;
-    let [b, h, s_q] = call.lse_shape;
-    let accum = match call.route {
-        op::fast::FastRoute::Decode { splits } if splits > 1 => {
-            let s = splits as i64;
-            Some((new_f32(&[s, b, h, s_q, call.head_dim])?, new_f32(&[s, b, h, s_q])?))
-        }
-        _ => None,
+    let splits = match call.route {
+        op::fast::FastRoute::Decode { splits } => splits,
+        op::fast::FastRoute::Dense => 1,
     };
-    let stream: u64 = t.cuda_raw_stream.bind(py).call1((device,))?.extract()?;
-    let (oi, li) = (import_writable(&out, "out")?, import_writable(&lse, "softmax_lse")?);
-    let acc = match &accum {
-        Some((o, l)) => Some((import_writable(o, "o_accum")?, import_writable(l, "lse_accum")?)),
-        None => None,
-    };
+    let o = Outputs::new(py, q, call.lse_shape, call.head_dim, splits)?;
+    let stream = current_stream(py, device)?;
     let variant = op::AttnVariant { causal: call.causal, ..Default::default() };
-    let (qv, kv, vv, ov, lv) = (&qi.view, &ki.view, &vi.view, &oi.view, &li.view);
-    let s_k = kv.meta.shape[1];
-    let scale = scale as f32;
+    let (qv, kv, vv, ov, lv) = (&qi.view, &ki.view, &vi.view, &o.views.0.view, &o.views.1.view);
+    let (s_q, s_k, scale) = (call.lse_shape[2], kv.meta.shape[1], scale as f32);
     // Detached: the first call of a configuration compiles or loads a module.
     match call.route {
         op::fast::FastRoute::Dense => {
@@ -121,12 +159,12 @@ fn attn_fwd_fast<'py>(
         op::fast::FastRoute::Decode { .. } => {
             let cache = kvcache::KvCache { cache_seqlens: None, seqlen_k_add: 0, cache_leftpad: None,
                                            cache_batch_idx: None, block_table: None };
-            let accum = acc.as_ref().map(|(o, l)| (&o.view, &l.view));
+            let accum = o.accum();
             py.detach(|| kvcache::attn_fwd_kvcache(qv, kv, vv, ov, lv, None, None, s_q, &cache, accum, scale, &variant,
                                                    stream))?
         }
     }
-    Ok(Some(out))
+    Ok(Some(o.out))
 }
 
 /// An exact Python int's value, or None (bools and other types: None).
@@ -176,21 +214,13 @@ fn attn_kvcache_fast<'py>(
     {
         return Ok(None);
     }
-    let scale = if softmax_scale.is_none() {
-        None
-    } else {
-        match softmax_scale.cast_exact::<PyFloat>() {
-            Ok(f) => Some(f.value()),
-            Err(_) => return Ok(None),
-        }
-    };
+    let Some(scale) = exact_scale(softmax_scale) else { return Ok(None) };
     let sl_obj = (!cache_seqlens.is_none()).then_some(cache_seqlens);
     let new_obj = (!k.is_none()).then_some((k, v));
     let mut tensors = vec![q.clone(), k_cache.clone(), v_cache.clone()];
     tensors.extend(new_obj.iter().flat_map(|(k, v)| [(*k).clone(), (*v).clone()]));
     tensors.extend(sl_obj.cloned());
-    let device_types = PyTuple::new(py, [intern!(py, "cuda")])?;
-    if !plain_eager(py, tensors, device_types.as_any())? || forward_ad_active(py)? {
+    if !eager_ok(py, tensors)? {
         return Ok(None);
     }
     // the cache is written when k / v are appended: imported writable then (as kv_append does)
@@ -201,11 +231,10 @@ fn attn_kvcache_fast<'py>(
         None => None,
     };
     let sl_i = sl_obj.map(|t| import(t, "cache_seqlens")).transpose()?;
-    let t = torch(py)?;
-    let device = qi.view.meta.device.id;
-    if qi.view.meta.device.is_cuda() && t.cuda_get_device.bind(py).call0()?.extract::<i32>()? != device {
+    if !on_current_device(py, &qi)? {
         return Ok(None);
     }
+    let device = qi.view.meta.device.id;
     let new_views = new_i.as_ref().map(|(k, v)| (&k.view, &v.view));
     let plan = |b, s_q, h, h_k, s_cache, d, n| kvcache::plan_splits(device, b, s_q, h, h_k, s_cache, d, false, n);
     let Some(call) = op::fast::fast_kvcache(&qi.view, &kci.view, &vci.view, new_views, sl_i.as_ref().map(|t| &t.view),
@@ -214,26 +243,11 @@ fn attn_kvcache_fast<'py>(
         return Ok(None);
     };
     let Some(scale) = op::fast::fast_scale(scale, call.head_dim) else { return Ok(None) };
-    let f32_kw = PyDict::new(py);
-    f32_kw.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
-    let new_f32 = |shape: &[i64]| q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, shape)?,), Some(&f32_kw));
-    let out = t.empty_like.bind(py).call1((q,))?;
-    let lse = new_f32(&call.lse_shape)?;
-    let [b, h, s_q] = call.lse_shape;
-    let accum = if call.splits > 1 {
-        let s = call.splits as i64;
-        Some((new_f32(&[s, b, h, s_q, call.head_dim])?, new_f32(&[s, b, h, s_q])?))
-    } else {
-        None
-    };
-    let stream: u64 = t.cuda_raw_stream.bind(py).call1((device,))?.extract()?;
-    let (oi, li) = (import_writable(&out, "out")?, import_writable(&lse, "softmax_lse")?);
-    let acc = match &accum {
-        Some((o, l)) => Some((import_writable(o, "o_accum")?, import_writable(l, "lse_accum")?)),
-        None => None,
-    };
+    let o = Outputs::new(py, q, call.lse_shape, call.head_dim, call.splits)?;
+    let stream = current_stream(py, device)?;
     let variant = op::AttnVariant { causal: call.causal, ..Default::default() };
     let sl_view = sl_i.as_ref().map(|t| &t.view);
+    let (ov, lv, accum) = (&o.views.0.view, &o.views.1.view, o.accum());
     let scale = scale as f32;
     py.detach(|| -> Result<()> {
         if let (Some((kn, vn)), Some(sl)) = (new_views, sl_view) {
@@ -248,11 +262,10 @@ fn attn_kvcache_fast<'py>(
         }
         let cache = kvcache::KvCache { cache_seqlens: sl_view, seqlen_k_add: call.s_new, cache_leftpad: None,
                                        cache_batch_idx: None, block_table: None };
-        let accum = acc.as_ref().map(|(o, l)| (&o.view, &l.view));
-        kvcache::attn_fwd_kvcache(&qi.view, &kci.view, &vci.view, &oi.view, &li.view, None, None, 0, &cache, accum,
-                                  scale, &variant, stream)
+        kvcache::attn_fwd_kvcache(&qi.view, &kci.view, &vci.view, ov, lv, None, None, 0, &cache, accum, scale, &variant,
+                                  stream)
     })?;
-    Ok(Some(if with_lse { PyTuple::new(py, [out, lse])?.into_any() } else { out }))
+    Ok(Some(if with_lse { PyTuple::new(py, [o.out, o.lse])?.into_any() } else { o.out }))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
