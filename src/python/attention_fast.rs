@@ -48,11 +48,20 @@ fn exact_scale(x: &Bound<'_, PyAny>) -> Option<Option<f64>> {
     x.cast_exact::<PyFloat>().ok().map(|f| Some(f.value()))
 }
 
-/// The eager rule (eager.rs) on `tensors` with CUDA as the only device type, and no
-/// forward-mode AD level: whether a call may leave the op route.
+/// The eager rule (eager.rs) on `tensors` with CUDA as the only device type, no forward-mode AD
+/// level, and no tensor that requires grad even with grad mode off (DLPack refuses to export
+/// one; the Python path detaches it first): whether a call may leave the op route.
 fn eager_ok<'py>(py: Python<'py>, tensors: Vec<Bound<'py, PyAny>>) -> PyResult<bool> {
     let device_types = PyTuple::new(py, [intern!(py, "cuda")])?;
-    Ok(plain_eager(py, tensors, device_types.as_any())? && !forward_ad_active(py)?)
+    if !plain_eager(py, tensors.iter().cloned(), device_types.as_any())? || forward_ad_active(py)? {
+        return Ok(false);
+    }
+    for t in &tensors {   // plain tensors here (the rule checked their types)
+        if t.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether `q` is on the current CUDA device (the Python path switches the device otherwise).
