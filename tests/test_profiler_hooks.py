@@ -572,6 +572,24 @@ def test_native_wrapper_rejects_unknown_and_mistyped_fields():
             cls(**{**fields, "stack": ()})
 
 
+@pytest.mark.skipif(not NWRAP, reason="the extension lacks ProfilerForward")
+def test_native_wrapper_survives_a_collection_while_it_is_allocated():
+    """A gen-0 collection on every allocation: the GC then traverses each ProfilerForward while
+    its instance dict is being made, before it holds its fields (it must report nothing then)."""
+    import gc
+    clock, model, factory = make(2)
+    old = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        for _ in range(3):
+            with attach(model, event_factory=factory, native_wrap=True) as att:
+                model(torch.zeros(2, 3))
+                assert len(att.resolve()) == 8
+    finally:
+        gc.set_threshold(*old)
+    gc.collect()
+
+
 @pytest.mark.parametrize("nw", WRAPS)
 def test_a_model_copied_while_attached_shares_the_wrapper(nw):
     """copy.deepcopy of an attached model works with either wrapper (a Python function is atomic

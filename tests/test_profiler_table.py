@@ -241,3 +241,27 @@ def test_records_total_gpu_ms_must_be_a_finite_number():
         with pytest.raises(ArgumentError, match="^total_gpu_ms: expected a finite real number >= 0"):
             Records([], total_gpu_ms=bad)
     assert Records([], total_gpu_ms=2).total_gpu_ms == 2.0
+
+
+def test_records_and_trace_events_refuse_what_is_not_a_record():
+    from ferroattn.errors import ArgumentError
+    from ferroattn.profiler.clocks import WallClockEvent
+    from ferroattn.profiler.events import KernelRecord, ModuleRecord, Records, chrome_trace_events
+    m = ModuleRecord("m", "M", 1.0)
+    for bad, match in [([{"name": "x"}], r"^modules\[0\]: expected a ModuleRecord"), ("abc", "^modules: expected a list"),
+                       ([5], r"^modules\[0\]: expected a ModuleRecord")]:
+        with pytest.raises(ArgumentError, match=match):
+            chrome_trace_events(bad)
+        with pytest.raises(ArgumentError, match=match):
+            Records(bad)
+    with pytest.raises(ArgumentError, match=r"^kernels\[0\]: expected a KernelRecord"):
+        Records([], [m])
+    with pytest.raises(ArgumentError, match="^ceilings: expected None or a ferroattn.profiler.Ceilings"):
+        chrome_trace_events([m], ceilings=5)
+    with pytest.raises(ArgumentError, match=r"^input_shapes\[0\]: expected None or a shape"):
+        ModuleRecord("m", "M", 1.0, input_shapes=(object(),))
+    assert len(chrome_trace_events([m])) > 1
+    e = WallClockEvent()
+    e.record()
+    with pytest.raises(ArgumentError, match="^other: expected a WallClockEvent"):
+        e.elapsed_time(5)

@@ -164,6 +164,10 @@ fn profiler_marks_release(marks: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// attributes on it) and takes part in cyclic GC (it references its module).
 #[pyclass(name = "ProfilerForward", module = "ferroattn._native", dict, frozen)]
 struct ProfilerForward {
+    /// True once the object holds its fields. The GC can traverse the object before that: the
+    /// instance `__dict__` is made while the (zeroed) object is being allocated, and that
+    /// allocation may run a collection (seen as a crash in `visit_decref` on a null field).
+    ready: bool,
     f: Fields,
 }
 
@@ -313,7 +317,7 @@ impl ProfilerForward {
                 f.tensor.bind(py).get_type().name()?
             )));
         }
-        Ok(ProfilerForward { f })
+        Ok(ProfilerForward { ready: true, f })
     }
 
     #[pyo3(signature = (*args, **kwargs))]
@@ -384,6 +388,9 @@ impl ProfilerForward {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if !self.ready {
+            return Ok(());   // not initialized yet (see `ready`): it holds no references
+        }
         for o in [
             &self.f.inner,
             &self.f.att,

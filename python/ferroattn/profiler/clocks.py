@@ -139,6 +139,8 @@ class WallClockEvent:
         self.t = time.perf_counter()
 
     def elapsed_time(self, other: "WallClockEvent") -> float:
+        if not isinstance(other, WallClockEvent):
+            raise ArgumentError(f"other: expected a WallClockEvent, got {type(other).__name__}")
         if self.t is None or other.t is None:
             raise ArgumentError("elapsed_time: both events must be recorded first")
         return (other.t - self.t) * 1e3

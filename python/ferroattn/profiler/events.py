@@ -83,6 +83,10 @@ class ModuleRecord:
             _set(self, f, integer(f, getattr(self, f), 0))
         if self.input_shapes is not None and not isinstance(self.input_shapes, tuple):
             raise ArgumentError(f"input_shapes: expected a tuple or None, got {type(self.input_shapes).__name__}")
+        for i, sh in enumerate(self.input_shapes or ()):
+            # what the trace writes as JSON: None (not a tensor) or a shape of ints
+            if sh is not None and (not isinstance(sh, tuple) or not all(isinstance(n, int) for n in sh)):
+                raise ArgumentError(f"input_shapes[{i}]: expected None or a shape (a tuple of ints), got {sh!r}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,8 @@ class KernelRecord:
         """Roofline utilisation against ``ceilings`` with the compute ceiling of this kernel's dtype
         (:meth:`Ceilings.for_dtype`; the result's ``ceilings`` say which); None when gpu_ms or
         nbytes is 0."""
+        if not isinstance(ceilings, Ceilings):
+            raise ArgumentError(f"ceilings: expected a ferroattn.profiler.Ceilings, got {type(ceilings).__name__}")
         if self.gpu_ms <= 0 or self.nbytes <= 0:
             return None
         return utilisation(self.flops, self.nbytes, self.gpu_ms, ceilings.for_dtype(self.dtype))
@@ -192,11 +198,25 @@ MODULE_TID = 1
 KERNEL_TID = 2
 
 
+def _check_records(modules, kernels, ceilings) -> None:
+    for name, recs, cls in (("modules", modules, ModuleRecord), ("kernels", kernels, KernelRecord)):
+        if isinstance(recs, (str, bytes, dict)) or not isinstance(recs, (list, tuple)):
+            raise ArgumentError(f"{name}: expected a list of {cls.__name__}, got {type(recs).__name__}")
+        for i, r in enumerate(recs):
+            if not isinstance(r, cls):
+                raise ArgumentError(f"{name}[{i}]: expected a {cls.__name__}, got {type(r).__name__}")
+    if ceilings is not None and not isinstance(ceilings, Ceilings):
+        raise ArgumentError(f"ceilings: expected None or a ferroattn.profiler.Ceilings, got {type(ceilings).__name__}")
+
+
 def chrome_trace_events(modules: Sequence[ModuleRecord] = (), kernels: Sequence[KernelRecord] = (),
                         ceilings: Optional[Ceilings] = None) -> list:
     """The trace events (list of dicts) for the records: one "X" event per record
     (modules: cat "ferroattn_module", tid 1; kernels: cat "ferroattn_kernel", tid 2; pid = device),
-    plus "M" process/thread names. ``ts``/``dur`` in µs."""
+    plus "M" process/thread names. ``ts``/``dur`` in µs. ArgumentError when ``modules`` /
+    ``kernels`` are not sequences of ModuleRecord / KernelRecord or ``ceilings`` is not None or a
+    Ceilings."""
+    _check_records(modules, kernels, ceilings)
     events: list = []
     devices = sorted({r.device for r in modules} | {r.device for r in kernels})
     for d in devices:
@@ -255,6 +275,7 @@ class Records:
     total_gpu_ms: Optional[float] = None
 
     def __post_init__(self):
+        _check_records(self.modules, self.kernels, self.ceilings)
         if self.total_gpu_ms is not None:
             self.total_gpu_ms = real("total_gpu_ms", self.total_gpu_ms, 0.0)
 
