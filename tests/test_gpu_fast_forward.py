@@ -61,6 +61,18 @@ def test_fast_path_is_taken_and_equals_the_python_path(dtype, b, s_q, s_k, h, h_
     torch.testing.assert_close(ferroattn.flash_attn_func(q, k, v, causal=causal), ref, rtol=0, atol=0)
 
 
+def test_packed_functions_take_the_fast_path_too():
+    qkv, kv, q = rand(2, 256, 3, 8, 64), rand(2, 512, 2, 4, 64), rand(2, 256, 8, 64)
+    for causal in (False, True):
+        torch.testing.assert_close(ferroattn.flash_attn_qkvpacked_func(qkv, causal=causal),
+                                   _fast_path_off(ferroattn.flash_attn_qkvpacked_func, qkv, causal=causal),
+                                   rtol=0, atol=0)
+        torch.testing.assert_close(ferroattn.flash_attn_kvpacked_func(q, kv, causal=causal),
+                                   _fast_path_off(ferroattn.flash_attn_kvpacked_func, q, kv, causal=causal),
+                                   rtol=0, atol=0)
+    assert _fast(*qkv.unbind(2)) is not None                             # the views are taken as they are
+
+
 def test_fast_path_declines_what_the_python_path_must_handle():
     q = rand(1, 64, 4, 64)
     assert _fast(q.requires_grad_(), q, q) is None                      # autograd records the backward

@@ -529,10 +529,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     (ferroattn.errors, all RuntimeError). The backward raises the same classes (from the
     validation of ``ferroattn::attn_bwd``) only for inputs the forward already rejects.
     """
+    return _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, s_aux)
+
+
+def _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs, s_aux) -> _Out:
+    """The padded functions' body: the common plain / causal eager call in one native call
+    (src/ops/attention/fast.rs: it takes a call only when :func:`_attention` would launch the
+    same kernel unchanged; None otherwise), else :func:`_attention`, whose checks and errors are
+    every call's."""
     if _eager.ENABLED and not torch.compiler.is_compiling():
-        # the common plain / causal eager call in one native call (src/ops/attention/fast.rs:
-        # it takes a call only when this function would launch the same kernel unchanged; None
-        # otherwise, and every check and error below stays this function's)
         out = _native.attn_fwd_fast(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                     deterministic, return_attn_probs, s_aux)
         if out is not None:
@@ -548,9 +555,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     ``qkv[:, :, 0]``, ``qkv[:, :, 1]``, ``qkv[:, :, 2]`` (no copy). Returns as flash_attn_func;
     the gradient reaches ``qkv`` through the views ((b, s, 3, h, d), qkv's dtype)."""
     q, k, v = _unpack(qkv, "qkv", 3, 2, "(batch, seqlen, 3, heads, head_dim)")
-    return _attention(q, k, v, None, None, 0, 0,
-                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs, s_aux=s_aux)
+    return _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, s_aux)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -559,9 +565,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """:func:`flash_attn_func` with packed ``kv`` (b, s_k, 2, h_k, d); q (b, s_q, h, d).
     Returns as flash_attn_func; gradients reach q and ``kv`` (through its views)."""
     k, v = _unpack(kv, "kv", 2, 2, "(batch, seqlen_k, 2, heads_k, head_dim)")
-    return _attention(q, k, v, None, None, 0, 0, dropout_p,
-                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs, s_aux=s_aux)
+    return _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, s_aux)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
