@@ -67,7 +67,10 @@ fn eager_ok<'py>(py: Python<'py>, tensors: Vec<Bound<'py, PyAny>>) -> PyResult<b
 /// Whether `q` is on the current CUDA device (the Python path switches the device otherwise).
 fn on_current_device(py: Python<'_>, q: &Imported) -> PyResult<bool> {
     let d = &q.view.meta.device;
-    Ok(d.is_cuda() && torch(py)?.cuda_get_device.bind(py).call0()?.extract::<i32>()? == d.id)
+    let (Some(get_device), Some(_)) = (&torch(py)?.cuda_get_device, &torch(py)?.cuda_raw_stream) else {
+        return Ok(false);   // a torch without CUDA
+    };
+    Ok(d.is_cuda() && get_device.bind(py).call0()?.extract::<i32>()? == d.id)
 }
 
 /// A taken call's outputs, from torch as the Python path makes them: out = empty_like(q), lse
@@ -106,7 +109,10 @@ impl<'py> Outputs<'py> {
 
 /// The raw handle of torch's current stream on `device`.
 fn current_stream(py: Python<'_>, device: i32) -> PyResult<u64> {
-    torch(py)?.cuda_raw_stream.bind(py).call1((device,))?.extract()
+    match &torch(py)?.cuda_raw_stream {
+        Some(f) => f.bind(py).call1((device,))?.extract(),
+        None => Ok(0),   // not reached: on_current_device declines without CUDA
+    }
 }
 
 /// `flash_attn_func(q, k, v, ...)` launched from here when it is the common plain or causal

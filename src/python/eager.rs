@@ -20,8 +20,9 @@ pub(super) struct Torch {
     profiler: Py<PyAny>,
     forward_ad: Py<PyAny>,
     pub empty_like: Py<PyAny>,
-    pub cuda_get_device: Py<PyAny>,
-    pub cuda_raw_stream: Py<PyAny>,
+    /// `torch._C._cuda_getDevice` / `_cuda_getCurrentRawStream`; None in a torch built without CUDA.
+    pub cuda_get_device: Option<Py<PyAny>>,
+    pub cuda_raw_stream: Option<Py<PyAny>>,
 }
 
 static TORCH: PyOnceLock<Torch> = PyOnceLock::new();
@@ -44,8 +45,8 @@ pub(super) fn torch(py: Python<'_>) -> PyResult<&Torch> {
             profiler: py.import("torch.autograd.profiler")?.into_any().unbind(),
             forward_ad: py.import("torch.autograd.forward_ad")?.into_any().unbind(),
             empty_like: get(&torch, "empty_like")?,
-            cuda_get_device: get(&c, "_cuda_getDevice")?,
-            cuda_raw_stream: get(&c, "_cuda_getCurrentRawStream")?,
+            cuda_get_device: get(&c, "_cuda_getDevice").ok(),
+            cuda_raw_stream: get(&c, "_cuda_getCurrentRawStream").ok(),
         })
     })
 }
