@@ -1,13 +1,16 @@
-//! attn_fwd_fast: `flash_attn_func`'s common eager call in one native call →
-//! ops::attention::fast (which calls it takes) and ops::attention::attn_fwd (the launch).
+//! attn_fwd_fast and attn_kvcache_fast: the common eager calls of `flash_attn_func` and
+//! `flash_attn_with_kvcache` in one native call each → ops::attention::fast (which calls they
+//! take) and the launches (ops::attention::attn_fwd, ops::attention::kvcache).
 //!
 //! The Python side's share of the rule, read here: every argument of an exact, already
-//! normal type — q, k, v plain tensors; `dropout_p` and `softcap` the float or int 0; `causal`,
-//! `deterministic` bools; `window_size` a tuple of two negative ints (unbounded); `alibi_slopes`
-//! and `s_aux` None; `return_attn_probs` False; `softmax_scale` None or a float that
-//! ops::attention::fast::fast_scale takes — the eager rule (eager.rs), no forward-mode AD level,
-//! q's device the current one. Anything else returns None and flash_attn_func runs its Python
-//! path, whose checks own every error message.
+//! normal type — tensors plain; `dropout_p` and `softcap` the float or int 0; `causal`,
+//! `deterministic`, `rotary_interleaved`, `return_*` bools (`return_attn_probs` False);
+//! `window_size` a tuple of two negative ints (unbounded); `alibi_slopes`, `s_aux`, the rotary,
+//! paging, batch-index and left-pad tensors None; `num_splits` an int; `softmax_scale` None or a
+//! float that ops::attention::fast::fast_scale takes — the eager rule (eager.rs), no
+//! forward-mode AD level, no tensor that requires grad, q's device the current one. Anything
+//! else returns None and the Python function runs its own path, whose checks own every error
+//! message.
 
 use super::eager::{forward_ad_active, plain_eager, torch};
 use crate::dlpack::{import, import_writable, Imported};
