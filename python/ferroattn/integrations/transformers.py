@@ -59,6 +59,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -152,9 +153,13 @@ def _cu_seqlens_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:
 
 def _deterministic(flag) -> bool:
     """transformers' rule (modeling_flash_attention_utils, v5.17): the ``deterministic`` kwarg when
-    it is not None, else ``FLASH_ATTENTION_DETERMINISTIC == "1"`` (read on every call)."""
+    it is not None, else ``FLASH_ATTENTION_DETERMINISTIC == "1"`` (read on every call that can
+    have a backward: with grad mode off the flag selects nothing, and the read, ~2 µs, is
+    skipped)."""
     if flag is not None:
         return flag
+    if not torch.is_grad_enabled():
+        return False
     return os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
 
 
@@ -181,17 +186,32 @@ def _warn_once(key: str, message: str) -> None:
         _log.warning(message)
 
 
+#: module -> its config's attention_chunk_size (read once per module: transformers sets it at
+#: construction and reads it there too).
+_CHUNK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_UNSEEN = object()
+
+
 def _check_chunked(module: torch.nn.Module, kv_len: int) -> None:
     """A chunked-attention layer (Llama-4: ``config.layer_types[layer_idx] == "chunked_attention"``)
     whose keys span more than ``config.attention_chunk_size`` needs a block-diagonal causal mask
     that neither the 2-D padding mask nor a window can express: NotImplementedError, as
     transformers refuses it for flash attention, rather than silently attending across chunks."""
-    config = getattr(module, "config", None)
-    chunk = getattr(config, "attention_chunk_size", None)
-    types = getattr(config, "layer_types", None)
+    try:
+        chunk = _CHUNK.get(module, _UNSEEN)
+    except TypeError:   # a module object that takes no weak reference: read every time
+        chunk = _UNSEEN
+    if chunk is _UNSEEN:   # a config attribute read costs ~2-5 µs: once per module
+        chunk = getattr(getattr(module, "config", None), "attention_chunk_size", None)
+        try:
+            _CHUNK[module] = chunk
+        except TypeError:
+            pass
+    if not chunk or kv_len <= chunk:   # the common case, decided first
+        return
+    types = getattr(module.config, "layer_types", None)
     idx = getattr(module, "layer_idx", None)
-    if chunk and types and isinstance(idx, int) and 0 <= idx < len(types) and types[idx] == "chunked_attention" \
-            and kv_len > chunk:
+    if types and isinstance(idx, int) and 0 <= idx < len(types) and types[idx] == "chunked_attention":
         raise NotImplementedError(
             f"ferroattn: chunked attention (attention_chunk_size={chunk}) over {kv_len} keys is not "
             f"implemented; use attn_implementation='sdpa' for this model")
@@ -215,6 +235,15 @@ def _check_mask(mask: Tensor, batch: int, kv_len: int) -> None:
             f"attention_mask: expected at most {kv_len} columns (the key length s_k), got shape "
             f"{tuple(mask.shape)}"
         )
+
+
+def _same(out: Tensor) -> Tensor:
+    return out
+
+
+def _crop_to(v_head_dim: int):
+    """The output cropped to the value head dim (MLA's padded v)."""
+    return lambda out: out[..., :v_head_dim]
 
 
 def ferroattn_attention_forward(
@@ -269,7 +298,7 @@ def ferroattn_attention_forward(
     if kwargs.get("output_attentions", False):
         _warn_once("output_attentions", "ferroattn does not return attention weights "
                    "(output_attentions=True); use attn_implementation='eager' to get them.")
-    if any(dim == 0 for dim in query.shape):
+    if query.numel() == 0:   # some dimension is 0
         raise ArgumentError(f"query: expected no zero dimension, got shape {tuple(query.shape)}")
     batch, q_len = query.shape[0], query.shape[2]
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (b, s, h, d) views
@@ -291,8 +320,7 @@ def ferroattn_attention_forward(
     if s_aux is not None:  # in the activations' dtype, as transformers passes it to flash_attn
         fa_kwargs["s_aux"] = s_aux.to(query.dtype)
 
-    def crop(out: Tensor) -> Tensor:
-        return out[..., :v_head_dim] if v_head_dim < head_dim else out
+    crop = _crop_to(v_head_dim) if v_head_dim < head_dim else _same
 
     cp = _context.active()
     if cp is not None:   # inside ferroattn.distributed.context_parallel: the ring over its group
@@ -322,7 +350,7 @@ def ferroattn_attention_forward(
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-    have_varlen_kwargs = all(x is not None for x in (cu_q, cu_k, max_q, max_k))
+    have_varlen_kwargs = cu_q is not None and cu_k is not None and max_q is not None and max_k is not None
     position_ids = kwargs.get("position_ids")
     if have_varlen_kwargs or _is_packed(position_ids, batch):
         if not have_varlen_kwargs:
