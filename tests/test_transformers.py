@@ -443,6 +443,11 @@ def test_deterministic_kwarg_and_environment(reference_kernels, monkeypatch):
     mask[0, 0] = 0
     fa_hf.ferroattn_attention_forward(M(), q, q, q, mask)
     assert reference_kernels[-1][0] == "varlen" and reference_kernels[-1][7] is True
+    with torch.no_grad():   # no backward can follow: the environment variable selects nothing
+        fa_hf.ferroattn_attention_forward(M(), q, q, q, None)
+        assert reference_kernels[-1][3] is False
+        fa_hf.ferroattn_attention_forward(M(), q, q, q, None, deterministic=True)   # the kwarg still passes
+        assert reference_kernels[-1][3] is True
 
 
 _ARCHS = __import__("test_gpu_transformers_archs").ARCHS
