@@ -378,3 +378,15 @@ def test_flop_counts_share_the_native_formula():
         assert attn_fwd_flops(*args) == 4 * pairs * d
         lse = torch.empty(b, h, s_q, device="meta")
         assert attn_bwd_flops(q, q, k, k, q, lse, *args[3:]) == 10 * pairs * d
+
+
+def test_visible_pairs_counts_the_mask_flash_attn_runs():
+    """The window normalised as flash_attn does (a side >= s_k unbounded, the unset side s_k),
+    checked against the reference mask (ferroattn.testing.visible_mask), s_q > s_k included."""
+    import itertools
+    from ferroattn.testing import visible_mask
+    for s_q, s_k in itertools.product(range(1, 7), repeat=2):
+        for causal in (False, True):
+            for w in [(-1, -1), (0, 0), (0, 2), (-1, 2), (2, -1), (1, 0), (3, 1), (10, 10), (-5, 0)]:
+                want = int(visible_mask(s_q, s_k, causal, w).sum())
+                assert report.visible_pairs(s_q, s_k, causal, w) == want, (s_q, s_k, causal, w)

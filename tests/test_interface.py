@@ -491,3 +491,19 @@ def test_one_call_kvcache_declines_what_the_python_path_must_handle():
         assert _native.attn_kvcache_fast(q, kc, kc, *args.values()) is None, (name, value)
     with pytest.raises(ferroattn.errors.ArgumentError, match="^num_splits"):
         ferroattn.flash_attn_with_kvcache(q, kc, kc, num_splits=True)
+
+
+def test_nested_sparse_and_scalar_inputs_are_named_errors():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nt = torch.nested.nested_tensor([torch.zeros(2, 4, 8), torch.zeros(3, 4, 8)])
+    q = _t(1, 4, 4, 8)
+    for call, name in [(lambda: ferroattn.flash_attn_func(nt, q, q), "q"),
+                       (lambda: ferroattn.flash_attn_func(q, q.to_sparse(), q), "k"),
+                       (lambda: ferroattn.flash_attn_qkvpacked_func(nt), "qkv"),
+                       (lambda: ferroattn.flash_attn_with_kvcache(q, nt, nt), "k_cache")]:
+        with pytest.raises(ferroattn.errors.ArgumentError, match=f"^{name}: expected a dense tensor"):
+            call()
+    with pytest.raises(ferroattn.errors.ArgumentError, match="^k_cache: expected rank 4"):
+        ferroattn.flash_attn_with_kvcache(q, torch.tensor(1.0, dtype=torch.bfloat16), q)

@@ -111,6 +111,14 @@ def _maybe_contiguous(x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_strided(x: Tensor, name: str) -> None:
+    """A dense (strided) tensor: a nested or sparse one is an ArgumentError naming ``name``
+    (torch's own errors for their sizes and strides name no argument)."""
+    if x.is_nested or x.layout != torch.strided:
+        kind = "a nested tensor" if x.is_nested else f"layout {x.layout}"
+        raise ArgumentError(f"{name}: expected a dense tensor (torch.strided layout), got {kind}")
+
+
 def _check_tensors(q, k, v, varlen: bool, paged: bool = False) -> int:
     """q, k, v must be tensors of the layout's rank whose head dims are equal and <= 256; checked
     here on the user's (unpadded) values, before the head dim is padded to a multiple of 8
@@ -119,6 +127,7 @@ def _check_tensors(q, k, v, varlen: bool, paged: bool = False) -> int:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
             raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        _check_strided(x, name)
     rank = 3 if varlen else 4
     for name, x in (("q", q), ("k", k), ("v", v)):
         want = 4 if paged and name != "q" else rank
@@ -325,6 +334,7 @@ def _unpack(packed, name: str, n: int, dim: int, layout: str) -> Tuple[Tensor, .
     size exactly ``n`` (ArgumentError naming ``name`` with its own shape)."""
     if not isinstance(packed, Tensor):
         raise DTypeError(f"{name}: expected a torch.Tensor, got {type(packed).__name__}")
+    _check_strided(packed, name)
     if packed.dim() != dim + 3 or packed.shape[dim] != n:
         raise ArgumentError(f"{name}: expected shape {layout} (rank {dim + 3}, dim {dim} of size {n}), "
                             f"got shape {tuple(packed.shape)}")
@@ -689,6 +699,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, Tensor):
             raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        _check_strided(x, name)
+        if name != "q" and x.dim() != 4:   # before its stride(-1) is asserted (q's rank: below)
+            raise ArgumentError(f"{name}: expected rank 4 (batch_cache, seqlen_cache, heads_k, head_dim) or "
+                                f"(num_pages, page_size, heads_k, head_dim), got rank {x.dim()} (shape {tuple(x.shape)})")
     assert k_cache.stride(-1) == 1, "k_cache must have contiguous last dimension"
     assert v_cache.stride(-1) == 1, "v_cache must have contiguous last dimension"
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),

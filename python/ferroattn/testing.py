@@ -301,6 +301,9 @@ def max_abs_diff(a: Tensor, b: Tensor) -> float:
     """max |a - b| in fp64; positions where both are equal (including equal infinities) count 0;
     NaN anywhere in ``a`` or ``b`` gives NaN. ArgumentError for shapes that differ (no broadcast)
     or a complex tensor (its imaginary part would be dropped)."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, Tensor):
+            raise ArgumentError(f"{name}: expected a Tensor, got {type(t).__name__}")
     if tuple(a.shape) != tuple(b.shape):
         raise ArgumentError(f"b: expected a's shape {tuple(a.shape)}, got {tuple(b.shape)}")
     for name, t in (("a", a), ("b", b)):

@@ -152,7 +152,8 @@ fn attn_fwd_fast<'py>(
     if !eager_ok(py, vec![q.clone(), k.clone(), v.clone()])? {
         return Ok(None);
     }
-    let (qi, ki, vi) = (import(q, "q")?, import(k, "k")?, import(v, "v")?);
+    // an input DLPack cannot describe (nested, sparse, ...) goes to the Python path, which names it
+    let (Ok(qi), Ok(ki), Ok(vi)) = (import(q, "q"), import(k, "k"), import(v, "v")) else { return Ok(None) };
     if !on_current_device(py, &qi)? {
         return Ok(None);
     }
@@ -243,12 +244,17 @@ fn attn_kvcache_fast<'py>(
     }
     // the cache is written when k / v are appended: imported writable then (as kv_append does)
     let cache_import = if new_obj.is_some() { import_writable } else { import };
-    let (qi, kci, vci) = (import(q, "q")?, cache_import(k_cache, "k_cache")?, cache_import(v_cache, "v_cache")?);
-    let new_i = match new_obj {
-        Some((k, v)) => Some((import(k, "k")?, import(v, "v")?)),
+    // an input DLPack cannot describe (nested, sparse, ...) goes to the Python path, which names it
+    let (Ok(qi), Ok(kci), Ok(vci)) = (import(q, "q"), cache_import(k_cache, "k_cache"), cache_import(v_cache, "v_cache"))
+    else {
+        return Ok(None);
+    };
+    let new_i = match new_obj.map(|(k, v)| (import(k, "k"), import(v, "v"))) {
+        Some((Ok(k), Ok(v))) => Some((k, v)),
+        Some(_) => return Ok(None),
         None => None,
     };
-    let sl_i = sl_obj.map(|t| import(t, "cache_seqlens")).transpose()?;
+    let Ok(sl_i) = sl_obj.map(|t| import(t, "cache_seqlens")).transpose() else { return Ok(None) };
     if !on_current_device(py, &qi)? {
         return Ok(None);
     }

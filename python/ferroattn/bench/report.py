@@ -51,15 +51,20 @@ def _check_sizes(**sizes) -> None:
 
 
 def visible_pairs(s_q: int, s_k: int, causal: bool = False, window_size: Sequence[int] = (-1, -1)) -> int:
-    """The (query, key) pairs of one (batch, head) that the causal / window mask leaves visible:
-    :func:`ferroattn.ops.attention.visible_pairs` (the one count; the launch recorder's FLOPs use
-    the same). Needs torch and the native extension (imported on first use). Raises
-    ArgumentError (sizes that are not ints >= 0, a causal that is not a bool, a window that is
-    not a pair of ints)."""
+    """The (query, key) pairs of one (batch, head) that a flash_attn call's causal / window mask
+    leaves visible: the window normalised as flash_attn does (``AttnVariant.from_flash_attn``: a
+    side >= s_k or negative is unbounded, the unset side of a one-sided window is s_k), then
+    :func:`ferroattn.ops.variant.visible_pairs` (the one count; the launch recorder's FLOPs use the
+    same on the normalised variant the kernels get). Needs torch and the native extension
+    (imported on first use). Raises ArgumentError (sizes that are not ints >= 0, a causal that is
+    not a bool, a window that is not a pair of ints)."""
     _check_sizes(s_q=s_q, s_k=s_k)
     _check_mask_args(causal, window_size)
-    from ferroattn.ops.attention import visible_pairs as _visible_pairs
-    return int(_visible_pairs(int(s_q), int(s_k), bool(causal), tuple(int(w) for w in window_size)))
+    from ferroattn.ops.variant import AttnVariant  # noqa: PLC0415
+    from ferroattn.ops.variant import visible_pairs as _visible_pairs  # noqa: PLC0415
+    v = AttnVariant.from_flash_attn(bool(causal), tuple(int(w) for w in window_size), 0.0, None, None, int(s_q),
+                                    int(s_k))
+    return int(_visible_pairs(int(s_q), int(s_k), v.causal, (v.window_left, v.window_right)))
 
 
 def fwd_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool,
