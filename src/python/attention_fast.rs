@@ -56,21 +56,13 @@ fn exact_scale(x: &Bound<'_, PyAny>) -> Option<Option<f64>> {
 /// one; the Python path detaches it first): whether a call may leave the op route.
 fn eager_ok<'py>(py: Python<'py>, tensors: Vec<Bound<'py, PyAny>>) -> PyResult<bool> {
     let device_types = PyTuple::new(py, [intern!(py, "cuda")])?;
-    if !plain_eager(py, tensors.iter().cloned(), device_types.as_any())? || forward_ad_active(py)? {
-        return Ok(false);
-    }
-    for t in &tensors {   // plain tensors here (the rule checked their types)
-        if t.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    Ok(plain_eager(py, tensors, device_types.as_any(), true)? && !forward_ad_active(py)?)
 }
 
 /// Whether `q` is on the current CUDA device (the Python path switches the device otherwise).
 fn on_current_device(py: Python<'_>, q: &Imported) -> PyResult<bool> {
-    let d = &q.view.meta.device;
-    let (Some(get_device), Some(_)) = (&torch(py)?.cuda_get_device, &torch(py)?.cuda_raw_stream) else {
+    let (d, t) = (&q.view.meta.device, torch(py)?);
+    let (Some(get_device), Some(_)) = (&t.cuda_get_device, &t.cuda_raw_stream) else {
         return Ok(false);   // a torch without CUDA
     };
     Ok(d.is_cuda() && get_device.bind(py).call0()?.extract::<i32>()? == d.id)

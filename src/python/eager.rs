@@ -56,14 +56,17 @@ pub(super) fn torch(py: Python<'_>) -> PyResult<&Torch> {
 /// docs (plain tensor types, no autograd to record, no lazy negation / conjugation bit, the
 /// first tensor's device type in `device_types`, no torch function or dispatch mode, the
 /// autograd profiler off, no functorch transform, not jit-traced). The caller checks the switch
-/// and `torch.compiler.is_compiling()` first (Dynamo traces only that).
+/// and `torch.compiler.is_compiling()` first (Dynamo traces only that). `no_grad_tensors`: a
+/// tensor that requires grad declines also with grad mode off (a caller that hands the tensors
+/// to DLPack undetached).
 pub(super) fn plain_eager<'py>(
     py: Python<'py>,
     tensors: impl IntoIterator<Item = Bound<'py, PyAny>>,
     device_types: &Bound<'py, PyAny>,
+    no_grad_tensors: bool,
 ) -> PyResult<bool> {
     let t = torch(py)?;
-    let grad = t.is_grad_enabled.bind(py).call0()?.is_truthy()?;
+    let grad = no_grad_tensors || t.is_grad_enabled.bind(py).call0()?.is_truthy()?;
     let (tensor, parameter) = (t.tensor.bind(py), t.parameter.bind(py));
     let mut first = None;
     for x in tensors {
@@ -109,7 +112,7 @@ fn eager_plain<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>, device_types: 
         Ok(t) => t.iter().collect(),
         Err(_) => tensors.try_iter()?.collect::<PyResult<_>>()?,
     };
-    plain_eager(py, items, device_types)
+    plain_eager(py, items, device_types, false)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

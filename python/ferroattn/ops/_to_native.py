@@ -113,29 +113,6 @@ def tile_aligned(t: Tensor) -> Tensor:
     return t.clone(memory_format=torch.contiguous_format)  # a copy even when t is contiguous
 
 
-def _call(native_fn: Callable, device: torch.device, tensors: Sequence[Optional[Tensor]], scalars: Sequence,
-          on_buffer_error: Callable[[], None], with_stream: bool):
-    """``native_fn(*detached tensors, *scalars[, stream])`` with ``device`` current: :func:`launch`'s
-    rules, for launchers (``with_stream``) and for the planners that take the same tensors."""
-    # DLPack refuses tensors that require grad; detaching the others would only cost host time
-    args = [t.detach() if t is not None and t.requires_grad else t for t in tensors]
-    try:
-        if device.type == "cuda":
-            # torch exports CUDA tensors of the current device only: switch only when needed
-            current = torch.cuda.current_device()
-            index = current if device.index is None else device.index
-            with torch.cuda.device(index) if index != current else contextlib.nullcontext():
-                if not with_stream:
-                    return native_fn(*args, *scalars)
-                # the raw handle of torch.cuda.current_stream(index) without building a Stream
-                # object (the capture stream while a CUDA graph is being captured)
-                return native_fn(*args, *scalars, torch._C._cuda_getCurrentRawStream(index))
-        return native_fn(*args, *scalars, 0) if with_stream else native_fn(*args, *scalars)
-    except BufferError:
-        on_buffer_error()
-        raise
-
-
 def launch(native_fn: Callable[..., None], device: torch.device, tensors: Sequence[Optional[Tensor]],
            scalars: Sequence, on_buffer_error: Callable[[], None]):
     """``native_fn(*detached tensors, *scalars, stream)`` on ``device``'s current stream; returns
@@ -154,7 +131,21 @@ def launch(native_fn: Callable[..., None], device: torch.device, tensors: Sequen
             device than ``device``): it should raise the Rust validation's precise error (e.g.
             DeviceError naming the argument); if it returns, the BufferError propagates.
     """
-    return _call(native_fn, device, tensors, scalars, on_buffer_error, with_stream=True)
+    # DLPack refuses tensors that require grad; detaching the others would only cost host time
+    args = [t.detach() if t is not None and t.requires_grad else t for t in tensors]
+    try:
+        if device.type == "cuda":
+            # torch exports CUDA tensors of the current device only: switch only when needed
+            current = torch.cuda.current_device()
+            index = current if device.index is None else device.index
+            with torch.cuda.device(index) if index != current else contextlib.nullcontext():
+                # the raw handle of torch.cuda.current_stream(index) without building a Stream
+                # object (the capture stream while a CUDA graph is being captured)
+                return native_fn(*args, *scalars, torch._C._cuda_getCurrentRawStream(index))
+        return native_fn(*args, *scalars, 0)
+    except BufferError:
+        on_buffer_error()
+        raise
 
 
 def allocate_workspace(nbytes: int, device: int) -> Tensor:
