@@ -82,8 +82,10 @@ def test_fast_path_declines_what_the_python_path_must_handle():
         torch.testing.assert_close(ferroattn.flash_attn_func(q, q, q), _python_path(q, q, q), rtol=0, atol=0)
     q = rand(1, 64, 4, 60)
     assert _fast(q, q, q) is None                                       # the pad to 64
-    x = rand(1, 64, 4, 72)[..., :64]
-    assert _fast(x, x, x) is None                                       # rows 144 B apart: the copy
+    x = rand(1, 64, 4, 68)[..., :64]
+    assert _fast(x, x, x) is None                                       # rows 136 B apart: the copy
+    x = rand(1, 64, 4, 72)[..., :64]                                    # rows 144 B apart: read in place
+    torch.testing.assert_close(_fast(x, x, x), _python_path(x, x, x), rtol=0, atol=0)
     q = rand(1, 64, 4, 64)
     for kw in (dict(softcap=5.0), dict(window_size=(8, 0)), dict(dropout_p=0.1), dict(softmax_scale=-1.0),
                dict(alibi_slopes=torch.zeros(4, device=DEV)), dict(return_attn_probs=True)):
@@ -100,6 +102,18 @@ def test_decode_step_with_splits_replays_in_a_cuda_graph():
     torch.cuda.synchronize()
     torch.testing.assert_close(out, _python_path(q, k, v, causal=True), rtol=0, atol=0)
     assert not torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("s_q, s_k", [(128, 128), (1, 8192)])    # dense (lse) / decode with splits (+ partials)
+def test_the_scratch_goes_back_to_torchs_pool(s_q, s_k):
+    q, k, v = rand(2, s_q, 32, 128), rand(2, s_k, 8, 128), rand(2, s_k, 8, 128)
+    assert _fast(q, k, v) is not None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(20):
+        _fast(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before                     # every scratch block handed back
 
 
 def test_a_rejected_call_leaves_the_next_one_working():
@@ -150,8 +164,11 @@ def test_kvcache_fast_path_is_taken_and_equals_the_python_path(dtype, b, s_q, s_
     torch.testing.assert_close(res[0], ref[0], rtol=0, atol=0)
     torch.testing.assert_close(res[1], ref[1], rtol=0, atol=0)
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)                  # the same append, in place
+    # softmax_lse not returned: it and the split partials live in the scratch block (the same
+    # append again writes the same rows, so the cache and the output are unchanged)
     out = ferroattn.flash_attn_with_kvcache(q, kc, vc, **{**kw, "return_softmax_lse": False})
-    assert isinstance(out, torch.Tensor) and out.shape == q.shape
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, res[0], rtol=0, atol=0)
 
 
 def test_kvcache_fast_path_declines_pages_rotary_and_int_lengths():

@@ -13,6 +13,7 @@
 //! message.
 
 use super::eager::{forward_ad_active, plain_eager, torch};
+use super::scratch::Scratch;
 use crate::dlpack::{import, import_writable, Imported};
 use crate::error::Result;
 use crate::ops::attention as op;
@@ -51,54 +52,81 @@ fn exact_scale(x: &Bound<'_, PyAny>) -> Option<Option<f64>> {
     x.cast_exact::<PyFloat>().ok().map(|f| Some(f.value()))
 }
 
-/// The eager rule (eager.rs) on `tensors` with CUDA as the only device type, no forward-mode AD
-/// level, and no tensor that requires grad even with grad mode off (DLPack refuses to export
-/// one; the Python path detaches it first): whether a call may leave the op route.
+/// The eager rule (eager.rs) on `tensors`, no forward-mode AD level, and no tensor that requires
+/// grad even with grad mode off (DLPack refuses to export one; the Python path detaches it
+/// first): whether a call may leave the op route. The device type and the lazy bits are the
+/// imports' to check (every tensor is imported; fast_sizes and [`on_current_device`] read the
+/// device).
 fn eager_ok<'py>(py: Python<'py>, tensors: Vec<Bound<'py, PyAny>>) -> PyResult<bool> {
-    let device_types = PyTuple::new(py, [intern!(py, "cuda")])?;
-    Ok(plain_eager(py, tensors, device_types.as_any(), true)? && !forward_ad_active(py)?)
+    Ok(plain_eager(py, tensors, None, true)? && !forward_ad_active(py)?)
 }
 
-/// Whether `q` is on the current CUDA device (the Python path switches the device otherwise).
+/// Whether `q` is on the current CUDA device (the Python path switches the device otherwise) and
+/// torch has what a taken call uses (CUDA, its caching allocator).
 fn on_current_device(py: Python<'_>, q: &Imported) -> PyResult<bool> {
     let (d, t) = (&q.view.meta.device, torch(py)?);
-    let (Some(get_device), Some(_)) = (&t.cuda_get_device, &t.cuda_raw_stream) else {
+    let (Some(get_device), Some(_), Some(_), Some(_)) = (&t.cuda_get_device, &t.cuda_raw_stream, &t.raw_alloc, &t.raw_delete)
+    else {
         return Ok(false);   // a torch without CUDA
     };
     Ok(d.is_cuda() && get_device.bind(py).call0()?.extract::<i32>()? == d.id)
 }
 
-/// A taken call's outputs, from torch as the Python path makes them: out = empty_like(q), lse
-/// fp32 (b, h, s_q), and with `splits` > 1 the fp32 split partials; each imported writable.
+/// A taken call's buffers: out = torch.empty_like(q) as the Python path makes it; softmax_lse
+/// fp32 (b, h, s_q) from torch too when the caller returns it (`lse_returned`), else in the
+/// scratch block (scratch.rs) with, for `splits` > 1, the fp32 split partials o_accum
+/// (splits, b, h, s_q, d) and lse_accum (splits, b, h, s_q).
 struct Outputs<'py> {
     out: Bound<'py, PyAny>,
-    lse: Bound<'py, PyAny>,
-    views: (Imported, Imported),
-    accum: Option<(Imported, Imported)>,
+    out_view: Imported,
+    lse: Option<(Bound<'py, PyAny>, Imported)>,
+    scratch: Scratch<'py>,
 }
 
 impl<'py> Outputs<'py> {
-    fn new(py: Python<'py>, q: &Bound<'py, PyAny>, lse_shape: [i64; 3], head_dim: i64, splits: u32) -> Result<Self> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'py>, q: &Bound<'py, PyAny>, device: i32, stream: u64, lse_shape: [i64; 3], head_dim: i64,
+           splits: u32, lse_returned: bool) -> Result<Self> {
         let t = torch(py)?;
-        let f32_kw = PyDict::new(py);
-        f32_kw.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
-        let new_f32 = |shape: &[i64]| q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, shape)?,), Some(&f32_kw));
         let out = t.empty_like.bind(py).call1((q,))?;
-        let lse = new_f32(&lse_shape)?;
-        let [b, h, s_q] = lse_shape;
-        let accum = if splits > 1 {
-            let s = splits as i64;
-            let (o, l) = (new_f32(&[s, b, h, s_q, head_dim])?, new_f32(&[s, b, h, s_q])?);
-            Some((import_writable(&o, "o_accum")?, import_writable(&l, "lse_accum")?))
+        let out_view = import_writable(&out, "out")?;
+        let lse = if lse_returned {
+            let f32_kw = PyDict::new(py);
+            f32_kw.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
+            let lse = q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, lse_shape)?,), Some(&f32_kw))?;
+            let view = import_writable(&lse, "softmax_lse")?;
+            Some((lse, view))
         } else {
             None
         };
-        let views = (import_writable(&out, "out")?, import_writable(&lse, "softmax_lse")?);
-        Ok(Outputs { out, lse, views, accum })
+        let [b, h, s_q] = lse_shape;
+        let s = splits as i64;
+        let (o_accum, lse_accum) = ([s, b, h, s_q, head_dim], [s, b, h, s_q]);
+        let mut shapes: Vec<&[i64]> = if splits > 1 { vec![&o_accum, &lse_accum] } else { vec![] };
+        if !lse_returned {
+            shapes.push(&lse_shape);
+        }
+        let scratch = Scratch::new(py, device, stream, &shapes)?;
+        Ok(Outputs { out, out_view, lse, scratch })
+    }
+
+    fn out(&self) -> &TensorView {
+        &self.out_view.view
+    }
+
+    fn lse(&self) -> &TensorView {
+        match &self.lse {
+            Some((_, view)) => &view.view,
+            None => self.scratch.view(if self.accum_len() > 0 { 2 } else { 0 }),
+        }
+    }
+
+    fn accum_len(&self) -> usize {
+        self.scratch.len() - usize::from(self.lse.is_none())
     }
 
     fn accum(&self) -> Option<(&TensorView, &TensorView)> {
-        self.accum.as_ref().map(|(o, l)| (&o.view, &l.view))
+        (self.accum_len() > 0).then(|| (self.scratch.view(0), self.scratch.view(1)))
     }
 }
 
@@ -157,10 +185,10 @@ fn attn_fwd_fast<'py>(
         op::fast::FastRoute::Decode { splits } => splits,
         op::fast::FastRoute::Dense => 1,
     };
-    let o = Outputs::new(py, q, call.lse_shape, call.head_dim, splits)?;
     let stream = current_stream(py, device)?;
+    let o = Outputs::new(py, q, device, stream, call.lse_shape, call.head_dim, splits, false)?;
     let variant = op::AttnVariant { causal: call.causal, ..Default::default() };
-    let (qv, kv, vv, ov, lv) = (&qi.view, &ki.view, &vi.view, &o.views.0.view, &o.views.1.view);
+    let (qv, kv, vv, ov, lv) = (&qi.view, &ki.view, &vi.view, o.out(), o.lse());
     let (s_q, s_k, scale) = (call.lse_shape[2], kv.meta.shape[1], scale as f32);
     // Detached: the first call of a configuration compiles or loads a module.
     match call.route {
@@ -259,11 +287,11 @@ fn attn_kvcache_fast<'py>(
         return Ok(None);
     };
     let Some(scale) = op::fast::fast_scale(scale, call.head_dim) else { return Ok(None) };
-    let o = Outputs::new(py, q, call.lse_shape, call.head_dim, call.splits)?;
     let stream = current_stream(py, device)?;
+    let o = Outputs::new(py, q, device, stream, call.lse_shape, call.head_dim, call.splits, with_lse)?;
     let variant = op::AttnVariant { causal: call.causal, ..Default::default() };
     let sl_view = sl_i.as_ref().map(|t| &t.view);
-    let (ov, lv, accum) = (&o.views.0.view, &o.views.1.view, o.accum());
+    let (ov, lv, accum) = (o.out(), o.lse(), o.accum());
     let scale = scale as f32;
     py.detach(|| -> Result<()> {
         if let (Some((kn, vn)), Some(sl)) = (new_views, sl_view) {
@@ -281,7 +309,11 @@ fn attn_kvcache_fast<'py>(
         kvcache::attn_fwd_kvcache(&qi.view, &kci.view, &vci.view, ov, lv, None, None, 0, &cache, accum, scale, &variant,
                                   stream)
     })?;
-    Ok(Some(if with_lse { PyTuple::new(py, [o.out, o.lse])?.into_any() } else { o.out }))
+    let Outputs { out, lse, .. } = o;
+    Ok(Some(match lse {
+        Some((lse, _)) => PyTuple::new(py, [out, lse])?.into_any(),
+        None => out,
+    }))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

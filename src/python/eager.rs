@@ -23,6 +23,9 @@ pub(super) struct Torch {
     /// `torch._C._cuda_getDevice` / `_cuda_getCurrentRawStream`; None in a torch built without CUDA.
     pub cuda_get_device: Option<Py<PyAny>>,
     pub cuda_raw_stream: Option<Py<PyAny>>,
+    /// `torch._C._cuda_cudaCachingAllocator_raw_alloc` / `_raw_delete` (scratch.rs); None likewise.
+    pub raw_alloc: Option<Py<PyAny>>,
+    pub raw_delete: Option<Py<PyAny>>,
 }
 
 static TORCH: PyOnceLock<Torch> = PyOnceLock::new();
@@ -47,6 +50,8 @@ pub(super) fn torch(py: Python<'_>) -> PyResult<&Torch> {
             empty_like: get(&torch, "empty_like")?,
             cuda_get_device: get(&c, "_cuda_getDevice").ok(),
             cuda_raw_stream: get(&c, "_cuda_getCurrentRawStream").ok(),
+            raw_alloc: get(&c, "_cuda_cudaCachingAllocator_raw_alloc").ok(),
+            raw_delete: get(&c, "_cuda_cudaCachingAllocator_raw_delete").ok(),
         })
     })
 }
@@ -58,11 +63,13 @@ pub(super) fn torch(py: Python<'_>) -> PyResult<&Torch> {
 /// autograd profiler off, no functorch transform, not jit-traced). The caller checks the switch
 /// and `torch.compiler.is_compiling()` first (Dynamo traces only that). `no_grad_tensors`: a
 /// tensor that requires grad declines also with grad mode off (a caller that hands the tensors
-/// to DLPack undetached).
+/// to DLPack undetached). `device_types` None: the device type and the lazy bits are the
+/// caller's to check, through the DLPack import of every tensor (which reports the device and
+/// refuses a lazy negation bit and the complex dtypes a conjugation bit needs).
 pub(super) fn plain_eager<'py>(
     py: Python<'py>,
     tensors: impl IntoIterator<Item = Bound<'py, PyAny>>,
-    device_types: &Bound<'py, PyAny>,
+    device_types: Option<&Bound<'py, PyAny>>,
     no_grad_tensors: bool,
 ) -> PyResult<bool> {
     let t = torch(py)?;
@@ -80,7 +87,9 @@ pub(super) fn plain_eager<'py>(
         if grad && x.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
             return Ok(false);
         }
-        if x.call_method0(intern!(py, "is_neg"))?.is_truthy()? || x.call_method0(intern!(py, "is_conj"))?.is_truthy()? {
+        if device_types.is_some()
+            && (x.call_method0(intern!(py, "is_neg"))?.is_truthy()? || x.call_method0(intern!(py, "is_conj"))?.is_truthy()?)
+        {
             return Ok(false);   // a lazy negation / conjugation bit: the op resolves it (DLPack cannot carry it)
         }
         if first.is_none() {
@@ -88,9 +97,12 @@ pub(super) fn plain_eager<'py>(
         }
     }
     let Some(first) = first else { return Ok(false) };
-    let device_type = first.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?;
-    Ok(device_types.contains(device_type)?
-        && t.len_function_stack.bind(py).call0()?.extract::<usize>()? == 0
+    if let Some(device_types) = device_types {
+        if !device_types.contains(first.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?)? {
+            return Ok(false);
+        }
+    }
+    Ok(t.len_function_stack.bind(py).call0()?.extract::<usize>()? == 0
         && t.len_dispatch_stack.bind(py).call0()?.extract::<usize>()? == 0
         && !t.profiler.bind(py).getattr(intern!(py, "_is_profiler_enabled"))?.is_truthy()?
         && !t.functorch_active.bind(py).call0()?.is_truthy()?
@@ -112,7 +124,7 @@ fn eager_plain<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>, device_types: 
         Ok(t) => t.iter().collect(),
         Err(_) => tensors.try_iter()?.collect::<PyResult<_>>()?,
     };
-    plain_eager(py, items, device_types, false)
+    plain_eager(py, items, Some(device_types), false)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

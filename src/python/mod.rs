@@ -13,6 +13,7 @@ pub mod errors;
 mod gemm;
 mod jit;
 mod profiler;
+mod scratch;
 mod sparse24;
 mod variant;
 
