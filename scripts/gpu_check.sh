@@ -15,7 +15,7 @@
 #   Llama-3.2-1B-config training ferroattn vs sdpa, step-0 gradients vs fp32, attention peak
 #   memory at 16k), host (scripts/host_time_breakdown.py: the host time of small eager calls
 #   against SDPA's), bench (`bench attention`, forward), bench_bwd (`bench attention --backward`),
-#   bench_decode (`bench decode`; BENCH_DECODE_ARGS), bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, fa2
+#   bench_decode (`bench decode`; BENCH_DECODE_ARGS), bench_generate (`bench generate`; BENCH_GENERATE_ARGS), bench_gemm (`bench gemm`), bench_sparse24 (`bench sparse24`), pytest -m gpu, fa2
 #   (flash-attention's own tests/test_flash_attn.py run against ferroattn through .fa2suite/run.sh,
 #   a deterministic sample of FA2_CORE / FA2_REST cases per test function; opt-in: runs only when
 #   named in GPU_CHECK_STAGES, and needs .fa2suite carried, made here by
@@ -82,14 +82,14 @@ SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
 FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
-ALL_STAGES="install info precompile warm demo profile notebooks train host bench bench_bwd bench_decode bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
+ALL_STAGES="install info precompile warm demo profile notebooks train host bench bench_bwd bench_decode bench_generate bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
 OPT_IN_STAGES="fa2"              # run only when named in GPU_CHECK_STAGES (not part of "all")
 STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
 # Stage caps (seconds) and what an elastic stage (notebooks, bench, bench_bwd, bench_gemm,
 # bench_sparse24, fa2) keeps free for each selected stage after it.
 declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=90 [notebooks]=400 [train]=180 [host]=60
-                [bench]=200 [bench_bwd]=330 [bench_decode]=240 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [fa2]=240
+                [bench]=200 [bench_bwd]=330 [bench_decode]=240 [bench_generate]=150 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [fa2]=240
                 [memcheck]=150 [racecheck]=180)
 declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_decode]=90 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [fa2]=120
                  [memcheck]=100 [racecheck]=80)
@@ -158,6 +158,11 @@ do_bench_bwd() {
     [ "$budget" -lt 30 ] && budget=30
     # shellcheck disable=SC2086
     "$PY" -m ferroattn bench attention --backward --out "$OUT" --rep-ms 40 --time-budget-s "$budget" ${BENCH_BWD_ARGS:-}
+}
+
+do_bench_generate() {  # do_bench_generate: transformers generate, ferroattn vs sdpa (python -m ferroattn bench generate)
+    # shellcheck disable=SC2086
+    "$PY" -m ferroattn bench generate --out "$OUT" ${BENCH_GENERATE_ARGS:-}
 }
 
 do_bench_gemm() {  # do_bench_gemm LIMIT: dense GEMM vs cuBLAS (python -m ferroattn bench gemm)
@@ -436,6 +441,7 @@ stage host "${CAP[host]}" bash "$SELF" __fn host
 if selected bench; then lim=$(elastic_limit bench); stage bench "$lim" bash "$SELF" __fn bench "$lim"; fi
 if selected bench_bwd; then lim=$(elastic_limit bench_bwd); stage bench_bwd "$lim" bash "$SELF" __fn bench_bwd "$lim"; fi
 if selected bench_decode; then lim=$(elastic_limit bench_decode); stage bench_decode "$lim" bash "$SELF" __fn bench_decode "$lim"; fi
+stage bench_generate "${CAP[bench_generate]}" bash "$SELF" __fn bench_generate
 if selected bench_gemm; then lim=$(elastic_limit bench_gemm); stage bench_gemm "$lim" bash "$SELF" __fn bench_gemm "$lim"; fi
 if selected bench_sparse24; then lim=$(elastic_limit bench_sparse24); stage bench_sparse24 "$lim" bash "$SELF" __fn bench_sparse24 "$lim"; fi
 stage pytest "${CAP[pytest]}" bash "$SELF" __fn pytest

@@ -4,7 +4,9 @@ For each case (a small ``flash_attn_func`` forward, a decode step through ``flas
 without and with a one-token append and through ``flash_attn_func``, the same calls through the
 Python path with the one-call native path off, and SDPA on the same tensors), three figures:
 
-- ``host_us``: wall time per call of N back-to-back calls (:func:`ferroattn.bench.timing.host_us_per_call`);
+- ``host_us``: wall time per call of back-to-back calls (:func:`ferroattn.bench.timing.host_us_per_call`),
+  the median of ``--rounds`` paired rounds (each round times every case in turn, N / rounds calls
+  each); ``vs_sdpa``: the median per-round ratio of each of our calls to SDPA on the same call;
 - ``profile``: the ``cProfile`` top functions by own time over N calls (µs per call; cProfile's own
   cost inflates every Python-level entry alike, so read the shares, not the sums);
 - ``pieces``: µs per call of the building blocks in isolation (DLPack import of a CUDA tensor,
@@ -20,6 +22,7 @@ import cProfile
 import json
 import os
 import pstats
+import statistics
 import time
 
 import torch
@@ -30,6 +33,13 @@ from ferroattn import _native, flash_attn_func, flash_attn_with_kvcache
 from ferroattn.bench.timing import host_us_per_call
 from ferroattn.ops import _eager
 from ferroattn.ops.variant import AttnVariant
+
+
+# (ours, SDPA on the same call): the per-round ratio ours / SDPA is reported for each
+PAIRS = (("flash_attn_func_b1_s128_h16_d64", "sdpa_b1_s128_h16_d64"),
+         ("kvcache_decode_b1_L1024_gqa32_8_d128", "sdpa_decode_gqa"),
+         ("kvcache_append_decode", "sdpa_decode_gqa"),
+         ("flash_attn_func_decode_L1024_gqa32_8_d128", "sdpa_decode_gqa"))
 
 
 def per_call(fn, n: int) -> float:
@@ -77,6 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=10, help="paired rounds the calls are split into")
     a = ap.parse_args()
     n = a.calls
     dev = "cuda"
@@ -104,9 +115,21 @@ def main() -> None:
     }
     res: dict = {"torch": torch.__version__, "ferroattn": getattr(ferroattn, "__version__", None),
                  "device": torch.cuda.get_device_name(), "n_calls": n, "cases": {}}
+    # paired: every round times each case in turn (n / rounds calls), so a slow phase of the host
+    # hits all cases alike; the figure is the median round, the ratios are per round
+    rounds = a.rounds
+    per_round = {name: [] for name in cases}
     with torch.no_grad():
+        for _ in range(rounds):
+            for name, fn in cases.items():
+                per_round[name].append(host_us_per_call(fn, max(n // rounds, 1), warmup=10))
         for name, fn in cases.items():
-            res["cases"][name] = {"host_us": host_us_per_call(fn, n), "profile": profile(fn, n)}
+            res["cases"][name] = {"host_us": statistics.median(per_round[name]), "rounds_us": per_round[name],
+                                  "profile": profile(fn, n)}
+        res["vs_sdpa"] = {
+            ours: {"sdpa_case": peer,
+                   "median_ratio": statistics.median(o / p for o, p in zip(per_round[ours], per_round[peer]))}
+            for ours, peer in PAIRS}
         out = torch.empty_like(q)
         lse = torch.empty(1, 16, 128, device=dev, dtype=torch.float32)
         var = AttnVariant.from_flash_attn(False, (-1, -1), 0.0, None, None, 128, 128, 0.0, q.device)
@@ -152,6 +175,8 @@ def main() -> None:
         print(f"{name}: {c['host_us']:.1f} us/call; top own-time:")
         for r in c["profile"][:12]:
             print(f"    {r['own_us']:7.2f} us  x{r['calls_per_call']:.0f}  {r['fn']}")
+    for name, r in res["vs_sdpa"].items():
+        print(f"{name} / {r['sdpa_case']}: {r['median_ratio']:.2f}x (median of {len(res['cases'][name]['rounds_us'])} paired rounds)")
     for name, t in res["pieces_us"].items():
         print(f"piece {name}: {t if isinstance(t, str) else f'{t:.2f} us'}")
     print("wrote", path)

@@ -38,6 +38,7 @@ PADDED_CASES = [
     ("causal-sq>sk-d40", 1, 70, 19, 2, 2, 40, True, "float16"),
     ("len1-d256", 3, 1, 1, 2, 2, 256, False, "bfloat16"),
     ("gqa-causal-d32", 2, 130, 130, 4, 2, 32, True, "float16"),
+    ("decode-splits-gqa-d128", 2, 1, 3000, 8, 2, 128, True, "bfloat16"),   # the kv-cache kernel's route
 ]
 # (name, q lengths, k lengths, h, h_k, d, causal, dtype)
 VARLEN_CASES = [

@@ -22,6 +22,7 @@ _spec.loader.exec_module(_sa)
 CASES = [
     ("paged1-tail", 3, 1, 37, 2, 2, 64, 1, 1, False, False, False, 2, False),
     ("contig-append-rotary", 2, 1, 300, 8, 2, 128, None, 1, True, False, False, 0, True),
+    ("contig-append-splits", 2, 1, 300, 8, 2, 128, None, 1, False, False, False, 3, True),   # the one-call path
     ("contig-leftpad-batchidx", 2, 4, 200, 4, 4, 64, None, 2, False, True, True, 3, False),
     ("paged3-splits", 2, 1, 333, 8, 1, 128, 3, 1, True, False, False, 5, True),
     ("paged16-gqa-d256", 1, 2, 160, 6, 3, 256, 16, 2, False, False, False, 0, True),

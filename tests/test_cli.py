@@ -263,3 +263,17 @@ def test_real_info_if_the_extension_is_built(capsys):
 def test_bench_decode_bad_options_exit_2(extra, capsys):
     assert cli.main(["bench", "decode", *extra]) == 2
     assert "--pages must be a non-empty list of positive ints" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--batch", "0"], ["--batch", "1,x"], ["--batch", ""], ["--prompt", "0"],
+                                   ["--new-tokens", "1"], ["--rounds", "0"]])
+def test_bench_generate_bad_options_exit_2(extra, capsys):
+    assert cli.main(["bench", "generate", *extra]) == 2
+    assert "--batch must be a list of positive ints" in capsys.readouterr().err
+
+
+def test_bench_generate_without_a_gpu_says_so(monkeypatch, capsys):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "generate", "--batch", "1"]) == 3
+    assert "no CUDA GPU found" in capsys.readouterr().err

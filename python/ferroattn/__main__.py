@@ -268,6 +268,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "decode":
         from ferroattn.bench import decode as bench_decode  # noqa: PLC0415
         return bench_decode.run(args)
+    if args.bench_command == "generate":
+        from ferroattn.bench import generate as bench_generate  # noqa: PLC0415
+        return bench_generate.run(args)
     if args.bench_command == "gemm":
         from ferroattn.bench import gemm as bench_gemm  # noqa: PLC0415
         return bench_gemm.run(args)
@@ -357,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=cmd_demo)
 
     pb = sub.add_parser("bench", help="benchmarks: ours vs the peers")
-    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention,training,gemm,sparse24,decode}")
+    bsub = pb.add_subparsers(dest="bench_command", metavar="{attention,training,gemm,sparse24,decode,generate}")
     bsub.required = True
     pa = bsub.add_parser("attention", help="FlashAttention-3 paper grid: ours vs SDPA flash/cuDNN/efficient "
                                            "(--backward: the backward)")
@@ -422,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     pdc = bsub.add_parser("decode", help="kv-cache decode: ours (contiguous and paged) vs SDPA cuDNN / flash, GB/s")
     bench_decode.add_arguments(pdc)
     pdc.set_defaults(func=cmd_bench)
+    from ferroattn.bench import generate as bench_generate  # noqa: PLC0415  (does not import torch)
+    pgn = bsub.add_parser("generate", help="Llama-3.2-1B-config generate: ferroattn vs sdpa, decode tokens/s")
+    bench_generate.add_arguments(pgn)
+    pgn.set_defaults(func=cmd_bench)
 
     pr = sub.add_parser("profile", help="batch x seqlen sweep of a model: per-layer GPU time, heatmap, knee (GPU)")
     pr.add_argument("--model", metavar="NAME|PATH", required=True,
