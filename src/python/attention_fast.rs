@@ -23,6 +23,16 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyTuple};
 
+/// The positional arguments of a one-call function (the Python function's own, in its order:
+/// _native.pyi names them); a TypeError naming `name` unless there are exactly `n`.
+fn positional<'py>(args: &Bound<'py, PyTuple>, name: &str, n: usize) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if args.len() != n {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{name}: expected {n} positional arguments, got {}", args.len())));
+    }
+    Ok(args.iter().collect())
+}
+
 /// An exact Python bool's value (not an int, not a numpy bool), or None.
 fn exact_bool(x: &Bound<'_, PyAny>) -> Option<bool> {
     x.cast_exact::<PyBool>().ok().map(|b| b.is_true())
@@ -143,22 +153,11 @@ fn current_stream(py: Python<'_>, device: i32) -> PyResult<u64> {
 /// the call must take the Python path. Raises only what that path would raise from the same
 /// launch (the Rust validation's errors, CUDA / NVRTC errors).
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn attn_fwd_fast<'py>(
-    py: Python<'py>,
-    q: &Bound<'py, PyAny>,
-    k: &Bound<'py, PyAny>,
-    v: &Bound<'py, PyAny>,
-    dropout_p: &Bound<'py, PyAny>,
-    softmax_scale: &Bound<'py, PyAny>,
-    causal: &Bound<'py, PyAny>,
-    window_size: &Bound<'py, PyAny>,
-    softcap: &Bound<'py, PyAny>,
-    alibi_slopes: &Bound<'py, PyAny>,
-    deterministic: &Bound<'py, PyAny>,
-    return_attn_probs: &Bound<'py, PyAny>,
-    s_aux: &Bound<'py, PyAny>,
-) -> Result<Option<Bound<'py, PyAny>>> {
+#[pyo3(signature = (*args))]
+fn attn_fwd_fast<'py>(py: Python<'py>, args: &Bound<'py, PyTuple>) -> Result<Option<Bound<'py, PyAny>>> {
+    let args = positional(args, "attn_fwd_fast", 12)?;
+    let [q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+         return_attn_probs, s_aux] = &args[..] else { unreachable!("positional checked the count") };
     let Some(causal) = exact_bool(causal) else { return Ok(None) };
     if exact_bool(deterministic).is_none() || exact_bool(return_attn_probs) != Some(false) {
         return Ok(None);
@@ -218,29 +217,12 @@ fn exact_int(x: &Bound<'_, PyAny>) -> Option<i64> {
 /// `cache_seqlens` in place, then attends, as the Python path does. Returns `out`, or
 /// `(out, softmax_lse)` with `return_softmax_lse`; None when the call must take the Python path.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn attn_kvcache_fast<'py>(
-    py: Python<'py>,
-    q: &Bound<'py, PyAny>,
-    k_cache: &Bound<'py, PyAny>,
-    v_cache: &Bound<'py, PyAny>,
-    k: &Bound<'py, PyAny>,
-    v: &Bound<'py, PyAny>,
-    rotary_cos: &Bound<'py, PyAny>,
-    rotary_sin: &Bound<'py, PyAny>,
-    cache_seqlens: &Bound<'py, PyAny>,
-    cache_batch_idx: &Bound<'py, PyAny>,
-    cache_leftpad: &Bound<'py, PyAny>,
-    block_table: &Bound<'py, PyAny>,
-    softmax_scale: &Bound<'py, PyAny>,
-    causal: &Bound<'py, PyAny>,
-    window_size: &Bound<'py, PyAny>,
-    softcap: &Bound<'py, PyAny>,
-    rotary_interleaved: &Bound<'py, PyAny>,
-    alibi_slopes: &Bound<'py, PyAny>,
-    num_splits: &Bound<'py, PyAny>,
-    return_softmax_lse: &Bound<'py, PyAny>,
-) -> Result<Option<Bound<'py, PyAny>>> {
+#[pyo3(signature = (*args))]
+fn attn_kvcache_fast<'py>(py: Python<'py>, args: &Bound<'py, PyTuple>) -> Result<Option<Bound<'py, PyAny>>> {
+    let args = positional(args, "attn_kvcache_fast", 19)?;
+    let [q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+         softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+         return_softmax_lse] = &args[..] else { unreachable!("positional checked the count") };
     let (Some(causal), Some(interleaved), Some(with_lse)) =
         (exact_bool(causal), exact_bool(rotary_interleaved), exact_bool(return_softmax_lse))
     else {
