@@ -89,6 +89,10 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=10, help="paired rounds the calls are split into")
     a = ap.parse_args()
+    if a.rounds < 1 or a.calls < a.rounds:
+        ap.error(f"--rounds must be >= 1 and --calls >= --rounds, got --rounds {a.rounds} --calls {a.calls}")
+    if not torch.cuda.is_available():
+        raise SystemExit("host_time_breakdown.py: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)")
     n = a.calls
     dev = "cuda"
     bf = torch.bfloat16

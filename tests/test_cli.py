@@ -265,11 +265,19 @@ def test_bench_decode_bad_options_exit_2(extra, capsys):
     assert "--pages must be a non-empty list of positive ints" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra", [["--batch", "0"], ["--batch", "1,x"], ["--batch", ""], ["--prompt", "0"],
-                                   ["--new-tokens", "1"], ["--rounds", "0"]])
+@pytest.mark.parametrize("extra", [["--batch", "0"], ["--batch", "1,x"], ["--batch", ""], ["--batch", "1,,2"],
+                                   ["--prompt", "0"], ["--new-tokens", "1"], ["--rounds", "0"]])
 def test_bench_generate_bad_options_exit_2(extra, capsys):
     assert cli.main(["bench", "generate", *extra]) == 2
-    assert "--batch must be a list of positive ints" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{extra[0]}: expected" in err and "got" in err
+
+
+def test_bench_generate_checks_its_out_directory_first(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["bench", "generate", "--out", str(blocker)]) == 2
+    assert "--out: expected a writable directory" in capsys.readouterr().err
 
 
 def test_bench_generate_without_a_gpu_says_so(monkeypatch, capsys):
@@ -277,3 +285,10 @@ def test_bench_generate_without_a_gpu_says_so(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "generate", "--batch", "1"]) == 3
     assert "no CUDA GPU found" in capsys.readouterr().err
+
+
+def test_bench_decode_checks_its_out_directory_first(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["bench", "decode", "--out", str(blocker / "sub")]) == 2
+    assert "--out: expected a writable directory" in capsys.readouterr().err

@@ -324,3 +324,13 @@ def test_dense_matmul_uses_the_same_selection(monkeypatch):
     with FlopCounterMode(display=False) as fc:
         dense_matmul(a.detach(), b)
     assert calls == ["op", "op"] and fc.get_total_flops() == 2 * 4 * 6 * 8
+
+
+@pytest.mark.parametrize("tensors, device_types, named", [
+    (None, ("cpu",), "tensors"), (5, ("cpu",), "tensors"), (iter([]), ("cpu",), "tensors"),
+    ((), None, "device_types"), ((), "cpu", "device_types"), ((), 5, "device_types"),
+])
+def test_the_native_rule_names_a_wrong_argument_type(tensors, device_types, named):
+    with pytest.raises(TypeError, match=f"eager_plain: {named}: expected"):
+        _real_native.eager_plain(tensors, device_types)
+    assert _real_native.eager_plain([torch.zeros(2)], frozenset({"cpu"}))         # the next call works

@@ -4,7 +4,8 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::exceptions::PyTypeError;
+use pyo3::types::{PyFrozenSet, PyList, PySet, PyTuple, PyType};
 use pyo3::{intern, Py};
 
 /// The torch objects the rule reads, looked up once per process.
@@ -117,14 +118,28 @@ pub(super) fn forward_ad_active(py: Python<'_>) -> PyResult<bool> {
 }
 
 /// [`plain_eager`] for Python (ops/_eager.py `plain_eager`): `tensors` a tuple or list (None
-/// allowed), `device_types` a container of device type names.
+/// allowed), `device_types` a tuple, list or set of device type names (a string is refused: it
+/// would match by substring); TypeError naming the argument otherwise.
 #[pyfunction]
 fn eager_plain<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>, device_types: &Bound<'py, PyAny>) -> PyResult<bool> {
-    let items: Vec<Bound<'py, PyAny>> = match tensors.cast::<PyTuple>() {
-        Ok(t) => t.iter().collect(),
-        Err(_) => tensors.try_iter()?.collect::<PyResult<_>>()?,
+    let items: Vec<Bound<'py, PyAny>> = match (tensors.cast::<PyTuple>(), tensors.cast::<PyList>()) {
+        (Ok(t), _) => t.iter().collect(),
+        (_, Ok(l)) => l.iter().collect(),
+        _ => return Err(PyTypeError::new_err(format!(
+            "eager_plain: tensors: expected a tuple or list of tensors (None allowed), got {}", type_name(tensors)))),
     };
+    if !(device_types.is_instance_of::<PyTuple>() || device_types.is_instance_of::<PyList>()
+        || device_types.is_instance_of::<PyFrozenSet>() || device_types.is_instance_of::<PySet>())
+    {
+        return Err(PyTypeError::new_err(format!(
+            "eager_plain: device_types: expected a tuple, list or set of device type names, got {}",
+            type_name(device_types))));
+    }
     plain_eager(py, items, Some(device_types), false)
+}
+
+fn type_name(x: &Bound<'_, PyAny>) -> String {
+    x.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

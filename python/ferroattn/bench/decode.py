@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from .report import out_dir_error
+
 __all__ = ["add_arguments", "run", "grid"]
 
 PEERS = ("cudnn", "flash")
@@ -153,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"{prog}: --pages must be a non-empty list of positive ints, --rounds >= 1, --rep-ms and "
               f"--time-budget-s finite numbers > 0", file=sys.stderr)
+        return 2
+    error = out_dir_error(args.out)
+    if error is not None:
+        print(f"{prog}: {error}", file=sys.stderr)
         return 2
     import torch
     if not torch.cuda.is_available():

@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from .report import out_dir_error
+
 __all__ = ["add_arguments", "run"]
 
 IMPLS = ("sdpa", "ferroattn")
@@ -78,16 +80,29 @@ def measure_batch(model: Any, b: int, prompt: int, new_tokens: int, rounds: int,
             "decode_tok_s_ratio_ferroattn_vs_sdpa": ratio, "token_agreement": agree}
 
 
+def check_options(args: argparse.Namespace) -> tuple[list[int] | None, str | None]:
+    """(the batch sizes, None) for valid options, else (None or the sizes, the first bad option's
+    message naming it, what it expects and what it got). Creates ``--out``
+    (:func:`report.out_dir_error`)."""
+    try:
+        batches = [int(x) for x in str(args.batch).split(",")]
+        if min(batches) < 1:
+            raise ValueError
+    except ValueError:
+        return None, f"--batch: expected comma-separated positive ints, got {args.batch!r}"
+    for name, value, low in (("--prompt", args.prompt, 1), ("--new-tokens", args.new_tokens, 2),
+                             ("--rounds", args.rounds, 1)):
+        if value < low:
+            return None, f"{name}: expected an int >= {low}, got {value}"
+    return batches, out_dir_error(args.out)
+
+
 def run(args: argparse.Namespace) -> int:
     """Exit code: 0 ok, 2 bad arguments, 3 no GPU or no transformers."""
     prog = "ferroattn bench generate"
-    try:
-        batches = [int(x) for x in str(args.batch).split(",")]
-        if not batches or min(batches) < 1 or args.prompt < 1 or args.new_tokens < 2 or args.rounds < 1:
-            raise ValueError
-    except ValueError:
-        print(f"{prog}: --batch must be a list of positive ints, --prompt >= 1, --new-tokens >= 2, --rounds >= 1",
-              file=sys.stderr)
+    batches, error = check_options(args)
+    if error is not None:
+        print(f"{prog}: {error}", file=sys.stderr)
         return 2
     import torch
     if not torch.cuda.is_available():

@@ -529,6 +529,18 @@ def result_filename(meta: dict, kind: str = "attention") -> str:
     return f"{kind}_{dev}_{when}.json"
 
 
+def out_dir_error(out_dir: str | os.PathLike) -> str | None:
+    """None when ``out_dir`` is (made) a writable directory, else the ``--out`` error message: a
+    benchmark checks its output directory before it measures, never only at its end."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if not os.access(out_dir, os.W_OK):
+            raise PermissionError("not writable")
+    except OSError as e:
+        return f"--out: expected a writable directory, got {str(out_dir)!r} ({e})"
+    return None
+
+
 def write_json(result: dict, out_dir: str | os.PathLike, kind: str = "attention") -> Path:
     """Write ``result`` to ``out_dir/<kind>_<device>_<date>.json`` (atomically) and return the path."""
     out = Path(out_dir)
