@@ -258,7 +258,7 @@ def test_real_info_if_the_extension_is_built(capsys):
     assert "NVRTC" in out and ("GPU 0" in out or "no CUDA driver/GPU found" in out or "Error" in out)
 
 
-@pytest.mark.parametrize("extra", [["--pages", ","], ["--rep-ms", "inf"], ["--time-budget-s", "nan"],
+@pytest.mark.parametrize("extra", [["--pages", ","], ["--pages", "16,,64"], ["--rep-ms", "inf"], ["--time-budget-s", "nan"],
                                    ["--time-budget-s", "-1"], ["--rounds", "0"]])
 def test_bench_decode_bad_options_exit_2(extra, capsys):
     assert cli.main(["bench", "decode", *extra]) == 2

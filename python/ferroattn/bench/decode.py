@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     """Exit code: 0 ok, 2 bad arguments, 3 no GPU."""
     prog = "ferroattn bench decode"
     try:
-        pages = tuple(int(x) for x in str(args.pages).split(",") if x.strip())
+        pages = tuple(int(x) for x in str(args.pages).split(","))   # an empty item is an error
         budget = args.time_budget_s
         if (not pages or any(pg < 1 for pg in pages) or args.rounds < 1 or not 0 < args.rep_ms < math.inf
                 or (budget is not None and not 0 < budget < math.inf)):
