@@ -66,6 +66,7 @@
 # pytest arguments of the fa2 stage, e.g. "-k kvcache"), BENCH_DECODE_ARGS (bench decode), NOTEBOOKS (notebook paths for the notebooks
 # stage, default all), SANITIZE_SCRIPTS (the sanitizer stages' scripts, default all four),
 # GPU_CHECK_CAP_<STAGE> (a stage's cap in seconds, e.g. GPU_CHECK_CAP_FA2=480),
+# GPU_CHECK_SAVE_CACHE=1 (pack the kernel cache into $OUT for the next call: see do_cache_pack),
 # GPU_CHECK_KERNEL_CACHE (kernel cache dir, default a fresh one under /tmp/gpu_check; a dir outside it
 # survives into the next call on a still-warm machine), BENCH_GEMM_ARGS / BENCH_SPARSE24_ARGS, SANITIZER_FILTER (default "--kernel-name kns=attn_": our attn_fwd_*, attn_bwd_*, attn_split_combine and attn_kv_append kernels;
 # empty = check every kernel).
@@ -315,6 +316,35 @@ do_sanitize() {
     return "$rc"
 }
 
+# The kernel cache between calls: a fresh GPU machine compiles every kernel again (the precompile
+# stage, ~80-100 s of device time). With GPU_CHECK_SAVE_CACHE=1 the run ends by packing the cache
+# into $OUT/kernel-cache.tar.xz.N (parts of at most 15 MiB, at most 4); copy those parts into
+# .kernel-cache/ of the checkout (git-ignored) and carry it: the next call unpacks it before its
+# first stage, and precompile then loads instead of compiling (a cache entry whose key no longer
+# matches, after a kernel source or NVRTC change, is simply not used).
+CACHE_PARTS_MAX=4
+do_cache_pack() {  # do_cache_pack DIR DEST: DIR's files as DEST.tar.xz.0, .1, ... (parts of
+    # GPU_CHECK_CACHE_PART_MIB, default 15: what comes back from $OUT is at most 16 MiB a file)
+    local dir=$1 dest=$2 n
+    rm -f "$dest".tar.xz.*
+    [ -d "$dir" ] || { echo "cache_pack: no kernel cache at $dir"; return 1; }
+    XZ_OPT="-T0 -6" tar -cJf - -C "$dir" . | split -b "${GPU_CHECK_CACHE_PART_MIB:-15}m" -d -a 1 - "$dest.tar.xz."
+    n=$(ls "$dest".tar.xz.* 2>/dev/null | wc -l)
+    if [ "$n" -gt "$CACHE_PARTS_MAX" ]; then
+        rm -f "$dest".tar.xz.*
+        echo "cache_pack: the kernel cache packs into $n parts (> $CACHE_PARTS_MAX): not saved"
+        return 1
+    fi
+    echo "cache_pack: $(du -sh "$dir" | cut -f1) of kernel cache in $n part(s): $(ls "$dest".tar.xz.* | xargs -n1 basename | tr '\n' ' ')"
+}
+do_cache_unpack() {  # do_cache_unpack SRC_DIR DIR: the parts in SRC_DIR unpacked into DIR
+    local src=$1 dir=$2
+    ls "$src"/kernel-cache.tar.xz.* >/dev/null 2>&1 || return 0
+    mkdir -p "$dir"
+    cat "$src"/kernel-cache.tar.xz.* | tar -xJf - -C "$dir" \
+        && echo "cache_unpack: $(find "$dir" -type f | wc -l) files into $dir"
+}
+
 selected() {  # selected NAME: is stage NAME in GPU_CHECK_STAGES (install: whenever anything is)?
     if [ "$STAGES" = all ]; then
         case " $OPT_IN_STAGES " in *" $1 "*) return 1 ;; esac
@@ -387,6 +417,7 @@ if [ -z "${FERROATTN_COMMIT:-}" ] && [ -f dist/COMMIT ]; then
 fi
 
 : > "$WORK/stages.tsv"
+[ -d .kernel-cache ] && { do_cache_unpack .kernel-cache "$FERROATTN_CACHE_DIR" || echo "cache_unpack: failed (the kernels compile as usual)"; }
 pack_logs() { tar -czf "$OUT/logs.tar.gz.tmp" -C "$WORK" logs stages.tsv 2>/dev/null && mv -f "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"; }
 
 # stage NAME CAP_SECONDS CMD...: run CMD with a time limit of min(CAP, what is left of the budget),
@@ -451,6 +482,7 @@ stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck
 stage racecheck "${CAP[racecheck]}" bash "$SELF" __fn sanitize racecheck
 
 # ---- summary (printed last) -------------------------------------------------------------------
+[ "${GPU_CHECK_SAVE_CACHE:-0}" = 1 ] && do_cache_pack "$FERROATTN_CACHE_DIR" "$OUT/kernel-cache"
 pack_logs
 "$PY" scripts/gpu_check_summary.py --work "$WORK" --out "$OUT" --elapsed $(( $(date +%s) - T0 )) --stages "$STAGES"
 rc=$?

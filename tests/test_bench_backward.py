@@ -543,3 +543,32 @@ def test_sanitize_bwd_checks_catch_nondeterminism(sanitize_bwd_cpu):
     det = next(c for c in mod.PADDED_CASES if c[-1])
     with pytest.raises(AssertionError, match="deterministic backward differs"):
         mod.run_case_padded(det)
+
+
+def test_gpu_check_kernel_cache_round_trip(tmp_path):
+    """gpu_check.sh's kernel-cache parts (GPU_CHECK_SAVE_CACHE=1, then carried as .kernel-cache/):
+    packed into parts of GPU_CHECK_CACHE_PART_MIB (here 1) and unpacked to the same files; more
+    than 4 parts are not saved."""
+    cache = tmp_path / "cache" / "13.0" / "sm_90a"
+    cache.mkdir(parents=True)
+    (cache / "a.cubin").write_bytes(os.urandom(3 * 2**19))          # 1.5 MiB, incompressible: two parts
+    (cache / "b.cubin").write_bytes(b"x" * 1000)
+    out, restored = tmp_path / "out", tmp_path / "restored"
+    out.mkdir()
+    script = str(ROOT / "scripts" / "gpu_check.sh")
+    env = {**os.environ, "GPU_CHECK_CACHE_PART_MIB": "1"}
+
+    def run(*args):
+        return subprocess.run(["bash", script, "__fn", *args], capture_output=True, text=True, timeout=120, env=env)
+    r = run("cache_pack", str(tmp_path / "cache"), str(out / "kernel-cache"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    parts = sorted(p.name for p in out.iterdir())
+    assert parts == ["kernel-cache.tar.xz.0", "kernel-cache.tar.xz.1"]
+    assert all((out / p).stat().st_size <= 2**20 for p in parts)
+    r = run("cache_unpack", str(out), str(restored))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for f in ("a.cubin", "b.cubin"):
+        assert (restored / "13.0" / "sm_90a" / f).read_bytes() == (cache / f).read_bytes()
+    (cache / "a.cubin").write_bytes(os.urandom(11 * 2**19))         # 5.5 MiB: 6 parts > 4, not saved
+    r = run("cache_pack", str(tmp_path / "cache"), str(out / "kernel-cache"))
+    assert r.returncode == 1 and "not saved" in r.stdout and not list(out.iterdir())
