@@ -270,13 +270,7 @@ def check_args(prog: str, args: argparse.Namespace, default_peers: Sequence[str]
     except ImportError as e:           # the FLOP count needs torch and the native extension
         print(f"{prog}: cannot run: {e}", file=sys.stderr)
         return 3, peer_names, dtypes
-    try:
-        import torch
-    except ImportError as e:
-        print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
-        return 3, peer_names, dtypes
-    if not torch.cuda.is_available():
-        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+    if report.gpu_missing(prog):
         return 3, peer_names, dtypes
     return None, peer_names, dtypes
 

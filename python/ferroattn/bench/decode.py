@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from .report import out_dir_error
+from .report import gpu_missing, out_dir_error
 
 __all__ = ["add_arguments", "run", "grid"]
 
@@ -160,9 +160,7 @@ def run(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    import torch
-    if not torch.cuda.is_available():
-        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+    if gpu_missing(prog):
         return 3
     from .._measure import copy_gbps
     from .report import run_metadata

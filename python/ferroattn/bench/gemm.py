@@ -742,13 +742,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    try:
-        import torch
-    except ImportError as e:
-        print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
-        return 3
-    if not torch.cuda.is_available():
-        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+    if report.gpu_missing(prog):
         return 3
     _, code = run_bench(args.quick, args.out, args.dtypes, args.suites, args.sizes, args.ms, args.activations,
                         args.backends, args.layout, args.rep_ms, args.time_budget_s, not args.no_host_cost,

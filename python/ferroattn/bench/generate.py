@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from .report import out_dir_error
+from .report import gpu_missing, out_dir_error
 
 __all__ = ["add_arguments", "run"]
 
@@ -104,10 +104,9 @@ def run(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    import torch
-    if not torch.cuda.is_available():
-        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+    if gpu_missing(prog):
         return 3
+    import torch
     try:
         from ..integrations import transformers as integration
         integration.register()

@@ -24,6 +24,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -527,6 +528,20 @@ def result_filename(meta: dict, kind: str = "attention") -> str:
     dev = re.sub(r"[^A-Za-z0-9]+", "-", str(meta.get("device") or "nodevice")).strip("-").lower()
     when = re.sub(r"[^0-9T]", "", str(meta.get("date") or now_utc()))
     return f"{kind}_{dev}_{when}.json"
+
+
+def gpu_missing(prog: str) -> bool:
+    """True (after printing the benchmarks' one "cannot run" line, prefixed with ``prog``, to
+    stderr) when torch cannot be imported or sees no CUDA GPU: the caller then exits with 3."""
+    try:
+        import torch
+    except ImportError as e:
+        print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
+        return True
+    if not torch.cuda.is_available():
+        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+        return True
+    return False
 
 
 def out_dir_error(out_dir: str | os.PathLike) -> str | None:

@@ -654,13 +654,7 @@ def check_args(args: argparse.Namespace, prog: str = "ferroattn bench sparse24")
     kwargs = dict(quick=args.quick, out_dir=args.out, dtypes=dtypes, shapes=args.shapes, rep_ms=args.rep_ms,
                   time_budget_s=args.time_budget_s, peers=peers, rounds=args.rounds, timing_mode=args.timing,
                   gpu_rep_ms=args.gpu_rep_ms)
-    try:
-        import torch
-    except ImportError as e:
-        print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
-        return 3, kwargs
-    if not torch.cuda.is_available():
-        print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
+    if report.gpu_missing(prog):
         return 3, kwargs
     return None, kwargs
 
