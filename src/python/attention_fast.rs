@@ -82,6 +82,14 @@ fn on_current_device(py: Python<'_>, q: &Imported) -> PyResult<bool> {
     Ok(d.is_cuda() && get_device.bind(py).call0()?.extract::<i32>()? == d.id)
 }
 
+/// Where a taken call's softmax_lse lives.
+enum Lse<'py> {
+    /// Returned to the caller: a torch tensor and its import.
+    Returned(Bound<'py, PyAny>, Imported),
+    /// Not returned: a region of the scratch block.
+    Scratch(TensorView),
+}
+
 /// A taken call's buffers: out = torch.empty_like(q) as the Python path makes it; softmax_lse
 /// fp32 (b, h, s_q) from torch too when the caller returns it (`lse_returned`), else in the
 /// scratch block (scratch.rs) with, for `splits` > 1, the fp32 split partials o_accum
@@ -89,8 +97,10 @@ fn on_current_device(py: Python<'_>, q: &Imported) -> PyResult<bool> {
 struct Outputs<'py> {
     out: Bound<'py, PyAny>,
     out_view: Imported,
-    lse: Option<(Bound<'py, PyAny>, Imported)>,
-    scratch: Scratch<'py>,
+    lse: Lse<'py>,
+    accum: Option<(TensorView, TensorView)>,
+    /// Owns the block the scratch views point into; handed back to torch when dropped.
+    _scratch: Scratch<'py>,
 }
 
 impl<'py> Outputs<'py> {
@@ -100,24 +110,27 @@ impl<'py> Outputs<'py> {
         let t = torch(py)?;
         let out = t.empty_like.bind(py).call1((q,))?;
         let out_view = import_writable(&out, "out")?;
+        let [b, h, s_q] = lse_shape;
+        let s = splits as i64;
+        let (o_accum, lse_accum) = ([s, b, h, s_q, head_dim], [s, b, h, s_q]);
+        // the scratch regions, in order: the lse when not returned, then the partials
+        let mut shapes: Vec<&[i64]> = if lse_returned { vec![] } else { vec![&lse_shape] };
+        if splits > 1 {
+            shapes.extend([&o_accum[..], &lse_accum[..]]);
+        }
+        let scratch = Scratch::new(py, device, stream, &shapes)?;
+        let mut regions = scratch.views().iter().cloned();
         let lse = if lse_returned {
             let f32_kw = PyDict::new(py);
             f32_kw.set_item(intern!(py, "dtype"), t.float32.bind(py))?;
             let lse = q.call_method(intern!(py, "new_empty"), (PyTuple::new(py, lse_shape)?,), Some(&f32_kw))?;
             let view = import_writable(&lse, "softmax_lse")?;
-            Some((lse, view))
+            Lse::Returned(lse, view)
         } else {
-            None
+            Lse::Scratch(regions.next().expect("a region per shape"))
         };
-        let [b, h, s_q] = lse_shape;
-        let s = splits as i64;
-        let (o_accum, lse_accum) = ([s, b, h, s_q, head_dim], [s, b, h, s_q]);
-        let mut shapes: Vec<&[i64]> = if splits > 1 { vec![&o_accum, &lse_accum] } else { vec![] };
-        if !lse_returned {
-            shapes.push(&lse_shape);
-        }
-        let scratch = Scratch::new(py, device, stream, &shapes)?;
-        Ok(Outputs { out, out_view, lse, scratch })
+        let accum = (splits > 1).then(|| (regions.next().expect("a region per shape"), regions.next().expect("a region per shape")));
+        Ok(Outputs { out, out_view, lse, accum, _scratch: scratch })
     }
 
     fn out(&self) -> &TensorView {
@@ -126,17 +139,13 @@ impl<'py> Outputs<'py> {
 
     fn lse(&self) -> &TensorView {
         match &self.lse {
-            Some((_, view)) => &view.view,
-            None => self.scratch.view(if self.accum_len() > 0 { 2 } else { 0 }),
+            Lse::Returned(_, view) => &view.view,
+            Lse::Scratch(region) => region,
         }
     }
 
-    fn accum_len(&self) -> usize {
-        self.scratch.len() - usize::from(self.lse.is_none())
-    }
-
     fn accum(&self) -> Option<(&TensorView, &TensorView)> {
-        (self.accum_len() > 0).then(|| (self.scratch.view(0), self.scratch.view(1)))
+        self.accum.as_ref().map(|(o, l)| (o, l))
     }
 }
 
@@ -293,8 +302,8 @@ fn attn_kvcache_fast<'py>(py: Python<'py>, args: &Bound<'py, PyTuple>) -> Result
     })?;
     let Outputs { out, lse, .. } = o;
     Ok(Some(match lse {
-        Some((lse, _)) => PyTuple::new(py, [out, lse])?.into_any(),
-        None => out,
+        Lse::Returned(lse, _) => PyTuple::new(py, [out, lse])?.into_any(),
+        Lse::Scratch(_) => out,
     }))
 }
 

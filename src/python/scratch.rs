@@ -54,14 +54,9 @@ impl<'py> Scratch<'py> {
         Ok(Scratch { py, ptr, views })
     }
 
-    /// The `i`-th region.
-    pub fn view(&self, i: usize) -> &TensorView {
-        &self.views[i]
-    }
-
-    /// The number of regions.
-    pub fn len(&self) -> usize {
-        self.views.len()
+    /// The regions, one per shape, in order.
+    pub fn views(&self) -> &[TensorView] {
+        &self.views
     }
 }
 

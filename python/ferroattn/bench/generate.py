@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from .report import gpu_missing, out_dir_error
+from .report import gpu_missing, out_dir_error, run_metadata, write_json
 
 __all__ = ["add_arguments", "run"]
 
@@ -114,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: cannot run: transformers is not installed ({e})", file=sys.stderr)
         return 3
     from .. import demo
-    from .report import run_metadata, write_json
     model = demo.build_llm("llama-3.2-1b", "cuda", "bfloat16", "sdpa")
     vocab = model.config.vocab_size
     rows = []
