@@ -4,6 +4,7 @@ so the ring's scheduling, communication and merging are checked exactly."""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -71,36 +72,52 @@ def _padded_backward(dout, q, k, v, out, lse, scale, causal):
     return dq, fold(dk), fold(dv)
 
 
-def run(rank: int, world: int, port: int, case: dict, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def main(rank: int, world: int, case: dict, out_dir: str) -> None:
+    """The spawned process: :func:`run`, then an exit that skips the interpreter's finalization.
+
+    Once the rank's results are saved and its process group is destroyed, nothing is left to
+    check; what could still go wrong is gloo's threads meeting the interpreter's teardown (an
+    occasional ``terminate called without an active exception``, SIGABRT), which says nothing of
+    the ring. An exception in :func:`run` still ends the process with a non-zero exit code."""
+    run(rank, world, case, out_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run(rank: int, world: int, case: dict, out_dir: str) -> None:
+    # a file store in the test's own folder: no TCP port to pick, so none to race for
+    store = os.path.join(out_dir, "gloo-store")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         import ferroattn.distributed.ring as ring
-        from ferroattn.distributed import ring_flash_attn_func, zigzag_ring_flash_attn_func, zigzag_shard
 
         ring._block_forward, ring._block_backward = ref_block_forward, ref_block_backward
-        if "llama3" in case:
-            return _run_llama3(rank, world, case, out_dir)
-        if "hf" in case:
-            return _run_hf(rank, world, case, out_dir)
-        if "cu_seqlens" in case:
-            return _run_varlen(rank, world, case, out_dir)
-        g = torch.Generator().manual_seed(case["seed"])
-        b, s, h, hk, d = case["shape"]
-        q, k, v, dout = (torch.randn(b, s * world, n, d, generator=g, dtype=torch.float64) for n in (h, hk, hk, h))
-        if case["zigzag"]:
-            part = lambda x: zigzag_shard(x, rank, world)  # noqa: E731
-            fn = zigzag_ring_flash_attn_func
-        else:
-            part = lambda x: x.chunk(world, dim=1)[rank].clone()  # noqa: E731
-            fn = ring_flash_attn_func
-        ql, kl, vl = (part(x).requires_grad_() for x in (q, k, v))
-        out, lse, _ = fn(ql, kl, vl, causal=case["causal"], return_attn_probs=True)
-        grads = torch.autograd.grad(out, (ql, kl, vl), part(dout))
-        torch.save({"out": out.detach(), "lse": lse, "grads": [x.detach() for x in grads]},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        runner = (_run_llama3 if "llama3" in case else _run_hf if "hf" in case
+                  else _run_varlen if "cu_seqlens" in case else _run_padded)
+        runner(rank, world, case, out_dir)
+        dist.barrier()   # every rank done with its collectives before any tears its group down
     finally:
         dist.destroy_process_group()
+
+
+def _run_padded(rank, world, case, out_dir):
+    from ferroattn.distributed import ring_flash_attn_func, zigzag_ring_flash_attn_func, zigzag_shard
+
+    g = torch.Generator().manual_seed(case["seed"])
+    b, s, h, hk, d = case["shape"]
+    q, k, v, dout = (torch.randn(b, s * world, n, d, generator=g, dtype=torch.float64) for n in (h, hk, hk, h))
+    if case["zigzag"]:
+        part = lambda x: zigzag_shard(x, rank, world)  # noqa: E731
+        fn = zigzag_ring_flash_attn_func
+    else:
+        part = lambda x: x.chunk(world, dim=1)[rank].clone()  # noqa: E731
+        fn = ring_flash_attn_func
+    ql, kl, vl = (part(x).requires_grad_() for x in (q, k, v))
+    out, lse, _ = fn(ql, kl, vl, causal=case["causal"], return_attn_probs=True)
+    grads = torch.autograd.grad(out, (ql, kl, vl), part(dout))
+    torch.save({"out": out.detach(), "lse": lse, "grads": [x.detach() for x in grads]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def varlen_inputs(case):

@@ -142,8 +142,7 @@ def _full_attention(q, k, v, dout, causal, cu=None):
 def _spawn_ring(tmp_path, world, case):
     """Run ``case`` on ``world`` gloo ranks (tests/_ring_worker.py); each rank's saved results."""
     ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_ring_worker.run, args=(r, world, port, case, str(tmp_path))) for r in range(world)]
+    procs = [ctx.Process(target=_ring_worker.main, args=(r, world, case, str(tmp_path))) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
