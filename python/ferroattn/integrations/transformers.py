@@ -12,6 +12,9 @@ routes those to its own FlashAttention loader), both
   receives a 2-D (b, s_k) padding mask (True/1 = real token), or None when nothing is padded
   (without a mask function the mask would always be None and padding silently ignored).
 
+and, under ``"paged|ferroattn"`` (the name continuous batching switches to), the paged function of
+:mod:`ferroattn.integrations.transformers_paged`.
+
 The function follows transformers' own FlashAttention-2 integration (reference/api-contracts.md
 §3.2-§3.4): (b, h, s, d) in, transposed for free to flash_attn's (b, s, h, d); GQA through the
 kv heads directly (no repeat); a padding mask unpads q/k/v, runs :func:`flash_attn_varlen_func`
@@ -393,10 +396,16 @@ def _call(fn, *args, **fa_kwargs) -> Tensor:
 
 def register() -> None:
     """Register ``"ferroattn"`` with transformers' AttentionInterface (the function above) and
-    AttentionMaskInterface (``masking_utils.flash_attention_mask``). Idempotent; call before the
-    model is built. Raises ImportError when transformers is not installed."""
+    AttentionMaskInterface (``masking_utils.flash_attention_mask``), and ``"paged|ferroattn"``,
+    the name continuous batching (``generate_batch``) switches to, with AttentionInterface
+    (:func:`ferroattn.integrations.transformers_paged.ferroattn_paged_attention_forward`; no mask
+    function: that path takes none). Idempotent; call before the model is built. Raises
+    ImportError when transformers is not installed."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import flash_attention_mask
 
+    from .transformers_paged import PAGED_NAME, ferroattn_paged_attention_forward
+
     AttentionInterface.register(NAME, ferroattn_attention_forward)
     AttentionMaskInterface.register(NAME, flash_attention_mask)
+    AttentionInterface.register(PAGED_NAME, ferroattn_paged_attention_forward)
