@@ -22,6 +22,9 @@ What transformers 5.17 hands a paged attention function whose name has no "flash
 - No attention mask (transformers builds 4-D masks only for ``paged|eager`` / ``paged|sdpa``),
   and never a block table: transformers enables its decode fast path (``flash_attn_with_kvcache``
   on the cache's pages) only for FlashAttention 2/3 names, so ``block_table`` is always None here.
+- CUDA graphs stay off by default: transformers' heuristic turns them on only for names it knows
+  need no mask. This path needs none; ``ContinuousBatchingConfig(use_cuda_graph=True)`` turns them
+  on (tests/test_gpu_transformers_paged.py replays a run from them).
 
 The options follow transformers' ``paged|flash_attention_2`` (``integrations/flash_paged.py``):
 ``module.scaling`` -> ``softmax_scale``; a window size ``w`` -> ``window_size = (w - 1, 0)`` and
