@@ -17,6 +17,14 @@ ours faster) as the median of the per-round ratios; and ``token_agreement``, the
 generated tokens equal between the two implementations (random weights give near-flat logits, so
 bf16 noise can flip an argmax: informative, not a pass rule).
 
+With ``--continuous``, per b also transformers' continuous batching: ``model.generate_batch`` of
+the same b prompts (as lists of ids), greedy, exactly ``--new-tokens`` tokens each (no end-of-
+sequence token), under each implementation (transformers switches to ``"paged|sdpa"`` and
+``"paged|ferroattn"``; :mod:`ferroattn.integrations.transformers_paged`), in the same paired
+rounds: ``total_s`` of one whole ``generate_batch`` (its prefill and decode steps together),
+``tok_s`` = b · new_tokens / total_s, the per-round ratio's median and the token agreement, under
+``"continuous"`` in the row.
+
 Writes ``generate_<device>_<date>.json`` (:func:`report.write_json`) into ``--out``. Exit 0, 2 for a
 bad command line, 3 when a requirement (GPU, transformers) is missing.
 """
@@ -41,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens per row (default 2048)")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per row (default 128)")
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
+    parser.add_argument("--continuous", action="store_true",
+                        help="also time continuous batching (model.generate_batch) per implementation")
     parser.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
 
 
@@ -54,6 +64,19 @@ def _timed_generate(model: Any, ids: Any, new_tokens: int) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def _paired(rounds: int, run_one) -> None:
+    """``rounds`` paired rounds: every implementation once per round, ``run_one(name, round)``,
+    in alternating order (sdpa first in even rounds), so drift affects both alike."""
+    for r in range(rounds):
+        for name in (IMPLS if r % 2 == 0 else IMPLS[::-1]):
+            run_one(name, r)
+
+
+def _ratio(values: dict[str, list[float]]) -> float:
+    """The median over the rounds of ferroattn / sdpa (> 1: ours faster for a rate)."""
+    return statistics.median(o / s for o, s in zip(values["ferroattn"], values["sdpa"]))
+
+
 def measure_batch(model: Any, b: int, prompt: int, new_tokens: int, rounds: int, vocab: int) -> dict[str, Any]:
     """One batch size: per implementation the medians, the paired ratio and the token agreement."""
     import torch
@@ -64,20 +87,63 @@ def measure_batch(model: Any, b: int, prompt: int, new_tokens: int, rounds: int,
     for name in IMPLS:                      # warm-up: compiles, cuBLAS / cuDNN plans, allocator pools
         model.set_attn_implementation(name)
         _timed_generate(model, ids[:, :64], 4)
-    for r in range(rounds):
-        for name in (IMPLS if r % 2 == 0 else IMPLS[::-1]):
-            model.set_attn_implementation(name)
-            total, out = _timed_generate(model, ids, new_tokens)
-            prefill, _ = _timed_generate(model, ids, 1)
-            runs[name]["total_s"].append(total)
-            runs[name]["prefill_s"].append(prefill)
-            runs[name]["decode_tok_s"].append(b * (new_tokens - 1) / max(total - prefill, 1e-9))
-            tokens[name] = out[:, prompt:]
-    ratio = statistics.median(o / s for o, s in zip(runs["ferroattn"]["decode_tok_s"], runs["sdpa"]["decode_tok_s"]))
+
+    def one(name: str, _r: int) -> None:
+        model.set_attn_implementation(name)
+        total, out = _timed_generate(model, ids, new_tokens)
+        prefill, _ = _timed_generate(model, ids, 1)
+        runs[name]["total_s"].append(total)
+        runs[name]["prefill_s"].append(prefill)
+        runs[name]["decode_tok_s"].append(b * (new_tokens - 1) / max(total - prefill, 1e-9))
+        tokens[name] = out[:, prompt:]
+
+    _paired(rounds, one)
+    ratio = _ratio({n: runs[n]["decode_tok_s"] for n in IMPLS})
     agree = float((tokens["ferroattn"] == tokens["sdpa"]).float().mean())
     return {"b": b, "prompt": prompt, "new_tokens": new_tokens, "rounds": runs,
             "median": {n: {k: statistics.median(v) for k, v in runs[n].items()} for n in IMPLS},
             "decode_tok_s_ratio_ferroattn_vs_sdpa": ratio, "token_agreement": agree}
+
+
+def _timed_generate_batch(model: Any, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    import torch
+    from transformers import GenerationConfig
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = model.generate_batch(inputs=prompts, generation_config=config)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    tokens = [out[f"req_{i}"].generated_tokens for i in range(len(prompts))]
+    if any(len(t) != new_tokens for t in tokens):   # generate_batch logs a failed step and goes on
+        raise RuntimeError(f"generate_batch under {model.config._attn_implementation!r}: expected "
+                           f"{new_tokens} tokens per request, got {[len(t) for t in tokens]} (see its log)")
+    return elapsed, tokens
+
+
+def measure_continuous(model: Any, b: int, prompt: int, new_tokens: int, rounds: int, vocab: int) -> dict[str, Any]:
+    """One batch size under continuous batching: per implementation the median total_s and
+    tok_s, the paired ratio of tok_s and the token agreement."""
+    import torch
+    g = torch.Generator(device="cpu").manual_seed(b)
+    prompts = torch.randint(1, vocab, (b, prompt), generator=g).tolist()
+    runs: dict[str, dict[str, list[float]]] = {n: {"total_s": [], "tok_s": []} for n in IMPLS}
+    tokens: dict[str, list[list[int]]] = {}
+    for name in IMPLS:                      # warm-up
+        model.set_attn_implementation(name)
+        _timed_generate_batch(model, [p[:64] for p in prompts], 4)
+
+    def one(name: str, _r: int) -> None:
+        model.set_attn_implementation(name)
+        total, tokens[name] = _timed_generate_batch(model, prompts, new_tokens)
+        runs[name]["total_s"].append(total)
+        runs[name]["tok_s"].append(b * new_tokens / max(total, 1e-9))
+
+    _paired(rounds, one)
+    same = sum(x == y for a, c in zip(tokens["ferroattn"], tokens["sdpa"]) for x, y in zip(a, c))
+    return {"rounds": runs, "median": {n: {k: statistics.median(v) for k, v in runs[n].items()} for n in IMPLS},
+            "tok_s_ratio_ferroattn_vs_sdpa": _ratio({n: runs[n]["tok_s"] for n in IMPLS}),
+            "token_agreement": same / (b * new_tokens)}
 
 
 def check_options(args: argparse.Namespace) -> tuple[list[int] | None, str | None]:
@@ -126,11 +192,20 @@ def run(args: argparse.Namespace) -> int:
                   f"ferroattn {m['ferroattn']['decode_tok_s']:8.1f} ({row['decode_tok_s_ratio_ferroattn_vs_sdpa']:.3f}x) "
                   f"| prefill s sdpa {m['sdpa']['prefill_s']:.3f} ferroattn {m['ferroattn']['prefill_s']:.3f} "
                   f"| tokens equal {row['token_agreement']:.2f}", flush=True)
+            if args.continuous:
+                cb = row["continuous"] = measure_continuous(model, b, args.prompt, args.new_tokens, args.rounds, vocab)
+                m = cb["median"]
+                print(f"      continuous batching: tok/s sdpa {m['sdpa']['tok_s']:8.1f} ferroattn "
+                      f"{m['ferroattn']['tok_s']:8.1f} ({cb['tok_s_ratio_ferroattn_vs_sdpa']:.3f}x) "
+                      f"| tokens equal {cb['token_agreement']:.2f}", flush=True)
     result = {"meta": run_metadata(), "config": {"model": "llama-3.2-1b", "dtype": "bfloat16", "batches": batches,
                                                 "prompt": args.prompt, "new_tokens": args.new_tokens,
-                                                "rounds": args.rounds},
+                                                "rounds": args.rounds, "continuous": args.continuous},
               "rows": rows,
               "summary": {"decode_tok_s_ratio_min": min(r["decode_tok_s_ratio_ferroattn_vs_sdpa"] for r in rows)}}
+    if args.continuous:
+        result["summary"]["continuous_tok_s_ratio_min"] = min(r["continuous"]["tok_s_ratio_ferroattn_vs_sdpa"]
+                                                              for r in rows)
     path = write_json(result, args.out, kind="generate")
     print(f"raw JSON: {path}")
     return 0
