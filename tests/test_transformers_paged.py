@@ -67,16 +67,47 @@ def _generate_batch(model):
 
 
 def _generate_alone(model):
+    """Each prompt alone through plain ``generate``, greedy, without an end-of-sequence token (as
+    generate_batch runs here)."""
+    gc = transformers.GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
-        return [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                               do_sample=False, pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+        return [model.generate(torch.tensor([p]), generation_config=gc)[0, len(p):].tolist() for p in PROMPTS]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2_sliding", "mistral", "gemma2", "gpt_oss", "granite"])
+_SMALL = dict(vocab_size=archs.V, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+              eos_token_id=2, sliding_window=archs.WINDOW)
+#: Models beyond test_gpu_transformers_archs.ARCHS: (model class, config class, config kwargs).
+#: EXAONE-4's full-attention layers keep a sliding_window attribute and pass sliding_window=None.
+EXTRA = {"exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(_SMALL, layer_types=archs._SLIDE_FULL[::-1]))}
+
+
+def _build(name, impl, state=None):
+    """fp32 CPU model ``name`` (ARCHS or EXTRA) under ``impl``, weights at std 0.2 (peaked logits:
+    a wrong option changes tokens) unless ``state`` is given."""
+    if name in EXTRA:
+        fa_hf.register()
+        model_cls, config_cls, kw = EXTRA[name]
+        torch.manual_seed(0)
+        config = getattr(transformers, config_cls)(**kw, initializer_range=0.2, attn_implementation=impl)
+        model = getattr(transformers, model_cls)(config)
+        if state is not None:
+            model.load_state_dict(state)
+        return model.eval()
+    wide = dict(init_std=0.2) if name == "opt" else dict(initializer_range=0.2)
+    return archs.build(name, impl, torch.float32, state, device="cpu", **wide)
+
+
+_REF = {"exaone4": "sdpa"}
+#: (window of the sliding layers or None, has full-attention layers)
+_LAYERS = {"exaone4": (archs.WINDOW - 1, True)}
+
+
+@pytest.mark.parametrize("name", archs.DECODERS + sorted(EXTRA))
 def test_generate_batch_equals_each_prompt_alone_on_the_reference(paged_kernels, name):
-    arch = archs.ARCHS[name]
-    ours = archs.build(name, "ferroattn", torch.float32, device="cpu")
-    ref = archs.build(name, arch.ref, torch.float32, ours.state_dict(), device="cpu")
+    arch = archs.ARCHS.get(name)
+    ours = _build(name, "ferroattn")
+    ref = _build(name, _REF[name] if arch is None else arch.ref, ours.state_dict())
     got = _generate_batch(ours)
     assert ours.config._attn_implementation == "ferroattn"   # continuous batching switched back
     assert got == _generate_alone(ref)
@@ -88,17 +119,16 @@ def test_generate_batch_equals_each_prompt_alone_on_the_reference(paged_kernels,
     assert sorted(b - a for a, b in zip(cu, cu[1:])) == sorted(map(len, PROMPTS))
     assert any(c["max_q"] == 1 and len(c["cu_q"]) == len(PROMPTS) + 1 for c in calls)
     assert {c["causal"] for c in calls} == {True}
-    windows = {tuple(c["window_size"]) for c in calls}
-    want = set()
-    if arch.window is not None:
-        want.add((arch.window, 0))
-    if arch.full_layers:
-        want.add((-1, -1))
-    assert windows == want
-    assert {c["softcap"] for c in calls} == ({1.0} if "softcap" in arch.needs else {0.0})
-    assert all((c["s_aux"] is not None) == ("sinks" in arch.needs) for c in calls)
-    if name == "granite":
-        assert {c["softmax_scale"] for c in calls} == {0.1}
+    window, full = _LAYERS[name] if arch is None else (arch.window, arch.full_layers)
+    assert {tuple(c["window_size"]) for c in calls} == ({(window, 0)} if window is not None else set()) | \
+        ({(-1, -1)} if full else set())
+    needs = () if arch is None else arch.needs
+    assert {c["softcap"] for c in calls} == ({1.0} if "softcap" in needs else {0.0})
+    assert all((c["s_aux"] is not None) == ("sinks" in needs) for c in calls)
+    # the keys the kernel reads are the keys the cache gathered for that layer
+    assert all(c["shapes"][1][0] == c["cu_k"][-1] for c in calls)
+    if name in ("granite", "opt"):   # the scale the model passes (OPT's q_proj scales: 1.0)
+        assert {c["softmax_scale"] for c in calls} == {0.1 if name == "granite" else 1.0}
 
 
 @pytest.mark.parametrize("name,option", [("mistral", "window"), ("gemma2", "softcap"), ("gpt_oss", "sinks")])
@@ -111,6 +141,28 @@ def test_the_options_matter(paged_kernels, name, option):
     assert _generate_batch(ours) != want
 
 
+class _GatherCache:
+    """A cache whose layer 0 is in a full-attention group and whose update returns the new keys."""
+    sliding_windows = {0: 1}
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        return key_states[0].transpose(0, 1), value_states[0].transpose(0, 1)
+
+
+def test_the_keys_offsets_follow_the_caches_group_and_the_window_the_model_passes(paged_kernels):
+    """A layer the cache groups as full attention that passes a window (Mistral with a
+    full-attention layer_types entry): the offsets of the keys the cache gathered
+    ("full_attention") with the window the attention asks for."""
+    q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)
+    full, sliding = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 1, 5], dtype=torch.int32)
+    fa_paged.ferroattn_paged_attention_forward(
+        _Layer(), q, k, k, None, cache=_GatherCache(), read_index=[], write_index=[], sliding_window=3,
+        cu_seq_lens_q=full, cu_seq_lens_k={"full_attention": full, "sliding_attention": sliding}, max_seqlen_q=3,
+        max_seqlen_k={"full_attention": 3, "sliding_attention": 4})
+    call = paged_kernels[-1]
+    assert call["cu_k"] == [0, 2, 5] and call["max_k"] == 3 and call["window_size"] == (2, 0)
+
+
 class _Layer(torch.nn.Module):
     layer_idx, scaling = 0, None
 
@@ -118,6 +170,29 @@ class _Layer(torch.nn.Module):
 def test_errors_name_the_argument():
     q = torch.zeros(1, 4, 3, 8)
     k = torch.zeros(1, 2, 3, 8)
+    cache = type("Cache", (), {"sliding_windows": {0: 1}})()
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    ok = dict(cache=cache, read_index=[], write_index=[], cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_seqlen_q=3,
+              max_seqlen_k=3)
+    f = fa_paged.ferroattn_paged_attention_forward
+    for change, match in [
+        (dict(cu_seq_lens_q=None), "^cu_seq_lens_q: expected a 1-D int32/int64 tensor of offsets, got NoneType"),
+        (dict(cu_seq_lens_k=[0, 3]), "^cu_seq_lens_k: expected a 1-D int32/int64 tensor of offsets, got list"),
+        (dict(cu_seq_lens_q=cu.float()), "^cu_seq_lens_q: .* got torch.float32 \\(2,\\)"),
+        (dict(max_seqlen_q=None), "^max_seqlen_q: expected an int, got NoneType"),
+        (dict(max_seqlen_k=3.0), "^max_seqlen_k: expected an int, got float"),
+        (dict(cu_seq_lens_k={"sliding_attention": cu}, max_seqlen_k={"sliding_attention": 3}),
+         "^cu_seq_lens_k: expected an entry for the layer's 'full_attention', got keys \\['sliding_attention'\\]"),
+        (dict(sliding_window=True), "^sliding_window: expected None or an int >= 1, got True"),
+        (dict(sliding_window=-1), "^sliding_window: expected None or an int >= 1, got -1"),
+    ]:
+        with pytest.raises(ArgumentError, match=match):
+            f(_Layer(), q, k, k, None, **dict(ok, **change))
+    with pytest.raises(ArgumentError, match="^query: expected a packed \\(1, heads, tokens, head_dim\\) tensor, "
+                                            "got \\(4, 3, 8\\)"):
+        f(_Layer(), q[0], k, k, None, **ok)
+    with pytest.raises(ArgumentError, match="^module: expected an attention layer with an int layer_idx, got None"):
+        f(torch.nn.Module(), q, k, k, None, **ok)
     with pytest.raises(ArgumentError, match="^cache: 'paged\\|ferroattn' runs the packed inputs"):
         fa_paged.ferroattn_paged_attention_forward(_Layer(), q, k, k, None)
     with pytest.raises(ArgumentError, match="^read_index: 'paged\\|ferroattn' needs"):

@@ -59,7 +59,6 @@ FlashAttention rule: the ``deterministic`` kwarg when given, else the environmen
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import weakref
@@ -74,6 +73,7 @@ from ..distributed import context as _context
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from ._kernel_call import call_kernel, crop_to, same
 
 __all__ = ["NAME", "register", "ferroattn_attention_forward"]
 
@@ -166,23 +166,6 @@ def _deterministic(flag) -> bool:
     return os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
 
 
-def _accepts(fn, name: str) -> bool:
-    """Whether ``fn`` declares a parameter ``name`` (transformers passes a flash_attn option only
-    when the function's signature names it); remembered per function."""
-    key = (fn, name)
-    got = _ACCEPTS.get(key)
-    if got is None:
-        try:
-            got = name in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            got = False
-        _ACCEPTS[key] = got
-    return got
-
-
-_ACCEPTS = {}
-
-
 def _warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
@@ -238,15 +221,6 @@ def _check_mask(mask: Tensor, batch: int, kv_len: int) -> None:
             f"attention_mask: expected at most {kv_len} columns (the key length s_k), got shape "
             f"{tuple(mask.shape)}"
         )
-
-
-def _same(out: Tensor) -> Tensor:
-    return out
-
-
-def _crop_to(v_head_dim: int):
-    """The output cropped to the value head dim (MLA's padded v)."""
-    return lambda out: out[..., :v_head_dim]
 
 
 def ferroattn_attention_forward(
@@ -323,7 +297,7 @@ def ferroattn_attention_forward(
     if s_aux is not None:  # in the activations' dtype, as transformers passes it to flash_attn
         fa_kwargs["s_aux"] = s_aux.to(query.dtype)
 
-    crop = _crop_to(v_head_dim) if v_head_dim < head_dim else _same
+    crop = crop_to(v_head_dim) if v_head_dim < head_dim else same
 
     cp = _context.active()
     if cp is not None:   # inside ferroattn.distributed.context_parallel: the ring over its group
@@ -346,8 +320,8 @@ def ferroattn_attention_forward(
         else:  # left padding: the last q_len mask columns belong to the queries
             indices_q, cu_q, max_q = _unpad_plan(attention_mask, mask[:, -q_len:], ("q", q_len))
         q_unpad = q.reshape(-1, *q.shape[2:])[indices_q]
-        out_unpad = _call(flash_attn_varlen_func, q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k,
-                          **fa_kwargs)
+        out_unpad = call_kernel(flash_attn_varlen_func, q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k,
+                                **fa_kwargs)
         out = pad_input(out_unpad, indices_q, batch, q_len)
         return crop(out), None
 
@@ -363,11 +337,11 @@ def ferroattn_attention_forward(
                 _PACKED_CU.put(position_ids, (cu_q, max_q))
             cu_k, max_k = cu_q, max_q
         cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
-        out = _call(flash_attn_varlen_func, q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
-                    v.reshape(-1, *v.shape[2:]), cu_q, cu_k, int(max_q), int(max_k), **fa_kwargs)
+        out = call_kernel(flash_attn_varlen_func, q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
+                          v.reshape(-1, *v.shape[2:]), cu_q, cu_k, int(max_q), int(max_k), **fa_kwargs)
         return crop(out.view(batch, q_len, *out.shape[1:])), None
 
-    return crop(_call(flash_attn_func, q, k, v, **fa_kwargs)), None
+    return crop(call_kernel(flash_attn_func, q, k, v, **fa_kwargs)), None
 
 
 def _context_parallel(cp, q: Tensor, k: Tensor, v: Tensor, attention_mask: Optional[Tensor], fa_kwargs: dict) -> Tensor:
@@ -384,14 +358,6 @@ def _context_parallel(cp, q: Tensor, k: Tensor, v: Tensor, attention_mask: Optio
     fn = _dist.zigzag_ring_flash_attn_func if cp.zigzag else _dist.ring_flash_attn_func
     return fn(q, k, v, fa_kwargs["dropout_p"], fa_kwargs["softmax_scale"], fa_kwargs["causal"],
               fa_kwargs["window_size"], None, fa_kwargs["deterministic"], group=cp.group)
-
-
-def _call(fn, *args, **fa_kwargs) -> Tensor:
-    """``fn(*args, **fa_kwargs)``; ``s_aux`` only goes to a function that declares it (otherwise
-    NotImplementedError, never a silent drop of the sinks)."""
-    if "s_aux" in fa_kwargs and not _accepts(fn, "s_aux"):
-        raise NotImplementedError("ferroattn: s_aux (attention sinks) is not implemented yet")
-    return fn(*args, **fa_kwargs)
 
 
 def register() -> None:

@@ -4,7 +4,11 @@
 loaded with ``attn_implementation="ferroattn"`` to ``"paged|ferroattn"``. :func:`register` of
 :mod:`ferroattn.integrations.transformers` registers :func:`ferroattn_paged_attention_forward`
 under that name, so continuous batching runs on ferroattn's kernels instead of failing with
-transformers' "attn_implementation is not supported".
+transformers' "attn_implementation is not supported". One exception, transformers' choice: where
+flash-attn 2/3 is importable (or its ``kernels`` hub fallback is), it switches a model of a name
+without "flash" to ``"paged|flash_attention_N"`` instead, with a warning; load the model with
+``attn_implementation="paged|ferroattn"`` to keep ferroattn there (a plain forward of such a
+model then raises the ``cache`` error below: the name is for continuous batching only).
 
 What transformers 5.17 hands a paged attention function whose name has no "flash" in it (its
 ``is_flash_attention_requested`` rule) -- and so what this function runs:
@@ -26,14 +30,15 @@ What transformers 5.17 hands a paged attention function whose name has no "flash
   need no mask. This path needs none; ``ContinuousBatchingConfig(use_cuda_graph=True)`` turns them
   on (tests/test_gpu_transformers_paged.py replays a run from them).
 
-The options follow transformers' ``paged|flash_attention_2`` (``integrations/flash_paged.py``):
-``module.scaling`` -> ``softmax_scale``; a window size ``w`` -> ``window_size = (w - 1, 0)`` and
-the ``"sliding_attention"`` entries of the per-layer-type dicts; ``s_aux`` (attention sinks)
-passed on; a value head dim below the query's (MLA) zero-padded and cropped. Beyond it: ``w`` is
-the model's ``sliding_window`` kwarg when it passes one (Mistral's layers have no
-``sliding_window`` attribute, which is all transformers' flash paged path reads, so its prefill
-there runs without the window), else ``module.sliding_window``; and ``softcap`` (Gemma-2's logit
-softcapping, which transformers' flash paged path drops) reaches the kernel.
+The options follow transformers' ``paged|flash_attention_2`` (``integrations/flash_paged.py``) --
+``window_size = (w - 1, 0)`` for a layer of window ``w``; ``s_aux`` (attention sinks) passed on; a
+value head dim below the query's (MLA) zero-padded and cropped. Where that path reads layer
+attributes, this one follows what the model passes, as the plain ``"ferroattn"`` path does: the
+``scaling`` kwarg (OPT passes 1.0 and keeps ``module.scaling = d ** -0.5``), the
+``sliding_window`` kwarg (Mistral's layers have no such attribute; EXAONE-4's full-attention
+layers have one and pass None); the per-layer-type dict entry is the one of the cache's group
+for the layer (``cache.sliding_windows``), the keys ``cache.update`` gathered. ``softcap``
+(Gemma-2's logit softcapping, which that path drops) reaches the kernel.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ from torch import Tensor
 
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_varlen_func
-from .transformers import _call, _crop_to, _same
+from ._kernel_call import call_kernel, crop_to, same
 
 __all__ = ["PAGED_NAME", "ferroattn_paged_attention_forward"]
 
@@ -52,9 +57,47 @@ __all__ = ["PAGED_NAME", "ferroattn_paged_attention_forward"]
 PAGED_NAME = "paged|ferroattn"
 
 
-def _for_layer(value, layer_type: str):
-    """A per-layer-type dict's entry for ``layer_type``, or the value itself."""
-    return value[layer_type] if isinstance(value, dict) else value
+def _layer_type(cache, layer_idx: int) -> str:
+    """The cache's layer group kind of layer ``layer_idx`` (what keys ``cache.update`` gathered for
+    it): ``"sliding_attention"`` where the cache keeps a window, else ``"full_attention"``."""
+    return "full_attention" if cache.sliding_windows[layer_idx] == 1 else "sliding_attention"
+
+
+def _for_layer(name: str, value, layer_type: str):
+    """A per-layer-type dict's entry for ``layer_type`` (ArgumentError naming ``name`` when it is
+    missing), or the value itself."""
+    if not isinstance(value, dict):
+        return value
+    if layer_type not in value:
+        raise ArgumentError(f"{name}: expected an entry for the layer's {layer_type!r}, got keys {sorted(value)}")
+    return value[layer_type]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
+
+
+def _window(sliding_window) -> Tuple[int, int]:
+    """window_size of a causal layer with window ``sliding_window`` (None or 0: none)."""
+    if sliding_window is None or (_is_int(sliding_window) and sliding_window == 0):
+        return (-1, -1)
+    if not _is_int(sliding_window) or sliding_window < 1:
+        raise ArgumentError(f"sliding_window: expected None or an int >= 1, got {sliding_window!r}")
+    return (sliding_window - 1, 0)
+
+
+def _check(query: Tensor, key: Tensor, value: Tensor, cu_q, cu_k, max_q, max_k) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor) or t.dim() != 4 or t.shape[0] != 1:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ArgumentError(f"{name}: expected a packed (1, heads, tokens, head_dim) tensor, got {got}")
+    for name, t in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
+        if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+            raise ArgumentError(f"{name}: expected a 1-D int32/int64 tensor of offsets, got {got}")
+    for name, x in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if not _is_int(x):
+            raise ArgumentError(f"{name}: expected an int, got {type(x).__name__}")
 
 
 def ferroattn_paged_attention_forward(
@@ -69,6 +112,7 @@ def ferroattn_paged_attention_forward(
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k=None,
     block_table: Optional[Tensor] = None,
+    scaling: Optional[float] = None,
     sliding_window: Optional[int] = None,
     softcap: Optional[float] = None,
     s_aux: Optional[Tensor] = None,
@@ -77,21 +121,26 @@ def ferroattn_paged_attention_forward(
     """One attention layer of a continuous-batching step (the ``"paged|ferroattn"`` function).
 
     Args:
-        module: the attention layer: ``layer_idx``, ``scaling`` (softmax scale), and
-            ``sliding_window`` (window size w; absent, None or False: full attention) when the
-            ``sliding_window`` argument is None.
+        module: the attention layer: ``layer_idx`` (int), and ``scaling`` when the ``scaling``
+            argument is None.
         query: (1, h, total_q, d), the queries of every request of the batch, packed.
         key, value: (1, h_k, total_new, d) and (1, h_k, total_new, d_v), d_v <= d: the batch's
             new keys and values, written into ``cache``.
         attention_mask: ignored (None from transformers for this name).
         cache: transformers' ``PagedAttentionCache``; its ``update`` writes the new k / v at
             ``write_index`` and returns (total_k, h_k, d) gathered at ``read_index``.
-        cu_seq_lens_q: (n + 1,) int, the requests' query offsets; ``cu_seq_lens_k``: (n + 1,) int
-            key offsets into the gathered keys, or a dict of them per layer type.
-        max_seqlen_q, max_seqlen_k: the longest request's query / key length (int, or a dict per
-            layer type for the keys).
+        cu_seq_lens_q: (n + 1,) int32/int64, the requests' query offsets; ``cu_seq_lens_k``:
+            (n + 1,) int32/int64 key offsets into the gathered keys, or a dict of them per layer
+            type, of which the entry of the cache's group for this layer is taken
+            (``cache.sliding_windows[layer_idx]``: 1 = ``"full_attention"``).
+        max_seqlen_q, max_seqlen_k: the longest request's query / key length (int; for the keys
+            also a dict per layer type).
         block_table: must be None (transformers gives none to this name; see the module text).
-        sliding_window: the layer's window size w (the model's kwarg), or None.
+        scaling: the softmax scale the model passes (OPT passes 1.0: its q_proj scales); None ->
+            ``module.scaling``, else d ** -0.5.
+        sliding_window: the window size w the model passes for this layer (int >= 1) -> causal
+            ``window_size = (w - 1, 0)``; None or 0: none (the plain path's rule: the kwarg, never
+            a layer attribute, which full-attention layers of some models carry too).
         softcap: logit softcapping (None -> 0.0, off).
         s_aux: None, or the (h,) attention-sink logits, cast to query's dtype.
         kwargs: ``read_index`` and ``write_index`` (lists of int64 slot tensors, one per layer
@@ -101,8 +150,11 @@ def ferroattn_paged_attention_forward(
         ``(attn_output, None)``, attn_output (total_q, h, d_v) in query's dtype.
 
     Raises: ArgumentError without ``cache`` (this function only runs continuous batching's
-    packed inputs: on a plain forward it would mix the batch's sequences) or without
-    ``read_index`` / ``write_index``; NotImplementedError for a ``block_table``; otherwise as
+    packed inputs: on a plain forward it would mix the batch's sequences), without
+    ``read_index`` / ``write_index``, for a module without an int ``layer_idx``, a query/key/value
+    that is not (1, heads, tokens, head_dim), offsets that are not 1-D int tensors, lengths that
+    are not ints, a per-layer-type dict without the layer's entry, or a ``sliding_window`` that
+    is not None or an int >= 0; NotImplementedError for a ``block_table``; otherwise as
     :func:`ferroattn.flash_attn_varlen_func`.
     """
     if cache is None:
@@ -115,22 +167,29 @@ def ferroattn_paged_attention_forward(
     if block_table is not None:
         raise NotImplementedError(f"block_table: {PAGED_NAME!r} runs continuous batching's gathered-cache path; "
                                   "transformers' decode fast path on a block table is not wired to ferroattn")
-    # the model's kwarg (Mistral passes it and has no such attribute), else the layer's attribute
-    window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
-    window_size, layer_type = ((window - 1, 0), "sliding_attention") if window else ((-1, -1), "full_attention")
-    cu_k, max_k = _for_layer(cu_seq_lens_k, layer_type), _for_layer(max_seqlen_k, layer_type)
+    layer_idx = getattr(module, "layer_idx", None)
+    if not _is_int(layer_idx):
+        raise ArgumentError(f"module: expected an attention layer with an int layer_idx, got {layer_idx!r}")
+    # which keys the cache gathered for this layer: its group's kind, not the attention's window
+    # (a full-attention layer may carry a window attribute it does not use)
+    layer_type = _layer_type(cache, layer_idx) if isinstance(cu_seq_lens_k, dict) else None
+    cu_k = _for_layer("cu_seq_lens_k", cu_seq_lens_k, layer_type)
+    max_k = _for_layer("max_seqlen_k", max_seqlen_k, layer_type)
+    _check(query, key, value, cu_seq_lens_q, cu_k, max_seqlen_q, max_k)
+    window_size = _window(sliding_window)
 
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]
     if v_head_dim < head_dim:   # MLA: one head dim for the kernel; pad v, crop the output
         value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])
     k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
                         read_index=kwargs["read_index"], write_index=kwargs["write_index"])
-    fa_kwargs = dict(softmax_scale=getattr(module, "scaling", None), causal=True, window_size=window_size,
+    scale = scaling if scaling is not None else getattr(module, "scaling", None)
+    fa_kwargs = dict(softmax_scale=scale, causal=True, window_size=window_size,
                      softcap=softcap if softcap is not None else 0.0)
     if s_aux is not None:
         fa_kwargs["s_aux"] = s_aux.to(query.dtype)
     q = query.transpose(1, 2).squeeze(0)   # (total_q, h, d) view
-    out = _call(flash_attn_varlen_func, q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32),
-                int(max_seqlen_q), int(max_k), **fa_kwargs)
-    crop = _crop_to(v_head_dim) if v_head_dim < head_dim else _same
+    out = call_kernel(flash_attn_varlen_func, q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32),
+                      max_seqlen_q, max_k, **fa_kwargs)
+    crop = crop_to(v_head_dim) if v_head_dim < head_dim else same
     return crop(out), None
