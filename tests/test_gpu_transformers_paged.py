@@ -54,7 +54,7 @@ def checked_kernel(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_oss", "opt"])
 def test_generate_batch_calls_match_the_reference(checked_kernel, name):
     archs.require(name)
     model = archs.build(name, "ferroattn", BF16, device=DEV)
