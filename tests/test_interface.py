@@ -493,6 +493,20 @@ def test_one_call_kvcache_declines_what_the_python_path_must_handle():
         ferroattn.flash_attn_with_kvcache(q, kc, kc, num_splits=True)
 
 
+def test_one_call_functions_take_exactly_their_python_functions_positional_arguments():
+    """The one-call functions take flash_attn_func's 12 / flash_attn_with_kvcache's 19 positional
+    arguments: another count is a TypeError naming the function and both counts; keywords are
+    refused (the Python callers pass positions only)."""
+    from ferroattn import _native
+    q = _t(1, 128, 4, 64)
+    for fn, n in ((_native.attn_fwd_fast, 12), (_native.attn_kvcache_fast, 19)):
+        for count in (0, n - 1, n + 1):
+            with pytest.raises(TypeError, match=f"^{fn.__name__}: expected {n} positional arguments, got {count}$"):
+                fn(*([q] * count))
+        with pytest.raises(TypeError):
+            fn(q=q)
+
+
 def test_nested_sparse_and_scalar_inputs_are_named_errors():
     import warnings
     with warnings.catch_warnings():

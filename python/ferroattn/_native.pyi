@@ -114,9 +114,9 @@ def attn_fwd(
 
 def attn_fwd_fast(
     q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
-    alibi_slopes: Any, deterministic: Any, return_attn_probs: Any, s_aux: Any,
+    alibi_slopes: Any, deterministic: Any, return_attn_probs: Any, s_aux: Any, /,
 ) -> Optional[Any]:
-    """``flash_attn_func``'s arguments, in its order: the common plain or causal eager call
+    """``flash_attn_func``'s arguments, positional only, in its order: the common plain or causal eager call
     launched in this one call, returning ``out`` (``torch.empty_like(q)``, fully written; the
     softmax_lse it also writes is dropped), or None when the call must take the Python path
     (src/ops/attention/fast.rs lists what is taken: exact argument types of the plain variant,
@@ -126,9 +126,9 @@ def attn_fwd_fast(
 def attn_kvcache_fast(
     q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: Any, rotary_sin: Any, cache_seqlens: Any,
     cache_batch_idx: Any, cache_leftpad: Any, block_table: Any, softmax_scale: Any, causal: Any, window_size: Any,
-    softcap: Any, rotary_interleaved: Any, alibi_slopes: Any, num_splits: Any, return_softmax_lse: Any,
+    softcap: Any, rotary_interleaved: Any, alibi_slopes: Any, num_splits: Any, return_softmax_lse: Any, /,
 ) -> Optional[Any]:
-    """``flash_attn_with_kvcache``'s arguments, in its order: the common call (a contiguous-row
+    """``flash_attn_with_kvcache``'s arguments, positional only, in its order: the common call (a contiguous-row
     cache of q's batch, an optional append of k / v at an int32 ``cache_seqlens``, no rotary,
     paging, batch index or left pad, the plain or causal variant, exact argument types, the eager
     rule; src/ops/attention/fast.rs ``fast_kvcache``) launched in this one call: the append, then
