@@ -74,6 +74,23 @@ def _generate_alone(model):
         return [model.generate(torch.tensor([p]), generation_config=gc)[0, len(p):].tolist() for p in PROMPTS]
 
 
+def _assert_same_tokens(ref, got, want):
+    """``got == want`` (per request), except where the two first differ at a near tie of the
+    reference: there the reference's logits (teacher-forced on its own tokens) of the two tokens
+    must be within fp32 noise of each other (a batched and a single run add in other orders, and
+    another CPU's kernels may too); what follows a tie is not compared."""
+    for prompt, g, w in zip(PROMPTS, got, want):
+        t = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None)
+        if t is None:
+            assert len(g) == len(w)
+            continue
+        with torch.no_grad():
+            logits = ref(torch.tensor([prompt + w[:t]])).logits[0, -1]
+        gap = (logits[w[t]] - logits[g[t]]).abs().item()
+        assert gap <= 1e-4 * max(1.0, logits.abs().max().item()), \
+            f"request {prompt[:3]}...: token {t} is {g[t]}, the reference's {w[t]} (logit gap {gap:.3e}): {g} vs {w}"
+
+
 _SMALL = dict(vocab_size=archs.V, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=32, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
               eos_token_id=2, sliding_window=archs.WINDOW)
@@ -110,7 +127,7 @@ def test_generate_batch_equals_each_prompt_alone_on_the_reference(paged_kernels,
     ref = _build(name, _REF[name] if arch is None else arch.ref, ours.state_dict())
     got = _generate_batch(ours)
     assert ours.config._attn_implementation == "ferroattn"   # continuous batching switched back
-    assert got == _generate_alone(ref)
+    _assert_same_tokens(ref, got, _generate_alone(ref))
 
     calls = [c for c in paged_kernels if c["kind"] == "varlen"]
     # the prefill step packs the three prompts (in the scheduler's order); decode steps run one
