@@ -73,7 +73,7 @@ from ..distributed import context as _context
 from .._tensor_memo import TensorMemo
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
-from ._kernel_call import call_kernel, crop_to, same
+from ._kernel_call import call_kernel, value_at_head_dim, variant_kwargs
 
 __all__ = ["NAME", "register", "ferroattn_attention_forward"]
 
@@ -279,9 +279,7 @@ def ferroattn_attention_forward(
         raise ArgumentError(f"query: expected no zero dimension, got shape {tuple(query.shape)}")
     batch, q_len = query.shape[0], query.shape[2]
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (b, s, h, d) views
-    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
-    if v_head_dim < head_dim:  # MLA: flash_attn needs one head dim; pad v, crop the output
-        v = torch.nn.functional.pad(v, [0, head_dim - v_head_dim])
+    v, crop = value_at_head_dim(v, q.shape[-1])
     target = _target_dtype(q, module)
     if target is not None:
         q, k, v = q.to(target), k.to(target), v.to(target)
@@ -292,12 +290,8 @@ def ferroattn_attention_forward(
     if sliding_window is not None and k.shape[1] > sliding_window:
         window = (sliding_window - 1, sliding_window - 1)
     fa_kwargs = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
-                     softcap=softcap if softcap is not None else 0.0,
-                     deterministic=_deterministic(kwargs.get("deterministic")))
-    if s_aux is not None:  # in the activations' dtype, as transformers passes it to flash_attn
-        fa_kwargs["s_aux"] = s_aux.to(query.dtype)
-
-    crop = crop_to(v_head_dim) if v_head_dim < head_dim else same
+                     deterministic=_deterministic(kwargs.get("deterministic")),
+                     **variant_kwargs(softcap, s_aux, query.dtype))
 
     cp = _context.active()
     if cp is not None:   # inside ferroattn.distributed.context_parallel: the ring over its group

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_varlen_func
-from ._kernel_call import call_kernel, crop_to, same
+from ._kernel_call import call_kernel, value_at_head_dim, variant_kwargs
 
 __all__ = ["PAGED_NAME", "ferroattn_paged_attention_forward"]
 
@@ -178,18 +178,12 @@ def ferroattn_paged_attention_forward(
     _check(query, key, value, cu_seq_lens_q, cu_k, max_seqlen_q, max_k)
     window_size = _window(sliding_window)
 
-    head_dim, v_head_dim = query.shape[-1], value.shape[-1]
-    if v_head_dim < head_dim:   # MLA: one head dim for the kernel; pad v, crop the output
-        value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])
-    k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+    value, crop = value_at_head_dim(value, query.shape[-1])
+    k, v = cache.update(key_states=key, value_states=value, layer_idx=layer_idx,
                         read_index=kwargs["read_index"], write_index=kwargs["write_index"])
     scale = scaling if scaling is not None else getattr(module, "scaling", None)
-    fa_kwargs = dict(softmax_scale=scale, causal=True, window_size=window_size,
-                     softcap=softcap if softcap is not None else 0.0)
-    if s_aux is not None:
-        fa_kwargs["s_aux"] = s_aux.to(query.dtype)
     q = query.transpose(1, 2).squeeze(0)   # (total_q, h, d) view
     out = call_kernel(flash_attn_varlen_func, q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32),
-                      max_seqlen_q, max_k, **fa_kwargs)
-    crop = crop_to(v_head_dim) if v_head_dim < head_dim else same
+                      max_seqlen_q, max_k, softmax_scale=scale, causal=True, window_size=window_size,
+                      **variant_kwargs(softcap, s_aux, query.dtype))
     return crop(out), None
