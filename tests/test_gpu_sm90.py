@@ -171,3 +171,44 @@ def test_knob_rejects_malformed_values():
     with pytest.raises(ValueError, match="name"):
         native.set_tuning_knob("no_such_knob", "sm80")
     assert native.tuning_knobs()["attn_fwd_family"] == "sm90"
+
+
+#: the pipeline forms an A/B run measures against the default (tuning knobs, docs/DEVELOPING.md):
+#: they change when the K/V ring's slots are loaded and freed, never the arithmetic
+FWD_FORMS = [{"attn_sm90_fwd_kv_release": "separate"}, {"attn_sm90_fwd_stages": "3"},
+             {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_stages": "3"}]
+
+
+@pytest.mark.parametrize("form", FWD_FORMS, ids=lambda f: "+".join(f"{k[14:]}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("d, shape, kw", [
+    (64, (2, 333, 517, 4, 2), dict(causal=True)),
+    (128, (2, 333, 517, 4, 2), dict()),
+    (128, (1, 700, 100, 4, 1), dict(causal=True)),            # rows that see no key, one key tile
+    (128, (2, 1025, 1025, 2, 2), dict(causal=True, window_size=(200, 0))),
+    (128, (2, 200, 300, 4, 2), dict(dropout_p=0.17, causal=True)),
+    (256, (2, 333, 517, 4, 2), dict(causal=True, softcap=20.0)),
+    (96, (1, 64, 2000, 8, 2), dict()),                         # many key tiles through a short ring
+], ids=lambda x: str(x) if not isinstance(x, dict) else ",".join(x))
+def test_pipeline_forms_give_the_default_forms_bits(form, d, shape, kw):
+    from ferroattn.knobs import override
+
+    b, s_q, s_k, h, h_k = shape
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, BF16)
+
+    def run():
+        torch.manual_seed(3)
+        return flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+
+    (out, lse, _), recs = launch_records(run)
+    with override(**form):
+        poison_allocator(q, q.numel() * 4)
+        (out2, lse2, _), recs2 = launch_records(run)
+    default = [r["config"] for r in recs if r["kernel"] == "attn_fwd_sm90"]
+    cand = [r["config"] for r in recs2 if r["kernel"] == "attn_fwd_sm90"]
+    assert default and cand, (default, cand)
+    if form.get("attn_sm90_fwd_kv_release") == "separate":
+        assert all(c.endswith(", true>") for c in cand), cand
+    if form.get("attn_sm90_fwd_stages") == "3" and d in (96, 128):   # 3 slots fit at d 128 (2 by default)
+        assert all(c.startswith("ferroattn::attn_fwd_sm90<128, 128, 3,") for c in cand), cand
+    assert torch.equal(out, out2), (out.float() - out2.float()).abs().max()
+    assert torch.equal(lse, lse2)

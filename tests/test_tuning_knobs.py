@@ -15,13 +15,15 @@ from ferroattn.knobs import override
 
 #: a value other than the default of every knob (text form), and malformed values
 OTHER = {
-    "attn_fwd_family": "sm80", "attn_bwd_family": "sm90", "gemm_sm90_schedule": "auto",
+    "attn_fwd_family": "sm80", "attn_bwd_family": "sm90", "attn_sm90_fwd_kv_release": "separate",
+    "attn_sm90_fwd_stages": "3", "attn_sm90_bwd_dq_overlap": "1", "gemm_sm90_schedule": "auto",
     "gemm_sm90_fast_epilogue": "0", "gemm_sm90_splitk": "0", "gemm_wmma_group": "16", "gemm_wmma_streamk": "off",
     "gemm_wmma_tile": "128,128,32,2,4,4,1,1,1", "persistent_grid": "full", "sparse24_wgmma": "0",
     "sparse24_tile": "64,64,2,2,3", "sparse24_splitk": "3", "sparse24_splitk_fuse": "1", "wgmma_sp_tile": "band:4",
     "wgmma_sp_streamk": "dp:8", "wgmma_sp_epilogue": "direct", "wgmma_sp_mainloop": "pipe",
 }
-BAD = [("attn_fwd_family", "hopper"), ("gemm_sm90_schedule", "cooperative"), ("gemm_sm90_splitk", "yes"),
+BAD = [("attn_fwd_family", "hopper"), ("attn_sm90_fwd_kv_release", "split"), ("attn_sm90_fwd_stages", "1"),
+       ("attn_sm90_fwd_stages", "9"), ("attn_sm90_bwd_dq_overlap", "2"), ("gemm_sm90_schedule", "cooperative"), ("gemm_sm90_splitk", "yes"),
        ("gemm_wmma_streamk", "2"), ("gemm_wmma_streamk", "yes"), ("gemm_wmma_group", "0"), ("gemm_wmma_group", "x"),
        ("gemm_wmma_tile", "128,128"), ("persistent_grid", "0"), ("sparse24_splitk", "lots"),
        ("sparse24_splitk_fuse", "yes"), ("sparse24_tile", "65,64,2,2,3"), ("wgmma_sp_tile", "64"),
@@ -32,7 +34,7 @@ BAD = [("attn_fwd_family", "hopper"), ("gemm_sm90_schedule", "cooperative"), ("g
 def test_knobs_list_every_knob():
     knobs = native.tuning_knobs()
     assert set(knobs) == set(OTHER)
-    assert all(v in ("auto", "sm80", "sm90") for k, v in knobs.items() if k.startswith("attn_"))
+    assert all(v in ("auto", "sm80", "sm90") for k, v in knobs.items() if k.endswith("_family"))
 
 
 @pytest.mark.parametrize("name", sorted(OTHER))

@@ -46,7 +46,10 @@
 // keys 64 (wg - 1) .. + 63 of the tile.
 //
 // Template parameters: HeadDim 64 or 128 (the call's head dim <= HeadDim); Stages >= 2 query
-// ring slots; V the variant; T __half or __nv_bfloat16.
+// ring slots; V the variant; T __half or __nv_bfloat16; DqOverlap (default false) the order of a
+// tile's last three products: false, dV and dK, wait, the barrier, then dQ and its reduction with
+// no product in flight; true, dV, the dS^T store and the barrier, then dQ and dK issued together,
+// dQ waited for and reduced while dK runs.
 //
 // Shared memory (1024-aligned base): K, V (HeadDim / 64 chunks of 128 rows x 128 B each), the
 // ring of Q and dO (Stages slots of HeadDim / 64 chunks of 64 rows x 128 B each), all in the
@@ -177,7 +180,7 @@ __device__ __forceinline__ float2 ld_shared_v2_f32(unsigned addr) {
 
 }  // namespace attn_bwd_detail
 
-template <int HeadDim, int Stages, class V, typename T>
+template <int HeadDim, int Stages, class V, typename T, bool DqOverlap = false>
 __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ AttnBwdSm90Params P) {
     using namespace sm90;
     using Sm = AttnBwdSm90Smem<HeadDim, Stages>;
@@ -482,37 +485,73 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         fence_fragments(da);
         fence_accumulators(acc_dv);
         fence_accumulators(acc_dk);
-        wgmma_fence();
+        // dS^T of tile it into buffer it & 1 (key rows, 128-byte swizzle).
+        auto store_ds = [&]() {
+            const unsigned dsb = sm.ds(it & 1);
 #pragma unroll
-        for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dv, pa[kk], desc_at(ddo_mn, qoff + kk * 2048), 1);
+            for (int h = 0; h < 2; ++h) {
+                const unsigned r = static_cast<unsigned>(key_t + 8 * h);   // r % 8 == g
 #pragma unroll
-        for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dk, da[kk], desc_at(dq_mn, qoff + kk * 2048), 1);
-        wgmma_commit();
-
-        // ---- dS^T of tile it into buffer it & 1 (key rows, 128-byte swizzle) ----
-        const unsigned dsb = sm.ds(it & 1);
+                for (int jj = 0; jj < NJ; ++jj)
+                    st_shared_b32(dsb + r * 128u + ((static_cast<unsigned>(jj) ^ static_cast<unsigned>(g)) << 4) + 4u * t,
+                                  da[jj / 2][(jj & 1) * 2 + h]);
+            }
+            fence_proxy_async_smem();
+        };
+        auto issue_dv = [&]() {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const unsigned r = static_cast<unsigned>(key_t + 8 * h);   // r % 8 == g
+            for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dv, pa[kk], desc_at(ddo_mn, qoff + kk * 2048), 1);
+        };
+        auto issue_dk = [&]() {
 #pragma unroll
-            for (int jj = 0; jj < NJ; ++jj)
-                st_shared_b32(dsb + r * 128u + ((static_cast<unsigned>(jj) ^ static_cast<unsigned>(g)) << 4) + 4u * t,
-                              da[jj / 2][(jj & 1) * 2 + h]);
-        }
-        fence_proxy_async_smem();
-        wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
-        fence_accumulators(acc_dk);
-        fence_accumulators(acc_dv);
-        if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
-        named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
-        // dQ of tile it (its accumulators do not fit next to S^T, dP^T, dK and dV at head dim 128:
-        // issued with the next tile's scores or with dV, dK it spills; at head dim 64 the former
-        // measured slower, bench/NOTES.md "Hopper backward").
-        if (dq_here(it)) {
-            issue_dq(acc_q, it);
+            for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dk, da[kk], desc_at(dq_mn, qoff + kk * 2048), 1);
+        };
+        if constexpr (DqOverlap) {
+            // dV, then (dS^T complete) dQ and dK together; dQ's reduction runs under dK.
+            wgmma_fence();
+            issue_dv();
+            wgmma_commit();
+            store_ds();
+            named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
+            // (Two branches, not one with two tests: ptxas serialises the wgmmas when the dQ
+            // accumulators' state differs between the paths that meet before the reduction.)
+            if (dq_here(it)) {
+                issue_dq(acc_q, it);
+                wgmma_fence();
+                issue_dk();
+                wgmma_commit();
+                wgmma_wait<1>();   // dV and dQ of it are done; dK may still run
+                fence_accumulators(acc_q);
+                reduce_dq(acc_q, dq_off, m_start);
+            } else {
+                wgmma_fence();
+                issue_dk();
+                wgmma_commit();
+            }
             wgmma_wait<0>();
-            fence_accumulators(acc_q);
-            reduce_dq(acc_q, dq_off, m_start);
+            fence_accumulators(acc_dk);
+            fence_accumulators(acc_dv);
+            if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
+        } else {
+            wgmma_fence();
+            issue_dv();
+            issue_dk();
+            wgmma_commit();
+            store_ds();
+            wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
+            fence_accumulators(acc_dk);
+            fence_accumulators(acc_dv);
+            if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
+            named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
+            // dQ of tile it (its accumulators do not fit next to S^T, dP^T, dK and dV at head dim 128:
+            // issued with the next tile's scores or with dV, dK it spills; at head dim 64 the former
+            // measured slower, bench/NOTES.md "Hopper backward").
+            if (dq_here(it)) {
+                issue_dq(acc_q, it);
+                wgmma_wait<0>();
+                fence_accumulators(acc_q);
+                reduce_dq(acc_q, dq_off, m_start);
+            }
         }
         if (++stage == Stages) {
             stage = 0;

@@ -26,13 +26,18 @@
 //
 // Template parameters: HeadDim 64, 128 or 256; BlockN keys per tile, a multiple of 16 (of 32 with
 // dropout) for which common/wgmma.cuh has an SS wrapper; Stages >= 2 K/V ring slots; V the
-// variant (attention/variant.cuh); T __half or __nv_bfloat16.
+// variant (attention/variant.cuh); T __half or __nv_bfloat16; KvSeparate (default false) how the
+// ring's slots are released: false, K and V of a slot together once the slot's P V completed;
+// true, K once its S = Q K^T completed and V once its P V completed, with the producer loading the
+// next tile's K before this tile's V (so a K load is in flight for a whole tile, not only from the
+// end of the previous P V).
 //
 // Shared memory (1024-aligned base): Q (HeadDim / 64 chunks of 128 rows x 128 B), K ring, V ring
 // (Stages slots of HeadDim / 64 chunks of BlockN rows x 128 B), all in the canonical 128B-swizzle
 // layout (16-byte chunk q of row r at q ^ (r % 8)); then mbarriers q_full, k_full[Stages],
 // v_full[Stages] (count 1: producer expect_tx + TMA complete_tx) and empty[Stages] (count 8: lane 0
-// of each consumer warp once that slot's P V has completed). The epilogue stages each warpgroup's
+// of each consumer warp once that slot's P V has completed; with KvSeparate once its S = Q K^T
+// has), and with KvSeparate v_empty[Stages] (count 8: once the slot's P V has completed). The epilogue stages each warpgroup's
 // O in its own 64 rows of the Q tile and stores it with TMA.
 // wgmma operands: S: A = Q (K-major, desc SBO 1024, k16 step +32 B, +16 KiB per 64-column chunk),
 // B = K (K-major likewise); O: A = P (registers: the S accumulator layout packed to 16 bits, see
@@ -64,7 +69,7 @@ struct AttnFwdSm90Params {
 };
 
 // Shared-memory map of attn_fwd_sm90 (offsets from the 1024-aligned base).
-template <int HeadDim, int BlockN, int Stages>
+template <int HeadDim, int BlockN, int Stages, bool KvSeparate = false>
 struct AttnSm90Smem {
     // Enumerators, not static constexpr members: NVRTC emits the latter as .global variables.
     enum : unsigned {
@@ -74,7 +79,8 @@ struct AttnSm90Smem {
         kKVChunk = BlockN * 128u,              // BlockN rows x 64 elements
         kKVBytes = kChunks * kKVChunk,         // one ring slot of K (or V)
         kBars = kQBytes + 2u * Stages * kKVBytes,
-        kTotal = kBars + 8u * (1u + 3u * Stages) + 1024u,
+        kNumBars = 1u + (KvSeparate ? 4u : 3u) * Stages,
+        kTotal = kBars + 8u * kNumBars + 1024u,
     };
     unsigned base;
     __device__ __forceinline__ explicit AttnSm90Smem(const void* raw)
@@ -86,12 +92,13 @@ struct AttnSm90Smem {
     __device__ __forceinline__ unsigned k_full(int s) const { return base + kBars + 8u * (1 + s); }
     __device__ __forceinline__ unsigned v_full(int s) const { return base + kBars + 8u * (1 + Stages + s); }
     __device__ __forceinline__ unsigned empty(int s) const { return base + kBars + 8u * (1 + 2 * Stages + s); }
+    __device__ __forceinline__ unsigned v_empty(int s) const { return base + kBars + 8u * (1 + 3 * Stages + s); }
 };
 
-template <int HeadDim, int BlockN, int Stages, class V, typename T>
+template <int HeadDim, int BlockN, int Stages, class V, typename T, bool KvSeparate = false>
 __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ AttnFwdSm90Params P) {
     using namespace sm90;
-    using Sm = AttnSm90Smem<HeadDim, BlockN, Stages>;
+    using Sm = AttnSm90Smem<HeadDim, BlockN, Stages, KvSeparate>;
     using Tr = DTypeTraits<T>;
     using Drop = attn_variant::DropoutMask<V>;
     constexpr int BlockM = 128;
@@ -133,6 +140,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             mbar_init(sm.k_full(s), 1);
             mbar_init(sm.v_full(s), 1);
             mbar_init(sm.empty(s), 8);
+            if constexpr (KvSeparate) mbar_init(sm.v_empty(s), 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -150,19 +158,37 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
 #pragma unroll
             for (int c = 0; c < Sm::kChunks; ++c)
                 tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, m_start, head, batch);
+            // Tile it (the it-th loaded: key tile n_blocks - 1 - it) uses ring slot `stage` in
+            // `phase` for K and V alike. KvSeparate loads K one tile ahead of V.
+            auto load_k = [&](int s, unsigned ph, int it) {
+                mbar_wait(sm.empty(s), ph ^ 1u);
+                mbar_expect_tx(sm.k_full(s), Sm::kKVBytes);
+#pragma unroll
+                for (int c = 0; c < Sm::kChunks; ++c)
+                    tma_load_4d(sm.k(s) + c * Sm::kKVChunk, &P.tma_k, sm.k_full(s), c * 64,
+                                (n_blocks - 1 - it) * BlockN, head_k, batch);
+            };
+            auto load_v = [&](int s, unsigned ph, int it) {
+                if constexpr (KvSeparate) mbar_wait(sm.v_empty(s), ph ^ 1u);   // else load_k waited
+                mbar_expect_tx(sm.v_full(s), Sm::kKVBytes);
+#pragma unroll
+                for (int c = 0; c < Sm::kChunks; ++c)
+                    tma_load_4d(sm.v(s) + c * Sm::kKVChunk, &P.tma_v, sm.v_full(s), c * 64,
+                                (n_blocks - 1 - it) * BlockN, head_k, batch);
+            };
             int stage = 0;
             unsigned phase = 0;
+            if constexpr (KvSeparate) {
+                if (n_iter > 0) load_k(0, 0u, 0);
+            }
             for (int it = 0; it < n_iter; ++it) {
-                const int n0 = (n_blocks - 1 - it) * BlockN;
-                mbar_wait(sm.empty(stage), phase ^ 1u);
-                mbar_expect_tx(sm.k_full(stage), Sm::kKVBytes);
-#pragma unroll
-                for (int c = 0; c < Sm::kChunks; ++c)
-                    tma_load_4d(sm.k(stage) + c * Sm::kKVChunk, &P.tma_k, sm.k_full(stage), c * 64, n0, head_k, batch);
-                mbar_expect_tx(sm.v_full(stage), Sm::kKVBytes);
-#pragma unroll
-                for (int c = 0; c < Sm::kChunks; ++c)
-                    tma_load_4d(sm.v(stage) + c * Sm::kKVChunk, &P.tma_v, sm.v_full(stage), c * 64, n0, head_k, batch);
+                if constexpr (KvSeparate) {
+                    const int next = stage + 1 == Stages ? 0 : stage + 1;
+                    if (it + 1 < n_iter) load_k(next, next == 0 ? phase ^ 1u : phase, it + 1);
+                } else {
+                    load_k(stage, phase, it);
+                }
+                load_v(stage, phase, it);
                 if (++stage == Stages) {
                     stage = 0;
                     phase ^= 1u;
@@ -362,6 +388,9 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         turn_pass();
         wgmma_wait<0>();
         fence_accumulators(acc_s);
+        if constexpr (KvSeparate) {
+            if (lane == 0) mbar_arrive(sm.empty(stage));   // K of this slot is no longer read
+        }
         {
             float pf[BlockN / 2];
             softmax(acc_s, j, corr, pf);   // O is 0: corr is not needed
@@ -390,12 +419,15 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             wgmma_commit();
             turn_pass();
             wgmma_wait<1>();   // S of tile j is ready; P V of tile j + 1 may still run
+            if constexpr (KvSeparate) {
+                if (lane == 0) mbar_arrive(sm.empty(stage));   // K of this slot is no longer read
+            }
             float pf[BlockN / 2];
             softmax(acc_s, j, corr, pf);
             wgmma_wait<0>();
             fence_accumulators(acc_o);
             fence_fragments(pa);
-            if (lane == 0) mbar_arrive(sm.empty(prev));
+            if (lane == 0) mbar_arrive(KvSeparate ? sm.v_empty(prev) : sm.empty(prev));
 #pragma unroll
             for (int jj = 0; jj < DJ; ++jj) {
                 acc_o[4 * jj + 0] *= corr[0];
@@ -415,7 +447,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         turn_pass();
         wgmma_wait<0>();
         fence_accumulators(acc_o);
-        if (lane == 0) mbar_arrive(sm.empty(stage));
+        if (lane == 0) mbar_arrive(KvSeparate ? sm.v_empty(stage) : sm.empty(stage));
     }
 
     // ---- epilogue: normalise, LSE, O through this warpgroup's rows of the Q tile, TMA store ----

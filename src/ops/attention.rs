@@ -97,10 +97,12 @@ pub struct AttnFwdParams {
 
 impl_kernel_spec!(AttnFwdConfig, smem: |c| c.smem_bytes());
 
-/// What `precompile` builds for the forward families (sm80 everywhere, sm90 on sm_90a).
+/// What `precompile` builds for the forward families (sm80 everywhere, sm90 on sm_90a, with the
+/// sm90 A/B candidate form).
 pub fn production_specs(arch: Arch) -> Vec<AttnFwdConfig> {
     let mut specs = fwd_production_configs(arch);
     specs.extend(crate::tuning::attention_sm90::fwd_production_configs(arch));
+    specs.extend(crate::tuning::attention_sm90::fwd_candidate_configs(arch));
     specs
 }
 
@@ -597,8 +599,12 @@ pub fn attn_fwd(
     let prm = params(&p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, variant);
     let sizes = AttnSizes::new(&p, &q.meta, &k.meta);
     let work = |s: BatchSlice| LaunchInfo { op: "ferroattn::attn_fwd", work: sizes.slice(s).fwd(variant.window()) };
-    let family = crate::tuning::knobs::get()?.attn_fwd_family;
-    if let Some(launch) = sm90::prepare(&p, kind, arch, family, q, k, v, out, &prm)? {
+    let knobs = crate::tuning::knobs::get()?;
+    let form = crate::tuning::attention_sm90::FwdForm {
+        kv_release: knobs.attn_sm90_fwd_kv_release,
+        stages: knobs.attn_sm90_fwd_stages,
+    };
+    if let Some(launch) = sm90::prepare(&p, kind, arch, knobs.attn_fwd_family, form, q, k, v, out, &prm)? {
         // SAFETY: as below; the maps describe the caller's q, k, v and out.
         return unsafe { launch.launch(stream, &work(BatchSlice::first(p.batch))) };
     }

@@ -427,8 +427,9 @@ pub fn attn_bwd(
     }
     let arch = crate::device::arch(p.device)?;
     // The Hopper plan where it takes the call (sm90.rs), else the sm80 family's.
-    let family = crate::tuning::knobs::get()?.attn_bwd_family;
-    let (plan, maps) = match sm90::prepare(&p, t, kind, deterministic, arch, family) {
+    let knobs = crate::tuning::knobs::get()?;
+    let (plan, maps) =
+        match sm90::prepare(&p, t, kind, deterministic, arch, knobs.attn_bwd_family, knobs.attn_sm90_bwd_dq_overlap) {
         Some((plan, maps)) => (plan, Some(maps)),
         None => (bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch), None),
     };
@@ -455,7 +456,7 @@ pub fn attn_bwd(
                 op: "ferroattn::attn_bwd",
                 work: slice_sizes.bwd(config.kind, variant.window(), deterministic),
             };
-            if let (BwdKind::DkDvSm90, Some(maps)) = (config.kind, &maps) {
+            if let (BwdKind::DkDvSm90 { .. }, Some(maps)) = (config.kind, &maps) {
                 // (the Hopper plan runs one slice: sm90::supports)
                 let mut hp = sm90::params(maps, slice_prm);
                 // SAFETY: `hp` mirrors AttnBwdSm90Params; its maps and pointers describe the

@@ -18,8 +18,9 @@ pub enum AttnFwdFamily {
 /// One specialisation of an attention-forward kernel: the single source of truth for its
 /// template arguments, launch shape and cache key.
 ///   Sm80: `ferroattn::attn_fwd_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V, T>`;
-///   Sm90: `ferroattn::attn_fwd_sm90<HeadDim, BlockN, Stages, V, T>` (block_m 128, 12 warps:
-///         src/tuning/attention_sm90.rs).
+///   Sm90: `ferroattn::attn_fwd_sm90<HeadDim, BlockN, Stages, V, T[, KvSeparate]>` (block_m 128,
+///         12 warps: src/tuning/attention_sm90.rs); `KvSeparate` is rendered, as `true`, only for
+///         `KvRelease::Separate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnFwdConfig {
     pub family: AttnFwdFamily,
@@ -35,6 +36,21 @@ pub struct AttnFwdConfig {
     pub variant: VariantKind,
     pub dtype: DType,
     pub arch: Arch,
+    /// How the sm90 kernel's K/V ring releases its slots (`Together` on sm80, where it has no
+    /// meaning).
+    pub kv_release: KvRelease,
+}
+
+/// How the sm90 forward's K/V ring releases a slot to the producer (kernels/attention/fwd_sm90.cuh,
+/// template argument `KvSeparate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum KvRelease {
+    /// K and V of a slot together, once its P·V has completed.
+    #[default]
+    Together,
+    /// K once its S = Q·Kᵀ has completed, V once its P·V has; the producer loads the next tile's K
+    /// before this tile's V.
+    Separate,
 }
 
 impl AttnFwdConfig {
@@ -68,7 +84,8 @@ impl AttnFwdConfig {
                 self.stages
             ),
             AttnFwdFamily::Sm90 => {
-                format!("{}<{}, {}, {}, {v}, {t}>", self.kernel(), self.head_dim, self.block_n, self.stages)
+                let separate = if self.kv_release == KvRelease::Separate { ", true" } else { "" };
+                format!("{}<{}, {}, {}, {v}, {t}{separate}>", self.kernel(), self.head_dim, self.block_n, self.stages)
             }
         }
     }
@@ -79,12 +96,16 @@ impl AttnFwdConfig {
 
     /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert
     /// against). Sm80: the Q tile plus `stages` K tiles and `stages` V tiles. Sm90: the same
-    /// tiles plus 1 + 3 x stages mbarriers and 1 KiB of alignment slack (AttnSm90Smem::kTotal).
+    /// tiles plus 1 + 3 x stages mbarriers (1 + 4 x stages with `KvRelease::Separate`) and 1 KiB of
+    /// alignment slack (AttnSm90Smem::kTotal).
     pub fn smem_bytes(&self) -> u32 {
         let tiles = (self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim) * 2;
         match self.family {
             AttnFwdFamily::Sm80 => tiles,
-            AttnFwdFamily::Sm90 => tiles + 8 * (1 + 3 * self.stages) + 1024,
+            AttnFwdFamily::Sm90 => {
+                let per_stage = if self.kv_release == KvRelease::Separate { 4 } else { 3 };
+                tiles + 8 * (1 + per_stage * self.stages) + 1024
+            }
         }
     }
 }
@@ -119,7 +140,18 @@ pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch)
     let hd = kernel_head_dim(head_dim);
     let (block_m, block_n, num_warps, stages) = fwd_tile(hd, variant);
     let mut config =
-        AttnFwdConfig { family: AttnFwdFamily::Sm80, head_dim: hd, block_m, block_n, num_warps, stages, variant, dtype, arch };
+        AttnFwdConfig {
+            family: AttnFwdFamily::Sm80,
+            head_dim: hd,
+            block_m,
+            block_n,
+            num_warps,
+            stages,
+            variant,
+            dtype,
+            arch,
+            kv_release: KvRelease::Together,
+        };
     // GPUs with less shared memory per block (sm_86/89: 99 KiB) get a shallower K/V pipeline.
     while config.smem_bytes() > arch.max_smem_per_block() && config.stages > 1 {
         config.stages -= 1;

@@ -9,7 +9,8 @@
 use crate::arch::Arch;
 use crate::dtype::DType;
 use crate::tuning::variant::VariantKind;
-use crate::tuning::attention::{production_variants, AttnFwdConfig, AttnFwdFamily};
+use crate::tuning::attention::{production_variants, AttnFwdConfig, AttnFwdFamily, KvRelease};
+use crate::tuning::knobs::RingStages;
 
 /// Query rows per block (two consumer warpgroups of 64).
 pub const BLOCK_M: u32 = 128;
@@ -38,35 +39,59 @@ pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32) {
     }
 }
 
+/// The pipeline choices of the sm90 forward that the tuning knobs set (A/B runs): the ring's
+/// release (`attn_sm90_fwd_kv_release`) and its depth (`attn_sm90_fwd_stages`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FwdForm {
+    pub kv_release: KvRelease,
+    pub stages: RingStages,
+}
+
 /// The sm90 configuration of a call, or None where the kernel has no specialisation (head dim
-/// above 256, an arch other than sm_90a).
-pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch) -> Option<AttnFwdConfig> {
+/// above 256, an arch other than sm_90a). A forced ring depth (`form.stages`) that does not fit
+/// in shared memory at this head dim takes the deepest that does (at least 2).
+pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch, form: FwdForm) -> Option<AttnFwdConfig> {
     if arch != Arch::Sm90a {
         return None;
     }
     let hd = kernel_head_dim(head_dim)?;
     let (block_n, stages) = fwd_tile(hd, variant);
-    Some(AttnFwdConfig {
+    let mut c = AttnFwdConfig {
         family: AttnFwdFamily::Sm90,
         head_dim: hd,
         block_m: BLOCK_M,
         block_n,
         num_warps: NUM_WARPS,
-        stages,
+        stages: form.stages.forced().unwrap_or(stages),
         variant,
         dtype,
         arch,
-    })
+        kv_release: form.kv_release,
+    };
+    while c.smem_bytes() > arch.max_smem_per_block() && c.stages > 2 {
+        c.stages -= 1;
+    }
+    Some(c)
 }
 
 /// Every configuration `precompile` builds for `arch`: the production variants at head dims
-/// 64, 128, 256 in both 16-bit dtypes (none off sm_90a).
+/// 64, 128, 256 in both 16-bit dtypes (none off sm_90a), in the default form.
 pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
+    fwd_configs_of_form(arch, FwdForm::default())
+}
+
+/// The production points in the pipeline form an A/B run measures against the default
+/// (`KvRelease::Separate`): `precompile` builds them too, so CI holds them to no spills.
+pub fn fwd_candidate_configs(arch: Arch) -> Vec<AttnFwdConfig> {
+    fwd_configs_of_form(arch, FwdForm { kv_release: KvRelease::Separate, ..FwdForm::default() })
+}
+
+fn fwd_configs_of_form(arch: Arch, form: FwdForm) -> Vec<AttnFwdConfig> {
     let mut out = Vec::new();
     for hd in [64, 128, 256] {
         for v in production_variants() {
             for dtype in [DType::F16, DType::BF16] {
-                out.extend(fwd_config(hd, v, dtype, arch));
+                out.extend(fwd_config(hd, v, dtype, arch, form));
             }
         }
     }
@@ -85,8 +110,9 @@ mod tests {
         assert_eq!(kernel_head_dim(72), Some(128));
         assert_eq!(kernel_head_dim(192), Some(256));
         assert_eq!(kernel_head_dim(264), None);
-        assert!(fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm80).is_none());
-        let c = fwd_config(96, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a).unwrap();
+        let d = FwdForm::default();
+        assert!(fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm80, d).is_none());
+        let c = fwd_config(96, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, d).unwrap();
         assert_eq!((c.head_dim, c.block_n, c.stages), (128, 128, 2));
         assert_eq!(
             c.name_expression(),
@@ -113,8 +139,35 @@ mod tests {
 
     #[test]
     fn smem_formula_matches_the_kernel_layout() {
-        let c = fwd_config(256, VariantKind::PLAIN, DType::F16, Arch::Sm90a).unwrap();
+        let c = fwd_config(256, VariantKind::PLAIN, DType::F16, Arch::Sm90a, FwdForm::default()).unwrap();
         // Q 64 KiB + 2 x (K 40 KiB + V 40 KiB) + 7 barriers + slack
         assert_eq!(c.smem_bytes(), 65536 + 4 * 40960 + 56 + 1024);
+        // separate release: 2 more barriers (v_empty per slot)
+        let s = AttnFwdConfig { kv_release: KvRelease::Separate, ..c };
+        assert_eq!(s.smem_bytes(), c.smem_bytes() + 16);
+    }
+
+    #[test]
+    fn forms_render_their_template_argument_and_forced_stages_fit() {
+        let sep = FwdForm { kv_release: KvRelease::Separate, ..FwdForm::default() };
+        let c = fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, sep).unwrap();
+        assert!(c.name_expression().ends_with(", __nv_bfloat16, true>"), "{}", c.name_expression());
+        let d = fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, FwdForm::default()).unwrap();
+        assert!(d.name_expression().ends_with(", __nv_bfloat16>"), "{}", d.name_expression());
+        // 3 slots at d 128: Q 32 KiB + 3 x 64 KiB + barriers fit in 227 KiB
+        let three = FwdForm { stages: RingStages::Fixed(3), ..sep };
+        let c3 = fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, three).unwrap();
+        assert_eq!(c3.stages, 3);
+        assert_fits_smem(&c3);
+        // 4 slots do not fit at d 128 (288 KiB), nor 3 at d 256: the deepest that fits
+        let four = FwdForm { stages: RingStages::Fixed(4), ..sep };
+        assert_eq!(fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, four).unwrap().stages, 3);
+        assert_eq!(fwd_config(256, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, three).unwrap().stages, 2);
+        assert_eq!(fwd_config(64, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, four).unwrap().stages, 4);
+        for c in fwd_candidate_configs(Arch::Sm90a) {
+            assert_eq!(c.kv_release, KvRelease::Separate);
+            assert_fits_smem(&c);
+        }
+        assert_eq!(fwd_candidate_configs(Arch::Sm90a).len(), fwd_production_configs(Arch::Sm90a).len());
     }
 }

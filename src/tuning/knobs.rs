@@ -12,12 +12,13 @@
 mod values;
 
 use crate::error::{Error, Result};
+use crate::tuning::attention::KvRelease;
 use crate::tuning::gemm::{StreamK, WmmaTile};
 use crate::tuning::gemm_sm90::{SchedulePolicy, DEFAULT_FAST_EPILOGUE, DEFAULT_POLICY};
 use crate::tuning::grid::GridPolicy;
 use crate::tuning::sparse24::{FusePolicy, SplitPolicy, StreamKPolicy, Tile, TilePolicy, WgmmaEpilogue, WgmmaMainloop};
 use std::sync::RwLock;
-pub use values::{FamilyChoice, KnobValue, RasterGroup};
+pub use values::{FamilyChoice, KnobValue, RasterGroup, RingStages};
 
 /// The value of knob text `value` (trimmed; empty: `default`); `source` (the variable or the knob
 /// name) and the accepted values are named in the error.
@@ -74,6 +75,12 @@ knobs! {
     attn_fwd_family: FamilyChoice = FamilyChoice::Auto, "FERROATTN_ATTN_FWD_FAMILY";
     /// Attention-backward kernel family.
     attn_bwd_family: FamilyChoice = FamilyChoice::Auto, "FERROATTN_ATTN_BWD_FAMILY";
+    /// How the Hopper attention forward's K/V ring releases its slots.
+    attn_sm90_fwd_kv_release: KvRelease = KvRelease::Together, "FERROATTN_ATTN_SM90_FWD_KV_RELEASE";
+    /// A forced K/V ring depth of the Hopper attention forward.
+    attn_sm90_fwd_stages: RingStages = RingStages::Auto, "FERROATTN_ATTN_SM90_FWD_STAGES";
+    /// The Hopper attention backward's product order: dQ issued with dK (reduced under it).
+    attn_sm90_bwd_dq_overlap: bool = false, "FERROATTN_ATTN_SM90_BWD_DQ_OVERLAP";
     /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
     gemm_sm90_schedule: SchedulePolicy = DEFAULT_POLICY, "FERROATTN_GEMM_SM90_SCHEDULE";
     /// The Hopper dense GEMM's branch-free epilogue loop for calls without c and aux.
@@ -173,6 +180,9 @@ mod tests {
     const OTHER: &[(&str, &str)] = &[
         ("attn_fwd_family", "sm80"),
         ("attn_bwd_family", "sm90"),
+        ("attn_sm90_fwd_kv_release", "separate"),
+        ("attn_sm90_fwd_stages", "3"),
+        ("attn_sm90_bwd_dq_overlap", "1"),
         ("gemm_sm90_schedule", "auto"),
         ("gemm_sm90_fast_epilogue", "0"),
         ("gemm_sm90_splitk", "0"),

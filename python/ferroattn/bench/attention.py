@@ -13,7 +13,9 @@ reason. Also: the host-side cost of one small call (:mod:`.hostcost`).
 Writes the raw JSON (:func:`report.write_json`) into ``--out`` (default ``bench/results``),
 prints the table, then the summary lines. Exit 0 when every point was measured for ours,
 1 when ours failed somewhere (the JSON is written anyway), 3 without a CUDA GPU.
-``--backward`` runs :mod:`.attention_bwd` instead (same grid, backward timings); ``--variants``
+``--candidate KNOBS`` also measures ours under other tuning knobs at every point, paired with ours
+(:mod:`.candidate`: an A/B run). ``--backward`` runs :mod:`.attention_bwd` instead (same grid,
+backward timings); ``--variants``
 runs :mod:`.variants` instead (window, softcap, ALiBi, dropout, sinks against plain, FlexAttention
 and SDPA; with ``--backward`` also the backward).
 """
@@ -24,7 +26,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from . import report, timing
+from . import candidate, report, timing
 
 DIMS = ((64, 32), (128, 16), (256, 8))          # (head_dim, heads): hidden 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -110,11 +112,13 @@ def make_inputs(b: int, s: int, h: int, d: int, dtype: str, l2_bytes: int) -> tu
 
 
 def measure_point(p: dict, ours_sets: list, sdpa_sets: list, peer_names: Sequence[str],
-                  ceiling_tflops: float | None, rep_ms: float, warmup_ms: float) -> dict:
+                  ceiling_tflops: float | None, rep_ms: float, warmup_ms: float,
+                  candidate_knobs: dict[str, str] | None = None) -> dict:
     import torch
     import torch.nn.functional as F
     import ferroattn
     from . import peers as peers_mod
+    from ..knobs import override
 
     causal = p["causal"]
     p.update(ours=None, ours_error=None, peers={}, peer_errors={}, ratio={}, max_abs_diff=None,
@@ -130,6 +134,18 @@ def measure_point(p: dict, ours_sets: list, sdpa_sets: list, peer_names: Sequenc
                      "pct_ceiling": (100.0 * tf / ceiling_tflops) if (tf and ceiling_tflops) else None}
     except Exception as e:
         p["ours_error"] = f"{type(e).__name__}: {e}"
+    if candidate_knobs:
+        try:
+            with override(**candidate_knobs):
+                out_c = ferroattn.flash_attn_func(*ours_sets[0], causal=causal)
+                torch.cuda.synchronize()
+                rot = timing.Rotating(ours_sets)
+                ms = timing.bench_gpu(lambda: ferroattn.flash_attn_func(*rot.next(), causal=causal), rep_ms, warmup_ms)
+            diff = None if out0 is None else float((out_c.float() - out0.float()).abs().max())
+            p["candidate"] = candidate.entry(p["ours"], ms, p["flops"], diff)
+            del out_c
+        except Exception as e:
+            p["candidate_error"] = f"{type(e).__name__}: {e}"
     for name in peer_names:
         ref, why = peers_mod.probe(name, peers_mod.sdpa_fn(*sdpa_sets[0], causal))
         if ref is None:
@@ -161,8 +177,10 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
         head_dims: Sequence[int] | None = None, seqlens: Sequence[int] | None = None,
         rep_ms: float | None = None, time_budget_s: float | None = None,
         peer_names: Sequence[str] = ("flash", "cudnn", "efficient"),
-        printer: Callable[[str], None] = print) -> tuple[dict, int]:
-    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU."""
+        printer: Callable[[str], None] = print,
+        candidate_knobs: dict[str, str] | None = None) -> tuple[dict, int]:
+    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``candidate_knobs``:
+    ours measured again under these tuning knobs at every point (:mod:`.candidate`)."""
     import torch
     from . import ceilings, hostcost
 
@@ -196,6 +214,7 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             "host_cost": host,
             "points": points,
             "summary": report.summarize(points, ref_peer=peer_names[0] if peer_names else "flash"),
+            "candidate": candidate.summarize(points, candidate_knobs),
         }
 
     bar = _progress(len(points))
@@ -220,7 +239,7 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             bar.update(len(pts))
             continue
         for p in pts:
-            measure_point(p, ours_sets, sdpa_sets, peer_names, ceiling_tflops, rep, warm)
+            measure_point(p, ours_sets, sdpa_sets, peer_names, ceiling_tflops, rep, warm, candidate_knobs)
             if _is_fatal(p.get("ours_error")):
                 fatal = f"skipped after a fatal CUDA error in ours: {p['ours_error'][:200]}"
             r = p["ratio"].get(peer_names[0]) if peer_names else None
@@ -238,6 +257,8 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
     printer(report.format_table(points, peer_names))
     printer(f"raw JSON: {path}")
     printer(report.format_summary(summary, ceil, host))
+    if candidate_knobs:
+        printer(candidate.format_summary(final["candidate"]))
     code = 0 if summary["n_ours_failed"] == 0 and summary["n_measured"] > 0 else 1
     return final, code
 
@@ -283,9 +304,12 @@ def main_from_args(args: argparse.Namespace) -> int:
         print("ferroattn bench attention: --deterministic: only with --backward (the forward is always "
               "deterministic)", file=sys.stderr)
         return 2
+    code, knobs = candidate.from_args("ferroattn bench attention", args)
+    if code is not None:
+        return code
     code, peer_names, dtypes = check_args("ferroattn bench attention", args, DEFAULT_PEERS, grid)
     if code is not None:
         return code
     _, code = run(args.quick, args.out, dtypes, args.head_dims, args.seqlens, args.rep_ms,
-                  args.time_budget_s, peer_names)
+                  args.time_budget_s, peer_names, candidate_knobs=knobs)
     return code

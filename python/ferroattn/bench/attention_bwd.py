@@ -39,7 +39,7 @@ import argparse
 import time
 from typing import Any, Callable, Sequence
 
-from . import attention, report, timing
+from . import attention, candidate, report, timing
 
 MODES = ("bwd", "fwd_bwd")
 DEFAULT_PEERS = ("flash", "cudnn")
@@ -138,13 +138,15 @@ def _grad_diff(ours: Sequence, peer: Sequence) -> dict[str, float]:
 
 def measure_config(pts: dict[str, dict], ours_sets: list[dict], sdpa_sets: list[dict], peer_names: Sequence[str],
                    ceiling_tflops: float | None, rep_ms: float, warmup_ms: float,
-                   deterministic: bool = False) -> dict[str, dict]:
+                   deterministic: bool = False, candidate_knobs: dict[str, str] | None = None) -> dict[str, dict]:
     """Measure one configuration in every mode. ``pts`` maps mode -> that mode's grid point (same
-    configuration); each is filled in place (:mod:`.report` point format, plus ``grad_diff``)."""
+    configuration); each is filled in place (:mod:`.report` point format, plus ``grad_diff``, and
+    with ``candidate_knobs`` the :mod:`.candidate` entry)."""
     import torch
     import torch.nn.functional as F
     import ferroattn
     from . import peers as peers_mod
+    from ..knobs import override
 
     p0 = next(iter(pts.values()))
     causal = p0["causal"]
@@ -169,6 +171,21 @@ def measure_config(pts: dict[str, dict], ours_sets: list[dict], sdpa_sets: list[
     except Exception as e:
         for p in pts.values():
             p["ours_error"] = _err(e)
+    if candidate_knobs:
+        try:
+            with override(**candidate_knobs):
+                rc = time_impl(ours_fwd, ours_sets, rep_ms, warmup_ms)
+            diff = None if ours_grads is None else max(
+                float((a.float() - b.float()).abs().max()) for a, b in zip(rc["grads"], ours_grads))
+            del rc["grads"]
+            for mode, p in pts.items():
+                if isinstance(rc[mode], BaseException):
+                    p["candidate_error"] = _err(rc[mode])
+                else:
+                    p["candidate"] = candidate.entry(p["ours"], rc[mode], p["flops"], diff)
+        except Exception as e:
+            for p in pts.values():
+                p["candidate_error"] = _err(e)
 
     def peer_fwd(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -213,8 +230,10 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
         head_dims: Sequence[int] | None = None, seqlens: Sequence[int] | None = None,
         rep_ms: float | None = None, time_budget_s: float | None = None,
         peer_names: Sequence[str] = DEFAULT_PEERS, deterministic: bool = False,
-        printer: Callable[[str], None] = print) -> tuple[dict, int]:
-    """Run the backward benchmark; return (result dict, exit code). Needs a CUDA GPU."""
+        printer: Callable[[str], None] = print,
+        candidate_knobs: dict[str, str] | None = None) -> tuple[dict, int]:
+    """Run the backward benchmark; return (result dict, exit code). Needs a CUDA GPU.
+    ``candidate_knobs``: ours measured again under these tuning knobs (:mod:`.candidate`)."""
     import torch
     from . import ceilings
 
@@ -249,6 +268,8 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             "ceilings": ceil,
             "points": by_mode,
             "summary": report.summarize_backward(by_mode, ref_peer=ref_peer),
+            "candidate": None if not candidate_knobs else
+            {mode: candidate.summarize(by_mode[mode], candidate_knobs) for mode in MODES},
         }
 
     bar = attention._progress(n_cfg)
@@ -273,7 +294,8 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             bar.update(len(cfgs))
             continue
         for c in cfgs:
-            measure_config(c, ours_sets, sdpa_sets, peer_names, ceiling_tflops, rep, warm, deterministic)
+            measure_config(c, ours_sets, sdpa_sets, peer_names, ceiling_tflops, rep, warm, deterministic,
+                           candidate_knobs)
             errs = [p.get("ours_error") for p in c.values()]
             if any(attention._is_fatal(e) for e in errs):
                 fatal = "skipped after a fatal CUDA error in ours: " + next(e for e in errs if attention._is_fatal(e))[:200]
@@ -296,6 +318,8 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
     printer(report.format_per_config(summary, peer_names))
     printer(f"raw JSON: {path}")
     printer(report.format_summary_backward(summary, ceil))
+    for mode in MODES if candidate_knobs else ():
+        printer(candidate.format_summary(final["candidate"][mode], report.MODE_TITLES[mode]))
     failed = sum(s["n_ours_failed"] for s in summary["modes"].values())
     measured = sum(s["n_measured"] for s in summary["modes"].values())
     code = 0 if failed == 0 and measured > 0 and not fatal else 1
@@ -304,10 +328,14 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
 
 def main_from_args(args: argparse.Namespace) -> int:
     """``bench attention --backward``: validate the arguments (exit 2), check for a GPU (exit 3), run."""
+    code, knobs = candidate.from_args("ferroattn bench attention --backward", args)
+    if code is not None:
+        return code
     code, peer_names, dtypes = attention.check_args("ferroattn bench attention --backward", args, DEFAULT_PEERS,
                                                      grid)
     if code is not None:
         return code
     _, code = run(args.quick, args.out, dtypes, args.head_dims, args.seqlens, args.rep_ms,
-                  args.time_budget_s, peer_names, deterministic=bool(getattr(args, "deterministic", False)))
+                  args.time_budget_s, peer_names, deterministic=bool(getattr(args, "deterministic", False)),
+                  candidate_knobs=knobs)
     return code

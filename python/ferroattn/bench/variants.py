@@ -539,6 +539,9 @@ def main_from_args(args: argparse.Namespace) -> int:
     if args.head_dims:
         print(f"{prog}: --head-dims: the variant grid is fixed at d={HEAD_DIM}, h={HEADS}", file=sys.stderr)
         return 2
+    if getattr(args, "candidate", None) is not None:
+        print(f"{prog}: --candidate: only for the plain grid (forward or --backward)", file=sys.stderr)
+        return 2
     try:
         names = parse_variants(args.variants)
     except ValueError as e:

@@ -11,7 +11,7 @@ use crate::ops::attention::{launch_shape, AttnFwdParams, Problem, VariantKind, K
 use crate::tensor::TensorView;
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::attention::AttnFwdConfig;
-use crate::tuning::attention_sm90::{fwd_config, BLOCK_M};
+use crate::tuning::attention_sm90::{fwd_config, FwdForm, BLOCK_M};
 use crate::tuning::knobs::FamilyChoice;
 
 /// Mirror of `struct AttnFwdSm90Params` in kernels/attention/fwd_sm90.cuh (change both
@@ -80,6 +80,7 @@ pub fn prepare(
     kind: VariantKind,
     arch: Arch,
     family: FamilyChoice,
+    form: FwdForm,
     q: &TensorView,
     k: &TensorView,
     v: &TensorView,
@@ -89,7 +90,7 @@ pub fn prepare(
     if !supports(p, arch, family) {
         return Ok(None);
     }
-    let Some(config) = fwd_config(p.head_dim as u32, kind, p.dtype, arch) else { return Ok(None) };
+    let Some(config) = fwd_config(p.head_dim as u32, kind, p.dtype, arch, form) else { return Ok(None) };
     let maps = (|| -> Result<_> {
         Ok((
             map("q", q, p.dtype, BLOCK_M)?,
@@ -127,6 +128,7 @@ impl Prepared {
 mod tests {
     use super::*;
     use std::mem::{align_of, offset_of, size_of};
+    use crate::tuning::attention::KvRelease;
 
     #[test]
     fn params_layout_matches_the_kernel() {
@@ -176,18 +178,22 @@ mod tests {
             if filter.as_deref().is_some_and(|f| f != hd.to_string()) {
                 continue;
             }
-            let c = fwd_config(hd, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a).unwrap();
-            crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
+            for kv_release in [KvRelease::Together, KvRelease::Separate] {
+                let form = FwdForm { kv_release, ..FwdForm::default() };
+                let c = fwd_config(hd, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, form).unwrap();
+                crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
+            }
         }
     }
 
-    /// Every production sm90 configuration compiles without spills (36 NVRTC compiles;
+    /// Every production sm90 configuration and its A/B candidate form compile without spills (72 NVRTC compiles;
     /// `python -m ferroattn precompile --check-spills` covers it with the other families).
     #[test]
     #[ignore]
     fn sm90_fwd_production_specs_compile_without_spills() {
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
-        let specs = crate::tuning::attention_sm90::fwd_production_configs(Arch::Sm90a);
+        let mut specs = crate::tuning::attention_sm90::fwd_production_configs(Arch::Sm90a);
+        specs.extend(crate::tuning::attention_sm90::fwd_candidate_configs(Arch::Sm90a));
         crate::jit::nvrtc::tests::assert_compile_without_spills(&specs);
     }
 }

@@ -167,7 +167,7 @@ impl AttnSizes {
                 let zeroed = if deterministic { 0.0 } else { self.accum() };
                 self.work(0.0, 2.0 * self.q_like() + self.row_stat() + zeroed)
             }
-            BwdKind::DkDvSm90 => self.bwd(BwdKind::DkDv { dk: true, dv: true, dq: true }, window, deterministic),
+            BwdKind::DkDvSm90 { .. } => self.bwd(BwdKind::DkDv { dk: true, dv: true, dq: true }, window, deterministic),
             BwdKind::DkDv { dk, dv, dq } => {
                 let ds = dk || dq;
                 let products = 1 + [ds, dv, dk, dq].iter().filter(|&&b| b).count() as u64;

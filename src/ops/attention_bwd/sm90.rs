@@ -40,11 +40,12 @@ pub fn prepare(
     deterministic: bool,
     arch: Arch,
     family: FamilyChoice,
+    dq_overlap: bool,
 ) -> Option<(Vec<AttnBwdConfig>, [TensorMap; 4])> {
     if !supports(p, family) {
         return None;
     }
-    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family)?;
+    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap)?;
     let maps = (|| -> Result<_> {
         Ok([
             map("q", t.q, p.dtype, 64)?,
@@ -122,8 +123,10 @@ mod tests {
             if filter.as_deref().is_some_and(|f| f != hd.to_string()) {
                 continue;
             }
-            let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a);
-            crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
+            for dq_overlap in [false, true] {
+                let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a, dq_overlap);
+                crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
+            }
         }
     }
 
@@ -135,7 +138,7 @@ mod tests {
         use crate::tuning::attention_bwd::{bwd_production_configs, BwdKind};
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
         let specs: Vec<_> =
-            bwd_production_configs(Arch::Sm90a).into_iter().filter(|c| c.kind == BwdKind::DkDvSm90).collect();
+            bwd_production_configs(Arch::Sm90a).into_iter().filter(|c| matches!(c.kind, BwdKind::DkDvSm90 { .. })).collect();
         crate::jit::nvrtc::tests::assert_compile_without_spills(&specs);
     }
 }

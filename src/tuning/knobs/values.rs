@@ -2,6 +2,7 @@
 //! environment variable or `set_tuning_knob` argument and written back (`text` of a parsed value
 //! parses to the same value). Empty text is the knob's default (handled by `knobs::parse_knob`).
 
+use crate::tuning::attention::KvRelease;
 use crate::tuning::gemm::{parse_tile, StreamK, WmmaTile};
 use crate::tuning::gemm_sm90::{Schedule, SchedulePolicy};
 use crate::tuning::grid::GridPolicy;
@@ -51,6 +52,46 @@ impl Named for FamilyChoice {
     const EXPECTED: &'static str = "one of auto, sm80, sm90";
     const NAMES: &'static [(Self, &'static [&'static str])] =
         &[(FamilyChoice::Auto, &["auto"]), (FamilyChoice::Sm80, &["sm80"]), (FamilyChoice::Sm90, &["sm90"])];
+}
+
+impl Named for KvRelease {
+    const EXPECTED: &'static str = "one of together, separate";
+    const NAMES: &'static [(Self, &'static [&'static str])] =
+        &[(KvRelease::Together, &["together"]), (KvRelease::Separate, &["separate"])];
+}
+
+/// A ring depth: the tile rule's (`Auto`) or a forced number of slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RingStages {
+    #[default]
+    Auto,
+    Fixed(u32),
+}
+
+impl RingStages {
+    /// The forced depth, if any.
+    pub fn forced(self) -> Option<u32> {
+        match self {
+            RingStages::Auto => None,
+            RingStages::Fixed(n) => Some(n),
+        }
+    }
+}
+
+impl KnobValue for RingStages {
+    const EXPECTED: &'static str = "auto or an integer in 2..=8";
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "auto" => Some(RingStages::Auto),
+            t => t.parse::<u32>().ok().filter(|n| (2..=8).contains(n)).map(RingStages::Fixed),
+        }
+    }
+    fn text(&self) -> String {
+        match self {
+            RingStages::Auto => "auto".into(),
+            RingStages::Fixed(n) => n.to_string(),
+        }
+    }
 }
 
 /// An on / off switch.
@@ -252,6 +293,8 @@ mod tests {
     fn every_value_type_round_trips_and_rejects_bad_text() {
         round_trip(&[FamilyChoice::Auto, FamilyChoice::Sm80, FamilyChoice::Sm90], &["hopper", "SM80"]);
         round_trip(&[true, false], &["yes", "2", "true"]);
+        round_trip(&[KvRelease::Together, KvRelease::Separate], &["split", "1"]);
+        round_trip(&[RingStages::Auto, RingStages::Fixed(2), RingStages::Fixed(8)], &["1", "9", "0", "x"]);
         round_trip(&[RasterGroup(1), RasterGroup(8), RasterGroup(4096)], &["0", "4097", "x", "-1"]);
         round_trip(
             &[SchedulePolicy::ByK, SchedulePolicy::Fixed(Schedule::Cooperative), SchedulePolicy::Fixed(Schedule::PingPong),

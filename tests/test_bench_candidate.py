@@ -1,0 +1,137 @@
+"""CPU tests of the A/B candidate of ``bench attention`` (python/ferroattn/bench/candidate.py): the
+``--candidate`` list, its checks before any GPU work, and the forward / backward measurements with a
+fake kernel that reads the knob it is measured under (so the candidate provably ran under its knobs
+and ours did not), with the knobs restored after."""
+from __future__ import annotations
+
+import pytest
+
+import ferroattn.__main__ as cli
+import ferroattn._native as native
+from ferroattn.bench import attention, attention_bwd, candidate, report, timing
+
+KNOB = "attn_sm90_fwd_kv_release"
+
+
+def test_parse_accepts_lists_and_rejects_malformed_ones():
+    assert candidate.parse("a=1") == {"a": "1"}
+    assert candidate.parse(" a = 1 , b=x,") == {"a": "1", "b": "x"}
+    assert candidate.parse("a=") == {"a": ""}
+    for bad, needle in [("", "expected name=value"), ("a", "'a'"), ("=1", "'=1'"), ("a=1,a=2", "twice")]:
+        with pytest.raises(ValueError, match=needle):
+            candidate.parse(bad)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bench", "attention", "--candidate", "nope=1"], "nope"),
+    (["bench", "attention", "--candidate", f"{KNOB}=sideways"], "sideways"),
+    (["bench", "attention", "--backward", "--candidate", "a"], "expected name=value"),
+    (["bench", "attention", "--variants", "--candidate", f"{KNOB}=separate"], "only for the plain grid"),
+])
+def test_bad_candidates_exit_2_before_any_gpu_work(argv, needle, capsys):
+    before = native.tuning_knobs()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--candidate" in err and needle in err, err
+    assert native.tuning_knobs() == before
+
+
+def test_a_good_candidate_is_checked_and_leaves_the_knobs_as_they_were():
+    before = native.tuning_knobs()
+    assert candidate.from_args("p", type("A", (), {"candidate": f"{KNOB}=separate"})()) == (None, {KNOB: "separate"})
+    assert candidate.from_args("p", type("A", (), {"candidate": None})()) == (None, None)
+    assert native.tuning_knobs() == before
+
+
+def _timed_by_knob(ms_default: float, ms_candidate: float):
+    """A fake bench_gpu that runs fn a few times and reports the time of the knob it runs under."""
+    def bench(fn, rep_ms=0.0, warmup_ms=0.0):
+        for _ in range(2):
+            fn()
+        return ms_candidate if native.tuning_knobs()[KNOB] == "separate" else ms_default
+    return bench
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+    import ferroattn
+
+    seen = []
+
+    def fake_fa(q, k, v, causal=False, deterministic=False):
+        seen.append(native.tuning_knobs()[KNOB])
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal).transpose(1, 2)
+        # the candidate's output differs by a known amount, which its max_abs_diff must report
+        return out + 0.25 if seen[-1] == "separate" else out
+
+    monkeypatch.setattr(ferroattn, "flash_attn_func", fake_fa, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    return seen
+
+
+def test_forward_point_measures_the_candidate_under_its_knobs(fakes, monkeypatch):
+    import torch
+    monkeypatch.setattr(timing, "bench_gpu", _timed_by_knob(2.0, 1.6))
+    b, s, h, d = 1, 32, 2, 64
+    ours = [tuple(torch.randn(b, s, h, d) for _ in range(3)) for _ in range(2)]
+    sdpa = [tuple(x.transpose(1, 2).contiguous() for x in t) for t in ours]
+    p = {"dtype": "bf16", "causal": True, "head_dim": d, "heads": h, "seqlen": s, "batch": b,
+         "flops": report.fwd_flops(b, h, s, s, d, True)}
+    before = native.tuning_knobs()
+    attention.measure_point(p, ours, sdpa, ["math"], None, 1.0, 1.0, candidate_knobs={KNOB: "separate"})
+    assert native.tuning_knobs() == before
+    assert "together" in fakes and "separate" in fakes
+    c = p["candidate"]
+    assert c["ms"] == 1.6 and c["speedup"] == pytest.approx(2.0 / 1.6)
+    assert c["max_abs_diff"] == pytest.approx(0.25, abs=1e-6)
+    assert p["ours"]["ms"] == 2.0 and p["ratio"]["math"] is not None
+    s = candidate.summarize([p], {KNOB: "separate"})
+    assert s["median_speedup"] == s["min_speedup"] == s["max_speedup"] == pytest.approx(1.25)
+    assert s["n"] == 1 and s["n_failed"] == 0 and s["min_at"] == report.point_label(p)
+    assert "1.250" in candidate.format_summary(s) and KNOB in candidate.format_summary(s)
+    assert candidate.summarize([p], None) is None
+
+
+def test_forward_point_records_a_failing_candidate(fakes, monkeypatch):
+    import torch
+    import ferroattn
+    real = ferroattn.flash_attn_func
+
+    def fails_under_the_knob(*a, **k):
+        if native.tuning_knobs()[KNOB] == "separate":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(*a, **k)
+    monkeypatch.setattr(ferroattn, "flash_attn_func", fails_under_the_knob, raising=False)
+    monkeypatch.setattr(timing, "bench_gpu", _timed_by_knob(2.0, 1.0))
+    ours = [tuple(torch.randn(1, 16, 2, 64) for _ in range(3))]
+    sdpa = [tuple(x.transpose(1, 2).contiguous() for x in t) for t in ours]
+    p = {"dtype": "bf16", "causal": False, "head_dim": 64, "heads": 2, "seqlen": 16, "batch": 1,
+         "flops": report.fwd_flops(1, 2, 16, 16, 64, False)}
+    attention.measure_point(p, ours, sdpa, [], None, 1.0, 1.0, candidate_knobs={KNOB: "separate"})
+    assert p["ours"]["ms"] == 2.0 and "illegal memory access" in p["candidate_error"] and "candidate" not in p
+    assert candidate.summarize([p], {KNOB: "separate"})["n_failed"] == 1
+
+
+def test_backward_config_measures_the_candidate_in_both_modes(fakes, monkeypatch):
+    import torch
+    monkeypatch.setattr(timing, "bench_gpu", _timed_by_knob(3.0, 2.0))
+    b, s, h, d = 1, 32, 2, 64
+    ours, sdpa = [], []
+    for _ in range(2):
+        q, k, v, do = (torch.randn(b, s, h, d) for _ in range(4))
+        ours.append({"q": q.requires_grad_(), "k": k.requires_grad_(), "v": v.requires_grad_(), "dout": do})
+        t = [x.detach().transpose(1, 2).contiguous() for x in (q, k, v, do)]
+        sdpa.append({"q": t[0].requires_grad_(), "k": t[1].requires_grad_(), "v": t[2].requires_grad_(), "dout": t[3]})
+    pts = {m: {"mode": m, "dtype": "bf16", "causal": True, "head_dim": d, "heads": h, "seqlen": s, "batch": b,
+               "flops": attention_bwd.FLOPS[m](b, h, s, s, d, True)} for m in attention_bwd.MODES}
+    before = native.tuning_knobs()
+    attention_bwd.measure_config(pts, ours, sdpa, [], None, 1.0, 1.0, candidate_knobs={KNOB: "separate"})
+    assert native.tuning_knobs() == before
+    for p in pts.values():
+        assert p["ours"]["ms"] == 3.0
+        assert p["candidate"]["ms"] == 2.0 and p["candidate"]["speedup"] == pytest.approx(1.5)
+        # the fake's +0.25 is a constant: it has no gradient, so the candidate's gradients equal ours
+        assert p["candidate"]["max_abs_diff"] == pytest.approx(0.0, abs=1e-5)
