@@ -176,7 +176,9 @@ def test_knob_rejects_malformed_values():
 #: the pipeline forms an A/B run measures against the default (tuning knobs, docs/DEVELOPING.md):
 #: they change when the K/V ring's slots are loaded and freed, never the arithmetic
 FWD_FORMS = [{"attn_sm90_fwd_kv_release": "separate"}, {"attn_sm90_fwd_stages": "3"},
-             {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_stages": "3"}]
+             {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_stages": "3"},
+             {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_persistent": "1"},
+             {"attn_sm90_fwd_persistent": "1"}]
 
 
 @pytest.mark.parametrize("form", FWD_FORMS, ids=lambda f: "+".join(f"{k[14:]}={v}" for k, v in f.items()))
@@ -188,6 +190,8 @@ FWD_FORMS = [{"attn_sm90_fwd_kv_release": "separate"}, {"attn_sm90_fwd_stages": 
     (128, (2, 200, 300, 4, 2), dict(dropout_p=0.17, causal=True)),
     (256, (2, 333, 517, 4, 2), dict(causal=True, softcap=20.0)),
     (96, (1, 64, 2000, 8, 2), dict()),                         # many key tiles through a short ring
+    (64, (37, 300, 300, 6, 3), dict(causal=True)),            # (persistent) 666 tiles: several rounds, a partial last
+    (256, (5, 129, 257, 3, 1), dict(dropout_p=0.1)),         # (persistent) O staged in the Q tile
 ], ids=lambda x: str(x) if not isinstance(x, dict) else ",".join(x))
 def test_pipeline_forms_give_the_default_forms_bits(form, d, shape, kw):
     from ferroattn.knobs import override
@@ -210,5 +214,10 @@ def test_pipeline_forms_give_the_default_forms_bits(form, d, shape, kw):
         assert all(c.endswith(", true>") for c in cand), cand
     if form.get("attn_sm90_fwd_stages") == "3" and d in (96, 128):   # 3 slots fit at d 128 (2 by default)
         assert all(c.startswith("ferroattn::attn_fwd_sm90<128, 128, 3,") for c in cand), cand
+    if form.get("attn_sm90_fwd_persistent") == "1":
+        assert all(c.endswith(", true>") and c.count("true") >= 1 for c in cand), cand
+        grids = [r["grid"] for r in recs2 if r["kernel"] == "attn_fwd_sm90"]
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert all(g[1] == g[2] == 1 and g[0] <= sms for g in grids), grids
     assert torch.equal(out, out2), (out.float() - out2.float()).abs().max()
     assert torch.equal(lse, lse2)

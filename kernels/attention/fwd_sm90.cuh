@@ -69,7 +69,7 @@ struct AttnFwdSm90Params {
 };
 
 // Shared-memory map of attn_fwd_sm90 (offsets from the 1024-aligned base).
-template <int HeadDim, int BlockN, int Stages, bool KvSeparate = false>
+template <int HeadDim, int BlockN, int Stages, bool KvSeparate = false, bool Persistent = false>
 struct AttnSm90Smem {
     // Enumerators, not static constexpr members: NVRTC emits the latter as .global variables.
     enum : unsigned {
@@ -78,8 +78,12 @@ struct AttnSm90Smem {
         kQBytes = kChunks * kQChunk,
         kKVChunk = BlockN * 128u,              // BlockN rows x 64 elements
         kKVBytes = kChunks * kKVChunk,         // one ring slot of K (or V)
-        kBars = kQBytes + 2u * Stages * kKVBytes,
-        kNumBars = 1u + (KvSeparate ? 4u : 3u) * Stages,
+        // Persistent: O is staged in its own tile where it fits (head dim <= 128), so the next
+        // tile's Q loads while this one's O is stored; else in the Q tile as without Persistent.
+        kOwnO = Persistent && HeadDim <= 128 ? 1u : 0u,
+        kOOff = kQBytes + 2u * Stages * kKVBytes,
+        kBars = kOOff + kOwnO * kQBytes,
+        kNumBars = 1u + (KvSeparate ? 4u : 3u) * Stages + (Persistent ? 1u : 0u),
         kTotal = kBars + 8u * kNumBars + 1024u,
     };
     unsigned base;
@@ -93,12 +97,20 @@ struct AttnSm90Smem {
     __device__ __forceinline__ unsigned v_full(int s) const { return base + kBars + 8u * (1 + Stages + s); }
     __device__ __forceinline__ unsigned empty(int s) const { return base + kBars + 8u * (1 + 2 * Stages + s); }
     __device__ __forceinline__ unsigned v_empty(int s) const { return base + kBars + 8u * (1 + 3 * Stages + s); }
+    __device__ __forceinline__ unsigned q_empty() const { return base + kBars + 8u * (kNumBars - 1); }
+    // Where O is staged for its TMA store.
+    __device__ __forceinline__ unsigned o() const { return kOwnO ? base + kOOff : base; }
 };
 
-template <int HeadDim, int BlockN, int Stages, class V, typename T, bool KvSeparate = false>
+// One output tile: query rows [128 m_block, + 128) of query head `head` of batch entry `batch`.
+struct AttnSm90Tile {
+    int m_block, head, batch;
+};
+
+template <int HeadDim, int BlockN, int Stages, class V, typename T, bool KvSeparate = false, bool Persistent = false>
 __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ AttnFwdSm90Params P) {
     using namespace sm90;
-    using Sm = AttnSm90Smem<HeadDim, BlockN, Stages, KvSeparate>;
+    using Sm = AttnSm90Smem<HeadDim, BlockN, Stages, KvSeparate, Persistent>;
     using Tr = DTypeTraits<T>;
     using Drop = attn_variant::DropoutMask<V>;
     constexpr int BlockM = 128;
@@ -119,19 +131,41 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     // Warp-uniform role index (see kernels/gemm/sm90.cuh).
     const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
     const int tid = threadIdx.x % 128;
-    const int m_block = V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
-                                   : static_cast<int>(blockIdx.x);
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
     const int seqlen_q = p.seqlen_q;
     const int seqlen_k = p.seqlen_k;
-    const int m_start = m_block * BlockM;
     const attn_variant::RowKeys<V> rk(p, seqlen_q, seqlen_k);
-    const int n_end = rk.end(min(m_start + BlockM, seqlen_q));
-    const int n_begin = rk.begin(m_start);
-    const int n_blocks = (n_end + BlockN - 1) / BlockN;
-    const int j_first = n_begin / BlockN;
-    const int n_iter = n_end > n_begin ? n_blocks - j_first : 0;
+    // The tiles in grid order: m blocks fastest (reversed for causal masks: heaviest first), then
+    // heads, then batch entries. Without Persistent the block's own; with it, the block takes tile
+    // r * gridDim.x + blockIdx.x in even rounds r and r * gridDim.x + gridDim.x - 1 - blockIdx.x
+    // in odd ones (a snake over consecutive tiles: the causal weights of a block's rounds pair up,
+    // and the tiles in flight together share their heads' K/V in L2).
+    const int n_m = (seqlen_q + BlockM - 1) / BlockM;
+    auto tile_of = [&](int x, int head, int batch) {
+        return AttnSm90Tile{V::kCausal ? n_m - 1 - x : x, head, batch};
+    };
+    [[maybe_unused]] const long long num_tiles = static_cast<long long>(n_m) * p.num_heads * p.batch;
+    // (Persistent) the block's tile of round r, false past the last.
+    [[maybe_unused]] auto round_tile = [&](int r, AttnSm90Tile& tl) {
+        const long long pos = (r & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+        const long long tix = static_cast<long long>(r) * gridDim.x + pos;
+        if (tix >= num_tiles) return false;
+        const int t32 = static_cast<int>(tix);
+        tl = tile_of(t32 % n_m, (t32 / n_m) % p.num_heads, t32 / n_m / p.num_heads);
+        return true;
+    };
+    const AttnSm90Tile block_tile{V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x),
+                                  static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+    // A tile's key tiles: those holding [n_begin, n_end) that some row of it sees.
+    struct Geom {
+        int m_start, n_blocks, n_iter;
+    };
+    auto geom = [&](const AttnSm90Tile& tl) {
+        const int m_start = tl.m_block * BlockM;
+        const int n_end = rk.end(min(m_start + BlockM, seqlen_q));
+        const int n_begin = rk.begin(m_start);
+        const int n_blocks = (n_end + BlockN - 1) / BlockN;
+        return Geom{m_start, n_blocks, n_end > n_begin ? n_blocks - n_begin / BlockN : 0};
+    };
 
     if (threadIdx.x == 0) {
         mbar_init(sm.q_full(), 1);
@@ -142,6 +176,10 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             mbar_init(sm.empty(s), 8);
             if constexpr (KvSeparate) mbar_init(sm.v_empty(s), 8);
         }
+        // Persistent: Q free for the next tile. Own O tile: lane 0 of each consumer warp after the
+        // tile's last S = Q K^T; O in the Q tile: thread 0 of each consumer warpgroup once its O
+        // store has read it.
+        if constexpr (Persistent) mbar_init(sm.q_empty(), Sm::kOwnO ? 8 : 2);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -153,46 +191,60 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             tma_prefetch_map(&P.tma_q);
             tma_prefetch_map(&P.tma_k);
             tma_prefetch_map(&P.tma_v);
-            const int head_k = head / (p.num_heads / p.num_heads_k);
-            mbar_expect_tx(sm.q_full(), Sm::kQBytes);
-#pragma unroll
-            for (int c = 0; c < Sm::kChunks; ++c)
-                tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, m_start, head, batch);
-            // Tile it (the it-th loaded: key tile n_blocks - 1 - it) uses ring slot `stage` in
-            // `phase` for K and V alike. KvSeparate loads K one tile ahead of V.
-            auto load_k = [&](int s, unsigned ph, int it) {
-                mbar_wait(sm.empty(s), ph ^ 1u);
-                mbar_expect_tx(sm.k_full(s), Sm::kKVBytes);
-#pragma unroll
-                for (int c = 0; c < Sm::kChunks; ++c)
-                    tma_load_4d(sm.k(s) + c * Sm::kKVChunk, &P.tma_k, sm.k_full(s), c * 64,
-                                (n_blocks - 1 - it) * BlockN, head_k, batch);
-            };
-            auto load_v = [&](int s, unsigned ph, int it) {
-                if constexpr (KvSeparate) mbar_wait(sm.v_empty(s), ph ^ 1u);   // else load_k waited
-                mbar_expect_tx(sm.v_full(s), Sm::kKVBytes);
-#pragma unroll
-                for (int c = 0; c < Sm::kChunks; ++c)
-                    tma_load_4d(sm.v(s) + c * Sm::kKVChunk, &P.tma_v, sm.v_full(s), c * 64,
-                                (n_blocks - 1 - it) * BlockN, head_k, batch);
-            };
+            // Key tile it of a tile (the it-th loaded: key tile n_blocks - 1 - it) uses ring slot
+            // `stage` in `phase` for K and V alike; the ring runs on across a block's tiles.
+            // KvSeparate loads K one key tile ahead of V.
             int stage = 0;
             unsigned phase = 0;
-            if constexpr (KvSeparate) {
-                if (n_iter > 0) load_k(0, 0u, 0);
-            }
-            for (int it = 0; it < n_iter; ++it) {
+            [[maybe_unused]] unsigned q_phase = 0;
+            auto produce = [&](const AttnSm90Tile& tl) {
+                const Geom gm = geom(tl);
+                const int head = tl.head, batch = tl.batch, n_blocks = gm.n_blocks, n_iter = gm.n_iter;
+                const int head_k = head / (p.num_heads / p.num_heads_k);
+                if constexpr (Persistent) mbar_wait(sm.q_empty(), q_phase ^ 1u);
+                mbar_expect_tx(sm.q_full(), Sm::kQBytes);
+#pragma unroll
+                for (int c = 0; c < Sm::kChunks; ++c)
+                    tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, gm.m_start, head, batch);
+                auto load_k = [&](int s, unsigned ph, int it) {
+                    mbar_wait(sm.empty(s), ph ^ 1u);
+                    mbar_expect_tx(sm.k_full(s), Sm::kKVBytes);
+#pragma unroll
+                    for (int c = 0; c < Sm::kChunks; ++c)
+                        tma_load_4d(sm.k(s) + c * Sm::kKVChunk, &P.tma_k, sm.k_full(s), c * 64,
+                                    (n_blocks - 1 - it) * BlockN, head_k, batch);
+                };
+                auto load_v = [&](int s, unsigned ph, int it) {
+                    if constexpr (KvSeparate) mbar_wait(sm.v_empty(s), ph ^ 1u);   // else load_k waited
+                    mbar_expect_tx(sm.v_full(s), Sm::kKVBytes);
+#pragma unroll
+                    for (int c = 0; c < Sm::kChunks; ++c)
+                        tma_load_4d(sm.v(s) + c * Sm::kKVChunk, &P.tma_v, sm.v_full(s), c * 64,
+                                    (n_blocks - 1 - it) * BlockN, head_k, batch);
+                };
                 if constexpr (KvSeparate) {
-                    const int next = stage + 1 == Stages ? 0 : stage + 1;
-                    if (it + 1 < n_iter) load_k(next, next == 0 ? phase ^ 1u : phase, it + 1);
-                } else {
-                    load_k(stage, phase, it);
+                    if (n_iter > 0) load_k(stage, phase, 0);
                 }
-                load_v(stage, phase, it);
-                if (++stage == Stages) {
-                    stage = 0;
-                    phase ^= 1u;
+                for (int it = 0; it < n_iter; ++it) {
+                    if constexpr (KvSeparate) {
+                        const int next = stage + 1 == Stages ? 0 : stage + 1;
+                        if (it + 1 < n_iter) load_k(next, next == 0 ? phase ^ 1u : phase, it + 1);
+                    } else {
+                        load_k(stage, phase, it);
+                    }
+                    load_v(stage, phase, it);
+                    if (++stage == Stages) {
+                        stage = 0;
+                        phase ^= 1u;
+                    }
                 }
+                q_phase ^= 1u;
+            };
+            if constexpr (Persistent) {
+                AttnSm90Tile tl;
+                for (int r = 0; round_tile(r, tl); ++r) produce(tl);
+            } else {
+                produce(block_tile);
             }
         }
         return;
@@ -205,13 +257,26 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     const int lane = tid % 32;
     const int g = lane / 4;
     const int t = lane % 4;
-    const int wg_m0 = m_start + cw * 64;
-    const int row0 = wg_m0 + warp * 16 + g;   // this thread's rows: row0 (h = 0), row0 + 8 (h = 1)
-
     const unsigned long long dq = wgmma_desc(sm.q() + cw * 8192u, 16u, 1024u);
     const unsigned long long dk0 = wgmma_desc(sm.k(0), 16u, 1024u);
     const unsigned long long dv0 = wgmma_desc(sm.v(0), Sm::kKVChunk, 1024u);
 
+    const float scale_log2 = p.softmax_scale_log2;
+    // The ring position and the Q phase run on across a block's tiles (Persistent).
+    int stage = 0;
+    unsigned phase = 0;
+    unsigned q_phase = 0;
+    // Ping-pong turns (below): with Persistent the opening pass is made once per block; each tile
+    // with key tiles then runs n_iter + 1 turns per warpgroup, and warpgroup 1's last arrival of a
+    // tile opens warpgroup 0's first turn of the next.
+    if constexpr (Persistent) {
+        if (cw == 1) named_barrier_arrive(3, 256);
+    }
+    auto consume = [&](const AttnSm90Tile& tl) {
+    const Geom gm = geom(tl);
+    const int head = tl.head, batch = tl.batch, m_start = gm.m_start, n_blocks = gm.n_blocks, n_iter = gm.n_iter;
+    const int wg_m0 = m_start + cw * 64;
+    const int row0 = wg_m0 + warp * 16 + g;   // this thread's rows: row0 (h = 0), row0 + 8 (h = 1)
     float acc_o[HeadDim / 2];
 #pragma unroll
     for (int i = 0; i < HeadDim / 2; ++i) acc_o[i] = 0.f;
@@ -228,7 +293,6 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     }
     const attn_variant::ScoreMod<V> smod(p, head, batch, seqlen_q, seqlen_k);
     const Drop drop(p, head, batch);
-    const float scale_log2 = p.softmax_scale_log2;
 
     // S = Q K^T of ring slot s into acc (overwritten).
     auto issue_qk = [&](float (&acc)[BlockN / 2], int s) {
@@ -371,14 +435,21 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         }
     };
 
-    mbar_wait(sm.q_full(), 0u);
+    mbar_wait(sm.q_full(), q_phase);
+    q_phase ^= 1u;
+    // (Persistent, own O tile) Q of this tile is no longer read: the next tile's may load.
+    [[maybe_unused]] auto release_q = [&]() {
+        if constexpr (Persistent && Sm::kOwnO) {
+            if (lane == 0) mbar_arrive(sm.q_empty());
+        }
+    };
     if (n_iter > 0) {
-        if (cw == 1) turn_pass();
+        if constexpr (!Persistent) {
+            if (cw == 1) turn_pass();
+        }
         float acc_s[BlockN / 2];
         unsigned pa[KP][4];
         float corr[2];
-        int stage = 0;
-        unsigned phase = 0;
         int j = n_blocks - 1;
         mbar_wait(sm.k_full(stage), phase);
         turn_wait();
@@ -391,6 +462,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         if constexpr (KvSeparate) {
             if (lane == 0) mbar_arrive(sm.empty(stage));   // K of this slot is no longer read
         }
+        if (n_iter == 1) release_q();
         {
             float pf[BlockN / 2];
             softmax(acc_s, j, corr, pf);   // O is 0: corr is not needed
@@ -422,6 +494,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             if constexpr (KvSeparate) {
                 if (lane == 0) mbar_arrive(sm.empty(stage));   // K of this slot is no longer read
             }
+            if (it + 1 == n_iter) release_q();
             float pf[BlockN / 2];
             softmax(acc_s, j, corr, pf);
             wgmma_wait<0>();
@@ -448,6 +521,12 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         wgmma_wait<0>();
         fence_accumulators(acc_o);
         if (lane == 0) mbar_arrive(KvSeparate ? sm.v_empty(stage) : sm.empty(stage));
+        if (++stage == Stages) {   // the ring's next slot, for the next tile (Persistent)
+            stage = 0;
+            phase ^= 1u;
+        }
+    } else {
+        release_q();
     }
 
     // ---- epilogue: normalise, LSE, O through this warpgroup's rows of the Q tile, TMA store ----
@@ -468,11 +547,19 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             acc_o[4 * jj + 2 * h + 1] *= inv;
         }
     }
-    if (wg_m0 >= seqlen_q) return;   // uniform over the warpgroup: no row of it is stored
+    const bool store = wg_m0 < seqlen_q;   // uniform over the warpgroup: else no row of it is stored
+    if (!store && !(Persistent && !Sm::kOwnO)) return;
+    if constexpr (Persistent && Sm::kOwnO) {
+        if (tid == 0) bulk_wait_read<0>();   // this warpgroup's previous O store has read the tile
+    }
     named_barrier(1 + cw, 128);      // every warp of the warpgroup is past its last wgmma on Q
+    if (!store) {                    // (Persistent, O in the Q tile)
+        if (tid == 0) mbar_arrive(sm.q_empty());
+        return;
+    }
 #pragma unroll
     for (int jj = 0; jj < DJ; ++jj) {
-        const unsigned chunk = sm.q() + (jj / 8) * Sm::kQChunk;
+        const unsigned chunk = sm.o() + (jj / 8) * Sm::kQChunk;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = cw * 64 + warp * 16 + g + 8 * h;   // tile row
@@ -485,9 +572,22 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     if (tid == 0) {
 #pragma unroll
         for (int c = 0; c < Sm::kChunks; ++c)
-            tma_store_4d(&P.tma_o, sm.q() + c * Sm::kQChunk + cw * 8192u, c * 64, wg_m0, head, batch);
+            tma_store_4d(&P.tma_o, sm.o() + c * Sm::kQChunk + cw * 8192u, c * 64, wg_m0, head, batch);
         bulk_commit();
-        bulk_wait_all();
+        if constexpr (!Persistent) {
+            bulk_wait_all();
+        } else if constexpr (!Sm::kOwnO) {
+            bulk_wait_read<0>();              // the Q tile is read: the next tile's Q may load
+            mbar_arrive(sm.q_empty());
+        }
+    }
+    };
+    if constexpr (Persistent) {
+        AttnSm90Tile tl;
+        for (int r = 0; round_tile(r, tl); ++r) consume(tl);
+        if (tid == 0) bulk_wait_all();   // the last O stores are complete before the block exits
+    } else {
+        consume(block_tile);
     }
 }
 

@@ -603,6 +603,7 @@ pub fn attn_fwd(
     let form = crate::tuning::attention_sm90::FwdForm {
         kv_release: knobs.attn_sm90_fwd_kv_release,
         stages: knobs.attn_sm90_fwd_stages,
+        persistent: knobs.attn_sm90_fwd_persistent,
     };
     if let Some(launch) = sm90::prepare(&p, kind, arch, knobs.attn_fwd_family, form, q, k, v, out, &prm)? {
         // SAFETY: as below; the maps describe the caller's q, k, v and out.

@@ -18,9 +18,9 @@ pub enum AttnFwdFamily {
 /// One specialisation of an attention-forward kernel: the single source of truth for its
 /// template arguments, launch shape and cache key.
 ///   Sm80: `ferroattn::attn_fwd_sm80<HeadDim, BlockM, BlockN, NumWarps, Stages, V, T>`;
-///   Sm90: `ferroattn::attn_fwd_sm90<HeadDim, BlockN, Stages, V, T[, KvSeparate]>` (block_m 128,
-///         12 warps: src/tuning/attention_sm90.rs); `KvSeparate` is rendered, as `true`, only for
-///         `KvRelease::Separate`.
+///   Sm90: `ferroattn::attn_fwd_sm90<HeadDim, BlockN, Stages, V, T[, KvSeparate[, Persistent]]>`
+///         (block_m 128, 12 warps: src/tuning/attention_sm90.rs); `KvSeparate` is rendered only for
+///         `KvRelease::Separate` or `persistent`, `Persistent` only when set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnFwdConfig {
     pub family: AttnFwdFamily,
@@ -39,6 +39,9 @@ pub struct AttnFwdConfig {
     /// How the sm90 kernel's K/V ring releases its slots (`Together` on sm80, where it has no
     /// meaning).
     pub kv_release: KvRelease,
+    /// The sm90 kernel's persistent form: one block per SM walks its share of the output tiles
+    /// (false on sm80).
+    pub persistent: bool,
 }
 
 /// How the sm90 forward's K/V ring releases a slot to the producer (kernels/attention/fwd_sm90.cuh,
@@ -84,8 +87,13 @@ impl AttnFwdConfig {
                 self.stages
             ),
             AttnFwdFamily::Sm90 => {
-                let separate = if self.kv_release == KvRelease::Separate { ", true" } else { "" };
-                format!("{}<{}, {}, {}, {v}, {t}{separate}>", self.kernel(), self.head_dim, self.block_n, self.stages)
+                let separate = self.kv_release == KvRelease::Separate;
+                let tail = match (separate, self.persistent) {
+                    (_, true) => format!(", {separate}, true"),
+                    (true, false) => ", true".to_string(),
+                    (false, false) => String::new(),
+                };
+                format!("{}<{}, {}, {}, {v}, {t}{tail}>", self.kernel(), self.head_dim, self.block_n, self.stages)
             }
         }
     }
@@ -96,15 +104,17 @@ impl AttnFwdConfig {
 
     /// Dynamic shared memory in bytes (the formulas the kernels document and static_assert
     /// against). Sm80: the Q tile plus `stages` K tiles and `stages` V tiles. Sm90: the same
-    /// tiles plus 1 + 3 x stages mbarriers (1 + 4 x stages with `KvRelease::Separate`) and 1 KiB of
-    /// alignment slack (AttnSm90Smem::kTotal).
+    /// tiles plus 1 + 3 x stages mbarriers (1 + 4 x stages with `KvRelease::Separate`; one more when
+    /// persistent) and 1 KiB of alignment slack (AttnSm90Smem::kTotal); persistent at head dims up to
+    /// 128 also an O staging tile of the Q tile's size.
     pub fn smem_bytes(&self) -> u32 {
         let tiles = (self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim) * 2;
         match self.family {
             AttnFwdFamily::Sm80 => tiles,
             AttnFwdFamily::Sm90 => {
                 let per_stage = if self.kv_release == KvRelease::Separate { 4 } else { 3 };
-                tiles + 8 * (1 + per_stage * self.stages) + 1024
+                let own_o = if self.persistent && self.head_dim <= 128 { self.block_m * self.head_dim * 2 } else { 0 };
+                tiles + own_o + 8 * (1 + per_stage * self.stages + u32::from(self.persistent)) + 1024
             }
         }
     }
@@ -151,6 +161,7 @@ pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch)
             dtype,
             arch,
             kv_release: KvRelease::Together,
+            persistent: false,
         };
     // GPUs with less shared memory per block (sm_86/89: 99 KiB) get a shallower K/V pipeline.
     while config.smem_bytes() > arch.max_smem_per_block() && config.stages > 1 {

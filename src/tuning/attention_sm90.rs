@@ -40,11 +40,13 @@ pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32) {
 }
 
 /// The pipeline choices of the sm90 forward that the tuning knobs set (A/B runs): the ring's
-/// release (`attn_sm90_fwd_kv_release`) and its depth (`attn_sm90_fwd_stages`).
+/// release (`attn_sm90_fwd_kv_release`), its depth (`attn_sm90_fwd_stages`) and the persistent
+/// form (`attn_sm90_fwd_persistent`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FwdForm {
     pub kv_release: KvRelease,
     pub stages: RingStages,
+    pub persistent: bool,
 }
 
 /// The sm90 configuration of a call, or None where the kernel has no specialisation (head dim
@@ -67,6 +69,7 @@ pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch,
         dtype,
         arch,
         kv_release: form.kv_release,
+        persistent: form.persistent,
     };
     while c.smem_bytes() > arch.max_smem_per_block() && c.stages > 2 {
         c.stages -= 1;
@@ -80,10 +83,14 @@ pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
     fwd_configs_of_form(arch, FwdForm::default())
 }
 
-/// The production points in the pipeline form an A/B run measures against the default
-/// (`KvRelease::Separate`): `precompile` builds them too, so CI holds them to no spills.
+/// The production points in the pipeline forms an A/B run measures against the default
+/// (`KvRelease::Separate`, alone and persistent): `precompile` builds them too, so CI holds them to
+/// no spills.
 pub fn fwd_candidate_configs(arch: Arch) -> Vec<AttnFwdConfig> {
-    fwd_configs_of_form(arch, FwdForm { kv_release: KvRelease::Separate, ..FwdForm::default() })
+    let separate = FwdForm { kv_release: KvRelease::Separate, ..FwdForm::default() };
+    let mut out = fwd_configs_of_form(arch, separate);
+    out.extend(fwd_configs_of_form(arch, FwdForm { persistent: true, ..separate }));
+    out
 }
 
 fn fwd_configs_of_form(arch: Arch, form: FwdForm) -> Vec<AttnFwdConfig> {
@@ -168,6 +175,24 @@ mod tests {
             assert_eq!(c.kv_release, KvRelease::Separate);
             assert_fits_smem(&c);
         }
-        assert_eq!(fwd_candidate_configs(Arch::Sm90a).len(), fwd_production_configs(Arch::Sm90a).len());
+        assert_eq!(fwd_candidate_configs(Arch::Sm90a).len(), 2 * fwd_production_configs(Arch::Sm90a).len());
+    }
+
+    #[test]
+    fn the_persistent_form_renders_both_arguments_and_its_o_tile() {
+        let pers = FwdForm { persistent: true, ..FwdForm::default() };
+        let c = fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, pers).unwrap();
+        assert!(c.name_expression().ends_with(", __nv_bfloat16, false, true>"), "{}", c.name_expression());
+        let plain = AttnFwdConfig { persistent: false, ..c };
+        // its own O tile (128 x 128 x 2 B) and the q_empty barrier
+        assert_eq!(c.smem_bytes(), plain.smem_bytes() + 32768 + 8);
+        let sep = fwd_config(256, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a,
+                             FwdForm { kv_release: KvRelease::Separate, ..pers }).unwrap();
+        assert!(sep.name_expression().ends_with(", true, true>"), "{}", sep.name_expression());
+        // d 256: O staged in the Q tile (no room for its own)
+        assert_eq!(sep.smem_bytes(), AttnFwdConfig { persistent: false, ..sep }.smem_bytes() + 8);
+        // 3 slots and an O tile do not fit at d 128: 2
+        let three = FwdForm { stages: RingStages::Fixed(3), ..pers };
+        assert_eq!(fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, three).unwrap().stages, 2);
     }
 }

@@ -79,6 +79,8 @@ knobs! {
     attn_sm90_fwd_kv_release: KvRelease = KvRelease::Together, "FERROATTN_ATTN_SM90_FWD_KV_RELEASE";
     /// A forced K/V ring depth of the Hopper attention forward.
     attn_sm90_fwd_stages: RingStages = RingStages::Auto, "FERROATTN_ATTN_SM90_FWD_STAGES";
+    /// The Hopper attention forward's persistent form (one block per SM over its share of tiles).
+    attn_sm90_fwd_persistent: bool = false, "FERROATTN_ATTN_SM90_FWD_PERSISTENT";
     /// The Hopper attention backward's product order: dQ issued with dK (reduced under it).
     attn_sm90_bwd_dq_overlap: bool = false, "FERROATTN_ATTN_SM90_BWD_DQ_OVERLAP";
     /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
@@ -182,6 +184,7 @@ mod tests {
         ("attn_bwd_family", "sm90"),
         ("attn_sm90_fwd_kv_release", "separate"),
         ("attn_sm90_fwd_stages", "3"),
+        ("attn_sm90_fwd_persistent", "1"),
         ("attn_sm90_bwd_dq_overlap", "1"),
         ("gemm_sm90_schedule", "auto"),
         ("gemm_sm90_fast_epilogue", "0"),

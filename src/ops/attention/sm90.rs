@@ -37,6 +37,12 @@ pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice) -> bool {
         && crate::tuning::attention_sm90::kernel_head_dim(p.head_dim as u32).is_some()
 }
 
+/// The output tiles of a call (query tiles of BLOCK_M rows x heads x batch), the grid of the
+/// non-persistent form.
+fn tiles(p: &Problem) -> u64 {
+    (p.seqlen_q as u64).div_ceil(BLOCK_M as u64) * p.heads as u64 * p.batch as u64
+}
+
 /// The rank-4 map (head dim, rows, heads, batch) of a padded q/k/v/out-like tensor, box
 /// (64, `box_rows`, 1, 1), 128-byte swizzle. A dim of size 1 gets the packed stride (it is never
 /// stepped over; TMA wants every stride a multiple of 16 bytes).
@@ -90,6 +96,8 @@ pub fn prepare(
     if !supports(p, arch, family) {
         return Ok(None);
     }
+    // The persistent kernel numbers its tiles with 32-bit integers.
+    let form = FwdForm { persistent: form.persistent && tiles(p) <= i32::MAX as u64, ..form };
     let Some(config) = fwd_config(p.head_dim as u32, kind, p.dtype, arch, form) else { return Ok(None) };
     let maps = (|| -> Result<_> {
         Ok((
@@ -116,7 +124,13 @@ impl Prepared {
     /// # Safety
     /// The tensors the maps and parameters describe stay alive in stream order.
     pub unsafe fn launch(mut self, stream: u64, info: &LaunchInfo) -> Result<()> {
-        let shape = launch_shape(&self.problem, &self.config);
+        let mut shape = launch_shape(&self.problem, &self.config);
+        if self.config.persistent {
+            // one block per SM at most (the kernel's occupancy), over its share of the tiles
+            let sms = crate::device::sm_count(self.device)? as u64;
+            let grid = crate::ops::persistent::persistent_grid(tiles(&self.problem), sms)?;
+            shape.grid = (grid as u32, 1, 1);
+        }
         shape.check()?;
         let kernel = KERNELS.get(&self.config, self.device)?;
         // SAFETY: `params` mirrors AttnFwdSm90Params; forwarded from the caller.
