@@ -221,3 +221,42 @@ def test_pipeline_forms_give_the_default_forms_bits(form, d, shape, kw):
         assert all(g[1] == g[2] == 1 and g[0] <= sms for g in grids), grids
     assert torch.equal(out, out2), (out.float() - out2.float()).abs().max()
     assert torch.equal(lse, lse2)
+
+
+@pytest.mark.parametrize("form", [{"attn_sm90_fwd_varlen": "1"},
+                                  {"attn_sm90_fwd_varlen": "1", "attn_sm90_fwd_persistent": "1",
+                                   "attn_sm90_fwd_kv_release": "separate"}], ids=["varlen", "varlen+persistent"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(), dict(causal=True, window_size=(100, 0)),
+                                dict(causal=True, softcap=20.0)], ids=lambda kw: ",".join(kw) or "full")
+def test_varlen_runs_on_the_hopper_kernel_under_its_knob(form, d, kw):
+    """With attn_sm90_fwd_varlen on, flash_attn_varlen_func runs the sm90 kernel: empty, one-row,
+    tile-edge and multi-tile sequences, s_q != s_k both ways, every row of the packed output
+    written exactly (a partial tile must not overwrite the next sequence's rows)."""
+    from ferroattn.flash_attn_interface import flash_attn_varlen_func
+    from ferroattn.knobs import override
+    from ferroattn.testing import attention_varlen_ref, random_cu_seqlens
+
+    lq = [0, 1, 127, 128, 129, 300, 64, 513]
+    lk = [3, 1, 127, 200, 129, 250, 64, 600]
+    cu_q, cu_k = random_cu_seqlens(lq, device=DEV), random_cu_seqlens(lk, device=DEV)
+    h, h_k = 4, 2
+    q = torch.randn(sum(lq), h, d, device=DEV, dtype=BF16)
+    k = torch.randn(sum(lk), h_k, d, device=DEV, dtype=BF16)
+    v = torch.randn(sum(lk), h_k, d, device=DEV, dtype=BF16)
+
+    def run():
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), return_attn_probs=True, **kw)
+
+    with override(**form):
+        poison_allocator(q, q.shape[0] * h * 4)
+        (out, lse, _), kernels = _kernels_of(run)
+    assert "attn_fwd_sm90" in kernels, kernels
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, max_seqlen_k=max(lk), **kw)
+    ref_lp, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, max_seqlen_k=max(lk), upcast=False, **kw)
+    assert torch.isfinite(out).all()
+    assert_close_to_ref(out, ref, ref_lp)
+    assert_lse_close(lse, ref_lse)
+    # the default keeps varlen on the sm80 kernel
+    _, kernels80 = _kernels_of(run)
+    assert "attn_fwd_sm90" not in kernels80, kernels80

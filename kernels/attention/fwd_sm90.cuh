@@ -131,15 +131,17 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     // Warp-uniform role index (see kernels/gemm/sm90.cuh).
     const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
     const int tid = threadIdx.x % 128;
-    const int seqlen_q = p.seqlen_q;
-    const int seqlen_k = p.seqlen_k;
-    const attn_variant::RowKeys<V> rk(p, seqlen_q, seqlen_k);
+    // varlen (cu_seqlens_q set): q, k, v, o are (total, heads, head dim) and their maps rank 4 with
+    // one batch entry; a tile's rows start at the sequence's first row (TMA loads past a
+    // sequence's end read the next one's rows, masked like key tails; partial tiles of O are
+    // stored by the threads, so no other sequence's rows are written).
+    const bool varlen = p.cu_seqlens_q != nullptr;
     // The tiles in grid order: m blocks fastest (reversed for causal masks: heaviest first), then
     // heads, then batch entries. Without Persistent the block's own; with it, the block takes tile
     // r * gridDim.x + blockIdx.x in even rounds r and r * gridDim.x + gridDim.x - 1 - blockIdx.x
     // in odd ones (a snake over consecutive tiles: the causal weights of a block's rounds pair up,
     // and the tiles in flight together share their heads' K/V in L2).
-    const int n_m = (seqlen_q + BlockM - 1) / BlockM;
+    const int n_m = (p.seqlen_q + BlockM - 1) / BlockM;
     auto tile_of = [&](int x, int head, int batch) {
         return AttnSm90Tile{V::kCausal ? n_m - 1 - x : x, head, batch};
     };
@@ -155,13 +157,29 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     };
     const AttnSm90Tile block_tile{V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x),
                                   static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-    // A tile's key tiles: those holding [n_begin, n_end) that some row of it sees.
+    // A batch entry's lengths, its first rows in q/o (q0) and k/v (k0), and the batch coordinate
+    // of the maps: padded s_q, s_k, 0, 0, batch; varlen from cu_seqlens, clamped as the sm80
+    // kernel does (attn_detail::seq_coords), coordinate 0.
+    struct Seq {
+        int seqlen_q, seqlen_k, q0, k0, coord;
+    };
+    auto seq_of = [&](int batch) {
+        if (!varlen) return Seq{p.seqlen_q, p.seqlen_k, 0, 0, batch};
+        const int q0 = min(max(p.cu_seqlens_q[batch], 0), p.total_q);
+        const int k0 = min(max(p.cu_seqlens_k[batch], 0), p.total_k);
+        const int q1 = min(max(p.cu_seqlens_q[batch + 1], q0), p.total_q);
+        const int k1 = min(max(p.cu_seqlens_k[batch + 1], k0), p.total_k);
+        return Seq{min(q1 - q0, p.seqlen_q), k1 - k0, q0, k0, 0};
+    };
+    // A tile's key tiles: those holding [n_begin, n_end) that some row of it sees; none when the
+    // tile starts past its sequence (varlen).
     struct Geom {
         int m_start, n_blocks, n_iter;
     };
-    auto geom = [&](const AttnSm90Tile& tl) {
+    auto geom = [&](const AttnSm90Tile& tl, const Seq& sq) {
+        const attn_variant::RowKeys<V> rk(p, sq.seqlen_q, sq.seqlen_k);
         const int m_start = tl.m_block * BlockM;
-        const int n_end = rk.end(min(m_start + BlockM, seqlen_q));
+        const int n_end = rk.end(min(m_start + BlockM, sq.seqlen_q));
         const int n_begin = rk.begin(m_start);
         const int n_blocks = (n_end + BlockN - 1) / BlockN;
         return Geom{m_start, n_blocks, n_end > n_begin ? n_blocks - n_begin / BlockN : 0};
@@ -198,21 +216,23 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             unsigned phase = 0;
             [[maybe_unused]] unsigned q_phase = 0;
             auto produce = [&](const AttnSm90Tile& tl) {
-                const Geom gm = geom(tl);
-                const int head = tl.head, batch = tl.batch, n_blocks = gm.n_blocks, n_iter = gm.n_iter;
+                const Seq sq = seq_of(tl.batch);
+                const Geom gm = geom(tl, sq);
+                if (gm.m_start >= sq.seqlen_q) return;   // (varlen) past the sequence: no work, no Q
+                const int head = tl.head, batch = sq.coord, n_blocks = gm.n_blocks, n_iter = gm.n_iter;
                 const int head_k = head / (p.num_heads / p.num_heads_k);
                 if constexpr (Persistent) mbar_wait(sm.q_empty(), q_phase ^ 1u);
                 mbar_expect_tx(sm.q_full(), Sm::kQBytes);
 #pragma unroll
                 for (int c = 0; c < Sm::kChunks; ++c)
-                    tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, gm.m_start, head, batch);
+                    tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, sq.q0 + gm.m_start, head, batch);
                 auto load_k = [&](int s, unsigned ph, int it) {
                     mbar_wait(sm.empty(s), ph ^ 1u);
                     mbar_expect_tx(sm.k_full(s), Sm::kKVBytes);
 #pragma unroll
                     for (int c = 0; c < Sm::kChunks; ++c)
                         tma_load_4d(sm.k(s) + c * Sm::kKVChunk, &P.tma_k, sm.k_full(s), c * 64,
-                                    (n_blocks - 1 - it) * BlockN, head_k, batch);
+                                    sq.k0 + (n_blocks - 1 - it) * BlockN, head_k, batch);
                 };
                 auto load_v = [&](int s, unsigned ph, int it) {
                     if constexpr (KvSeparate) mbar_wait(sm.v_empty(s), ph ^ 1u);   // else load_k waited
@@ -220,7 +240,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
 #pragma unroll
                     for (int c = 0; c < Sm::kChunks; ++c)
                         tma_load_4d(sm.v(s) + c * Sm::kKVChunk, &P.tma_v, sm.v_full(s), c * 64,
-                                    (n_blocks - 1 - it) * BlockN, head_k, batch);
+                                    sq.k0 + (n_blocks - 1 - it) * BlockN, head_k, batch);
                 };
                 if constexpr (KvSeparate) {
                     if (n_iter > 0) load_k(stage, phase, 0);
@@ -273,7 +293,11 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
         if (cw == 1) named_barrier_arrive(3, 256);
     }
     auto consume = [&](const AttnSm90Tile& tl) {
-    const Geom gm = geom(tl);
+    const Seq sq = seq_of(tl.batch);
+    const Geom gm = geom(tl, sq);
+    const int seqlen_q = sq.seqlen_q, seqlen_k = sq.seqlen_k;
+    if (gm.m_start >= seqlen_q) return;   // (varlen) past the sequence: the producer loads nothing
+    const attn_variant::RowKeys<V> rk(p, seqlen_q, seqlen_k);
     const int head = tl.head, batch = tl.batch, m_start = gm.m_start, n_blocks = gm.n_blocks, n_iter = gm.n_iter;
     const int wg_m0 = m_start + cw * 64;
     const int row0 = wg_m0 + warp * 16 + g;   // this thread's rows: row0 (h = 0), row0 + 8 (h = 1)
@@ -530,7 +554,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     }
 
     // ---- epilogue: normalise, LSE, O through this warpgroup's rows of the Q tile, TMA store ----
-    float* lse = p.lse + static_cast<long long>(batch) * p.lse_batch_stride
+    float* lse = p.lse + static_cast<long long>(batch) * p.lse_batch_stride + sq.q0
                + static_cast<long long>(head) * p.lse_head_stride;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -547,7 +571,25 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
             acc_o[4 * jj + 2 * h + 1] *= inv;
         }
     }
-    const bool store = wg_m0 < seqlen_q;   // uniform over the warpgroup: else no row of it is stored
+    // (varlen) a warpgroup tile that ends past its sequence: stored by the threads, row by row
+    if (varlen && wg_m0 < seqlen_q && wg_m0 + 64 > seqlen_q) {
+        T* o = static_cast<T*>(p.o) + static_cast<long long>(sq.q0) * p.o_row_stride
+             + static_cast<long long>(head) * p.o_head_stride;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row >= seqlen_q) continue;
+#pragma unroll
+            for (int jj = 0; jj < DJ; ++jj) {
+                const int col = 8 * jj + 2 * t;   // head_dim is a multiple of 8: both or neither
+                if (col < p.head_dim)
+                    *reinterpret_cast<unsigned*>(o + static_cast<long long>(row) * p.o_row_stride + col) =
+                        Tr::pack2(acc_o[4 * jj + 2 * h], acc_o[4 * jj + 2 * h + 1]);
+            }
+        }
+    }
+    // uniform over the warpgroup: else no row of it goes through the TMA store
+    const bool store = wg_m0 < seqlen_q && !(varlen && wg_m0 + 64 > seqlen_q);
     if (!store && !(Persistent && !Sm::kOwnO)) return;
     if constexpr (Persistent && Sm::kOwnO) {
         if (tid == 0) bulk_wait_read<0>();   // this warpgroup's previous O store has read the tile
@@ -572,7 +614,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     if (tid == 0) {
 #pragma unroll
         for (int c = 0; c < Sm::kChunks; ++c)
-            tma_store_4d(&P.tma_o, sm.o() + c * Sm::kQChunk + cw * 8192u, c * 64, wg_m0, head, batch);
+            tma_store_4d(&P.tma_o, sm.o() + c * Sm::kQChunk + cw * 8192u, c * 64, sq.q0 + wg_m0, head, sq.coord);
         bulk_commit();
         if constexpr (!Persistent) {
             bulk_wait_all();

@@ -604,6 +604,7 @@ pub fn attn_fwd(
         kv_release: knobs.attn_sm90_fwd_kv_release,
         stages: knobs.attn_sm90_fwd_stages,
         persistent: knobs.attn_sm90_fwd_persistent,
+        varlen: knobs.attn_sm90_fwd_varlen,
     };
     if let Some(launch) = sm90::prepare(&p, kind, arch, knobs.attn_fwd_family, form, q, k, v, out, &prm)? {
         // SAFETY: as below; the maps describe the caller's q, k, v and out.

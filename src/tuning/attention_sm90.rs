@@ -39,14 +39,16 @@ pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32) {
     }
 }
 
-/// The pipeline choices of the sm90 forward that the tuning knobs set (A/B runs): the ring's
-/// release (`attn_sm90_fwd_kv_release`), its depth (`attn_sm90_fwd_stages`) and the persistent
-/// form (`attn_sm90_fwd_persistent`).
+/// The choices of the sm90 forward that the tuning knobs set (A/B runs and candidates): the
+/// ring's release (`attn_sm90_fwd_kv_release`), its depth (`attn_sm90_fwd_stages`), the
+/// persistent form (`attn_sm90_fwd_persistent`), and whether varlen calls may run on it
+/// (`attn_sm90_fwd_varlen`: the same kernels, which read cu_seqlens at run time).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FwdForm {
     pub kv_release: KvRelease,
     pub stages: RingStages,
     pub persistent: bool,
+    pub varlen: bool,
 }
 
 /// The sm90 configuration of a call, or None where the kernel has no specialisation (head dim

@@ -27,12 +27,12 @@ pub struct AttnFwdSm90Params {
 }
 
 /// Whether the sm90 kernel takes a call of this shape: sm_90a (and the knob not set to sm80),
-/// padded layout, a batch within one grid, a head dim with a specialisation. The tensor maps
-/// must also encode (`prepare`).
-pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice) -> bool {
+/// the padded layout (or varlen where `form.varlen`), a batch within one grid, a head dim with a
+/// specialisation. The tensor maps must also encode (`prepare`).
+pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice, form: FwdForm) -> bool {
     family != FamilyChoice::Sm80
         && arch == Arch::Sm90a
-        && !p.varlen
+        && (!p.varlen || form.varlen)
         && p.batch <= MAX_LAUNCH_BATCH
         && crate::tuning::attention_sm90::kernel_head_dim(p.head_dim as u32).is_some()
 }
@@ -44,10 +44,17 @@ fn tiles(p: &Problem) -> u64 {
 }
 
 /// The rank-4 map (head dim, rows, heads, batch) of a padded q/k/v/out-like tensor, box
-/// (64, `box_rows`, 1, 1), 128-byte swizzle. A dim of size 1 gets the packed stride (it is never
-/// stepped over; TMA wants every stride a multiple of 16 bytes).
+/// (64, `box_rows`, 1, 1), 128-byte swizzle; a varlen (total, heads, head dim) tensor maps as one
+/// batch entry of `total` rows. A dim of size 1 gets the packed stride (it is never stepped over;
+/// TMA wants every stride a multiple of 16 bytes).
 pub(crate) fn map(arg: &str, t: &TensorView, dtype: DType, box_rows: u32) -> Result<TensorMap> {
-    let (shape, strides) = (&t.meta.shape, &t.meta.strides);
+    let (shape, strides) = match t.meta.shape.len() {
+        3 => (
+            vec![1, t.meta.shape[0], t.meta.shape[1], t.meta.shape[2]],
+            vec![0, t.meta.strides[0], t.meta.strides[1], t.meta.strides[2]],
+        ),
+        _ => (t.meta.shape.clone(), t.meta.strides.clone()),
+    };
     let elem = dtype.size_bytes() as u64;
     let round16 = |x: u64| x.div_ceil(16).max(1) * 16;
     // dims innermost first: head dim, rows, heads, batch (shape is (b, s, h, d))
@@ -93,7 +100,7 @@ pub fn prepare(
     out: &TensorView,
     prm: &AttnFwdParams,
 ) -> Result<Option<Prepared>> {
-    if !supports(p, arch, family) {
+    if !supports(p, arch, family, form) {
         return Ok(None);
     }
     // The persistent kernel numbers its tiles with 32-bit integers.
@@ -170,15 +177,19 @@ mod tests {
     #[test]
     fn supports_padded_hopper_calls_within_one_grid() {
         let p = problem(false, 2, 128);
-        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Auto));
-        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Sm90));
-        assert!(!supports(&p, Arch::Sm90a, FamilyChoice::Sm80));
-        assert!(!supports(&p, Arch::Sm80, FamilyChoice::Sm90));
-        assert!(!supports(&p, Arch::Sm120, FamilyChoice::Auto));
-        assert!(!supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Auto));
-        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1, 128), Arch::Sm90a, FamilyChoice::Auto));
-        assert!(supports(&problem(false, 1, 8), Arch::Sm90a, FamilyChoice::Auto));
-        assert!(supports(&problem(false, 1, 256), Arch::Sm90a, FamilyChoice::Auto));
+        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
+        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Sm90, FwdForm::default()));
+        assert!(!supports(&p, Arch::Sm90a, FamilyChoice::Sm80, FwdForm::default()));
+        assert!(!supports(&p, Arch::Sm80, FamilyChoice::Sm90, FwdForm::default()));
+        assert!(!supports(&p, Arch::Sm120, FamilyChoice::Auto, FwdForm::default()));
+        assert!(!supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
+        // varlen: only with the candidate knob (attn_sm90_fwd_varlen)
+        let varlen = FwdForm { varlen: true, ..FwdForm::default() };
+        assert!(supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Auto, varlen));
+        assert!(!supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Sm80, varlen));
+        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1, 128), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
+        assert!(supports(&problem(false, 1, 8), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
+        assert!(supports(&problem(false, 1, 256), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
     }
 
     /// One specialisation per head dim compiles for sm_90a; prints ptxas's report (registers,
