@@ -221,11 +221,13 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
                 if (gm.m_start >= sq.seqlen_q) return;   // (varlen) past the sequence: no work, no Q
                 const int head = tl.head, batch = sq.coord, n_blocks = gm.n_blocks, n_iter = gm.n_iter;
                 const int head_k = head / (p.num_heads / p.num_heads_k);
-                if constexpr (Persistent) mbar_wait(sm.q_empty(), q_phase ^ 1u);
-                mbar_expect_tx(sm.q_full(), Sm::kQBytes);
+                auto load_q = [&]() {
+                    if constexpr (Persistent) mbar_wait(sm.q_empty(), q_phase ^ 1u);
+                    mbar_expect_tx(sm.q_full(), Sm::kQBytes);
 #pragma unroll
-                for (int c = 0; c < Sm::kChunks; ++c)
-                    tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, sq.q0 + gm.m_start, head, batch);
+                    for (int c = 0; c < Sm::kChunks; ++c)
+                        tma_load_4d(sm.q() + c * Sm::kQChunk, &P.tma_q, sm.q_full(), c * 64, sq.q0 + gm.m_start, head, batch);
+                };
                 auto load_k = [&](int s, unsigned ph, int it) {
                     mbar_wait(sm.empty(s), ph ^ 1u);
                     mbar_expect_tx(sm.k_full(s), Sm::kKVBytes);
@@ -242,10 +244,29 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
                         tma_load_4d(sm.v(s) + c * Sm::kKVChunk, &P.tma_v, sm.v_full(s), c * 64,
                                     sq.k0 + (n_blocks - 1 - it) * BlockN, head_k, batch);
                 };
+                // Persistent: the first key tile's slot fills before Q, which waits for the previous
+                // tile's last Q K^T (the ring needs nothing of Q, so it keeps loading meanwhile).
+                auto advance = [&]() {
+                    if (++stage == Stages) {
+                        stage = 0;
+                        phase ^= 1u;
+                    }
+                };
+                if constexpr (!Persistent) load_q();
                 if constexpr (KvSeparate) {
                     if (n_iter > 0) load_k(stage, phase, 0);
                 }
-                for (int it = 0; it < n_iter; ++it) {
+                int it0 = 0;
+                if constexpr (Persistent && !KvSeparate) {
+                    if (n_iter > 0) {
+                        load_k(stage, phase, 0);
+                        load_v(stage, phase, 0);
+                        advance();
+                        it0 = 1;
+                    }
+                }
+                if constexpr (Persistent) load_q();
+                for (int it = it0; it < n_iter; ++it) {
                     if constexpr (KvSeparate) {
                         const int next = stage + 1 == Stages ? 0 : stage + 1;
                         if (it + 1 < n_iter) load_k(next, next == 0 ? phase ^ 1u : phase, it + 1);
@@ -253,10 +274,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
                         load_k(stage, phase, it);
                     }
                     load_v(stage, phase, it);
-                    if (++stage == Stages) {
-                        stage = 0;
-                        phase ^= 1u;
-                    }
+                    advance();
                 }
                 q_phase ^= 1u;
             };
@@ -464,6 +482,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     // (Persistent, own O tile) Q of this tile is no longer read: the next tile's may load.
     [[maybe_unused]] auto release_q = [&]() {
         if constexpr (Persistent && Sm::kOwnO) {
+            __syncwarp();   // every lane is past its q_full wait (no wgmma wait orders them here)
             if (lane == 0) mbar_arrive(sm.q_empty());
         }
     };
