@@ -236,6 +236,11 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         setmaxnreg_dec<24>();
         if (tid < 32) {
             const int lane = tid;
+            // The maps' row and batch coordinates: varlen tensors are one batch entry of `total`
+            // rows (a sequence's tiles start at its first row; loads past its end read the next
+            // sequence's rows, which the masks zero like key and query tails).
+            const int coord = blk.sq.varlen ? 0 : batch;
+            const int q_row0 = blk.sq.q_row0, k_row0 = blk.sq.k_row0;
             if (lane == 0) {
                 tma_prefetch_map(&P.tma_q);
                 tma_prefetch_map(&P.tma_k);
@@ -244,8 +249,8 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                 mbar_expect_tx(sm.kv_full(), 2 * Sm::kKVBytes);
 #pragma unroll
                 for (int c = 0; c < Sm::kChunks; ++c) {
-                    tma_load_4d(sm.k() + c * Sm::kKVChunk, &P.tma_k, sm.kv_full(), c * 64, blk.n0, blk.head_k, batch);
-                    tma_load_4d(sm.v() + c * Sm::kKVChunk, &P.tma_v, sm.kv_full(), c * 64, blk.n0, blk.head_k, batch);
+                    tma_load_4d(sm.k() + c * Sm::kKVChunk, &P.tma_k, sm.kv_full(), c * 64, k_row0 + blk.n0, blk.head_k, coord);
+                    tma_load_4d(sm.v() + c * Sm::kKVChunk, &P.tma_v, sm.kv_full(), c * 64, k_row0 + blk.n0, blk.head_k, coord);
                 }
             }
             int stage = 0;
@@ -271,8 +276,8 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                     mbar_expect_tx(sm.full(stage), 2 * Sm::kQBytes);   // lane 0's arrival
 #pragma unroll
                     for (int c = 0; c < Sm::kChunks; ++c) {
-                        tma_load_4d(sm.q(stage) + c * Sm::kQChunk, &P.tma_q, sm.full(stage), c * 64, m_start, hq, batch);
-                        tma_load_4d(sm.dout(stage) + c * Sm::kQChunk, &P.tma_do, sm.full(stage), c * 64, m_start, hq, batch);
+                        tma_load_4d(sm.q(stage) + c * Sm::kQChunk, &P.tma_q, sm.full(stage), c * 64, q_row0 + m_start, hq, coord);
+                        tma_load_4d(sm.dout(stage) + c * Sm::kQChunk, &P.tma_do, sm.full(stage), c * 64, q_row0 + m_start, hq, coord);
                     }
                 } else {
                     mbar_arrive(sm.full(stage));

@@ -429,7 +429,8 @@ pub fn attn_bwd(
     // The Hopper plan where it takes the call (sm90.rs), else the sm80 family's.
     let knobs = crate::tuning::knobs::get()?;
     let (plan, maps) =
-        match sm90::prepare(&p, t, kind, deterministic, arch, knobs.attn_bwd_family, knobs.attn_sm90_bwd_dq_overlap) {
+        match sm90::prepare(&p, t, kind, deterministic, arch, knobs.attn_bwd_family, knobs.attn_sm90_bwd_dq_overlap,
+                            knobs.attn_sm90_bwd_varlen) {
         Some((plan, maps)) => (plan, Some(maps)),
         None => (bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch), None),
     };

@@ -85,6 +85,8 @@ knobs! {
     attn_sm90_fwd_varlen: bool = false, "FERROATTN_ATTN_SM90_FWD_VARLEN";
     /// The Hopper attention backward's product order: dQ issued with dK (reduced under it).
     attn_sm90_bwd_dq_overlap: bool = false, "FERROATTN_ATTN_SM90_BWD_DQ_OVERLAP";
+    /// Whether varlen attention backwards may run on the Hopper kernel.
+    attn_sm90_bwd_varlen: bool = false, "FERROATTN_ATTN_SM90_BWD_VARLEN";
     /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
     gemm_sm90_schedule: SchedulePolicy = DEFAULT_POLICY, "FERROATTN_GEMM_SM90_SCHEDULE";
     /// The Hopper dense GEMM's branch-free epilogue loop for calls without c and aux.
@@ -189,6 +191,7 @@ mod tests {
         ("attn_sm90_fwd_persistent", "1"),
         ("attn_sm90_fwd_varlen", "1"),
         ("attn_sm90_bwd_dq_overlap", "1"),
+        ("attn_sm90_bwd_varlen", "1"),
         ("gemm_sm90_schedule", "auto"),
         ("gemm_sm90_fast_epilogue", "0"),
         ("gemm_sm90_splitk", "0"),

@@ -25,10 +25,11 @@ pub struct AttnBwdSm90Params {
 }
 
 /// Whether the Hopper backward may take a call of this shape: the knob not set to sm80, the
-/// padded layout and a batch within one grid (the plan itself also needs sm_90a, the atomic-dQ
-/// path and a head dim up to 128: `bwd_plan_sm90`).
-pub fn supports(p: &Problem, family: FamilyChoice) -> bool {
-    family != FamilyChoice::Sm80 && !p.varlen && p.batch <= MAX_LAUNCH_BATCH
+/// padded layout (or varlen where `varlen_ok`: knob `attn_sm90_bwd_varlen`) and a batch within
+/// one grid (the plan itself also needs sm_90a, the atomic-dQ path and a head dim up to 128:
+/// `bwd_plan_sm90`).
+pub fn supports(p: &Problem, family: FamilyChoice, varlen_ok: bool) -> bool {
+    family != FamilyChoice::Sm80 && (!p.varlen || varlen_ok) && p.batch <= MAX_LAUNCH_BATCH
 }
 
 /// The Hopper plan of a validated call and its tensor maps, or None when the call runs the sm80
@@ -41,8 +42,9 @@ pub fn prepare(
     arch: Arch,
     family: FamilyChoice,
     dq_overlap: bool,
+    varlen_ok: bool,
 ) -> Option<(Vec<AttnBwdConfig>, [TensorMap; 4])> {
-    if !supports(p, family) {
+    if !supports(p, family, varlen_ok) {
         return None;
     }
     let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap)?;
@@ -94,11 +96,14 @@ mod tests {
 
     #[test]
     fn supports_padded_calls_within_one_grid_unless_the_knob_says_sm80() {
-        assert!(supports(&problem(false, 2), FamilyChoice::Auto));
-        assert!(supports(&problem(false, 2), FamilyChoice::Sm90));
-        assert!(!supports(&problem(false, 2), FamilyChoice::Sm80));
-        assert!(!supports(&problem(true, 2), FamilyChoice::Auto));
-        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1), FamilyChoice::Sm90));
+        assert!(supports(&problem(false, 2), FamilyChoice::Auto, false));
+        assert!(supports(&problem(false, 2), FamilyChoice::Sm90, false));
+        assert!(!supports(&problem(false, 2), FamilyChoice::Sm80, false));
+        assert!(!supports(&problem(true, 2), FamilyChoice::Auto, false));
+        // varlen: only with attn_sm90_bwd_varlen
+        assert!(supports(&problem(true, 2), FamilyChoice::Auto, true));
+        assert!(!supports(&problem(true, 2), FamilyChoice::Sm80, true));
+        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1), FamilyChoice::Sm90, false));
     }
 
     /// Both production head dims compile for sm_90a; prints ptxas's report (registers, spills,
