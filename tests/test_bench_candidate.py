@@ -1,4 +1,4 @@
-"""CPU tests of the A/B candidate of ``bench attention`` (python/ferroattn/bench/candidate.py): the
+"""CPU tests of the A/B candidates of ``bench attention`` (python/ferroattn/bench/candidate.py): the
 ``--candidate`` list, its checks before any GPU work, and the forward / backward measurements with a
 fake kernel that reads the knob it is measured under (so the candidate provably ran under its knobs
 and ours did not), with the knobs restored after."""
@@ -27,6 +27,7 @@ def test_parse_accepts_lists_and_rejects_malformed_ones():
     (["bench", "attention", "--candidate", f"{KNOB}=sideways"], "sideways"),
     (["bench", "attention", "--backward", "--candidate", "a"], "expected name=value"),
     (["bench", "attention", "--variants", "--candidate", f"{KNOB}=separate"], "only for the plain grid"),
+    (["bench", "attention", "--candidate", f"{KNOB}=separate", "--candidate", f" {KNOB} = separate"], "twice"),
 ])
 def test_bad_candidates_exit_2_before_any_gpu_work(argv, needle, capsys):
     before = native.tuning_knobs()
@@ -36,19 +37,26 @@ def test_bad_candidates_exit_2_before_any_gpu_work(argv, needle, capsys):
     assert native.tuning_knobs() == before
 
 
-def test_a_good_candidate_is_checked_and_leaves_the_knobs_as_they_were():
+def test_good_candidates_are_checked_labelled_and_leave_the_knobs_as_they_were():
     before = native.tuning_knobs()
-    assert candidate.from_args("p", type("A", (), {"candidate": f"{KNOB}=separate"})()) == (None, {KNOB: "separate"})
+    args = type("A", (), {"candidate": [f"{KNOB}=separate", f" {KNOB}=separate, attn_sm90_fwd_stages=3"]})()
+    assert candidate.from_args("p", args) == (None, {
+        f"{KNOB}=separate": {KNOB: "separate"},
+        f"{KNOB}=separate,attn_sm90_fwd_stages=3": {KNOB: "separate", "attn_sm90_fwd_stages": "3"}})
     assert candidate.from_args("p", type("A", (), {"candidate": None})()) == (None, None)
     assert native.tuning_knobs() == before
 
 
-def _timed_by_knob(ms_default: float, ms_candidate: float):
-    """A fake bench_gpu that runs fn a few times and reports the time of the knob it runs under."""
+def _timed_by_knob(ms_default: float, ms_candidate: float, ms_three: float | None = None):
+    """A fake bench_gpu that runs fn a few times and reports the time of the knobs it runs under
+    (``ms_three`` when attn_sm90_fwd_stages is 3 as well)."""
     def bench(fn, rep_ms=0.0, warmup_ms=0.0):
         for _ in range(2):
             fn()
-        return ms_candidate if native.tuning_knobs()[KNOB] == "separate" else ms_default
+        k = native.tuning_knobs()
+        if k[KNOB] != "separate":
+            return ms_default
+        return ms_three if k["attn_sm90_fwd_stages"] == "3" else ms_candidate
     return bench
 
 
@@ -72,26 +80,30 @@ def fakes(monkeypatch):
     return seen
 
 
-def test_forward_point_measures_the_candidate_under_its_knobs(fakes, monkeypatch):
+def test_forward_point_measures_each_candidate_under_its_knobs(fakes, monkeypatch):
     import torch
-    monkeypatch.setattr(timing, "bench_gpu", _timed_by_knob(2.0, 1.6))
+    monkeypatch.setattr(timing, "bench_gpu", _timed_by_knob(2.0, 1.6, 2.5))
     b, s, h, d = 1, 32, 2, 64
     ours = [tuple(torch.randn(b, s, h, d) for _ in range(3)) for _ in range(2)]
     sdpa = [tuple(x.transpose(1, 2).contiguous() for x in t) for t in ours]
     p = {"dtype": "bf16", "causal": True, "head_dim": d, "heads": h, "seqlen": s, "batch": b,
          "flops": report.fwd_flops(b, h, s, s, d, True)}
     before = native.tuning_knobs()
-    attention.measure_point(p, ours, sdpa, ["math"], None, 1.0, 1.0, candidate_knobs={KNOB: "separate"})
+    cands = {"sep": {KNOB: "separate"}, "sep3": {KNOB: "separate", "attn_sm90_fwd_stages": "3"}}
+    attention.measure_point(p, ours, sdpa, ["math"], None, 1.0, 1.0, candidates=cands)
     assert native.tuning_knobs() == before
     assert "together" in fakes and "separate" in fakes
-    c = p["candidate"]
+    c, c3 = p["candidates"]["sep"], p["candidates"]["sep3"]
     assert c["ms"] == 1.6 and c["speedup"] == pytest.approx(2.0 / 1.6)
+    assert c3["ms"] == 2.5 and c3["speedup"] == pytest.approx(2.0 / 2.5)
     assert c["max_abs_diff"] == pytest.approx(0.25, abs=1e-6)
     assert p["ours"]["ms"] == 2.0 and p["ratio"]["math"] is not None
-    s = candidate.summarize([p], {KNOB: "separate"})
-    assert s["median_speedup"] == s["min_speedup"] == s["max_speedup"] == pytest.approx(1.25)
-    assert s["n"] == 1 and s["n_failed"] == 0 and s["min_at"] == report.point_label(p)
-    assert "1.250" in candidate.format_summary(s) and KNOB in candidate.format_summary(s)
+    s = candidate.summarize([p], cands)
+    assert s["sep"]["median_speedup"] == s["sep"]["min_speedup"] == s["sep"]["max_speedup"] == pytest.approx(1.25)
+    assert s["sep3"]["median_speedup"] == pytest.approx(0.8) and s["sep3"]["knobs"] == cands["sep3"]
+    assert s["sep"]["n"] == 1 and s["sep"]["n_failed"] == 0 and s["sep"]["min_at"] == report.point_label(p)
+    text = candidate.format_summary(s)
+    assert len(text.splitlines()) == 2 and "1.250" in text and "0.800" in text
     assert candidate.summarize([p], None) is None
 
 
@@ -110,9 +122,9 @@ def test_forward_point_records_a_failing_candidate(fakes, monkeypatch):
     sdpa = [tuple(x.transpose(1, 2).contiguous() for x in t) for t in ours]
     p = {"dtype": "bf16", "causal": False, "head_dim": 64, "heads": 2, "seqlen": 16, "batch": 1,
          "flops": report.fwd_flops(1, 2, 16, 16, 64, False)}
-    attention.measure_point(p, ours, sdpa, [], None, 1.0, 1.0, candidate_knobs={KNOB: "separate"})
-    assert p["ours"]["ms"] == 2.0 and "illegal memory access" in p["candidate_error"] and "candidate" not in p
-    assert candidate.summarize([p], {KNOB: "separate"})["n_failed"] == 1
+    attention.measure_point(p, ours, sdpa, [], None, 1.0, 1.0, candidates={"sep": {KNOB: "separate"}})
+    assert p["ours"]["ms"] == 2.0 and "illegal memory access" in p["candidate_errors"]["sep"] and "candidates" not in p
+    assert candidate.summarize([p], {"sep": {KNOB: "separate"}})["sep"]["n_failed"] == 1
 
 
 def test_backward_config_measures_the_candidate_in_both_modes(fakes, monkeypatch):
@@ -128,10 +140,11 @@ def test_backward_config_measures_the_candidate_in_both_modes(fakes, monkeypatch
     pts = {m: {"mode": m, "dtype": "bf16", "causal": True, "head_dim": d, "heads": h, "seqlen": s, "batch": b,
                "flops": attention_bwd.FLOPS[m](b, h, s, s, d, True)} for m in attention_bwd.MODES}
     before = native.tuning_knobs()
-    attention_bwd.measure_config(pts, ours, sdpa, [], None, 1.0, 1.0, candidate_knobs={KNOB: "separate"})
+    attention_bwd.measure_config(pts, ours, sdpa, [], None, 1.0, 1.0, candidates={"sep": {KNOB: "separate"}})
     assert native.tuning_knobs() == before
     for p in pts.values():
         assert p["ours"]["ms"] == 3.0
-        assert p["candidate"]["ms"] == 2.0 and p["candidate"]["speedup"] == pytest.approx(1.5)
+        c = p["candidates"]["sep"]
+        assert c["ms"] == 2.0 and c["speedup"] == pytest.approx(1.5)
         # the fake's +0.25 is a constant: it has no gradient, so the candidate's gradients equal ours
-        assert p["candidate"]["max_abs_diff"] == pytest.approx(0.0, abs=1e-5)
+        assert c["max_abs_diff"] == pytest.approx(0.0, abs=1e-5)

@@ -383,10 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time the backward alone and forward+backward (FLOPs 2.5x / 3.5x forward)")
     pa.add_argument("--deterministic", action="store_true",
                     help="with --backward: our deterministic backward (no atomics)")
-    pa.add_argument("--candidate", default=None, metavar="KNOBS",
-                    help="an A/B candidate: ours measured again at every point under these tuning knobs "
-                         "(name=value[,name=value...], docs/DEVELOPING.md), with its speedup over ours "
-                         "(forward and --backward; not with --variants)")
+    pa.add_argument("--candidate", action="append", default=None, metavar="KNOBS",
+                    help="an A/B candidate (repeatable): ours measured again at every point under these "
+                         "tuning knobs (name=value[,name=value...], docs/DEVELOPING.md), with its speedup "
+                         "over ours (forward and --backward; not with --variants)")
     pa.add_argument("--variants", nargs="?", const="all", default=None, metavar="LIST",
                     help="run the variant grid instead (b 1, h 32, d 128, causal, bf16, seqlen 8192,32768 or "
                          "--seqlens): ours with each variant vs ours plain (overhead), FlexAttention "

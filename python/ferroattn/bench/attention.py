@@ -13,8 +13,8 @@ reason. Also: the host-side cost of one small call (:mod:`.hostcost`).
 Writes the raw JSON (:func:`report.write_json`) into ``--out`` (default ``bench/results``),
 prints the table, then the summary lines. Exit 0 when every point was measured for ours,
 1 when ours failed somewhere (the JSON is written anyway), 3 without a CUDA GPU.
-``--candidate KNOBS`` also measures ours under other tuning knobs at every point, paired with ours
-(:mod:`.candidate`: an A/B run). ``--backward`` runs :mod:`.attention_bwd` instead (same grid,
+``--candidate KNOBS`` (repeatable) also measures ours under other tuning knobs at every point,
+paired with ours (:mod:`.candidate`: A/B runs). ``--backward`` runs :mod:`.attention_bwd` instead (same grid,
 backward timings); ``--variants``
 runs :mod:`.variants` instead (window, softcap, ALiBi, dropout, sinks against plain, FlexAttention
 and SDPA; with ``--backward`` also the backward).
@@ -113,7 +113,7 @@ def make_inputs(b: int, s: int, h: int, d: int, dtype: str, l2_bytes: int) -> tu
 
 def measure_point(p: dict, ours_sets: list, sdpa_sets: list, peer_names: Sequence[str],
                   ceiling_tflops: float | None, rep_ms: float, warmup_ms: float,
-                  candidate_knobs: dict[str, str] | None = None) -> dict:
+                  candidates: dict[str, dict[str, str]] | None = None) -> dict:
     import torch
     import torch.nn.functional as F
     import ferroattn
@@ -134,18 +134,18 @@ def measure_point(p: dict, ours_sets: list, sdpa_sets: list, peer_names: Sequenc
                      "pct_ceiling": (100.0 * tf / ceiling_tflops) if (tf and ceiling_tflops) else None}
     except Exception as e:
         p["ours_error"] = f"{type(e).__name__}: {e}"
-    if candidate_knobs:
+    for label, knobs in (candidates or {}).items():
         try:
-            with override(**candidate_knobs):
+            with override(**knobs):
                 out_c = ferroattn.flash_attn_func(*ours_sets[0], causal=causal)
                 torch.cuda.synchronize()
                 rot = timing.Rotating(ours_sets)
                 ms = timing.bench_gpu(lambda: ferroattn.flash_attn_func(*rot.next(), causal=causal), rep_ms, warmup_ms)
             diff = None if out0 is None else float((out_c.float() - out0.float()).abs().max())
-            p["candidate"] = candidate.entry(p["ours"], ms, p["flops"], diff)
+            candidate.record(p, label, ms, diff)
             del out_c
         except Exception as e:
-            p["candidate_error"] = f"{type(e).__name__}: {e}"
+            candidate.record_error(p, label, e)
     for name in peer_names:
         ref, why = peers_mod.probe(name, peers_mod.sdpa_fn(*sdpa_sets[0], causal))
         if ref is None:
@@ -178,9 +178,9 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
         rep_ms: float | None = None, time_budget_s: float | None = None,
         peer_names: Sequence[str] = ("flash", "cudnn", "efficient"),
         printer: Callable[[str], None] = print,
-        candidate_knobs: dict[str, str] | None = None) -> tuple[dict, int]:
-    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``candidate_knobs``:
-    ours measured again under these tuning knobs at every point (:mod:`.candidate`)."""
+        candidates: dict[str, dict[str, str]] | None = None) -> tuple[dict, int]:
+    """Run the benchmark; return (result dict, exit code). Needs a CUDA GPU. ``candidates``:
+    {label: tuning knobs}, ours measured again under each at every point (:mod:`.candidate`)."""
     import torch
     from . import ceilings, hostcost
 
@@ -214,7 +214,7 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             "host_cost": host,
             "points": points,
             "summary": report.summarize(points, ref_peer=peer_names[0] if peer_names else "flash"),
-            "candidate": candidate.summarize(points, candidate_knobs),
+            "candidates": candidate.summarize(points, candidates),
         }
 
     bar = _progress(len(points))
@@ -239,7 +239,7 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             bar.update(len(pts))
             continue
         for p in pts:
-            measure_point(p, ours_sets, sdpa_sets, peer_names, ceiling_tflops, rep, warm, candidate_knobs)
+            measure_point(p, ours_sets, sdpa_sets, peer_names, ceiling_tflops, rep, warm, candidates)
             if _is_fatal(p.get("ours_error")):
                 fatal = f"skipped after a fatal CUDA error in ours: {p['ours_error'][:200]}"
             r = p["ratio"].get(peer_names[0]) if peer_names else None
@@ -257,8 +257,8 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
     printer(report.format_table(points, peer_names))
     printer(f"raw JSON: {path}")
     printer(report.format_summary(summary, ceil, host))
-    if candidate_knobs:
-        printer(candidate.format_summary(final["candidate"]))
+    if candidates:
+        printer(candidate.format_summary(final["candidates"]))
     code = 0 if summary["n_ours_failed"] == 0 and summary["n_measured"] > 0 else 1
     return final, code
 
@@ -311,5 +311,5 @@ def main_from_args(args: argparse.Namespace) -> int:
     if code is not None:
         return code
     _, code = run(args.quick, args.out, dtypes, args.head_dims, args.seqlens, args.rep_ms,
-                  args.time_budget_s, peer_names, candidate_knobs=knobs)
+                  args.time_budget_s, peer_names, candidates=knobs)
     return code

@@ -138,10 +138,11 @@ def _grad_diff(ours: Sequence, peer: Sequence) -> dict[str, float]:
 
 def measure_config(pts: dict[str, dict], ours_sets: list[dict], sdpa_sets: list[dict], peer_names: Sequence[str],
                    ceiling_tflops: float | None, rep_ms: float, warmup_ms: float,
-                   deterministic: bool = False, candidate_knobs: dict[str, str] | None = None) -> dict[str, dict]:
+                   deterministic: bool = False,
+                   candidates: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
     """Measure one configuration in every mode. ``pts`` maps mode -> that mode's grid point (same
     configuration); each is filled in place (:mod:`.report` point format, plus ``grad_diff``, and
-    with ``candidate_knobs`` the :mod:`.candidate` entry)."""
+    with ``candidates`` their :mod:`.candidate` entries)."""
     import torch
     import torch.nn.functional as F
     import ferroattn
@@ -171,21 +172,21 @@ def measure_config(pts: dict[str, dict], ours_sets: list[dict], sdpa_sets: list[
     except Exception as e:
         for p in pts.values():
             p["ours_error"] = _err(e)
-    if candidate_knobs:
+    for label, knobs in (candidates or {}).items():
         try:
-            with override(**candidate_knobs):
+            with override(**knobs):
                 rc = time_impl(ours_fwd, ours_sets, rep_ms, warmup_ms)
             diff = None if ours_grads is None else max(
                 float((a.float() - b.float()).abs().max()) for a, b in zip(rc["grads"], ours_grads))
             del rc["grads"]
             for mode, p in pts.items():
                 if isinstance(rc[mode], BaseException):
-                    p["candidate_error"] = _err(rc[mode])
+                    candidate.record_error(p, label, rc[mode])
                 else:
-                    p["candidate"] = candidate.entry(p["ours"], rc[mode], p["flops"], diff)
+                    candidate.record(p, label, rc[mode], diff)
         except Exception as e:
             for p in pts.values():
-                p["candidate_error"] = _err(e)
+                candidate.record_error(p, label, e)
 
     def peer_fwd(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -231,9 +232,9 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
         rep_ms: float | None = None, time_budget_s: float | None = None,
         peer_names: Sequence[str] = DEFAULT_PEERS, deterministic: bool = False,
         printer: Callable[[str], None] = print,
-        candidate_knobs: dict[str, str] | None = None) -> tuple[dict, int]:
+        candidates: dict[str, dict[str, str]] | None = None) -> tuple[dict, int]:
     """Run the backward benchmark; return (result dict, exit code). Needs a CUDA GPU.
-    ``candidate_knobs``: ours measured again under these tuning knobs (:mod:`.candidate`)."""
+    ``candidates``: {label: tuning knobs}, ours measured again under each (:mod:`.candidate`)."""
     import torch
     from . import ceilings
 
@@ -268,8 +269,8 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             "ceilings": ceil,
             "points": by_mode,
             "summary": report.summarize_backward(by_mode, ref_peer=ref_peer),
-            "candidate": None if not candidate_knobs else
-            {mode: candidate.summarize(by_mode[mode], candidate_knobs) for mode in MODES},
+            "candidates": None if not candidates else
+            {mode: candidate.summarize(by_mode[mode], candidates) for mode in MODES},
         }
 
     bar = attention._progress(n_cfg)
@@ -295,7 +296,7 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
             continue
         for c in cfgs:
             measure_config(c, ours_sets, sdpa_sets, peer_names, ceiling_tflops, rep, warm, deterministic,
-                           candidate_knobs)
+                           candidates)
             errs = [p.get("ours_error") for p in c.values()]
             if any(attention._is_fatal(e) for e in errs):
                 fatal = "skipped after a fatal CUDA error in ours: " + next(e for e in errs if attention._is_fatal(e))[:200]
@@ -318,8 +319,8 @@ def run(quick: bool = False, out_dir: str = "bench/results", dtypes: Sequence[st
     printer(report.format_per_config(summary, peer_names))
     printer(f"raw JSON: {path}")
     printer(report.format_summary_backward(summary, ceil))
-    for mode in MODES if candidate_knobs else ():
-        printer(candidate.format_summary(final["candidate"][mode], report.MODE_TITLES[mode]))
+    for mode in MODES if candidates else ():
+        printer(candidate.format_summary(final["candidates"][mode], report.MODE_TITLES[mode]))
     failed = sum(s["n_ours_failed"] for s in summary["modes"].values())
     measured = sum(s["n_measured"] for s in summary["modes"].values())
     code = 0 if failed == 0 and measured > 0 and not fatal else 1
@@ -337,5 +338,5 @@ def main_from_args(args: argparse.Namespace) -> int:
         return code
     _, code = run(args.quick, args.out, dtypes, args.head_dims, args.seqlens, args.rep_ms,
                   args.time_budget_s, peer_names, deterministic=bool(getattr(args, "deterministic", False)),
-                  candidate_knobs=knobs)
+                  candidates=knobs)
     return code

@@ -1,11 +1,12 @@
-"""An A/B candidate in ``bench attention`` (forward and ``--backward``): ours measured a second time
-at every point, in the same process and right after ours, with some tuning knobs set
-(``--candidate attn_sm90_fwd_kv_release=separate``; the knobs are in docs/DEVELOPING.md). Pairing
-the two at each point keeps clock and L2 drift between runs out of the comparison.
+"""A/B candidates in ``bench attention`` (forward and ``--backward``): ours measured again at every
+point, in the same process and right after ours, with some tuning knobs set (``--candidate
+attn_sm90_fwd_kv_release=separate``, repeatable; the knobs are in docs/DEVELOPING.md). Pairing the
+runs at each point keeps clock and L2 drift between runs out of the comparison.
 
-Per point, ``p["candidate"]`` = {"ms", "tflops", "speedup": candidate TFLOP/s / ours TFLOP/s,
-"max_abs_diff": the largest |candidate - ours| (forward output, or over dQ, dK, dV)}, or
-``p["candidate_error"]``. :func:`summarize` gives the median / min / max speedup over the points.
+A candidate is labelled by its ``--candidate`` text. Per point, ``p["candidates"][label]`` =
+{"ms", "tflops", "speedup": candidate TFLOP/s / ours TFLOP/s, "max_abs_diff": the largest
+|candidate - ours| (forward output, or over dQ, dK, dV)}, or ``p["candidate_errors"][label]``.
+:func:`summarize` gives, per label, the median / min / max speedup over the points.
 """
 from __future__ import annotations
 
@@ -39,60 +40,73 @@ def check(knobs: dict[str, str]) -> None:
         pass
 
 
-def entry(ours: dict | None, ms: float, flops: float, max_abs_diff: float | None) -> dict:
-    """The candidate's figures at a point whose ours entry is ``ours`` (None when ours failed)."""
+def record(p: dict, label: str, ms: float, max_abs_diff: float | None) -> None:
+    """Store candidate ``label``'s figures at point ``p`` (whose ours entry may be None)."""
     from . import report
-    tf = report.tflops(flops, ms)
-    base = (ours or {}).get("tflops")
-    return {"ms": ms, "tflops": tf, "speedup": (tf / base) if (tf and base) else None,
-            "max_abs_diff": max_abs_diff}
+    tf = report.tflops(p["flops"], ms)
+    base = (p.get("ours") or {}).get("tflops")
+    p.setdefault("candidates", {})[label] = {"ms": ms, "tflops": tf, "speedup": (tf / base) if (tf and base) else None,
+                                             "max_abs_diff": max_abs_diff}
 
 
-def summarize(points: Iterable[dict], knobs: dict[str, str] | None) -> dict | None:
-    """{"knobs", "median_speedup", "min_speedup", "max_speedup", "min_at", "n", "n_failed"} over
-    the points with a candidate speedup; None without a candidate."""
-    if not knobs:
+def record_error(p: dict, label: str, e: BaseException) -> None:
+    """Store why candidate ``label`` could not be measured at point ``p``."""
+    p.setdefault("candidate_errors", {})[label] = f"{type(e).__name__}: {e}"
+
+
+def summarize(points: Iterable[dict], candidates: dict[str, dict[str, str]] | None) -> dict | None:
+    """Per label: {"knobs", "median_speedup", "min_speedup", "max_speedup", "min_at", "n",
+    "n_failed"} over the points with that candidate's speedup; None without candidates."""
+    if not candidates:
         return None
     from . import report
     points = list(points)
-    sel = [p for p in points if (p.get("candidate") or {}).get("speedup") is not None]
-    sp = sorted(p["candidate"]["speedup"] for p in sel)
-    worst = min(sel, key=lambda p: p["candidate"]["speedup"]) if sel else None
-    return {
-        "knobs": dict(knobs),
-        "median_speedup": report._median(sp),
-        "min_speedup": sp[0] if sp else None,
-        "max_speedup": sp[-1] if sp else None,
-        "min_at": None if worst is None else report.point_label(worst),
-        "n": len(sp),
-        "n_failed": sum(1 for p in points if p.get("candidate_error")),
-    }
+    out = {}
+    for label, knobs in candidates.items():
+        sel = [p for p in points if ((p.get("candidates") or {}).get(label) or {}).get("speedup") is not None]
+        sp = sorted(p["candidates"][label]["speedup"] for p in sel)
+        worst = min(sel, key=lambda p: p["candidates"][label]["speedup"]) if sel else None
+        out[label] = {
+            "knobs": dict(knobs),
+            "median_speedup": report._median(sp),
+            "min_speedup": sp[0] if sp else None,
+            "max_speedup": sp[-1] if sp else None,
+            "min_at": None if worst is None else report.point_label(worst),
+            "n": len(sp),
+            "n_failed": sum(1 for p in points if label in (p.get("candidate_errors") or {})),
+        }
+    return out
 
 
-def format_summary(s: dict | None, title: str = "") -> str:
-    """One line: the candidate's knobs and its speedup over ours."""
-    if not s:
-        return ""
-    knobs = ",".join(f"{k}={v}" for k, v in s["knobs"].items())
-
+def format_summary(summaries: dict | None, title: str = "") -> str:
+    """One line per candidate: its label and its speedup over ours."""
     def f(x: Any) -> str:
         return "—" if x is None else f"{x:.3f}"
-    return (f"candidate {knobs}{' (' + title + ')' if title else ''}: speedup over ours median "
-            f"{f(s['median_speedup'])}, min {f(s['min_speedup'])} ({s['min_at']}), max {f(s['max_speedup'])}, "
-            f"{s['n']} points, {s['n_failed']} failed")
+    return "\n".join(
+        f"candidate {label}{' (' + title + ')' if title else ''}: speedup over ours median "
+        f"{f(s['median_speedup'])}, min {f(s['min_speedup'])} ({s['min_at']}), max {f(s['max_speedup'])}, "
+        f"{s['n']} points, {s['n_failed']} failed"
+        for label, s in (summaries or {}).items())
 
 
-def from_args(prog: str, args: Any) -> tuple[int | None, dict[str, str] | None]:
-    """``--candidate`` of ``bench attention``: (None, knobs or None) to go on, or (2, None) after
-    printing the error (a malformed list, an unknown knob, a bad value) to stderr, prefixed ``prog``;
-    (3, None) when the native extension cannot be imported to check the knobs."""
+def from_args(prog: str, args: Any) -> tuple[int | None, dict[str, dict[str, str]] | None]:
+    """The ``--candidate`` options of ``bench attention`` (a list: the option repeats): (None,
+    {label: knobs} or None) to go on, or (2, None) after printing the error (a malformed list, an
+    unknown knob, a bad value, a candidate given twice) to stderr, prefixed ``prog``; (3, None)
+    when the native extension cannot be imported to check the knobs."""
     import sys
-    text = getattr(args, "candidate", None)
-    if text is None:
+    texts = getattr(args, "candidate", None)
+    if not texts:
         return None, None
+    out: dict[str, dict[str, str]] = {}
     try:
-        knobs = parse(text)
-        check(knobs)
+        for text in texts:
+            knobs = parse(text)
+            check(knobs)
+            label = ",".join(f"{k}={v}" for k, v in knobs.items())
+            if label in out:
+                raise ValueError(f"--candidate: {text!r} given twice")
+            out[label] = knobs
     except ImportError as e:
         print(f"{prog}: cannot run: {e}", file=sys.stderr)
         return 3, None
@@ -100,4 +114,4 @@ def from_args(prog: str, args: Any) -> tuple[int | None, dict[str, str] | None]:
         print(f"{prog}: --candidate: {e}" if not str(e).startswith("--candidate") else f"{prog}: {e}",
               file=sys.stderr)
         return 2, None
-    return None, knobs
+    return None, out
