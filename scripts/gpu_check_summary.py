@@ -154,7 +154,7 @@ def bench_bwd_summary(name: str, res: dict) -> dict:
     s.pop("per_config", None)
     cfg = res.get("config") or {}
     return {"file": name, "summary": s, "partial": res.get("partial"), "deterministic": cfg.get("deterministic"),
-            "ceilings": res.get("ceilings"), "elapsed_s": cfg.get("elapsed_s")}
+            "ceilings": res.get("ceilings"), "elapsed_s": cfg.get("elapsed_s"), "candidates": res.get("candidates")}
 
 
 def training_summary(name: str, res: dict) -> dict:
@@ -256,7 +256,8 @@ def build_summary(work: Path, out: Path, elapsed: int | None = None, stages_sele
         }
     if bench:
         summary["bench"] = {"file": bench_file, "summary": bench.get("summary"), "ceilings": bench.get("ceilings"),
-                            "host_cost": bench.get("host_cost"), "elapsed_s": bench.get("config", {}).get("elapsed_s")}
+                            "host_cost": bench.get("host_cost"), "elapsed_s": bench.get("config", {}).get("elapsed_s"),
+                            "candidates": bench.get("candidates")}
     bwd_file, bwd = newest_json(out, "attention_bwd")
     if bwd:
         summary["bench_bwd"] = bench_bwd_summary(bwd_file, bwd)
@@ -355,11 +356,21 @@ def format_summary(s: dict) -> str:
         parts = [f"{k} {v['host_us']:.1f} us" for k, v in hc.items() if isinstance(v, dict) and v.get("host_us") is not None]
         if parts:
             lines.append("host cost per small call: " + ", ".join(parts))
+        lines += format_candidates(b.get("candidates"), "bench")
     lines += format_bench_bwd(s.get("bench_bwd"))
+    for mode, cands in ((s.get("bench_bwd") or {}).get("candidates") or {}).items():
+        lines += format_candidates(cands, f"bench_bwd {mode}")
     lines += format_train(s.get("train"))
     lines += format_fa2(s.get("fa2"))
     lines.append(f"overall: {'OK' if s['ok'] else 'NOT OK'} in {s.get('elapsed_s')} s")
     return "\n".join(lines)
+
+
+def format_candidates(cands: dict | None, where: str) -> list[str]:
+    """One line per A/B candidate of a benchmark (ferroattn/bench/candidate.py's summary)."""
+    return [f"{where} candidate {label}: speedup over ours median {_f(c.get('median_speedup'), '.3f')}, "
+            f"min {_f(c.get('min_speedup'), '.3f')} at {c.get('min_at')}, max {_f(c.get('max_speedup'), '.3f')}; "
+            f"{c.get('n')} points, {c.get('n_failed')} failed" for label, c in (cands or {}).items()]
 
 
 def format_bench_bwd(b: dict | None) -> list[str]:

@@ -148,3 +148,29 @@ def test_backward_config_measures_the_candidate_in_both_modes(fakes, monkeypatch
         assert c["ms"] == 2.0 and c["speedup"] == pytest.approx(1.5)
         # the fake's +0.25 is a constant: it has no gradient, so the candidate's gradients equal ours
         assert c["max_abs_diff"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_gpu_check_summary_reports_the_candidates(tmp_path, capsys):
+    import json
+
+    from _scripts import load_script
+
+    gcs = load_script("gpu_check_summary")
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "logs").mkdir(parents=True)
+    out.mkdir()
+    (work / "stages.tsv").write_text("bench\t0\t100\t200\nbench_bwd\t0\t100\t200\n")
+    c = {"knobs": {KNOB: "separate"}, "median_speedup": 1.07, "min_speedup": 0.99, "max_speedup": 1.2,
+         "min_at": "bf16 full d=64 h=32 s=1024 b=16", "n": 6, "n_failed": 0}
+    fwd = {"meta": {}, "config": {}, "summary": {"median_ratio": 1.0, "n_measured": 6, "n_points": 6},
+           "ceilings": {}, "candidates": {f"{KNOB}=separate": c}}
+    bwd = {"meta": {}, "config": {}, "summary": {"modes": {}}, "ceilings": {},
+           "candidates": {"bwd": {"attn_sm90_bwd_dq_overlap=1": dict(c, median_speedup=1.11)}}}
+    (out / "attention_nvidia-h200_20261205T000000.json").write_text(json.dumps(fwd))
+    (out / "attention_bwd_nvidia-h200_20261205T000000.json").write_text(json.dumps(bwd))
+    gcs.main(["--work", str(work), "--out", str(out), "--stages", "bench,bench_bwd"])
+    printed = capsys.readouterr().out
+    s = json.loads((out / "gpu_check.json").read_text())
+    assert s["bench"]["candidates"][f"{KNOB}=separate"]["median_speedup"] == 1.07
+    assert f"bench candidate {KNOB}=separate: speedup over ours median 1.070, min 0.990" in printed
+    assert "bench_bwd bwd candidate attn_sm90_bwd_dq_overlap=1: speedup over ours median 1.110" in printed
