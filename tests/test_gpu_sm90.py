@@ -260,3 +260,36 @@ def test_varlen_runs_on_the_hopper_kernel_under_its_knob(form, d, kw):
     # the default keeps varlen on the sm80 kernel
     _, kernels80 = _kernels_of(run)
     assert "attn_fwd_sm90" not in kernels80, kernels80
+
+
+@pytest.mark.parametrize("d", [136, 160, 192])
+@pytest.mark.parametrize("variant", ["causal", "full", "window", "softcap", "alibi", "sinks", "dropout", "persistent"])
+def test_dedicated_d192_kernel_under_its_knob(d, variant):
+    """attn_sm90_fwd_d192 runs head dims 129..192 on the 192 kernel: against the reference for the
+    variants (dropout with its mask read back), s_q != s_k, GQA; the launch names the 192 kernel."""
+    from ferroattn.knobs import override
+
+    b, s_q, s_k, h, h_k = 2, 333, 517, 4, 2
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, BF16)
+    kw = {"causal": dict(causal=True), "full": dict(), "window": dict(causal=True, window_size=(100, 0)),
+          "softcap": dict(causal=True, softcap=20.0),
+          "alibi": dict(causal=True, alibi_slopes=torch.rand(h, device=DEV, dtype=torch.float32) * 0.3),
+          "sinks": dict(causal=True, s_aux=torch.randn(h, device=DEV, dtype=torch.float32)),
+          "dropout": dict(causal=True, dropout_p=0.17), "persistent": dict(causal=True)}[variant]
+    knobs = {"attn_sm90_fwd_d192": "1"}
+    if variant == "persistent":
+        knobs.update(attn_sm90_fwd_persistent="1", attn_sm90_fwd_kv_release="separate")
+    if variant == "sinks" and "s_aux" not in inspect.signature(flash_attn_func).parameters:
+        pytest.skip("s_aux not in flash_attn_func's signature")
+    with override(**knobs):
+        poison_allocator(q, q.numel() * 4)
+        torch.manual_seed(5)
+        (out, lse, s_dmask), recs = launch_records(lambda: flash_attn_func(q, k, v, return_attn_probs=True, **kw))
+    configs = [r["config"] for r in recs if r["kernel"] == "attn_fwd_sm90"]
+    assert configs and all(c.startswith("ferroattn::attn_fwd_sm90<192,") for c in configs), configs
+    if variant == "dropout":
+        kw = dict(kw, dropout_mask=(s_dmask >= 0)[:, :, :s_q, :s_k])
+    ref, ref_lse = attention_ref(q, k, v, **kw)
+    ref_lp, _ = attention_ref(q, k, v, upcast=False, **kw)
+    assert_close_to_ref(out, ref, ref_lp)
+    assert_lse_close(lse, ref_lse)

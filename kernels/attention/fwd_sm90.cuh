@@ -24,7 +24,7 @@
 // Warpgroup 0: the producer (setmaxnreg 24; one thread issues every copy). Warpgroups 1, 2: the
 // consumers (setmaxnreg 240), rows 64 (wg - 1) .. + 63 of the 128-row query tile.
 //
-// Template parameters: HeadDim 64, 128 or 256; BlockN keys per tile, a multiple of 16 (of 32 with
+// Template parameters: HeadDim 64, 128, 192 or 256; BlockN keys per tile, a multiple of 16 (of 32 with
 // dropout) for which common/wgmma.cuh has an SS wrapper; Stages >= 2 K/V ring slots; V the
 // variant (attention/variant.cuh); T __half or __nv_bfloat16; KvSeparate (default false) how the
 // ring's slots are released: false, K and V of a slot together once the slot's P V completed;
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     constexpr int NJ = BlockN / 8;      // 8-column chunks of S per thread row
     constexpr int KP = BlockN / 16;     // k16 steps of P V
     constexpr int DJ = HeadDim / 8;     // 8-column chunks of O
-    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "HeadDim is 64, 128 or 256");
+    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 192 || HeadDim == 256, "HeadDim is 64, 128, 192 or 256");
     static_assert(BlockN % 16 == 0 && BlockN >= 16 && BlockN <= 256, "BlockN: a multiple of 16 in 16..256");
     static_assert(!V::kDropout || BlockN % 32 == 0, "dropout units span 32 keys");
     static_assert(Stages >= 2, "Stages >= 2");

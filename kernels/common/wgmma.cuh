@@ -23,6 +23,7 @@ namespace sm90 {
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FERROATTN_WGMMA_ACC_40 FERROATTN_WGMMA_ACC_32 "," "%32, %33, %34, %35, %36, %37, %38, %39"
 #define FERROATTN_WGMMA_ACC_48 FERROATTN_WGMMA_ACC_40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define FERROATTN_WGMMA_ACC_56 FERROATTN_WGMMA_ACC_48 ", %48, %49, %50, %51, %52, %53, %54, %55"
 #define FERROATTN_WGMMA_ACC_64 FERROATTN_WGMMA_ACC_48 "," \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define FERROATTN_WGMMA_ACC_88 FERROATTN_WGMMA_ACC_64 "," \
@@ -41,6 +42,7 @@ namespace sm90 {
     FERROATTN_WGMMA_D8(0), FERROATTN_WGMMA_D8(8), FERROATTN_WGMMA_D8(16), FERROATTN_WGMMA_D8(24)
 #define FERROATTN_WGMMA_OUT_40 FERROATTN_WGMMA_OUT_32, FERROATTN_WGMMA_D8(32)
 #define FERROATTN_WGMMA_OUT_48 FERROATTN_WGMMA_OUT_40, FERROATTN_WGMMA_D8(40)
+#define FERROATTN_WGMMA_OUT_56 FERROATTN_WGMMA_OUT_48, FERROATTN_WGMMA_D8(48)
 #define FERROATTN_WGMMA_OUT_64 FERROATTN_WGMMA_OUT_48, FERROATTN_WGMMA_D8(48), FERROATTN_WGMMA_D8(56)
 #define FERROATTN_WGMMA_OUT_88 \
     FERROATTN_WGMMA_OUT_64, FERROATTN_WGMMA_D8(64), FERROATTN_WGMMA_D8(72), FERROATTN_WGMMA_D8(80)
@@ -90,6 +92,7 @@ __device__ __forceinline__ void NAME(float (&d)[R], const unsigned (&a)[4], \
 FERROATTN_WGMMA_SS_BF16_F16(64, 32, 33, 34, 35, 36)
 FERROATTN_WGMMA_SS_BF16_F16(80, 40, 41, 42, 43, 44)
 FERROATTN_WGMMA_SS_BF16_F16(96, 48, 49, 50, 51, 52)
+FERROATTN_WGMMA_SS_BF16_F16(112, 56, 57, 58, 59, 60)
 FERROATTN_WGMMA_SS_BF16_F16(128, 64, 65, 66, 67, 68)
 FERROATTN_WGMMA_SS_BF16_F16(176, 88, 89, 90, 91, 92)
 FERROATTN_WGMMA_SS_BF16_F16(192, 96, 97, 98, 99, 100)
@@ -110,6 +113,7 @@ FERROATTN_WGMMA_RS_BF16_F16(256, 128, 129, 130, 131, 132, 133, 134)
 #undef FERROATTN_WGMMA_OUT_96
 #undef FERROATTN_WGMMA_OUT_88
 #undef FERROATTN_WGMMA_OUT_64
+#undef FERROATTN_WGMMA_OUT_56
 #undef FERROATTN_WGMMA_OUT_48
 #undef FERROATTN_WGMMA_OUT_40
 #undef FERROATTN_WGMMA_OUT_32
@@ -118,17 +122,19 @@ FERROATTN_WGMMA_RS_BF16_F16(256, 128, 129, 130, 131, 132, 133, 134)
 #undef FERROATTN_WGMMA_ACC_96
 #undef FERROATTN_WGMMA_ACC_88
 #undef FERROATTN_WGMMA_ACC_64
+#undef FERROATTN_WGMMA_ACC_56
 #undef FERROATTN_WGMMA_ACC_48
 #undef FERROATTN_WGMMA_ACC_40
 #undef FERROATTN_WGMMA_ACC_32
 
 // d (64 x N, fp32) (+)= A (64 x 16) * B (16 x N) for T = __half / __nv_bfloat16, A and B from
 // shared-memory descriptors; scale_d = 0 overwrites d. TransA / TransB = 1: that operand is
-// MN-major in shared memory. N in {64, 80, 96, 128, 176, 192, 256}.
+// MN-major in shared memory. N in {64, 80, 96, 112, 128, 176, 192, 256}.
 template <typename T, int N, int TransA, int TransB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long desc_a,
                                          unsigned long long desc_b, int scale_d) {
-    static_assert(N == 64 || N == 80 || N == 96 || N == 128 || N == 176 || N == 192 || N == 256, "no wgmma_ss wrapper for this N");
+    static_assert(N == 64 || N == 80 || N == 96 || N == 112 || N == 128 || N == 176 || N == 192 || N == 256,
+                  "no wgmma_ss wrapper for this N");
     if constexpr (N == 64) {
         if constexpr (DTypeTraits<T>::kIsBF16) wgmma_m64n64k16_bf16<TransA, TransB>(d, desc_a, desc_b, scale_d);
         else wgmma_m64n64k16_f16<TransA, TransB>(d, desc_a, desc_b, scale_d);
@@ -138,6 +144,9 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long d
     } else if constexpr (N == 96) {
         if constexpr (DTypeTraits<T>::kIsBF16) wgmma_m64n96k16_bf16<TransA, TransB>(d, desc_a, desc_b, scale_d);
         else wgmma_m64n96k16_f16<TransA, TransB>(d, desc_a, desc_b, scale_d);
+    } else if constexpr (N == 112) {
+        if constexpr (DTypeTraits<T>::kIsBF16) wgmma_m64n112k16_bf16<TransA, TransB>(d, desc_a, desc_b, scale_d);
+        else wgmma_m64n112k16_f16<TransA, TransB>(d, desc_a, desc_b, scale_d);
     } else if constexpr (N == 128) {
         if constexpr (DTypeTraits<T>::kIsBF16) wgmma_m64n128k16_bf16<TransA, TransB>(d, desc_a, desc_b, scale_d);
         else wgmma_m64n128k16_f16<TransA, TransB>(d, desc_a, desc_b, scale_d);

@@ -605,6 +605,7 @@ pub fn attn_fwd(
         stages: knobs.attn_sm90_fwd_stages,
         persistent: knobs.attn_sm90_fwd_persistent,
         varlen: knobs.attn_sm90_fwd_varlen,
+        d192: knobs.attn_sm90_fwd_d192,
     };
     if let Some(launch) = sm90::prepare(&p, kind, arch, knobs.attn_fwd_family, form, q, k, v, out, &prm)? {
         // SAFETY: as below; the maps describe the caller's q, k, v and out.

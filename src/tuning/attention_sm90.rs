@@ -17,23 +17,29 @@ pub const BLOCK_M: u32 = 128;
 /// Warps per block: one producer and two consumer warpgroups.
 pub const NUM_WARPS: u32 = 12;
 
-/// The kernel head dim a call's head dim runs on, or None above 256.
-pub fn kernel_head_dim(head_dim: u32) -> Option<u32> {
+/// The kernel head dim a call's head dim runs on, or None above 256. `d192`: head dims 129..=192
+/// run on the dedicated 192 kernel (knob `attn_sm90_fwd_d192`), else on 256.
+pub fn kernel_head_dim(head_dim: u32, d192: bool) -> Option<u32> {
     match head_dim {
         0..=64 => Some(64),
         65..=128 => Some(128),
+        129..=192 if d192 => Some(192),
         129..=256 => Some(256),
         _ => None,
     }
 }
 
 /// (block_n, stages) per kernel head dim. d 64: 128-key tiles, 3 slots (112 KiB). d 128:
-/// 128-key tiles, 2 slots (160 KiB). d 256: 80-key tiles, 2 slots (225 KiB; O alone holds 128
-/// registers per consumer thread); with dropout 64 keys (its units span 32 keys).
+/// 128-key tiles, 2 slots (160 KiB). d 192: 112-key tiles, 2 slots (216 KiB; S, its fp32 copy, P
+/// and O take 112 / 2 + 112 / 2 + 112 / 4 + 96 = 236 of the 240 registers); with dropout 96 keys.
+/// d 256: 80-key tiles, 2 slots (225 KiB; O alone holds 128 registers per consumer thread); with
+/// dropout 64 keys (its units span 32 keys).
 pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32) {
     match head_dim {
         64 => (128, 3),
         128 => (128, 2),
+        192 if variant.dropout => (96, 2),
+        192 => (112, 2),
         _ if variant.dropout => (64, 2),
         _ => (80, 2),
     }
@@ -41,14 +47,16 @@ pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32) {
 
 /// The choices of the sm90 forward that the tuning knobs set (A/B runs and candidates): the
 /// ring's release (`attn_sm90_fwd_kv_release`), its depth (`attn_sm90_fwd_stages`), the
-/// persistent form (`attn_sm90_fwd_persistent`), and whether varlen calls may run on it
-/// (`attn_sm90_fwd_varlen`: the same kernels, which read cu_seqlens at run time).
+/// persistent form (`attn_sm90_fwd_persistent`), whether varlen calls may run on it
+/// (`attn_sm90_fwd_varlen`: the same kernels, which read cu_seqlens at run time) and whether head
+/// dims 129..=192 run on the dedicated 192 kernel (`attn_sm90_fwd_d192`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FwdForm {
     pub kv_release: KvRelease,
     pub stages: RingStages,
     pub persistent: bool,
     pub varlen: bool,
+    pub d192: bool,
 }
 
 /// The sm90 configuration of a call, or None where the kernel has no specialisation (head dim
@@ -58,7 +66,7 @@ pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch,
     if arch != Arch::Sm90a {
         return None;
     }
-    let hd = kernel_head_dim(head_dim)?;
+    let hd = kernel_head_dim(head_dim, form.d192)?;
     let (block_n, stages) = fwd_tile(hd, variant);
     let mut c = AttnFwdConfig {
         family: AttnFwdFamily::Sm90,
@@ -85,19 +93,24 @@ pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
     fwd_configs_of_form(arch, FwdForm::default())
 }
 
-/// The production points in the pipeline forms an A/B run measures against the default
-/// (`KvRelease::Separate`, alone and persistent): `precompile` builds them too, so CI holds them to
-/// no spills.
+/// The production points in the forms an A/B run measures against the default
+/// (`KvRelease::Separate`, alone and persistent; the dedicated d 192 kernel in the default form):
+/// `precompile` builds them too, so CI holds them to no spills.
 pub fn fwd_candidate_configs(arch: Arch) -> Vec<AttnFwdConfig> {
     let separate = FwdForm { kv_release: KvRelease::Separate, ..FwdForm::default() };
     let mut out = fwd_configs_of_form(arch, separate);
     out.extend(fwd_configs_of_form(arch, FwdForm { persistent: true, ..separate }));
+    out.extend(configs_at(arch, &[192], FwdForm { d192: true, ..FwdForm::default() }));
     out
 }
 
 fn fwd_configs_of_form(arch: Arch, form: FwdForm) -> Vec<AttnFwdConfig> {
+    configs_at(arch, &[64, 128, 256], form)
+}
+
+fn configs_at(arch: Arch, head_dims: &[u32], form: FwdForm) -> Vec<AttnFwdConfig> {
     let mut out = Vec::new();
-    for hd in [64, 128, 256] {
+    for &hd in head_dims {
         for v in production_variants() {
             for dtype in [DType::F16, DType::BF16] {
                 out.extend(fwd_config(hd, v, dtype, arch, form));
@@ -114,11 +127,23 @@ mod tests {
 
     #[test]
     fn head_dims_map_to_the_three_kernels() {
-        assert_eq!(kernel_head_dim(8), Some(64));
-        assert_eq!(kernel_head_dim(64), Some(64));
-        assert_eq!(kernel_head_dim(72), Some(128));
-        assert_eq!(kernel_head_dim(192), Some(256));
-        assert_eq!(kernel_head_dim(264), None);
+        assert_eq!(kernel_head_dim(8, false), Some(64));
+        assert_eq!(kernel_head_dim(64, false), Some(64));
+        assert_eq!(kernel_head_dim(72, false), Some(128));
+        assert_eq!(kernel_head_dim(192, false), Some(256));
+        assert_eq!(kernel_head_dim(264, false), None);
+        // the dedicated 192 kernel (knob attn_sm90_fwd_d192)
+        assert_eq!(kernel_head_dim(136, true), Some(192));
+        assert_eq!(kernel_head_dim(192, true), Some(192));
+        assert_eq!(kernel_head_dim(200, true), Some(256));
+        assert_eq!(kernel_head_dim(128, true), Some(128));
+        let c = fwd_config(160, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, FwdForm { d192: true, ..FwdForm::default() })
+            .unwrap();
+        assert_eq!((c.head_dim, c.block_n, c.stages), (192, 112, 2));
+        assert_fits_smem(&c);
+        let dr = VariantKind { dropout: true, ..VariantKind::CAUSAL };
+        assert_eq!(fwd_config(192, dr, DType::BF16, Arch::Sm90a, FwdForm { d192: true, ..FwdForm::default() })
+            .unwrap().block_n, 96);
         let d = FwdForm::default();
         assert!(fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm80, d).is_none());
         let c = fwd_config(96, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, d).unwrap();
@@ -174,10 +199,13 @@ mod tests {
         assert_eq!(fwd_config(256, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, three).unwrap().stages, 2);
         assert_eq!(fwd_config(64, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, four).unwrap().stages, 4);
         for c in fwd_candidate_configs(Arch::Sm90a) {
-            assert_eq!(c.kv_release, KvRelease::Separate);
+            // the release forms, and the d 192 kernel in the default form
+            assert!(c.kv_release == KvRelease::Separate || (c.head_dim == 192 && !c.persistent), "{c:?}");
             assert_fits_smem(&c);
         }
-        assert_eq!(fwd_candidate_configs(Arch::Sm90a).len(), 2 * fwd_production_configs(Arch::Sm90a).len());
+        let n = fwd_production_configs(Arch::Sm90a).len();
+        assert_eq!(fwd_candidate_configs(Arch::Sm90a).len(), 2 * n + n / 3);
+        assert!(fwd_candidate_configs(Arch::Sm90a).iter().filter(|c| c.head_dim == 192).all(|c| c.block_n % 16 == 0));
     }
 
     #[test]

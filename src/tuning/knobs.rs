@@ -81,6 +81,8 @@ knobs! {
     attn_sm90_fwd_stages: RingStages = RingStages::Auto, "FERROATTN_ATTN_SM90_FWD_STAGES";
     /// The Hopper attention forward's persistent form (one block per SM over its share of tiles).
     attn_sm90_fwd_persistent: bool = false, "FERROATTN_ATTN_SM90_FWD_PERSISTENT";
+    /// Whether head dims 129..=192 run on the dedicated 192 Hopper attention forward.
+    attn_sm90_fwd_d192: bool = false, "FERROATTN_ATTN_SM90_FWD_D192";
     /// Whether varlen attention forwards may run on the Hopper kernel.
     attn_sm90_fwd_varlen: bool = false, "FERROATTN_ATTN_SM90_FWD_VARLEN";
     /// The Hopper attention backward's product order: dQ issued with dK (reduced under it).
@@ -189,6 +191,7 @@ mod tests {
         ("attn_sm90_fwd_kv_release", "separate"),
         ("attn_sm90_fwd_stages", "3"),
         ("attn_sm90_fwd_persistent", "1"),
+        ("attn_sm90_fwd_d192", "1"),
         ("attn_sm90_fwd_varlen", "1"),
         ("attn_sm90_bwd_dq_overlap", "1"),
         ("attn_sm90_bwd_varlen", "1"),

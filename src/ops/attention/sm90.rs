@@ -34,7 +34,7 @@ pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice, form: FwdForm) ->
         && arch == Arch::Sm90a
         && (!p.varlen || form.varlen)
         && p.batch <= MAX_LAUNCH_BATCH
-        && crate::tuning::attention_sm90::kernel_head_dim(p.head_dim as u32).is_some()
+        && crate::tuning::attention_sm90::kernel_head_dim(p.head_dim as u32, form.d192).is_some()
 }
 
 /// The output tiles of a call (query tiles of BLOCK_M rows x heads x batch), the grid of the
