@@ -390,3 +390,10 @@ def test_visible_pairs_counts_the_mask_flash_attn_runs():
             for w in [(-1, -1), (0, 0), (0, 2), (-1, 2), (2, -1), (1, 0), (3, 1), (10, 10), (-5, 0)]:
                 want = int(visible_mask(s_q, s_k, causal, w).sum())
                 assert report.visible_pairs(s_q, s_k, causal, w) == want, (s_q, s_k, causal, w)
+
+
+def test_head_dim_192_is_opt_in():
+    assert all(p["head_dim"] != 192 for p in attention.grid())
+    pts = attention.grid(quick=True, head_dims=[192])
+    assert pts and all((p["head_dim"], p["heads"]) == (192, 8) for p in pts)
+    assert [p["head_dim"] for p in attention.grid(quick=True, head_dims=[256, 192])][::4] == [192, 256]

@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
     pa.add_argument("--dtypes", default=None, help="comma-separated subset of bf16,fp16")
     pa.add_argument("--head-dims", type=_arg_type(parse_int_list, "--head-dims"), default=None,
-                    help="subset of 64,128,256")
+                    help="subset of 64,128,256 (and 192, not in the default grid)")
     pa.add_argument("--seqlens", type=_arg_type(parse_int_list, "--seqlens"), default=None,
                     help="subset of 512,1024,2048,4096,8192,16384 (with --variants: any lengths)")
     pa.add_argument("--rep-ms", type=_arg_type(_positive_float, "--rep-ms"), default=None,

@@ -29,6 +29,9 @@ from typing import Any, Callable, Sequence
 from . import candidate, report, timing
 
 DIMS = ((64, 32), (128, 16), (256, 8))          # (head_dim, heads): hidden 2048
+#: head dims only ``--head-dims`` selects (not in the FlashAttention-3 grid): d 192 as in
+#: DeepSeek-style MLA prefill (q/k 192), 8 heads
+OPT_IN_DIMS = ((192, 8),)
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS = 16384
 DTYPES = ("bf16", "fp16")
@@ -51,11 +54,11 @@ def grid(quick: bool = False, dtypes: Sequence[str] | None = None, head_dims: Se
             raise ValueError(f"--dtypes: expected a subset of {','.join(DTYPES)}, got {','.join(dtypes)}")
         dts = tuple(dtypes)
     if head_dims:
-        known = {d for d, _ in DIMS}
-        bad = [x for x in head_dims if x not in known]
+        every = tuple(sorted(DIMS + OPT_IN_DIMS))
+        bad = [x for x in head_dims if x not in {d for d, _ in every}]
         if bad:
-            raise ValueError(f"--head-dims: expected a subset of 64,128,256, got {bad}")
-        dims = tuple((d, h) for d, h in DIMS if d in head_dims)
+            raise ValueError(f"--head-dims: expected a subset of {','.join(str(d) for d, _ in every)}, got {bad}")
+        dims = tuple((d, h) for d, h in every if d in head_dims)
     if seqlens:
         bad = [x for x in seqlens if TOKENS % x]
         if bad:
