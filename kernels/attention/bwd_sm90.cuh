@@ -49,7 +49,12 @@
 // ring slots; V the variant; T __half or __nv_bfloat16; DqOverlap (default false) the order of a
 // tile's last three products: false, dV and dK, wait, the barrier, then dQ and its reduction with
 // no product in flight; true, dV, the dS^T store and the barrier, then dQ and dK issued together,
-// dQ waited for and reduced while dK runs.
+// dQ waited for and reduced while dK runs; Varlen (default false) the varlen layout: q, k, v, dout
+// are (total, heads, head dim) and their maps rank 4 with one batch entry; a block's key tile and
+// its query tiles start at the sequence's first rows (TMA loads past a sequence's end read the next
+// sequence's rows, which the masks zero like key and query tails; everything else already follows
+// bwd_dkdv_block.cuh's varlen geometry). A template argument, not a run-time test: the extra
+// coordinates cost the padded kernels a spill at some variants.
 //
 // Shared memory (1024-aligned base): K, V (HeadDim / 64 chunks of 128 rows x 128 B each), the
 // ring of Q and dO (Stages slots of HeadDim / 64 chunks of 64 rows x 128 B each), all in the
@@ -180,7 +185,7 @@ __device__ __forceinline__ float2 ld_shared_v2_f32(unsigned addr) {
 
 }  // namespace attn_bwd_detail
 
-template <int HeadDim, int Stages, class V, typename T, bool DqOverlap = false>
+template <int HeadDim, int Stages, class V, typename T, bool DqOverlap = false, bool Varlen = false>
 __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ AttnBwdSm90Params P) {
     using namespace sm90;
     using Sm = AttnBwdSm90Smem<HeadDim, Stages>;
@@ -236,11 +241,10 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         setmaxnreg_dec<24>();
         if (tid < 32) {
             const int lane = tid;
-            // The maps' row and batch coordinates: varlen tensors are one batch entry of `total`
-            // rows (a sequence's tiles start at its first row; loads past its end read the next
-            // sequence's rows, which the masks zero like key and query tails).
-            const int coord = blk.sq.varlen ? 0 : batch;
-            const int q_row0 = blk.sq.q_row0, k_row0 = blk.sq.k_row0;
+            // The maps' coordinates of a row of the sequence and of the batch entry.
+            auto q_row = [&](int r) { return Varlen ? blk.sq.q_row0 + r : r; };
+            auto k_row = [&](int r) { return Varlen ? blk.sq.k_row0 + r : r; };
+            const int coord = Varlen ? 0 : batch;
             if (lane == 0) {
                 tma_prefetch_map(&P.tma_q);
                 tma_prefetch_map(&P.tma_k);
@@ -249,8 +253,8 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                 mbar_expect_tx(sm.kv_full(), 2 * Sm::kKVBytes);
 #pragma unroll
                 for (int c = 0; c < Sm::kChunks; ++c) {
-                    tma_load_4d(sm.k() + c * Sm::kKVChunk, &P.tma_k, sm.kv_full(), c * 64, k_row0 + blk.n0, blk.head_k, coord);
-                    tma_load_4d(sm.v() + c * Sm::kKVChunk, &P.tma_v, sm.kv_full(), c * 64, k_row0 + blk.n0, blk.head_k, coord);
+                    tma_load_4d(sm.k() + c * Sm::kKVChunk, &P.tma_k, sm.kv_full(), c * 64, k_row(blk.n0), blk.head_k, coord);
+                    tma_load_4d(sm.v() + c * Sm::kKVChunk, &P.tma_v, sm.kv_full(), c * 64, k_row(blk.n0), blk.head_k, coord);
                 }
             }
             int stage = 0;
@@ -276,8 +280,8 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                     mbar_expect_tx(sm.full(stage), 2 * Sm::kQBytes);   // lane 0's arrival
 #pragma unroll
                     for (int c = 0; c < Sm::kChunks; ++c) {
-                        tma_load_4d(sm.q(stage) + c * Sm::kQChunk, &P.tma_q, sm.full(stage), c * 64, q_row0 + m_start, hq, coord);
-                        tma_load_4d(sm.dout(stage) + c * Sm::kQChunk, &P.tma_do, sm.full(stage), c * 64, q_row0 + m_start, hq, coord);
+                        tma_load_4d(sm.q(stage) + c * Sm::kQChunk, &P.tma_q, sm.full(stage), c * 64, q_row(m_start), hq, coord);
+                        tma_load_4d(sm.dout(stage) + c * Sm::kQChunk, &P.tma_do, sm.full(stage), c * 64, q_row(m_start), hq, coord);
                     }
                 } else {
                     mbar_arrive(sm.full(stage));

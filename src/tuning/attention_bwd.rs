@@ -33,12 +33,13 @@ pub enum BwdKind {
     /// `ferroattn::attn_bwd_convert_dq<HeadDim, BlockM, T>`: dq = T(softmax_scale · dq_accum).
     /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
     ConvertDq,
-    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap]>` (kernels/attention/bwd_sm90.cuh,
-    /// sm_90a): dK, dV and the atomic dQ (into dq_accum) of one 128-key tile with wgmma and TMA;
-    /// the Hopper plan's middle kernel (`bwd_plan_sm90`). `dq_overlap` (the kernel's `DqOverlap`,
-    /// rendered as `true` only when set): dQ issued with dK and reduced while dK runs, instead of
-    /// after dV and dK have completed. Grid (ceil(seqlen_k / 128), num_heads_k, batch).
-    DkDvSm90 { dq_overlap: bool },
+    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap[, Varlen]]>`
+    /// (kernels/attention/bwd_sm90.cuh, sm_90a): dK, dV and the atomic dQ (into dq_accum) of one
+    /// 128-key tile with wgmma and TMA; the Hopper plan's middle kernel (`bwd_plan_sm90`).
+    /// `dq_overlap` (the kernel's `DqOverlap`): dQ issued with dK and reduced while dK runs, instead
+    /// of after dV and dK have completed; `varlen` (`Varlen`): the varlen layout; each rendered only
+    /// when it or a later one is set. Grid (ceil(seqlen_k / 128), num_heads_k, batch).
+    DkDvSm90 { dq_overlap: bool, varlen: bool },
 }
 
 /// One specialisation of one backward kernel: template arguments, launch shape, cache key.
@@ -97,9 +98,13 @@ impl AttnBwdConfig {
                 format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}{direct}>", self.kernel())
             }
             BwdKind::Dq => format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {t}>", self.kernel()),
-            BwdKind::DkDvSm90 { dq_overlap } => {
-                let overlap = if dq_overlap { ", true" } else { "" };
-                format!("{}<{hd}, {st}, {c}, {t}{overlap}>", self.kernel())
+            BwdKind::DkDvSm90 { dq_overlap, varlen } => {
+                let tail = match (dq_overlap, varlen) {
+                    (_, true) => format!(", {dq_overlap}, true"),
+                    (true, false) => ", true".to_string(),
+                    (false, false) => String::new(),
+                };
+                format!("{}<{hd}, {st}, {c}, {t}{tail}>", self.kernel())
             }
         }
     }
@@ -375,7 +380,11 @@ pub const SM90_STAGES: u32 = 2;
 /// `family`: `Auto` takes the Hopper plan only where it measured faster than the sm80 plan (kernel
 /// head dim 128: 1.07-1.09x at 1k-8k tokens; at 64 it ran 0.60-0.74x, bench/NOTES.md "Hopper
 /// backward"), `Sm90` wherever the kernel has a specialisation (tests, A/B runs), `Sm80` never.
-/// `dq_overlap`: the kernel's product order (`BwdKind::DkDvSm90`; knob `attn_sm90_bwd_dq_overlap`).
+/// `dq_overlap`: the kernel's product order (`BwdKind::DkDvSm90`; knob `attn_sm90_bwd_dq_overlap`);
+/// `varlen`: the call's layout (varlen calls reach here only under knob `attn_sm90_bwd_varlen`;
+/// the varlen kernel in the default order spills at the causal-window softcap variant of head dim
+/// 128, which then takes the sm80 plan).
+#[allow(clippy::too_many_arguments)]
 pub fn bwd_plan_sm90(
     head_dim: u32,
     variant: VariantKind,
@@ -384,6 +393,7 @@ pub fn bwd_plan_sm90(
     arch: Arch,
     family: FamilyChoice,
     dq_overlap: bool,
+    varlen: bool,
 ) -> Option<Vec<AttnBwdConfig>> {
     let hd = if head_dim <= 64 { 64 } else { 128 };
     let chosen = match family {
@@ -395,15 +405,26 @@ pub fn bwd_plan_sm90(
         return None;
     }
     let mut plan = bwd_plan(head_dim, variant, false, dtype, arch);
-    plan[1] = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap);
+    let config = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap, varlen);
+    if varlen && !dq_overlap && config.head_dim == 128 && config.variant.softcap && config.variant.mask == MaskKind::Local {
+        return None;
+    }
+    plan[1] = config;
     Some(plan)
 }
 
 /// The Hopper dK/dV/dQ kernel's configuration for a call of `head_dim` (<= 128) and `variant`,
 /// whether or not `bwd_plan_sm90` takes it (kernel work compiles declined variants with it).
-pub fn sm90_dkdv_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch, dq_overlap: bool) -> AttnBwdConfig {
+pub fn sm90_dkdv_config(
+    head_dim: u32,
+    variant: VariantKind,
+    dtype: DType,
+    arch: Arch,
+    dq_overlap: bool,
+    varlen: bool,
+) -> AttnBwdConfig {
     AttnBwdConfig {
-        kind: BwdKind::DkDvSm90 { dq_overlap },
+        kind: BwdKind::DkDvSm90 { dq_overlap, varlen },
         head_dim: if head_dim <= 64 { 64 } else { 128 },
         block_m: 64,
         block_n: 128,
@@ -415,17 +436,18 @@ pub fn sm90_dkdv_config(head_dim: u32, variant: VariantKind, dtype: DType, arch:
     }
 }
 
-/// Every configuration `bwd_plan` (and, on sm_90a, `bwd_plan_sm90` in both product orders: the
-/// `dq_overlap` one is an A/B candidate) can return for `arch` at the production points: what
-/// `precompile` builds (held to no spills by `precompile --check-spills`). The score-modifying
+/// Every configuration `bwd_plan` (and, on sm_90a, `bwd_plan_sm90` in both product orders and
+/// layouts: the `dq_overlap` and `varlen` ones are A/B candidates) can return for `arch` at the
+/// production points: what `precompile` builds (held to no spills by `precompile --check-spills`). The score-modifying
 /// and local variants' atomic-dQ dK/dV kernels take the smaller tiles of `dkdv_dq_tile` and, in
 /// the wide kernel, the direct dQ reductions of `WIDE_DQ_DIRECT` where the default ones spill.
 pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
     for (hd, variant, dtype) in production_points() {
         for deterministic in [false, true] {
-            let hopper = [false, true].into_iter().flat_map(|overlap| {
-                bwd_plan_sm90(hd, variant, deterministic, dtype, arch, FamilyChoice::Sm90, overlap).unwrap_or_default()
+            let forms = [(false, false), (true, false), (false, true), (true, true)];
+            let hopper = forms.into_iter().flat_map(|(overlap, varlen)| {
+                bwd_plan_sm90(hd, variant, deterministic, dtype, arch, FamilyChoice::Sm90, overlap, varlen).unwrap_or_default()
             });
             for c in bwd_plan(hd, variant, deterministic, dtype, arch).into_iter().chain(hopper) {
                 if !out.contains(&c) {
@@ -486,9 +508,9 @@ mod tests {
     fn hopper_plan_takes_the_atomic_path_up_to_head_dim_128() {
         let local = VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN };
         let sm90 = FamilyChoice::Sm90;
-        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false).unwrap();
+        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false).unwrap();
         let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
-        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false }, BwdKind::ConvertDq]);
+        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen: false }, BwdKind::ConvertDq]);
         assert_eq!((p[1].head_dim, p[1].block_m, p[1].block_n, p[1].threads()), (128, 64, 128, 384));
         assert_eq!(
             p[1].name_expression(),
@@ -500,34 +522,41 @@ mod tests {
         assert_eq!(p[1].grid(1000, 300, 8, 2, 3), (3, 2, 3));
         assert!(p[1].uses_dq_accum());
         // the overlapped product order: the same kernel with `DqOverlap` rendered, the same memory
-        let o = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, true).unwrap();
-        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true });
+        let o = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, true, false).unwrap();
+        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true, varlen: false });
+        // varlen: its template argument (after DqOverlap's), and the variant its kernel spills at
+        let vl = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true).unwrap();
+        assert!(vl[1].name_expression().ends_with("__nv_bfloat16, false, true>"), "{}", vl[1].name_expression());
+        let sl = VariantKind { softcap: true, ..local };
+        assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, false, true).is_none());
+        assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, true, true).is_some());
+        assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, false, false).is_some());
         assert!(o[1].name_expression().ends_with("__nv_bfloat16, true>"), "{}", o[1].name_expression());
         assert_eq!(o[1].smem_bytes(), p[1].smem_bytes());
         let prod = bwd_production_configs(Arch::Sm90a);
         for overlap in [false, true] {
-            let n = prod.iter().filter(|c| c.kind == BwdKind::DkDvSm90 { dq_overlap: overlap }).count();
+            let n = prod.iter().filter(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq_overlap, .. } if dq_overlap == overlap)).count();
             assert!(n > 0, "{overlap}");
         }
-        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90, false).unwrap()[1].head_dim, 64);
+        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90, false, false).unwrap()[1].head_dim, 64);
         // the dispatcher's choice: head dim 128 only (64 measured slower); the sm80 knob: never
-        assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false).is_none());
-        assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false).is_none());
+        assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_none());
+        assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false).is_none());
         for (hd, v, det, arch) in [
             (128, VariantKind::CAUSAL, true, Arch::Sm90a),
             (160, VariantKind::CAUSAL, false, Arch::Sm90a),
             (128, VariantKind::CAUSAL, false, Arch::Sm80),
         ] {
-            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90, false).is_none(), "{hd} {v:?} {det} {arch:?}");
+            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90, false, false).is_none(), "{hd} {v:?} {det} {arch:?}");
         }
         // every variant at both kernel head dims, the d128 local window and dropout with a mask too
         let softcap_local = VariantKind { softcap: true, ..local };
         let dropout_causal = VariantKind { dropout: true, ..VariantKind::CAUSAL };
         for v in [local, softcap_local, dropout_causal, VariantKind { dropout: true, ..VariantKind::PLAIN }] {
             for hd in [64, 128] {
-                assert!(bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, sm90, false).is_some(), "{hd} {v:?}");
+                assert!(bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, sm90, false, false).is_some(), "{hd} {v:?}");
             }
-            assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false).is_some(), "{v:?}");
+            assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_some(), "{v:?}");
         }
     }
 

@@ -47,7 +47,7 @@ pub fn prepare(
     if !supports(p, family, varlen_ok) {
         return None;
     }
-    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap)?;
+    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap, p.varlen)?;
     let maps = (|| -> Result<_> {
         Ok([
             map("q", t.q, p.dtype, 64)?,
@@ -129,7 +129,7 @@ mod tests {
                 continue;
             }
             for dq_overlap in [false, true] {
-                let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a, dq_overlap);
+                let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a, dq_overlap, false);
                 crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
             }
         }
