@@ -136,24 +136,30 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     // sequence's end read the next one's rows, masked like key tails; partial tiles of O are
     // stored by the threads, so no other sequence's rows are written).
     const bool varlen = p.cu_seqlens_q != nullptr;
-    // The tiles in grid order: m blocks fastest (reversed for causal masks: heaviest first), then
-    // heads, then batch entries. Without Persistent the block's own; with it, the block takes tile
-    // r * gridDim.x + blockIdx.x in even rounds r and r * gridDim.x + gridDim.x - 1 - blockIdx.x
-    // in odd ones (a snake over consecutive tiles: the causal weights of a block's rounds pair up,
-    // and the tiles in flight together share their heads' K/V in L2).
-    const int n_m = (p.seqlen_q + BlockM - 1) / BlockM;
-    auto tile_of = [&](int x, int head, int batch) {
-        return AttnSm90Tile{V::kCausal ? n_m - 1 - x : x, head, batch};
-    };
-    [[maybe_unused]] const long long num_tiles = static_cast<long long>(n_m) * p.num_heads * p.batch;
-    // (Persistent) the block's tile of round r, false past the last.
-    [[maybe_unused]] auto round_tile = [&](int r, AttnSm90Tile& tl) {
-        const long long pos = (r & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-        const long long tix = static_cast<long long>(r) * gridDim.x + pos;
-        if (tix >= num_tiles) return false;
-        const int t32 = static_cast<int>(tix);
-        tl = tile_of(t32 % n_m, (t32 / n_m) % p.num_heads, t32 / n_m / p.num_heads);
-        return true;
+    // Without Persistent a block's tile is the grid's (m blocks fastest, reversed for causal masks:
+    // heaviest first; then heads, then batch entries). With it, the work comes in units of two m
+    // blocks of one head, m_pair and n_m - 1 - m_pair (one where they meet), so that under a causal
+    // mask every unit holds about the same number of key tiles; a block takes units blockIdx.x,
+    // + gridDim.x, ... (mirror: `persistent_units` in src/tuning/attention_sm90.rs), and the units
+    // in flight together are consecutive, sharing their heads' K/V in L2.
+    // (32-bit: the launch takes the persistent form only below 2^31 tiles, so a unit index plus the
+    // grid stays below 2^32)
+    // (Persistent) the block's k-th tile: member k & 1 of its unit k >> 1 (the heavier first) into
+    // tl. Returns 1, 0 when that member does not exist (a unit of one m block), -1 past the last
+    // unit. Everything is derived from k, so nothing else stays live across a tile.
+    [[maybe_unused]] auto seq_tile = [&](int k, AttnSm90Tile& tl) {
+        // (the counts from the parameters at each use: the producer's 24 registers keep nothing)
+        const int n_m = (p.seqlen_q + BlockM - 1) / BlockM;
+        const int pairs = (n_m + 1) / 2;
+        const unsigned num_units = static_cast<unsigned>(pairs) * p.num_heads * p.batch;
+        const unsigned u = blockIdx.x + static_cast<unsigned>(k >> 1) * gridDim.x;
+        if (u >= num_units) return -1;
+        const int u32 = static_cast<int>(u);
+        const int x = u32 % pairs;
+        const int hi = n_m - 1 - x;   // the later rows: more keys under a causal mask
+        if ((k & 1) && x == hi) return 0;
+        tl = AttnSm90Tile{(k & 1) ? x : hi, (u32 / pairs) % p.num_heads, u32 / pairs / p.num_heads};
+        return 1;
     };
     const AttnSm90Tile block_tile{V::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x),
                                   static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
@@ -279,8 +285,12 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
                 q_phase ^= 1u;
             };
             if constexpr (Persistent) {
-                AttnSm90Tile tl;
-                for (int r = 0; round_tile(r, tl); ++r) produce(tl);
+                for (int k = 0;; ++k) {
+                    AttnSm90Tile tl;
+                    const int got = seq_tile(k, tl);
+                    if (got < 0) break;
+                    if (got > 0) produce(tl);
+                }
             } else {
                 produce(block_tile);
             }
@@ -644,8 +654,12 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     }
     };
     if constexpr (Persistent) {
-        AttnSm90Tile tl;
-        for (int r = 0; round_tile(r, tl); ++r) consume(tl);
+        for (int k = 0;; ++k) {
+            AttnSm90Tile tl;
+            const int got = seq_tile(k, tl);
+            if (got < 0) break;
+            if (got > 0) consume(tl);
+        }
         if (tid == 0) bulk_wait_all();   // the last O stores are complete before the block exits
     } else {
         consume(block_tile);

@@ -120,6 +120,31 @@ fn configs_at(arch: Arch, head_dims: &[u32], form: FwdForm) -> Vec<AttnFwdConfig
     out
 }
 
+/// The work units of the persistent forward (kernels/attention/fwd_sm90.cuh, `for_each_tile`;
+/// change both together): unit u is the m blocks (n_m - 1 - x, x) of head (u / pairs) % h of batch
+/// u / pairs / h, x = u % pairs, pairs = ceil(n_m / 2) (one m block where they meet); block `block`
+/// of `grid` runs units block, block + grid, ... The units of a call (the grid's work count).
+pub fn persistent_units(seqlen_q: u64, heads: u64, batch: u64) -> u64 {
+    seqlen_q.div_ceil(BLOCK_M as u64).div_ceil(2) * heads * batch
+}
+
+/// The m blocks (heavier first) of the units block `block` of a persistent grid of `grid` runs,
+/// for n_m m blocks per head, as `persistent_units` describes.
+pub fn persistent_m_blocks(block: u64, grid: u64, units: u64, n_m: u64) -> Vec<u64> {
+    let pairs = n_m.div_ceil(2);
+    let mut out = Vec::new();
+    let mut u = block;
+    while u < units {
+        let x = u % pairs;
+        out.push(n_m - 1 - x);
+        if x != n_m - 1 - x {
+            out.push(x);
+        }
+        u += grid;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +231,50 @@ mod tests {
         let n = fwd_production_configs(Arch::Sm90a).len();
         assert_eq!(fwd_candidate_configs(Arch::Sm90a).len(), 2 * n + n / 3);
         assert!(fwd_candidate_configs(Arch::Sm90a).iter().filter(|c| c.head_dim == 192).all(|c| c.block_n % 16 == 0));
+    }
+
+    /// Every m block of every head runs once, and under a causal mask (m block m holds m + 1 key
+    /// tiles at 128 x 128) the blocks' work is balanced: each unit pairs a heavy m block with a
+    /// light one.
+    #[test]
+    fn persistent_units_cover_every_tile_once_and_balance_causal_work() {
+        use crate::tuning::grid::balanced_grid;
+        // (s, heads, batch) of the bench grid's causal points at 16k tokens, and odd tile counts
+        for (s, h, b) in [(1024u64, 16u64, 16u64), (8192, 16, 2), (2048, 32, 8), (4096, 8, 4), (512, 16, 32),
+                          (16384, 8, 1), (1000, 7, 3), (300, 4, 37), (128, 1, 1)] {
+            let n_m = s.div_ceil(128);
+            let units = persistent_units(s, h, b);
+            for grid in [balanced_grid(units, 132), units.min(132)] {
+                let mut seen = vec![0u32; (n_m * h * b) as usize];
+                let mut work = Vec::new();
+                for blk in 0..grid {
+                    let ms = persistent_m_blocks(blk, grid, units, n_m);
+                    // the units' heads and batches in order: recover them to count each tile once
+                    let mut u = blk;
+                    let mut i = 0;
+                    while u < units {
+                        let pairs = n_m.div_ceil(2);
+                        let hb = u / pairs;
+                        let x = u % pairs;
+                        for m in [n_m - 1 - x, x].into_iter().take(if x == n_m - 1 - x { 1 } else { 2 }) {
+                            assert_eq!(ms[i], m);
+                            seen[(hb * n_m + m) as usize] += 1;
+                            i += 1;
+                        }
+                        u += grid;
+                    }
+                    work.push(ms.iter().map(|m| m + 1).sum::<u64>());
+                }
+                assert!(seen.iter().all(|&c| c == 1), "s {s} grid {grid}");
+                let max = *work.iter().max().unwrap() as f64;
+                let mean = work.iter().sum::<u64>() as f64 / grid as f64;
+                // no block takes more than its share of whole units, each of at most n_m + 1 key tiles
+                assert!(max <= (units.div_ceil(grid) * (n_m + 1)) as f64, "s {s} h {h} b {b} grid {grid}: max {max}");
+                if units >= 4 * grid {
+                    assert!(max / mean < 1.1, "s {s} h {h} b {b} grid {grid}: max {max} mean {mean}");
+                }
+            }
+        }
     }
 
     #[test]

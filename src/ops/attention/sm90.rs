@@ -135,7 +135,9 @@ impl Prepared {
         if self.config.persistent {
             // one block per SM at most (the kernel's occupancy), over its share of the tiles
             let sms = crate::device::sm_count(self.device)? as u64;
-            let grid = crate::ops::persistent::persistent_grid(tiles(&self.problem), sms)?;
+            let p = &self.problem;
+            let units = crate::tuning::attention_sm90::persistent_units(p.seqlen_q as u64, p.heads as u64, p.batch as u64);
+            let grid = crate::ops::persistent::persistent_grid(units, sms)?;
             shape.grid = (grid as u32, 1, 1);
         }
         shape.check()?;
