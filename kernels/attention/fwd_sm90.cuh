@@ -107,6 +107,18 @@ struct AttnSm90Tile {
     int m_block, head, batch;
 };
 
+// f(tile) for each tile next(k, tile) gives for k = 0, 1, ... (1: a tile, 0: none at this k,
+// -1: no more): the persistent form's loop, the same in the producer and the consumers.
+template <class Next, class F>
+__device__ __forceinline__ void attn_sm90_for_each_tile(Next& next, F& f) {
+    for (int k = 0;; ++k) {
+        AttnSm90Tile tl;
+        const int got = next(k, tl);
+        if (got < 0) break;
+        if (got > 0) f(tl);
+    }
+}
+
 template <int HeadDim, int BlockN, int Stages, class V, typename T, bool KvSeparate = false, bool Persistent = false>
 __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ AttnFwdSm90Params P) {
     using namespace sm90;
@@ -285,12 +297,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
                 q_phase ^= 1u;
             };
             if constexpr (Persistent) {
-                for (int k = 0;; ++k) {
-                    AttnSm90Tile tl;
-                    const int got = seq_tile(k, tl);
-                    if (got < 0) break;
-                    if (got > 0) produce(tl);
-                }
+                attn_sm90_for_each_tile(seq_tile, produce);
             } else {
                 produce(block_tile);
             }
@@ -654,12 +661,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90(const __grid_constant__ 
     }
     };
     if constexpr (Persistent) {
-        for (int k = 0;; ++k) {
-            AttnSm90Tile tl;
-            const int got = seq_tile(k, tl);
-            if (got < 0) break;
-            if (got > 0) consume(tl);
-        }
+        attn_sm90_for_each_tile(seq_tile, consume);
         if (tid == 0) bulk_wait_all();   // the last O stores are complete before the block exits
     } else {
         consume(block_tile);
