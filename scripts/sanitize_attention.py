@@ -10,8 +10,10 @@ set and s_q > s_k (rows that see no key), a causal window with softcap at head d
 (per head and per batch entry), sinks (rows that see no key then have LSE = the sink), all of
 them at once, varlen with a window and softcap and with causal sinks, and a batch of 65537
 (beyond the grid's 65535: two launches, the second over entries 65535 and 65536 with offset
-pointers), padded and varlen (with ALiBi). Sizes are tiny: the sanitizer slows
-kernels down by orders of magnitude.
+pointers), padded and varlen (with ALiBi). Then some of them again under the tuning knobs of the
+Hopper forms that are A/B candidates (:data:`CANDIDATE_FORMS`: the separate K/V release with the
+persistent form, varlen on the Hopper kernel, the dedicated d 192 kernel). Sizes are tiny: the
+sanitizer slows kernels down by orders of magnitude.
 
 Each case also checks its output against ``ferroattn.testing`` (DESIGN §5 pass rule) and that
 every output element was written (the output buffer is never pre-filled by us, so a NaN or
@@ -39,6 +41,7 @@ PADDED_CASES = [
     ("len1-d256", 3, 1, 1, 2, 2, 256, False, "bfloat16"),
     ("gqa-causal-d32", 2, 130, 130, 4, 2, 32, True, "float16"),
     ("decode-splits-gqa-d128", 2, 1, 3000, 8, 2, 128, True, "bfloat16"),   # the kv-cache kernel's route
+    ("tail-causal-gqa-d160", 1, 97, 113, 2, 1, 160, True, "bfloat16"),
 ]
 # (name, q lengths, k lengths, h, h_k, d, causal, dtype)
 VARLEN_CASES = [
@@ -261,7 +264,10 @@ BOGUS_CASES = [
 
 
 def _short(x) -> str:
-    """repr of a case field, a list longer than 8 items shown by its first 6 and its length."""
+    """repr of a case field, a list longer than 8 items shown by its first 6 and its length, a
+    function by its name."""
+    if callable(x):
+        return x.__name__
     if isinstance(x, list) and len(x) > 8:
         return "[" + ", ".join(map(repr, x[:6])) + f", ... ({len(x)} items)]"
     return repr(x)
@@ -316,9 +322,47 @@ def variant_cases():
             + [(c[0], run_case_variant_varlen, c) for c in VARIANT_VARLEN_CASES])
 
 
+#: (tuning knobs, names of the cases above to run again under them): the Hopper forms that are A/B
+#: candidates (docs/DEVELOPING.md, "Tuning knobs")
+CANDIDATE_FORMS = [
+    ({"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_persistent": "1"},
+     ["tail-causal-bf16", "causal-sq>sk-d40", "len1-d256", "causal-window-softcap-sq<sk-d256-fp16",
+      "all-variants-d128-fp16", "sinks-causal-sq>sk-bf16"]),
+    ({"attn_sm90_fwd_varlen": "1"},
+     ["varlen-causal-bf16", "varlen-full-fp16", "varlen-window-softcap-bf16", "varlen-causal-sinks-d128-fp16"]),
+    ({"attn_sm90_fwd_d192": "1"}, ["tail-causal-gqa-d160"]),
+]
+
+
+def run_under_knobs(case) -> str:
+    """Run ``(knobs, run function, inner case)``: the inner case with the tuning knobs set."""
+    from ferroattn.knobs import override
+    knobs, fn, inner = case
+    with override(**knobs):
+        return fn(inner)
+
+
+def candidate_cases(base, forms):
+    """The cases of ``base`` named in ``forms`` ((knobs, names) pairs), each under its knobs:
+    (``name@knob=value,...``, run_under_knobs, (knobs, run function, case tuple)). KeyError
+    naming a case that ``base`` lacks."""
+    by_name = {name: (fn, c) for name, fn, c in base}
+    out = []
+    for knobs, names in forms:
+        label = ",".join(f"{k}={v}" for k, v in knobs.items())
+        for name in names:
+            if name not in by_name:
+                raise KeyError(f"CANDIDATE_FORMS: no case named {name!r}")
+            fn, c = by_name[name]
+            out.append((f"{name}@{label}", run_under_knobs, (knobs, fn, c)))
+    return out
+
+
 def all_cases():
-    """What the script runs: :func:`cases` then :func:`variant_cases`."""
-    return cases() + variant_cases()
+    """What the script runs: :func:`cases`, :func:`variant_cases`, then some of them under the
+    candidate forms' knobs (:data:`CANDIDATE_FORMS`)."""
+    base = cases() + variant_cases()
+    return base + candidate_cases(base, CANDIDATE_FORMS)
 
 
 def main(argv=None) -> int:

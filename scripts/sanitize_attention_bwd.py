@@ -36,7 +36,7 @@ import sys
 # The command line is the forward script's (scripts/ is not a package; when run as a script, its
 # folder is already on sys.path, not when a test imports this file by path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sanitize_attention import run_cases, variant_kwargs  # noqa: E402
+from sanitize_attention import candidate_cases, run_cases, variant_kwargs  # noqa: E402
 
 GRAD_FACTOR, GRAD_ATOL = 3.0, 1e-4
 #: ds_aux sums one term per query row and head dim, exp(s_aux - lse) · dout · out, with ``out``
@@ -352,9 +352,22 @@ def variant_cases():
             + [(c[0], run_case_variant_varlen, c) for c in VARIANT_VARLEN_CASES])
 
 
+#: (tuning knobs, case names): the Hopper backward's A/B candidate forms (sanitize_attention.py's
+#: CANDIDATE_FORMS), the family knob at sm90 so the head dim 64 cases reach the Hopper kernel
+CANDIDATE_FORMS = [
+    ({"attn_bwd_family": "sm90", "attn_sm90_bwd_dq_overlap": "1"},
+     ["bwd-tail-full-fp16", "bwd-causal-sq<sk-d128-bf16", "bwd-causal-alibi-bh-sq<sk-d128-fp16",
+      "bwd-window-skips-key-tiles-bf16"]),
+    ({"attn_bwd_family": "sm90", "attn_sm90_bwd_varlen": "1"},
+     ["bwd-varlen-empty-causal-bf16", "bwd-varlen-window-softcap-bf16"]),
+]
+
+
 def all_cases():
-    """What the script runs: :func:`cases` then :func:`variant_cases`."""
-    return cases() + variant_cases()
+    """What the script runs: :func:`cases`, :func:`variant_cases`, then some of them under the
+    candidate forms' knobs (:data:`CANDIDATE_FORMS`)."""
+    base = cases() + variant_cases()
+    return base + candidate_cases(base, CANDIDATE_FORMS)
 
 
 def main(argv=None) -> int:

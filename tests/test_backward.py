@@ -879,7 +879,8 @@ def test_sanitize_variant_cases_cover_the_variants(sanitize_cpu):
         names = " ".join(n for n, _, _ in mod.variant_cases())
         for needle in ("window-skips-key-tiles", "softcap", "alibi", "sinks", "varlen", "batch-65537"):
             assert needle in names, (mod.__name__, needle)
-        assert [n for n, _, _ in mod.all_cases()] == [n for n, _, _ in mod.cases() + mod.variant_cases()]
+        base = mod.cases() + mod.variant_cases()
+        assert [n for n, _, _ in mod.all_cases()] == [n for n, _, _ in base + fwd.candidate_cases(base, mod.CANDIDATE_FORMS)]
     assert any(v.get("window_size", (-1, -1))[1] == -1 for *_, v in fwd.VARIANT_PADDED_CASES)  # left side only
     assert any(det for *_, det, _ in bwd.VARIANT_PADDED_CASES)
     # a batch split over two launches (the grid holds 65535)
@@ -924,6 +925,39 @@ def test_sanitize_variant_checks_catch_a_dropped_option(sanitize_cpu, monkeypatc
                  or c[-1].get(drop))
     with pytest.raises(AssertionError, match=r"max\|out - ref\|"):
         bwd.run_case_variant_padded(bcase)
+
+
+def test_sanitize_candidate_cases_run_their_case_under_the_knobs(sanitize_cpu):
+    """Every candidate form names existing cases; a candidate case runs its case with the knobs
+    set and restores them after, also when the case fails."""
+    import ferroattn._native as native
+    fwd, bwd, _ = sanitize_cpu
+    for mod in (fwd, bwd):
+        names = [n for n, _, _ in mod.all_cases()]
+        assert len(names) == len(set(names)), mod.__name__
+        assert sum("@" in n for n in names) == sum(len(c) for _, c in mod.CANDIDATE_FORMS)
+    with pytest.raises(KeyError, match="no-such-case"):
+        fwd.candidate_cases(fwd.cases(), [({"attn_sm90_fwd_d192": "1"}, ["no-such-case"])])
+    before = native.tuning_knobs()
+    seen = []
+
+    def inner(c):
+        seen.append((c, native.tuning_knobs()["attn_sm90_fwd_persistent"]))
+        if c == "boom":
+            raise RuntimeError("boom")
+        return "ok"
+    base = [("a", inner, "a"), ("boom", inner, "boom")]
+    cand = fwd.candidate_cases(base, [({"attn_sm90_fwd_persistent": "1"}, ["a", "boom"])])
+    assert [n for n, _, _ in cand] == ["a@attn_sm90_fwd_persistent=1", "boom@attn_sm90_fwd_persistent=1"]
+    assert cand[0][1](cand[0][2]) == "ok"
+    with pytest.raises(RuntimeError, match="boom"):
+        cand[1][1](cand[1][2])
+    assert seen == [("a", "1"), ("boom", "1")] and native.tuning_knobs() == before
+    # the forms' variant cases pass the emulated checks under their knobs
+    for name, fn, case in fwd.all_cases():
+        if "@" in name and case[1] in (fwd.run_case_variant_padded, fwd.run_case_variant_varlen):
+            assert "lse ok" in fn((case[0], case[1], _small(case[2]))), name
+    assert native.tuning_knobs() == before
 
 
 def test_sanitize_grouped_varlen_reference_is_the_varlen_reference():
