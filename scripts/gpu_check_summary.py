@@ -296,7 +296,12 @@ def merge_summaries(parts: list[dict]) -> dict:
 
 
 def _f(x: Any, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
+    """``x`` formatted, "—" for None, or its repr when it is not a number (a malformed record)."""
+    if x is None:
+        return "—"
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return format(x, fmt)
+    return f"{x!r} (not a number)"
 
 
 def format_summary(s: dict) -> str:
@@ -358,19 +363,47 @@ def format_summary(s: dict) -> str:
             lines.append("host cost per small call: " + ", ".join(parts))
         lines += format_candidates(b.get("candidates"), "bench")
     lines += format_bench_bwd(s.get("bench_bwd"))
-    for mode, cands in ((s.get("bench_bwd") or {}).get("candidates") or {}).items():
-        lines += format_candidates(cands, f"bench_bwd {mode}")
+    lines += format_bwd_candidates((s.get("bench_bwd") or {}).get("candidates"))
     lines += format_train(s.get("train"))
     lines += format_fa2(s.get("fa2"))
     lines.append(f"overall: {'OK' if s['ok'] else 'NOT OK'} in {s.get('elapsed_s')} s")
     return "\n".join(lines)
 
 
-def format_candidates(cands: dict | None, where: str) -> list[str]:
-    """One line per A/B candidate of a benchmark (ferroattn/bench/candidate.py's summary)."""
-    return [f"{where} candidate {label}: speedup over ours median {_f(c.get('median_speedup'), '.3f')}, "
-            f"min {_f(c.get('min_speedup'), '.3f')} at {c.get('min_at')}, max {_f(c.get('max_speedup'), '.3f')}; "
-            f"{c.get('n')} points, {c.get('n_failed')} failed" for label, c in (cands or {}).items()]
+def format_candidates(cands: Any, where: str) -> list[str]:
+    """One line per A/B candidate of a benchmark (ferroattn/bench/candidate.py's summary: {label:
+    {"median_speedup", "min_speedup", "min_at", "max_speedup", "n", "n_failed"}}). A malformed
+    record (not a dict, or an entry that is not one) gets one line saying so instead of a traceback."""
+    if cands is None:
+        return []
+    if not isinstance(cands, dict):
+        return [f"{where} candidates: malformed record ({type(cands).__name__}, expected a dict)"]
+    lines = []
+    for label, c in cands.items():
+        if not isinstance(c, dict):
+            lines.append(f"{where} candidate {label}: malformed entry ({type(c).__name__}, expected a dict)")
+            continue
+        lines.append(f"{where} candidate {label}: speedup over ours median {_f(c.get('median_speedup'), '.3f')}, "
+                     f"min {_f(c.get('min_speedup'), '.3f')} at {c.get('min_at')}, max {_f(c.get('max_speedup'), '.3f')}; "
+                     f"{c.get('n')} points, {c.get('n_failed')} failed")
+    return lines
+
+
+def format_bwd_candidates(cands: Any) -> list[str]:
+    """The backward's candidates, per mode ({"bwd": summary, "fwd_bwd": summary}); a record in
+    another layout gets one line saying so."""
+    if cands is None:
+        return []
+    if not isinstance(cands, dict) or not all(isinstance(v, dict) or v is None for v in cands.values()):
+        return [f"bench_bwd candidates: malformed record (expected {{mode: {{label: summary}}}})"]
+    lines = []
+    for mode, per_mode in cands.items():
+        if mode not in ("bwd", "fwd_bwd") or (per_mode and any(k in per_mode for k in ("median_speedup", "knobs"))):
+            lines.append(f"bench_bwd candidates: malformed record (mode {mode!r}; expected bwd or fwd_bwd, "
+                         "each {label: summary})")
+            continue
+        lines += format_candidates(per_mode, f"bench_bwd {mode}")
+    return lines
 
 
 def format_bench_bwd(b: dict | None) -> list[str]:

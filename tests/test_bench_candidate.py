@@ -17,6 +17,8 @@ def test_parse_accepts_lists_and_rejects_malformed_ones():
     assert candidate.parse("a=1") == {"a": "1"}
     assert candidate.parse(" a = 1 , b=x,") == {"a": "1", "b": "x"}
     assert candidate.parse("a=") == {"a": ""}
+    # a value with commas (the tile knobs): the pieces without "=" belong to the value before them
+    assert candidate.parse("gemm_wmma_tile=128,128,32,2,4,4, b=x") == {"gemm_wmma_tile": "128,128,32,2,4,4", "b": "x"}
     for bad, needle in [("", "expected name=value"), ("a", "'a'"), ("=1", "'=1'"), ("a=1,a=2", "twice")]:
         with pytest.raises(ValueError, match=needle):
             candidate.parse(bad)
@@ -28,6 +30,16 @@ def test_parse_accepts_lists_and_rejects_malformed_ones():
     (["bench", "attention", "--backward", "--candidate", "a"], "expected name=value"),
     (["bench", "attention", "--variants", "--candidate", f"{KNOB}=separate"], "only for the plain grid"),
     (["bench", "attention", "--candidate", f"{KNOB}=separate", "--candidate", f" {KNOB} = separate"], "twice"),
+    # the same knobs after canonicalisation: another spelling of a value, another order, a leading zero
+    (["bench", "attention", "--candidate", "attn_sm90_fwd_persistent=1", "--candidate", "attn_sm90_fwd_persistent=on"],
+     "given twice (as attn_sm90_fwd_persistent=1)"),
+    (["bench", "attention", "--candidate", f"{KNOB}=separate,attn_sm90_fwd_stages=3",
+      "--candidate", f"attn_sm90_fwd_stages=03,{KNOB}=separate"], "given twice"),
+    # a candidate that changes nothing measures ours against ours
+    (["bench", "attention", "--candidate", "attn_sm90_fwd_persistent=0"], "sets every knob to its current value"),
+    (["bench", "attention", "--backward", "--candidate", f"{KNOB}=together"], "would measure ours again"),
+    # a comma inside a value that takes none is the knob's own error, naming the value
+    (["bench", "attention", "--candidate", f"{KNOB}=separate,3"], '"separate,3"'),
 ])
 def test_bad_candidates_exit_2_before_any_gpu_work(argv, needle, capsys):
     before = native.tuning_knobs()
@@ -35,6 +47,22 @@ def test_bad_candidates_exit_2_before_any_gpu_work(argv, needle, capsys):
     err = capsys.readouterr().err
     assert "--candidate" in err and needle in err, err
     assert native.tuning_knobs() == before
+
+
+def test_a_malformed_knob_variable_is_named_with_and_without_candidates():
+    """A malformed FERROATTN_* variable fails ``bench`` with 2 before any GPU check, naming the
+    variable (not as a --candidate error), also on a machine without a GPU."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FERROATTN_ATTN_SM90_FWD_STAGES="banana")
+    for extra in ([], ["--candidate", f"{KNOB}=separate"], ["--backward"]):
+        r = subprocess.run([sys.executable, "-m", "ferroattn", "bench", "attention", "--quick", *extra],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (extra, r.stderr)
+        assert "FERROATTN_ATTN_SM90_FWD_STAGES" in r.stderr and "banana" in r.stderr, r.stderr
+        assert "--candidate" not in r.stderr, r.stderr
 
 
 def test_good_candidates_are_checked_labelled_and_leave_the_knobs_as_they_were():
@@ -174,3 +202,37 @@ def test_gpu_check_summary_reports_the_candidates(tmp_path, capsys):
     assert s["bench"]["candidates"][f"{KNOB}=separate"]["median_speedup"] == 1.07
     assert f"bench candidate {KNOB}=separate: speedup over ours median 1.070, min 0.990" in printed
     assert "bench_bwd bwd candidate attn_sm90_bwd_dq_overlap=1: speedup over ours median 1.110" in printed
+
+
+@pytest.mark.parametrize("fwd_cands, bwd_cands, expected", [
+    ({"a=1": None}, None, "bench candidate a=1: malformed entry (NoneType, expected a dict)"),
+    ({"a=1": [1, 2]}, None, "bench candidate a=1: malformed entry (list, expected a dict)"),
+    (["a=1"], None, "bench candidates: malformed record (list, expected a dict)"),
+    ("a=1", None, "bench candidates: malformed record (str, expected a dict)"),
+    ({"a=1": {"median_speedup": "fast"}}, None, "speedup over ours median 'fast' (not a number)"),
+    (None, {"a=1": {"median_speedup": 1.1, "n": 3}}, "bench_bwd candidates: malformed record (mode 'a=1'"),
+    (None, ["bwd"], "bench_bwd candidates: malformed record (expected {mode: {label: summary}})"),
+    (None, {"bwd": {"a=1": 7}}, "bench_bwd bwd candidate a=1: malformed entry (int, expected a dict)"),
+])
+def test_gpu_check_summary_names_a_malformed_candidate_record(tmp_path, capsys, fwd_cands, bwd_cands, expected):
+    """A malformed candidates record in a benchmark's JSON is reported as such, line by line; the
+    summary still prints (no traceback) and the well-formed figures beside it still appear."""
+    import json
+
+    from _scripts import load_script
+
+    gcs = load_script("gpu_check_summary")
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "logs").mkdir(parents=True)
+    out.mkdir()
+    (work / "stages.tsv").write_text("bench\t0\t100\t200\nbench_bwd\t0\t100\t200\n")
+    fwd = {"meta": {}, "config": {}, "summary": {"median_ratio": 1.25, "n_measured": 6, "n_points": 6},
+           "ceilings": {}, "candidates": fwd_cands}
+    bwd = {"meta": {}, "config": {}, "summary": {"modes": {}}, "ceilings": {}, "candidates": bwd_cands}
+    (out / "attention_nvidia-h200_20261205T000000.json").write_text(json.dumps(fwd))
+    (out / "attention_bwd_nvidia-h200_20261205T000000.json").write_text(json.dumps(bwd))
+    gcs.main(["--work", str(work), "--out", str(out), "--stages", "bench,bench_bwd"])
+    printed = capsys.readouterr().out
+    assert expected in printed
+    assert "median ours/SDPA-flash (d 64 & 128) 1.250" in printed
+    assert "overall:" in printed

@@ -48,6 +48,9 @@ class FakeNative:
         return {"name": "NVIDIA H200", "sm": (9, 0), "arch": "sm_90a", "sm_count": 132,
                 "total_memory_bytes": 150_000_000_000, "driver_version": "580.159.04"}
 
+    def precompile_archs(self):
+        return ["sm_80", "sm_86", "sm_90a"]
+
     def precompile(self, archs, check_spills=False):
         self.precompile_calls.append((list(archs), check_spills))
         out = []
@@ -194,8 +197,23 @@ def test_precompile_default_archs_without_gpu(fake, capsys):
     out = capsys.readouterr().out
     for col in ("config", "arch", "regs", "spills", "smem", "compile s", "cached"):
         assert col in out
-    assert "4 kernels for sm_80,sm_90a: 2 from cache, 5.00 s compiling" in out and "s wall" in out
+    assert "4 kernels for sm_80,sm_90a: 2 from cache (the disk cache" in out and "5.00 s compiling" in out and "s wall" in out
     assert "jit_stats:" in out
+
+
+def test_precompile_unknown_arch_exits_2_before_compiling(fake, capsys):
+    nat = fake()
+    assert cli.main(["precompile", "--arch", "sm_80,sm_75"]) == 2
+    cap = capsys.readouterr()
+    assert nat.precompile_calls == [] and cap.out == ""       # no notice, no table
+    assert "--arch" in cap.err and "'sm_75'" in cap.err and "sm_90a" in cap.err
+    assert cli.main(["precompile", "--arch", "sm_90"]) == 0      # sm_90 is sm_90a's alias
+
+
+def test_precompile_archs_are_the_extensions():
+    import ferroattn._native as native
+    archs = native.precompile_archs()
+    assert "sm_80" in archs and "sm_90a" in archs and "sm_75" not in archs
 
 
 def test_precompile_default_arch_is_the_gpus(fake):

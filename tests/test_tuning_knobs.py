@@ -76,6 +76,44 @@ def test_override_restores_after_an_error():
     assert native.tuning_knobs() == before
 
 
+def test_override_with_none_means_the_default():
+    before = native.tuning_knobs()
+    with override(attn_sm90_fwd_stages="3"):
+        with override(attn_sm90_fwd_stages=None):
+            assert native.tuning_knobs()["attn_sm90_fwd_stages"] == "auto"
+        assert native.tuning_knobs()["attn_sm90_fwd_stages"] == "3"
+    assert native.tuning_knobs() == before
+
+
+def test_override_blocks_in_threads_run_one_after_the_other():
+    """Two threads' overlapping blocks: the second waits for the first, each sees its own value
+    throughout its block, and the knobs end as they began (no thread restores a value it did not find)."""
+    import threading
+
+    before = native.tuning_knobs()
+    first_in = threading.Event()
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+
+    def block(tag, value, hold):
+        with override(attn_sm90_fwd_stages=value):
+            if tag == "a":
+                first_in.set()
+            for _ in range(5):
+                seen[tag].append(native.tuning_knobs()["attn_sm90_fwd_stages"])
+                hold.wait(0.01)
+
+    hold = threading.Event()
+    a = threading.Thread(target=block, args=("a", "3", hold))
+    a.start()
+    assert first_in.wait(10)
+    b = threading.Thread(target=block, args=("b", "4", hold))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert seen == {"a": ["3"] * 5, "b": ["4"] * 5}
+    assert native.tuning_knobs() == before
+
+
 _BEFORE_FIXTURE: dict = {}
 
 

@@ -200,6 +200,12 @@ def cmd_precompile(args: argparse.Namespace) -> int:
         print(f"ferroattn precompile: {e}", file=sys.stderr)
         return EXIT_FAIL
     archs = args.arch if args.arch is not None else default_archs(native)
+    known = list(native.precompile_archs())
+    unknown = [a for a in archs if a not in known and a != "sm_90"]
+    if unknown:
+        print(f"ferroattn precompile: --arch: expected entries from {', '.join(known)}, got {', '.join(map(repr, unknown))}",
+              file=sys.stderr)
+        return 2
     results: list[dict] = []
     errors: list[str] = []
     print(f"compiling the production kernels for {','.join(archs)} on {os.cpu_count() or 1} CPU cores "
@@ -220,7 +226,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     print(format_table(PRECOMPILE_COLUMNS, precompile_rows(results)))
     total = sum(r["compile_seconds"] for r in results)
     cached = sum(1 for r in results if r["from_cache"])
-    print(f"{len(results)} kernels for {','.join(archs)}: {cached} from cache, {total:.2f} s compiling "
+    print(f"{len(results)} kernels for {','.join(archs)}: {cached} from cache (the disk cache, or a kernel an earlier "
+          f"entry of this run compiled already), {total:.2f} s compiling "
           f"(sum over kernels), {wall:.2f} s wall")
     try:
         stats = native.jit_stats()

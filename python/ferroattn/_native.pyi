@@ -49,6 +49,10 @@ def device_info(ordinal: int = 0) -> dict:
     Raises NoDeviceError when there is no driver/GPU."""
 
 # ---- JIT --------------------------------------------------------------------------
+def precompile_archs() -> list[str]:
+    """The arch names :func:`precompile` takes ("sm_80", ..., "sm_90a", ...; "sm_90" is taken too,
+    as sm_90a)."""
+
 def precompile(archs: Sequence[str], check_spills: bool = False) -> list[dict]:
     """Compile every production configuration (src/tuning) for each arch ("sm_80", "sm_90a", ...),
     no GPU needed. One dict per kernel: {kernel, config, arch, registers, spill_stores,

@@ -34,6 +34,12 @@ fn precompile(py: Python<'_>, archs: Vec<String>, check_spills: bool) -> Result<
         .collect()
 }
 
+/// The arch names `precompile` takes ("sm_90" is accepted too, as sm_90a).
+#[pyfunction]
+fn precompile_archs() -> Vec<&'static str> {
+    crate::arch::Arch::ALL.map(|a| a.name()).to_vec()
+}
+
 /// JIT counters of this process (compiles, disk/memory hits, seconds spent).
 #[pyfunction]
 fn jit_stats(py: Python<'_>) -> PyResult<Py<PyDict>> {
@@ -58,6 +64,7 @@ fn clear_memory_cache() {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(precompile, m)?)?;
+    m.add_function(wrap_pyfunction!(precompile_archs, m)?)?;
     m.add_function(wrap_pyfunction!(jit_stats, m)?)?;
     m.add_function(wrap_pyfunction!(clear_memory_cache, m)?)?;
     Ok(())

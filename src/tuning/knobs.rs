@@ -25,8 +25,20 @@ pub use values::{FamilyChoice, KnobValue, RasterGroup, RingStages};
 fn parse_knob<T: KnobValue>(source: &str, value: &str, default: T) -> Result<T> {
     match value.trim() {
         "" => Ok(default),
-        t => T::parse(t).ok_or_else(|| Error::argument(source, T::EXPECTED, format!("{value:?}"))),
+        t => T::parse(t).ok_or_else(|| Error::argument(source, T::EXPECTED, shown(value))),
     }
+}
+
+/// How an error shows a rejected knob text: quoted, and cut to its first `SHOWN_CHARS` characters
+/// (with the full length) when it is longer, so a huge value does not become a huge message.
+fn shown(value: &str) -> String {
+    const SHOWN_CHARS: usize = 64;
+    let n = value.chars().count();
+    if n <= SHOWN_CHARS {
+        return format!("{value:?}");
+    }
+    let head: String = value.chars().take(SHOWN_CHARS).collect();
+    format!("{head:?}… ({n} characters)")
 }
 
 /// Declares `Knobs` (one typed field per knob, with its default), `KNOBS` (name, variable) and
@@ -56,7 +68,7 @@ macro_rules! knobs {
                     $( stringify!($field) => self.$field = parse_knob(source, value, $default)?, )*
                     other => {
                         let names: Vec<_> = KNOBS.iter().map(|(n, _)| *n).collect();
-                        return Err(Error::argument("name", format!("one of {}", names.join(", ")), format!("{other:?}")));
+                        return Err(Error::argument("name", format!("one of {}", names.join(", ")), shown(other)));
                     }
                 }
                 Ok(())
@@ -245,6 +257,16 @@ mod tests {
         let k = Knobs::from_vars(|v| (v == "FERROATTN_SPARSE24_SPLITK").then(|| " 4 ".into()), None).unwrap();
         assert_eq!(k.sparse24_splitk, SplitPolicy::Force(4));
         assert_eq!(Knobs::from_vars(|_| None, None).unwrap(), Knobs::default());
+    }
+
+    #[test]
+    fn a_long_rejected_value_is_shown_cut_with_its_length() {
+        let long = "x".repeat(100_000);
+        let e = Knobs::default().set_text("attn_fwd_family", &long, "attn_fwd_family").unwrap_err().to_string();
+        assert!(e.len() < 400 && e.contains("100000 characters") && e.contains(&"x".repeat(64)), "{e}");
+        let e = Knobs::default().set_text(&long, "1", &long).unwrap_err().to_string();
+        assert!(e.len() < 1_000 && e.contains("100000 characters"), "{}", &e[..200]);
+        assert_eq!(shown("sm81"), "\"sm81\"");
     }
 
     #[test]

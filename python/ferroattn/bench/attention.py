@@ -275,7 +275,8 @@ def check_args(prog: str, args: argparse.Namespace, default_peers: Sequence[str]
     """What ``bench attention`` (forward: this module's grid; ``--backward``: attention_bwd's;
     ``--variants``: :mod:`.variants`') checks before it runs: --peers names among ``known_peers``
     (default ``default_peers``), then --dtypes / --head-dims / --seqlens through ``grid_fn`` (before
-    touching the GPU), then torch importable and a CUDA GPU. Messages go to stderr, prefixed
+    touching the GPU), then :func:`report.cannot_run` (the environment's tuning knobs, torch
+    importable and a CUDA GPU). Messages go to stderr, prefixed
     ``prog``. Returns (exit code: 2 bad arguments, 3 cannot run, None to go on; peer names; dtypes
     or None for the default)."""
     peers_text = args.peers if args.peers is not None else ",".join(default_peers)
@@ -294,8 +295,9 @@ def check_args(prog: str, args: argparse.Namespace, default_peers: Sequence[str]
     except ImportError as e:           # the FLOP count needs torch and the native extension
         print(f"{prog}: cannot run: {e}", file=sys.stderr)
         return 3, peer_names, dtypes
-    if report.gpu_missing(prog):
-        return 3, peer_names, dtypes
+    code = report.cannot_run(prog)
+    if code is not None:
+        return code, peer_names, dtypes
     return None, peer_names, dtypes
 
 

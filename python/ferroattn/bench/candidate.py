@@ -14,17 +14,25 @@ from typing import Any, Iterable
 
 
 def parse(text: str) -> dict[str, str]:
-    """``"name=value[,name=value...]"`` -> {name: value}. ValueError naming ``--candidate`` for an
-    entry without ``=``, an empty name or a name given twice (unknown names and malformed values
-    are the knobs' own errors, raised by :func:`check`)."""
+    """``"name=value[,name=value...]"`` -> {name: value}. A value may hold commas itself (the
+    tile knobs: ``gemm_wmma_tile=128,128,32,2,4,4``): a comma-separated piece without ``=`` belongs
+    to the value before it. ValueError naming ``--candidate`` when the text does not start with
+    ``name=``, for an empty name or a name given twice (unknown names and malformed values are the
+    knobs' own errors, raised by :func:`canonical`)."""
     out: dict[str, str] = {}
-    entries = [e.strip() for e in text.split(",") if e.strip()]
-    if not entries:
+    pieces = [e.strip() for e in text.split(",") if e.strip()]
+    if not pieces:
         raise ValueError(f"--candidate: expected name=value[,name=value...], got {text!r}")
-    for e in entries:
-        name, sep, value = e.partition("=")
-        name = name.strip()
-        if not sep or not name:
+    name = None
+    for e in pieces:
+        key, sep, value = e.partition("=")
+        if not sep:
+            if name is None:
+                raise ValueError(f"--candidate: expected name=value, got {e!r}")
+            out[name] += "," + e
+            continue
+        name = key.strip()
+        if not name:
             raise ValueError(f"--candidate: expected name=value, got {e!r}")
         if name in out:
             raise ValueError(f"--candidate: knob {name!r} given twice")
@@ -32,12 +40,16 @@ def parse(text: str) -> dict[str, str]:
     return out
 
 
-def check(knobs: dict[str, str]) -> None:
-    """Set and restore the knobs once (no GPU work): an unknown knob or a malformed value raises
-    ArgumentError (a ValueError) naming it before the benchmark starts."""
-    from ..knobs import override
+def canonical(knobs: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the knobs as the library reads them back: {name: canonical text}, in name order; the
+    current values of the same knobs). Sets and restores them once (no GPU work): an unknown knob
+    or a malformed value raises ArgumentError (a ValueError) naming it before the benchmark starts."""
+    from ..knobs import current, override
+    before = current()
     with override(**knobs):
-        pass
+        after = current()
+    names = sorted(knobs)
+    return {n: after[n] for n in names}, {n: before[n] for n in names}
 
 
 def record(p: dict, label: str, ms: float, max_abs_diff: float | None) -> None:
@@ -91,25 +103,37 @@ def format_summary(summaries: dict | None, title: str = "") -> str:
 
 def from_args(prog: str, args: Any) -> tuple[int | None, dict[str, dict[str, str]] | None]:
     """The ``--candidate`` options of ``bench attention`` (a list: the option repeats): (None,
-    {label: knobs} or None) to go on, or (2, None) after printing the error (a malformed list, an
-    unknown knob, a bad value, a candidate given twice) to stderr, prefixed ``prog``; (3, None)
-    when the native extension cannot be imported to check the knobs."""
+    {label: knobs} or None) to go on, or (2, None) after printing the error to stderr, prefixed
+    ``prog``: a malformed list, an unknown knob, a bad value, a candidate given twice (the same
+    knobs after canonicalisation: ``=1`` and ``=on``, another order), a candidate that sets every
+    knob to the value it has already (it would measure ours against ours), or a malformed
+    ``FERROATTN_*`` variable in the environment (named as such); (3, None) when the native
+    extension cannot be imported to check the knobs. A label is the canonical
+    ``name=value[,name=value...]`` in name order."""
     import sys
     texts = getattr(args, "candidate", None)
     if not texts:
         return None, None
-    out: dict[str, dict[str, str]] = {}
+    from ..knobs import current
     try:
-        for text in texts:
-            knobs = parse(text)
-            check(knobs)
-            label = ",".join(f"{k}={v}" for k, v in knobs.items())
-            if label in out:
-                raise ValueError(f"--candidate: {text!r} given twice")
-            out[label] = knobs
+        current()
     except ImportError as e:
         print(f"{prog}: cannot run: {e}", file=sys.stderr)
         return 3, None
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2, None
+    out: dict[str, dict[str, str]] = {}
+    try:
+        for text in texts:
+            knobs, before = canonical(parse(text))
+            if knobs == before:
+                raise ValueError(f"--candidate: {text!r} sets every knob to its current value "
+                                 f"({', '.join(f'{k}={v}' for k, v in knobs.items())}): it would measure ours again")
+            label = ",".join(f"{k}={v}" for k, v in knobs.items())
+            if label in out:
+                raise ValueError(f"--candidate: {text!r} given twice (as {label})")
+            out[label] = knobs
     except ValueError as e:
         print(f"{prog}: --candidate: {e}" if not str(e).startswith("--candidate") else f"{prog}: {e}",
               file=sys.stderr)

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from .report import gpu_missing, out_dir_error
+from .report import cannot_run, out_dir_error
 
 __all__ = ["add_arguments", "run", "grid"]
 
@@ -160,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    if gpu_missing(prog):
-        return 3
+    code = cannot_run(prog)
+    if code is not None:
+        return code
     from .._measure import copy_gbps
     from .report import run_metadata
     start = time.time()

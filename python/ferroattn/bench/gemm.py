@@ -742,8 +742,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    if report.gpu_missing(prog):
-        return 3
+    code = report.cannot_run(prog)
+    if code is not None:
+        return code
     _, code = run_bench(args.quick, args.out, args.dtypes, args.suites, args.sizes, args.ms, args.activations,
                         args.backends, args.layout, args.rep_ms, args.time_budget_s, not args.no_host_cost,
                         rounds=args.rounds, timing_mode=args.timing, gpu_rep_ms=args.gpu_rep_ms)

@@ -36,7 +36,7 @@ import sys
 import time
 from typing import Any
 
-from .report import gpu_missing, out_dir_error, run_metadata, write_json
+from .report import cannot_run, out_dir_error, run_metadata, write_json
 
 __all__ = ["add_arguments", "run"]
 
@@ -170,8 +170,9 @@ def run(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    if gpu_missing(prog):
-        return 3
+    code = cannot_run(prog)
+    if code is not None:
+        return code
     import torch
     try:
         from ..integrations import transformers as integration

@@ -530,18 +530,28 @@ def result_filename(meta: dict, kind: str = "attention") -> str:
     return f"{kind}_{dev}_{when}.json"
 
 
-def gpu_missing(prog: str) -> bool:
-    """True (after printing the benchmarks' one "cannot run" line, prefixed with ``prog``, to
-    stderr) when torch cannot be imported or sees no CUDA GPU: the caller then exits with 3."""
+def cannot_run(prog: str) -> int | None:
+    """The benchmarks' last check before they measure: 2 (after printing the error, prefixed with
+    ``prog``, to stderr) when a ``FERROATTN_*`` tuning-knob variable is malformed (it names the
+    variable; every kernel call would raise it), 3 (after printing the "cannot run" line) when
+    torch cannot be imported or sees no CUDA GPU, else None."""
+    try:
+        from ..knobs import current
+        current()
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except ImportError:
+        pass                           # the native extension's absence is reported where it is needed
     try:
         import torch
     except ImportError as e:
         print(f"{prog}: cannot run: torch is not importable ({e})", file=sys.stderr)
-        return True
+        return 3
     if not torch.cuda.is_available():
         print(f"{prog}: cannot run: no CUDA GPU found (torch.cuda.is_available() is False)", file=sys.stderr)
-        return True
-    return False
+        return 3
+    return None
 
 
 def out_dir_error(out_dir: str | os.PathLike) -> str | None:

@@ -654,8 +654,9 @@ def check_args(args: argparse.Namespace, prog: str = "ferroattn bench sparse24")
     kwargs = dict(quick=args.quick, out_dir=args.out, dtypes=dtypes, shapes=args.shapes, rep_ms=args.rep_ms,
                   time_budget_s=args.time_budget_s, peers=peers, rounds=args.rounds, timing_mode=args.timing,
                   gpu_rep_ms=args.gpu_rep_ms)
-    if report.gpu_missing(prog):
-        return 3, kwargs
+    code = report.cannot_run(prog)
+    if code is not None:
+        return code, kwargs
     return None, kwargs
 
 
