@@ -359,7 +359,11 @@ CANDIDATE_FORMS = [
      ["bwd-tail-full-fp16", "bwd-causal-sq<sk-d128-bf16", "bwd-causal-alibi-bh-sq<sk-d128-fp16",
       "bwd-window-skips-key-tiles-bf16"]),
     ({"attn_bwd_family": "sm90", "attn_sm90_bwd_varlen": "1"},
-     ["bwd-varlen-empty-causal-bf16", "bwd-varlen-window-softcap-bf16"]),
+     ["bwd-varlen-empty-causal-bf16", "bwd-varlen-window-softcap-bf16",
+      "bwd-varlen-deterministic-causal-window-sinks-fp16"]),
+    # the deterministic plan on the Hopper kernel (without dQ, then the dQ kernel)
+    ({"attn_bwd_family": "sm90"},
+     ["bwd-deterministic-gqa-causal-d96-fp16", "bwd-deterministic-window-sinks-sq>sk-bf16"]),
 ]
 
 

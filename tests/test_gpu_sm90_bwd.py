@@ -7,8 +7,9 @@ rounded-up ones), fp16/bf16, causal and not, s_q != s_k both ways (rows and keys
 lengths 1 / 97 / 113 / 1025 (query and key tails), GQA and MQA, the variants the Hopper plan takes
 (softcap, ALiBi (h,) and (b, h), sinks, dropout with the mask read back from S_dmask, causal or
 not, the local window); every gradient written (NaN-poisoned allocator); the launch record names
-the sm90 kernel; calls it declines (deterministic, varlen, head dim > 128) run the sm80 plan; the
-two families agree; CUDA-graph capture and replay.
+the sm90 kernel; calls it declines (varlen without its knob, head dim > 128) run the sm80 plan; the
+two families agree; the deterministic plan (the sm90 kernel without dQ, then the dQ kernel) is
+bitwise reproducible and bitwise equal to its parts elsewhere; CUDA-graph capture and replay.
 """
 from __future__ import annotations
 
@@ -149,8 +150,7 @@ def test_families_agree_and_declined_calls_run_sm80():
     for a, b_ in zip(g90, g80):
         # two fp32 accumulation orders of the same products: within a few bf16 ulps
         assert (a.float() - b_.float()).abs().max() <= 2e-2 * (1 + b_.float().abs().max())
-    # declined: deterministic, head dim > 128, varlen
-    _check(q, k, v, expect_sm90=False, causal=True, deterministic=True)
+    # declined: head dim > 128, varlen (without its knob)
     q2, k2, v2 = _leaf(1, 100, 2, 192), _leaf(1, 100, 2, 192), _leaf(1, 100, 2, 192)
     _check(q2, k2, v2, expect_sm90=False)
     cu = torch.tensor([0, 50, 130], device=DEV, dtype=torch.int32)
@@ -243,3 +243,51 @@ def test_varlen_backward_runs_on_the_hopper_kernel_under_its_knob(d, kw, overlap
     for name, g, r, r_lp in zip(("dq", "dk", "dv"), grads, refs, refs_lp):
         assert torch.isfinite(g).all(), name
         assert_close_to_ref(g, r, r_lp, factor=3.0, atol=1e-5, name=name)
+
+
+DQ_KERNEL = "attn_bwd_dq_sm80"
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(), dict(causal=True, window_size=(100, 0)),
+                                dict(causal=True, dropout_p=0.17), dict(softcap=5.0),
+                                dict(causal=True, alibi_slopes="h")],
+                         ids=lambda kw: ",".join(kw) or "full")
+def test_deterministic_plan_is_bitwise_reproducible_and_equal_to_its_parts(d, kw):
+    """deterministic=True under the sm90 family: the sm90 kernel without dQ (its config ends in
+    ``, false>``) and the dQ kernel, no dq_accum. Two runs give the same bits; dK and dV are the
+    atomic sm90 kernel's bits (the same products in the same order), dQ the sm80 deterministic
+    plan's bits (the same dQ kernel over the same inputs); all match the reference."""
+    from ferroattn.knobs import override
+
+    b, sq, sk, h, hk = 2, 301, 389, 4, 2
+    torch.manual_seed(d + 3 * len(kw))
+    q, k, v = _leaf(b, sq, h, d), _leaf(b, sk, hk, d), _leaf(b, sk, hk, d)
+    dout = torch.randn(b, sq, h, d, device=DEV, dtype=BF16)
+    kw = dict(kw)
+    if kw.get("alibi_slopes") == "h":
+        kw["alibi_slopes"] = torch.rand(h, device=DEV) * 0.3
+
+    def grads(deterministic):
+        torch.manual_seed(9)   # the same dropout mask in every run
+        out = flash_attn_func(q, k, v, deterministic=deterministic, **kw)
+        poison_allocator(q, k, v, 2 * q.numel() * 4)
+        return launch_records(lambda: torch.autograd.grad(out, (q, k, v), dout))
+
+    g_det, r_det = grads(True)
+    g_again, _ = grads(True)
+    g_atomic, _ = grads(False)
+    with override(attn_bwd_family="sm80"):
+        g_sm80, r_sm80 = grads(True)
+    names = [r["kernel"] for r in r_det]
+    configs = [r["config"] for r in r_det if r["kernel"] == SM90]
+    assert configs and all(c.endswith(", false>") for c in configs), configs
+    assert DQ_KERNEL in names and not any("convert_dq" in n for n in names), names
+    assert SM90 not in [r["kernel"] for r in r_sm80]
+    for name, a, b_ in zip(("dq", "dk", "dv"), g_det, g_again):
+        assert torch.equal(a, b_), f"{name} differs between two deterministic runs"
+    assert torch.equal(g_det[1], g_atomic[1]), "dk: not the atomic sm90 kernel's bits"
+    assert torch.equal(g_det[2], g_atomic[2]), "dv: not the atomic sm90 kernel's bits"
+    assert torch.equal(g_det[0], g_sm80[0]), "dq: not the sm80 deterministic plan's bits"
+    if "dropout_p" not in kw:
+        _check(q, k, v, deterministic=True, **kw)

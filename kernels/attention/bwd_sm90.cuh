@@ -41,7 +41,7 @@
 //
 // Launch: grid (ceil(s_k / 128), h_k, b) with b <= 65535, 384 threads, dynamic shared memory
 // AttnBwdSm90Smem::kTotal bytes (the formula of AttnBwdConfig::smem_bytes for BwdKind::DkDvSm90
-// in src/tuning/attention_bwd.rs); dq_accum zeroed before (preprocess kernel). Warpgroup 0: the
+// in src/tuning/attention_bwd.rs); with dQ, dq_accum zeroed before (preprocess kernel). Warpgroup 0: the
 // producer (setmaxnreg 24; its first warp works). Warpgroups 1, 2: consumers (setmaxnreg 240),
 // keys 64 (wg - 1) .. + 63 of the tile.
 //
@@ -54,12 +54,15 @@
 // its query tiles start at the sequence's first rows (TMA loads past a sequence's end read the next
 // sequence's rows, which the masks zero like key and query tails; everything else already follows
 // bwd_dkdv_block.cuh's varlen geometry). A template argument, not a run-time test: the extra
-// coordinates cost the padded kernels a spill at some variants.
+// coordinates cost the padded kernels a spill at some variants. WithDq (default true): false
+// leaves dQ out (the deterministic plan, whose dQ kernel writes dq itself): per tile S^T, dP^T,
+// the scores, dV and dK only; no dS^T tile, no barrier between the warpgroups (each runs its keys
+// alone), no dq_accum access; DqOverlap must then be false.
 //
 // Shared memory (1024-aligned base): K, V (HeadDim / 64 chunks of 128 rows x 128 B each), the
 // ring of Q and dO (Stages slots of HeadDim / 64 chunks of 64 rows x 128 B each), all in the
-// canonical 128B-swizzle layout (16-byte chunk q of row r at q ^ (r % 8)); two dS^T tiles (128
-// key rows x 64 queries x 2 B, swizzled likewise); two dQ staging tiles (one per consumer
+// canonical 128B-swizzle layout (16-byte chunk q of row r at q ^ (r % 8)); with dQ, two dS^T tiles
+// (128 key rows x 64 queries x 2 B, swizzled likewise) and two dQ staging tiles (one per consumer
 // warpgroup: 64 rows x 64 fp32, rows padded to 288 B); Stages x (LSE * log2(e), D) rows (64 fp32
 // each); Stages x a TileInfo (16 B: the slot's query head, first row and dq_accum offset, written by
 // the producer's lane 0 with the slot); mbarriers kv_full (count 1), full[Stages] (count 32: the producer warp's lanes after
@@ -94,8 +97,9 @@ struct AttnBwdSm90Params {
     AttnBwdParams p;
 };
 
-// Shared-memory map of attn_bwd_sm90 (offsets from the 1024-aligned base).
-template <int HeadDim, int Stages>
+// Shared-memory map of attn_bwd_sm90 (offsets from the 1024-aligned base); without dQ
+// (WithDq false) the dS^T and staging tiles take no space.
+template <int HeadDim, int Stages, bool WithDq = true>
 struct AttnBwdSm90Smem {
     enum : unsigned {
         kBlockM = 64,
@@ -112,8 +116,8 @@ struct AttnBwdSm90Smem {
         kOffQ = 2u * kKVBytes,
         kOffDO = kOffQ + Stages * kQBytes,
         kOffDS = kOffDO + Stages * kQBytes,
-        kOffStage = kOffDS + 2u * kDsBytes,
-        kOffLse = kOffStage + 2u * kStageBytes,
+        kOffStage = kOffDS + (WithDq ? 2u : 0u) * kDsBytes,
+        kOffLse = kOffStage + (WithDq ? 2u : 0u) * kStageBytes,
         kOffD = kOffLse + Stages * kBlockM * 4u,
         kOffInfo = kOffD + Stages * kBlockM * 4u,   // per slot: TileInfo (16 B)
         kBars = kOffInfo + Stages * 16u,
@@ -185,10 +189,11 @@ __device__ __forceinline__ float2 ld_shared_v2_f32(unsigned addr) {
 
 }  // namespace attn_bwd_detail
 
-template <int HeadDim, int Stages, class V, typename T, bool DqOverlap = false, bool Varlen = false>
+template <int HeadDim, int Stages, class V, typename T, bool DqOverlap = false, bool Varlen = false,
+          bool WithDq = true>
 __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ AttnBwdSm90Params P) {
     using namespace sm90;
-    using Sm = AttnBwdSm90Smem<HeadDim, Stages>;
+    using Sm = AttnBwdSm90Smem<HeadDim, Stages, WithDq>;
     using Tr = DTypeTraits<T>;
     using Drop = attn_variant::DropoutMask<V>;
     constexpr int BlockM = Sm::kBlockM;
@@ -204,6 +209,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     constexpr float kLog2e = 1.4426950408889634f;
     static_assert(HeadDim == 64 || HeadDim == 128, "HeadDim is 64 or 128");
     static_assert(Stages >= 2, "Stages >= 2");
+    static_assert(WithDq || !DqOverlap, "DqOverlap orders the dQ product: only with WithDq");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
     static_assert(Sm::kTotal <= 227u * 1024u, "tiles do not fit in 227 KiB of shared memory");
 
@@ -330,8 +336,8 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     // The warpgroup's keys all exist and every pair of a query tile is visible: no mask.
     const bool keys_full = n0 + cw * 64 + 64 <= seqlen_k;
     // The rows that see this thread's keys (h = 0, 1): [x, y), clamped to [0, seqlen_q + BlockM]
-    // (so that y - m_start and x - m_start clamp to a tile exactly as the unclamped bounds do),
-    // y = 0 past seqlen_k. Fixed for the block; a tile takes [x - m_start, y - m_start).
+    // (a row of a query tile, in [0, seqlen_q + BlockM), compares with them as with the unclamped
+    // bounds), y = 0 past seqlen_k. Fixed for the block.
     int2 key_rows[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -415,16 +421,10 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                                       desc_at(ddo_b, qoff + c * Sm::kQChunk + kk * 32), ks != 0);
         }
         wgmma_commit();
-        float acc_q[32];
+        [[maybe_unused]] float acc_q[32];
 
-        // Visible queries of this thread's keys (tile-relative [qlo, qhi)), where a mask is needed.
+        // Where a mask is needed, the visible queries of this thread's keys are [key_rows.x, key_rows.y).
         const bool need_mask = !keys_full || !rk.tile_full(m_start, BlockM, n0 + cw * 64, 64);
-        int qlo[2], qhi[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            qlo[h] = min(max(key_rows[h].x - m_start, 0), BlockM);
-            qhi[h] = min(max(key_rows[h].y - m_start, 0), BlockM);
-        }
 
         // Dropout: this lane's keep bits of the tile (variant.cuh frag_t16, one unit per 16
         // queries, 8 bits each in one register), while S^T and dP^T run.
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                             if constexpr (V::kSoftcap) sv = smod.apply(sv, qi, kr, dcap);
                             else if constexpr (V::kAlibi) sv = smod.apply(sv, qi, kr);
                             float p = exp2_fast(fmaf(sv, scale_log2, e ? -l2.y : -l2.x));
-                            if (need_mask) p = (ql >= qlo[h] && ql < qhi[h]) ? p : 0.f;
+                            if (need_mask) p = (qi >= key_rows[h].x && qi < key_rows[h].y) ? p : 0.f;
                             float dpv = acc_dp[idx];
                             float pz = p;
                             if constexpr (V::kDropout) {   // dV takes Z o P, dS = P o (Z o dP - D)
@@ -515,7 +515,17 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
 #pragma unroll
             for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dk, da[kk], desc_at(dq_mn, qoff + kk * 2048), 1);
         };
-        if constexpr (DqOverlap) {
+        if constexpr (!WithDq) {
+            // dV and dK only: nothing is shared with the other warpgroup.
+            wgmma_fence();
+            issue_dv();
+            issue_dk();
+            wgmma_commit();
+            wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
+            fence_accumulators(acc_dk);
+            fence_accumulators(acc_dv);
+            if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
+        } else if constexpr (DqOverlap) {
             // dV, then (dS^T complete) dQ and dK together; dQ's reduction runs under dK.
             wgmma_fence();
             issue_dv();

@@ -33,13 +33,15 @@ pub enum BwdKind {
     /// `ferroattn::attn_bwd_convert_dq<HeadDim, BlockM, T>`: dq = T(softmax_scale · dq_accum).
     /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
     ConvertDq,
-    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap[, Varlen]]>`
-    /// (kernels/attention/bwd_sm90.cuh, sm_90a): dK, dV and the atomic dQ (into dq_accum) of one
-    /// 128-key tile with wgmma and TMA; the Hopper plan's middle kernel (`bwd_plan_sm90`).
+    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap[, Varlen[, WithDq]]]>`
+    /// (kernels/attention/bwd_sm90.cuh, sm_90a): dK, dV and (`dq`) the atomic dQ (into dq_accum)
+    /// of one 128-key tile with wgmma and TMA; the Hopper plan's middle kernel (`bwd_plan_sm90`).
     /// `dq_overlap` (the kernel's `DqOverlap`): dQ issued with dK and reduced while dK runs, instead
-    /// of after dV and dK have completed; `varlen` (`Varlen`): the varlen layout; each rendered only
-    /// when it or a later one is set. Grid (ceil(seqlen_k / 128), num_heads_k, batch).
-    DkDvSm90 { dq_overlap: bool, varlen: bool },
+    /// of after dV and dK have completed; `varlen` (`Varlen`): the varlen layout; `dq` (`WithDq`):
+    /// false on the deterministic plan (dK and dV only; the Dq kernel follows). Each template
+    /// argument is rendered only when it or a later one differs from its default. Grid
+    /// (ceil(seqlen_k / 128), num_heads_k, batch).
+    DkDvSm90 { dq_overlap: bool, varlen: bool, dq: bool },
 }
 
 /// One specialisation of one backward kernel: template arguments, launch shape, cache key.
@@ -98,12 +100,11 @@ impl AttnBwdConfig {
                 format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}{direct}>", self.kernel())
             }
             BwdKind::Dq => format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {t}>", self.kernel()),
-            BwdKind::DkDvSm90 { dq_overlap, varlen } => {
-                let tail = match (dq_overlap, varlen) {
-                    (_, true) => format!(", {dq_overlap}, true"),
-                    (true, false) => ", true".to_string(),
-                    (false, false) => String::new(),
-                };
+            BwdKind::DkDvSm90 { dq_overlap, varlen, dq } => {
+                // (value, the kernel's default) of the optional arguments, in order
+                let optional = [(dq_overlap, false), (varlen, false), (dq, true)];
+                let n = optional.iter().rposition(|(v, d)| v != d).map_or(0, |i| i + 1);
+                let tail: String = optional[..n].iter().map(|(v, _)| format!(", {v}")).collect();
                 format!("{}<{hd}, {st}, {c}, {t}{tail}>", self.kernel())
             }
         }
@@ -159,16 +160,18 @@ impl AttnBwdConfig {
     ///   dQ staging where `wide_dq_staged()`.
     /// - Dq: Q and dO tiles (block_m × d each) and `stages` × (K and V tiles, block_n × d each).
     /// - DkDvSm90 (`AttnBwdSm90Smem` in bwd_sm90.cuh): K and V (block_n × d each), `stages` ×
-    ///   (Q and dO, block_m × d each), two dSᵀ tiles (block_n × block_m), 16-bit; two fp32 dQ
-    ///   staging tiles (block_m rows of 64 fp32 padded to 288 B); `stages` × (LSE, D) rows;
+    ///   (Q and dO, block_m × d each), with dQ two dSᵀ tiles (block_n × block_m), 16-bit; with dQ
+    ///   two fp32 dQ staging tiles (block_m rows of 64 fp32 padded to 288 B); `stages` × (LSE, D) rows;
     ///   `stages` × a 16-byte tile record; (1 + 3 `stages`) mbarriers of 8 B; 1 KiB of alignment
     ///   slack.
     /// - Preprocess / ConvertDq: none.
     pub fn smem_bytes(&self) -> u32 {
         let (d, bm, bn, st) = (self.head_dim, self.block_m, self.block_n, self.stages);
         match self.kind {
-            BwdKind::DkDvSm90 { .. } => {
-                (2 * bn * d + 2 * st * bm * d + 2 * bn * bm) * 2 + 2 * bm * 288 + st * bm * 8 + st * 16 + 8 * (1 + 3 * st) + 1024
+            BwdKind::DkDvSm90 { dq, .. } => {
+                let dq_tiles = if dq { 2 } else { 0 };
+                (2 * bn * d + 2 * st * bm * d + dq_tiles * bn * bm) * 2 + dq_tiles * bm * 288 + st * bm * 8 + st * 16
+                    + 8 * (1 + 3 * st) + 1024
             }
             BwdKind::Preprocess | BwdKind::ConvertDq => 0,
             BwdKind::DkDv { .. } if self.is_wide() => {
@@ -194,7 +197,7 @@ impl AttnBwdConfig {
 
     /// Needs the fp32 dq_accum workspace.
     pub fn uses_dq_accum(&self) -> bool {
-        matches!(self.kind, BwdKind::DkDv { dq: true, .. } | BwdKind::ConvertDq | BwdKind::DkDvSm90 { .. })
+        matches!(self.kind, BwdKind::DkDv { dq: true, .. } | BwdKind::ConvertDq | BwdKind::DkDvSm90 { dq: true, .. })
     }
 }
 
@@ -373,17 +376,20 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
 /// Stages of the Hopper backward's query ring.
 pub const SM90_STAGES: u32 = 2;
 
-/// The Hopper backward's plan (preprocess → `BwdKind::DkDvSm90` → dQ conversion) where its
-/// kernel has a specialisation: sm_90a, the atomic-dQ path (not `deterministic`), head dims up to
-/// 128 (kernel head dim 64 or 128). None elsewhere (the call takes `bwd_plan`). The caller also
-/// needs the padded layout and the tensor maps (src/ops/attention_bwd/sm90.rs).
-/// `family`: `Auto` takes the Hopper plan only where it measured faster than the sm80 plan (kernel
-/// head dim 128: 1.07-1.09x at 1k-8k tokens; at 64 it ran 0.60-0.74x, bench/NOTES.md "Hopper
-/// backward"), `Sm90` wherever the kernel has a specialisation (tests, A/B runs), `Sm80` never.
-/// `dq_overlap`: the kernel's product order (`BwdKind::DkDvSm90`; knob `attn_sm90_bwd_dq_overlap`);
-/// `varlen`: the call's layout (varlen calls reach here only under knob `attn_sm90_bwd_varlen`;
-/// the varlen kernel in the default order spills at the causal-window softcap variant of head dim
-/// 128, which then takes the sm80 plan).
+/// The Hopper backward's plan where its kernel has a specialisation: sm_90a, head dims up to 128
+/// (kernel head dim 64 or 128). The atomic-dQ path: preprocess → `BwdKind::DkDvSm90` (dK, dV,
+/// dQ into dq_accum) → dQ conversion; `deterministic`: preprocess → `DkDvSm90` without dQ → the
+/// sm80 Dq kernel (dQ written directly, no atomics anywhere: bitwise reproducible). None
+/// elsewhere (the call takes `bwd_plan`). The caller also needs the padded layout and the tensor
+/// maps (src/ops/attention_bwd/sm90.rs).
+/// `family`: `Auto` takes the Hopper plan only where it measured faster than the sm80 plan (the
+/// atomic path at kernel head dim 128: 1.07-1.09x at 1k-8k tokens; at 64 it ran 0.60-0.74x,
+/// bench/NOTES.md "Hopper backward"; the deterministic plan is not measured yet, so `Auto` leaves
+/// it to the sm80 plan), `Sm90` wherever the kernel has a specialisation (tests, A/B runs: knob
+/// `attn_bwd_family=sm90`), `Sm80` never.
+/// `dq_overlap`: the kernel's product order (`BwdKind::DkDvSm90`; knob `attn_sm90_bwd_dq_overlap`;
+/// without dQ there is no order to choose, so the deterministic plan ignores it);
+/// `varlen`: the call's layout (varlen calls reach here only under knob `attn_sm90_bwd_varlen`).
 #[allow(clippy::too_many_arguments)]
 pub fn bwd_plan_sm90(
     head_dim: u32,
@@ -398,23 +404,21 @@ pub fn bwd_plan_sm90(
     let hd = if head_dim <= 64 { 64 } else { 128 };
     let chosen = match family {
         FamilyChoice::Sm80 => false,
-        FamilyChoice::Auto => hd == 128,
+        FamilyChoice::Auto => hd == 128 && !deterministic,
         FamilyChoice::Sm90 => true,
     };
-    if !chosen || arch != Arch::Sm90a || deterministic || head_dim > 128 {
+    if !chosen || arch != Arch::Sm90a || head_dim > 128 {
         return None;
     }
-    let mut plan = bwd_plan(head_dim, variant, false, dtype, arch);
-    let config = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap, varlen);
-    if varlen && !dq_overlap && config.head_dim == 128 && config.variant.softcap && config.variant.mask == MaskKind::Local {
-        return None;
-    }
+    let with_dq = !deterministic;
+    let mut plan = bwd_plan(head_dim, variant, deterministic, dtype, arch);
+    let config = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap && with_dq, varlen, with_dq);
     plan[1] = config;
     Some(plan)
 }
 
-/// The Hopper dK/dV/dQ kernel's configuration for a call of `head_dim` (<= 128) and `variant`,
-/// whether or not `bwd_plan_sm90` takes it (kernel work compiles declined variants with it).
+/// The Hopper dK/dV(/dQ: `dq`) kernel's configuration for a call of `head_dim` (<= 128) and
+/// `variant`, whether or not `bwd_plan_sm90` takes it (kernel work compiles declined variants with it).
 pub fn sm90_dkdv_config(
     head_dim: u32,
     variant: VariantKind,
@@ -422,9 +426,10 @@ pub fn sm90_dkdv_config(
     arch: Arch,
     dq_overlap: bool,
     varlen: bool,
+    dq: bool,
 ) -> AttnBwdConfig {
     AttnBwdConfig {
-        kind: BwdKind::DkDvSm90 { dq_overlap, varlen },
+        kind: BwdKind::DkDvSm90 { dq_overlap, varlen, dq },
         head_dim: if head_dim <= 64 { 64 } else { 128 },
         block_m: 64,
         block_n: 128,
@@ -510,7 +515,7 @@ mod tests {
         let sm90 = FamilyChoice::Sm90;
         let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false).unwrap();
         let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
-        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen: false }, BwdKind::ConvertDq]);
+        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen: false, dq: true }, BwdKind::ConvertDq]);
         assert_eq!((p[1].head_dim, p[1].block_m, p[1].block_n, p[1].threads()), (128, 64, 128, 384));
         assert_eq!(
             p[1].name_expression(),
@@ -523,14 +528,14 @@ mod tests {
         assert!(p[1].uses_dq_accum());
         // the overlapped product order: the same kernel with `DqOverlap` rendered, the same memory
         let o = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, true, false).unwrap();
-        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true, varlen: false });
-        // varlen: its template argument (after DqOverlap's), and the variant its kernel spills at
+        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true, varlen: false, dq: true });
+        // varlen: its template argument (after DqOverlap's), every variant in both orders
         let vl = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true).unwrap();
         assert!(vl[1].name_expression().ends_with("__nv_bfloat16, false, true>"), "{}", vl[1].name_expression());
         let sl = VariantKind { softcap: true, ..local };
-        assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, false, true).is_none());
-        assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, true, true).is_some());
-        assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, false, false).is_some());
+        for (overlap, varlen) in [(false, true), (true, true), (false, false)] {
+            assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, overlap, varlen).is_some());
+        }
         assert!(o[1].name_expression().ends_with("__nv_bfloat16, true>"), "{}", o[1].name_expression());
         assert_eq!(o[1].smem_bytes(), p[1].smem_bytes());
         let prod = bwd_production_configs(Arch::Sm90a);
@@ -543,7 +548,7 @@ mod tests {
         assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_none());
         assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false).is_none());
         for (hd, v, det, arch) in [
-            (128, VariantKind::CAUSAL, true, Arch::Sm90a),
+            (160, VariantKind::CAUSAL, true, Arch::Sm90a),
             (160, VariantKind::CAUSAL, false, Arch::Sm90a),
             (128, VariantKind::CAUSAL, false, Arch::Sm80),
         ] {
@@ -558,6 +563,42 @@ mod tests {
             }
             assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_some(), "{v:?}");
         }
+    }
+
+    #[test]
+    fn deterministic_hopper_plan_leaves_dq_to_the_dq_kernel() {
+        let sm90 = FamilyChoice::Sm90;
+        for hd in [64u32, 96, 128] {
+            for overlap in [false, true] {
+                for varlen in [false, true] {
+                    let p = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, sm90, overlap, varlen).unwrap();
+                    let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
+                    // dq_overlap has nothing to order without dQ: always the plain kernel order
+                    assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen, dq: false }, BwdKind::Dq]);
+                    assert!(!p.iter().any(|c| c.uses_dq_accum()), "{hd}: no dq_accum on the deterministic path");
+                    // the Dq kernel is the sm80 plan's, the same as without the Hopper kernel
+                    assert_eq!(p[2], bwd_plan(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a)[2]);
+                    let name = p[1].name_expression();
+                    let tail = if varlen { ", false, true, false>" } else { ", false, false, false>" };
+                    assert!(name.ends_with(tail), "{name}");
+                }
+            }
+            // without the dS^T and staging tiles: 2 x 16 KiB x (d / 64) x ... less
+            let with = sm90_dkdv_config(hd, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, false, false, true);
+            let without = sm90_dkdv_config(hd, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, false, false, false);
+            assert_eq!(with.smem_bytes() - without.smem_bytes(), 2 * 128 * 64 * 2 + 2 * 64 * 288);
+        }
+        // the dispatcher's choice: the sm80 plan until the Hopper one is measured; the sm80 knob: never
+        for hd in [64, 128] {
+            assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_none());
+            assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false).is_none());
+        }
+        // every production variant, and the default name of the atomic kernel is unchanged
+        let prod = bwd_production_configs(Arch::Sm90a);
+        assert!(prod.iter().any(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq: false, varlen: false, .. })));
+        assert!(prod.iter().any(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq: false, varlen: true, .. })));
+        let atomic = sm90_dkdv_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, false, false, true);
+        assert!(atomic.name_expression().ends_with("__nv_bfloat16>"), "{}", atomic.name_expression());
     }
 
     #[test]

@@ -157,7 +157,7 @@ impl AttnSizes {
     /// - Preprocess: 0 FLOPs; reads dout, out, writes softmax_d, zeroes dq_accum (default plan).
     /// - DkDv: products S, dP (with dK or dQ), dV, dK, dQ as enabled; reads q, k, v, dout,
     ///   softmax_lse, softmax_d (with dK or dQ), writes dk, dv, dq_accum as enabled.
-    /// - DkDvSm90: as DkDv with dK, dV and dQ.
+    /// - DkDvSm90: as DkDv with dK, dV and (`dq`) dQ.
     /// - Dq: S, dP, dQ; reads q, k, v, dout, softmax_lse, softmax_d, writes dq.
     /// - ConvertDq: 0 FLOPs; reads dq_accum, writes dq.
     pub fn bwd(&self, kind: BwdKind, window: Window, deterministic: bool) -> Work {
@@ -167,7 +167,7 @@ impl AttnSizes {
                 let zeroed = if deterministic { 0.0 } else { self.accum() };
                 self.work(0.0, 2.0 * self.q_like() + self.row_stat() + zeroed)
             }
-            BwdKind::DkDvSm90 { .. } => self.bwd(BwdKind::DkDv { dk: true, dv: true, dq: true }, window, deterministic),
+            BwdKind::DkDvSm90 { dq, .. } => self.bwd(BwdKind::DkDv { dk: true, dv: true, dq }, window, deterministic),
             BwdKind::DkDv { dk, dv, dq } => {
                 let ds = dk || dq;
                 let products = 1 + [ds, dv, dk, dq].iter().filter(|&&b| b).count() as u64;

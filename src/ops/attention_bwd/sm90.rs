@@ -26,8 +26,8 @@ pub struct AttnBwdSm90Params {
 
 /// Whether the Hopper backward may take a call of this shape: the knob not set to sm80, the
 /// padded layout (or varlen where `varlen_ok`: knob `attn_sm90_bwd_varlen`) and a batch within
-/// one grid (the plan itself also needs sm_90a, the atomic-dQ path and a head dim up to 128:
-/// `bwd_plan_sm90`).
+/// one grid (the plan itself also needs sm_90a and a head dim up to 128, and under `Auto` the
+/// atomic-dQ path: `bwd_plan_sm90`).
 pub fn supports(p: &Problem, family: FamilyChoice, varlen_ok: bool) -> bool {
     family != FamilyChoice::Sm80 && (!p.varlen || varlen_ok) && p.batch <= MAX_LAUNCH_BATCH
 }
@@ -108,13 +108,15 @@ mod tests {
 
     /// Both production head dims compile for sm_90a; prints ptxas's report (registers, spills,
     /// wgmma serialisation warnings). `-- --ignored sm90_bwd_compiles --nocapture`;
-    /// FERROATTN_TEST_SM90_BWD_VARIANT=plain|causal|local|softcap-local|softcap|alibi|dropout picks the variant.
+    /// FERROATTN_TEST_SM90_BWD_VARIANT=plain|causal|local|softcap-local|softcap|alibi|dropout picks the variant,
+    /// FERROATTN_TEST_SM90_HD=64|128 the head dim, FERROATTN_TEST_SM90_VARLEN=1 the varlen layout.
     #[test]
     #[ignore]
     fn sm90_bwd_compiles() {
         use crate::ops::attention::MaskKind;
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
         let filter = std::env::var("FERROATTN_TEST_SM90_HD").ok();
+        let varlen = std::env::var("FERROATTN_TEST_SM90_VARLEN").is_ok_and(|v| v == "1");
         let v = match std::env::var("FERROATTN_TEST_SM90_BWD_VARIANT").as_deref() {
             Ok("plain") => VariantKind::PLAIN,
             Ok("local") => VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN },
@@ -128,8 +130,9 @@ mod tests {
             if filter.as_deref().is_some_and(|f| f != hd.to_string()) {
                 continue;
             }
-            for dq_overlap in [false, true] {
-                let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a, dq_overlap, false);
+            // the atomic kernel in both product orders, and the deterministic plan's (no dQ)
+            for (dq_overlap, dq) in [(false, true), (true, true), (false, false)] {
+                let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a, dq_overlap, varlen, dq);
                 crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
             }
         }
