@@ -28,18 +28,31 @@ def _generate_batch(model, **cb):
     return [out[f"req_{i}"].generated_tokens for i in range(len(PROMPTS))]
 
 
+def _packed(x, cu_k, block_table):
+    """Paged keys (or values) (num_pages, page_size, h_k, d) read through ``block_table`` as the
+    packed (total_k, h_k, d) rows of the sequences of ``cu_k``; ``x`` itself without a table."""
+    if block_table is None:
+        return x
+    ck, page = cu_k.tolist(), x.shape[1]
+    rows = [x[block_table[i, :-(-(ck[i + 1] - ck[i]) // page)].long()].reshape(-1, *x.shape[2:])[:ck[i + 1] - ck[i]]
+            for i in range(len(ck) - 1)]
+    return torch.cat(rows)
+
+
 @pytest.fixture
 def checked_kernel(monkeypatch):
     """The paged function's flash_attn_varlen_func, each call's output compared with
     :func:`attention_varlen_ref` (fp32 and in the inputs' dtype); the failures are collected, not
     raised, because generate_batch's loop runs on its own thread and logs exceptions."""
     real = fa_paged.flash_attn_varlen_func
-    seen = {"calls": 0, "failures": []}
+    seen = {"calls": 0, "paged": 0, "failures": []}
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, window_size=(-1, -1),
-               softcap=0.0, *, s_aux=None):
+               softcap=0.0, block_table=None, *, s_aux=None):
         out = real(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal,
-                   window_size=window_size, softcap=softcap, s_aux=s_aux)
+                   window_size=window_size, softcap=softcap, block_table=block_table, s_aux=s_aux)
+        seen["paged"] += block_table is not None
+        k, v = _packed(k, cu_k, block_table), _packed(v, cu_k, block_table)
         kw = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, s_aux=s_aux)
         ref = attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)[0]
         ref_lp = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)[0]
@@ -55,13 +68,16 @@ def checked_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_oss", "opt"])
-def test_generate_batch_calls_match_the_reference(checked_kernel, name):
+@pytest.mark.parametrize("block_size", [256, 16])
+def test_generate_batch_calls_match_the_reference(checked_kernel, name, block_size):
     archs.require(name)
     model = archs.build(name, "ferroattn", BF16, device=DEV)
-    tokens = _generate_batch(model)
+    tokens = _generate_batch(model, block_size=block_size)
     assert [len(t) for t in tokens] == [NEW_TOKENS] * len(PROMPTS), tokens
-    # a prefill of the four prompts, then a decode step per token (each over all the layers)
+    # a prefill of the four prompts, then a decode step per token (each over all the layers);
+    # the decode steps of full-attention layers run on the cache's pages (block tables)
     assert checked_kernel["calls"] >= NEW_TOKENS * model.config.num_hidden_layers
+    assert (checked_kernel["paged"] > 0) == archs.ARCHS[name].full_layers
     assert not checked_kernel["failures"], checked_kernel["failures"][:3]
 
 

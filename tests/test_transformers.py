@@ -196,13 +196,23 @@ def variant_kernels(monkeypatch):
         calls.append(dict(kind="varlen", dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, deterministic=deterministic, s_aux=s_aux,
                           shapes=(tuple(q.shape), tuple(k.shape), tuple(v.shape)), cu_q=cu_seqlens_q.tolist(),
-                          cu_k=cu_seqlens_k.tolist(), max_q=max_seqlen_q, max_k=max_seqlen_k))
-        out = torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+                          cu_k=cu_seqlens_k.tolist(), max_q=max_seqlen_q, max_k=max_seqlen_k,
+                          block_table=None if block_table is None else block_table.tolist()))
+        out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
         causal, window_size, softcap, s_aux = calls.effective(causal, window_size, softcap, s_aux)
         cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+
+        def keys(x, i):
+            """Sequence i's keys (or values): rows ck[i]:ck[i + 1] of x, or with block_table its
+            pages (num_pages, page_size, h_k, d) in the table's order, cut to its length."""
+            if block_table is None:
+                return x[ck[i]:ck[i + 1]]
+            n, page = ck[i + 1] - ck[i], x.shape[1]
+            return x[block_table[i, :-(-n // page)].long()].reshape(-1, *x.shape[2:])[:n]
+
         parts = []
         for i in range(len(cq) - 1):
-            parts.append(_variant_ref(q[None, cq[i]:cq[i + 1]], k[None, ck[i]:ck[i + 1]], v[None, ck[i]:ck[i + 1]],
+            parts.append(_variant_ref(q[None, cq[i]:cq[i + 1]], keys(k, i)[None], keys(v, i)[None],
                                       causal, softmax_scale, window_size, softcap, s_aux, dropout_p)[0])
         return torch.cat(parts) if parts else out
 

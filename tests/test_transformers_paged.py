@@ -37,8 +37,9 @@ def paged_kernels(variant_kernels, monkeypatch):  # noqa: F811
         return x.to("meta", torch.bfloat16) if x.is_floating_point() else x.to("meta")
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, s_aux=None, **kw):
+        meta_kw = {name: meta(x) if isinstance(x, torch.Tensor) else x for name, x in kw.items()}
         flash_attn_varlen_func(meta(q).as_strided(q.shape, q.stride()), meta(k), meta(v), meta(cu_q), meta(cu_k),
-                               max_q, max_k, s_aux=None if s_aux is None else meta(s_aux), **kw)
+                               max_q, max_k, s_aux=None if s_aux is None else meta(s_aux), **meta_kw)
         return fake(q, k, v, cu_q, cu_k, max_q, max_k, s_aux=s_aux, **kw)
 
     monkeypatch.setattr(fa_paged, "flash_attn_varlen_func", varlen)
@@ -142,10 +143,43 @@ def test_generate_batch_equals_each_prompt_alone_on_the_reference(paged_kernels,
     needs = () if arch is None else arch.needs
     assert {c["softcap"] for c in calls} == ({1.0} if "softcap" in needs else {0.0})
     assert all((c["s_aux"] is not None) == ("sinks" in needs) for c in calls)
-    # the keys the kernel reads are the keys the cache gathered for that layer
-    assert all(c["shapes"][1][0] == c["cu_k"][-1] for c in calls)
+    # the keys the kernel reads: the cache's pages through a block table on the decode steps of
+    # full-attention layers (one table row per request, enough pages for its keys), else the keys
+    # the cache gathered for that layer
+    paged = [c for c in calls if c["block_table"] is not None]
+    assert all(c["shapes"][1][0] == c["cu_k"][-1] for c in calls if c["block_table"] is None)
+    for c in paged:
+        page = c["shapes"][1][1]
+        assert c["max_q"] == 1 and tuple(c["window_size"]) == (-1, -1)
+        assert len(c["block_table"]) == len(c["cu_k"]) - 1
+        assert all(len(row) * page >= b - a for row, a, b in zip(c["block_table"], c["cu_k"], c["cu_k"][1:]))
+    # every decode step of a full-attention layer runs on the pages; sliding layers and prefill gather
+    assert bool(paged) == full
+    assert not any(c["block_table"] is not None and c["max_q"] > 1 for c in calls)
     if name in ("granite", "opt"):   # the scale the model passes (OPT's q_proj scales: 1.0)
         assert {c["softmax_scale"] for c in calls} == {0.1 if name == "granite" else 1.0}
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "qwen2"])
+@pytest.mark.parametrize("block_size,max_batch_tokens", [(4, None), (4, 16), (5, None)])
+def test_block_tables_over_many_pages_give_each_prompt_alones_tokens(paged_kernels, name, block_size, max_batch_tokens):
+    """Small pages (every request spans several, the last one partial; 5 is not a power of two)
+    and, with a 16-token budget, chunked prefill: the decode steps' block tables read off
+    read_index give each request the tokens of the reference generating it alone."""
+    arch = archs.ARCHS[name]
+    ours = _build(name, "ferroattn")
+    ref = _build(name, arch.ref, ours.state_dict())
+    gc = transformers.GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+    cb = transformers.ContinuousBatchingConfig(block_size=block_size, max_batch_tokens=max_batch_tokens)
+    with torch.no_grad():
+        out = ours.generate_batch(inputs=PROMPTS, generation_config=gc, continuous_batching_config=cb,
+                                  progress_bar=False)
+    got = [out[f"req_{i}"].generated_tokens for i in range(len(PROMPTS))]
+    assert [len(t) for t in got] == [NEW_TOKENS] * len(PROMPTS), got
+    _assert_same_tokens(ref, got, _generate_alone(ref))
+    paged = [c for c in paged_kernels if c["kind"] == "varlen" and c["block_table"] is not None]
+    assert paged and max(len(row) for c in paged for row in c["block_table"]) >= -(-max(map(len, PROMPTS)) // block_size)
+    assert {c["shapes"][1][1] for c in paged} == {block_size}
 
 
 @pytest.mark.parametrize("name,option", [("mistral", "window"), ("gemma2", "softcap"), ("gpt_oss", "sinks")])

@@ -156,6 +156,9 @@ def attn_kvcache_num_splits(device: int, batch: int, seqlen_q: int, heads: int, 
     ArgumentError outside [0, 128]. The caller sizes the split partials from it."""
 def attn_use_kvcache_path(seqlen_q: int, group: int, seqlen_k: int, dropout: bool) -> bool:
     """Whether a flash_attn_func / varlen call of these sizes runs on the kv-cache kernel."""
+def attn_decode_rows_fit(seqlen_q: int, group: int) -> bool:
+    """Whether seqlen_q queries of a GQA group of `group` heads are few enough for the kv-cache
+    kernel (at most two blocks of packed rows per kv head)."""
 def attn_fwd_kvcache(
     q: DLPackLike, k_cache: DLPackLike, v_cache: DLPackLike, out: DLPackLike, softmax_lse: DLPackLike,
     cu_seqlens_q: Optional[DLPackLike], cu_seqlens_k: Optional[DLPackLike], max_seqlen_q: int,

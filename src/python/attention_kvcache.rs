@@ -67,6 +67,13 @@ fn attn_use_kvcache_path(seqlen_q: u64, group: u64, seqlen_k: u64, dropout: bool
     crate::tuning::attention_kvcache::use_kvcache_path(seqlen_q, group, seqlen_k, kind)
 }
 
+/// Whether seqlen_q queries of a GQA group of `group` heads are few enough for the kv-cache kernel
+/// (tuning::attention_kvcache::decode_rows_fit).
+#[pyfunction]
+fn attn_decode_rows_fit(seqlen_q: u64, group: u64) -> bool {
+    crate::tuning::attention_kvcache::decode_rows_fit(seqlen_q, group)
+}
+
 /// Launch the kv-cache attention forward (and the split combine when `o_accum` is given) on
 /// `stream`. Validates everything first; never synchronises.
 #[pyfunction]
@@ -175,6 +182,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attn_kvcache_check, m)?)?;
     m.add_function(wrap_pyfunction!(attn_kvcache_num_splits, m)?)?;
     m.add_function(wrap_pyfunction!(attn_use_kvcache_path, m)?)?;
+    m.add_function(wrap_pyfunction!(attn_decode_rows_fit, m)?)?;
     m.add_function(wrap_pyfunction!(attn_fwd_kvcache, m)?)?;
     m.add_function(wrap_pyfunction!(kv_append, m)?)?;
     m.add_function(wrap_pyfunction!(kv_append_check, m)?)?;

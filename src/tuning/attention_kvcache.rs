@@ -152,11 +152,17 @@ pub fn blocks_per_sm(config: &AttnKvcacheConfig) -> u32 {
     (config.arch.max_smem_per_sm() / smem).clamp(1, 8)
 }
 
+/// Whether `seqlen_q` queries of a GQA group of `group` heads are few enough for the kv-cache
+/// kernel (at most two blocks of packed rows per kv head): decode and speculative decoding.
+pub fn decode_rows_fit(seqlen_q: u64, group: u64) -> bool {
+    row_blocks(seqlen_q, group) <= 2
+}
+
 /// Whether a `flash_attn_func` / varlen call (not a kv-cache call) runs on the kv-cache kernel:
-/// few query rows per kv head (at most two blocks of packed rows) against many keys, no dropout
-/// (the kv-cache kernel has none) and no returned softmax.
+/// few query rows per kv head (`decode_rows_fit`) against many keys, no dropout (the kv-cache
+/// kernel has none) and no returned softmax.
 pub fn use_kvcache_path(seqlen_q: u64, group: u64, seqlen_k: u64, variant: VariantKind) -> bool {
-    !variant.dropout && !variant.return_softmax && row_blocks(seqlen_q, group) <= 2 && seqlen_k >= 2 * KVCACHE_BLOCK_N as u64
+    !variant.dropout && !variant.return_softmax && decode_rows_fit(seqlen_q, group) && seqlen_k >= 2 * KVCACHE_BLOCK_N as u64
         && seqlen_k >= 8 * seqlen_q
 }
 
@@ -237,5 +243,8 @@ mod tests {
         assert!(!use_kvcache_path(5, 8, 8192, VariantKind::PLAIN));
         assert!(!use_kvcache_path(1, 1, 64, VariantKind::PLAIN));     // one tile: nothing to split
         assert!(!use_kvcache_path(1, 4, 8192, VariantKind { dropout: true, ..VariantKind::PLAIN }));
+        // the rows rule alone (paged decode in continuous batching: any key count)
+        assert!(decode_rows_fit(1, 8) && decode_rows_fit(4, 8) && decode_rows_fit(32, 1));
+        assert!(!decode_rows_fit(5, 8) && !decode_rows_fit(33, 1));
     }
 }

@@ -18,11 +18,20 @@ What transformers 5.17 hands a paged attention function whose name has no "flash
   cache, one tensor per layer group), ``cu_seq_lens_q``, ``cu_seq_lens_k`` and
   ``max_seqlen_q`` / ``max_seqlen_k`` (a dict per layer type when the model mixes full and
   sliding-window layers);
-- ``cache.update`` writes the new k / v into their slots and gathers every request's keys,
-  past and new, into (total_k, h_k, d); :func:`ferroattn.flash_attn_varlen_func` then runs
-  causal attention (bottom-right aligned: a request's queries are its last tokens) over the
-  packed requests. This is the path transformers' own ``paged|flash_attention_2`` takes when it
-  has no block table.
+- Decode steps (few queries per request: ``attn_decode_rows_fit``) of full-attention layers run
+  on the cache's pages: the new k / v are written into their slots (``write_index``, as
+  ``cache.update`` writes them), a block table is read off ``read_index`` (a full-attention
+  group reads a request's blocks whole and in order, transformers' ``FullAttentionCacheAllocator``:
+  slot ``read_index[cu_k[r] + p]`` is ``block_table[r][p // block_size] * block_size + p %
+  block_size``), and :func:`ferroattn.flash_attn_varlen_func` with ``block_table`` reads K / V
+  once from the cache (the kv-cache kernel, any page size). No host synchronisation: the table is
+  built by device ops, so CUDA-graph capture works.
+- Every other step (prefill chunks, sliding-window groups, whose ring of slots is not a block
+  table, a cache of another layout): ``cache.update`` writes the new k / v into their slots and
+  gathers every request's keys, past and new, into (total_k, h_k, d);
+  :func:`ferroattn.flash_attn_varlen_func` then runs causal attention (bottom-right aligned: a
+  request's queries are its last tokens) over the packed requests. This is the path
+  transformers' own ``paged|flash_attention_2`` takes when it has no block table.
 - No attention mask (transformers builds 4-D masks only for ``paged|eager`` / ``paged|sdpa``),
   and never a block table: transformers enables its decode fast path (``flash_attn_with_kvcache``
   on the cache's pages) only for FlashAttention 2/3 names, so ``block_table`` is always None here.
@@ -47,6 +56,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .. import _native
 from ..errors import ArgumentError
 from ..flash_attn_interface import flash_attn_varlen_func
 from ._kernel_call import call_kernel, value_at_head_dim, variant_kwargs
@@ -84,6 +94,41 @@ def _window(sliding_window) -> Tuple[int, int]:
     if not _is_int(sliding_window) or sliding_window < 1:
         raise ArgumentError(f"sliding_window: expected None or an int >= 1, got {sliding_window!r}")
     return (sliding_window - 1, 0)
+
+
+def _pages(cache, layer_idx: int, key: Tensor, value: Tensor, read_index, write_index, cu_k: Tensor, max_q: int,
+           max_k: int, heads: int):
+    """The decode path on the cache's pages for this layer: (k_pages, v_pages, block_table), the
+    new k / v written into their slots first; None (nothing written) where the layer runs the
+    gathered path: a sliding-window group, a step without cache reads, more queries than the
+    kv-cache kernel takes, or a cache without the full-attention layout this reads."""
+    try:
+        group_idx, in_group = cache.layer_index_to_group_indices[layer_idx]
+        full = cache.sliding_windows[layer_idx] == 1
+        block_size = int(cache.block_size)
+        k_cache, v_cache = cache.key_cache[in_group], cache.value_cache[in_group]
+        layer_read, layer_write = read_index[group_idx], write_index[group_idx]
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    heads_k = key.shape[1]
+    if (not full or layer_read.numel() == 0 or block_size < 1 or heads % heads_k
+            or not _native.attn_decode_rows_fit(int(max_q), heads // heads_k)
+            or k_cache.dim() != 3 or v_cache.dim() != 3 or k_cache.shape[0] % block_size
+            or tuple(k_cache.shape[1:]) != (heads_k, key.shape[-1])
+            or tuple(v_cache.shape) != tuple(k_cache.shape[:2]) + (value.shape[-1],)):
+        return None
+    # the write of cache.update for a full-attention layer
+    k_cache.index_copy_(0, layer_write, key.transpose(1, 2).squeeze(0))
+    v_cache.index_copy_(0, layer_write, value.transpose(1, 2).squeeze(0))
+    # block j of request r starts at read_index[cu_k[r] + j * block_size] (device ops only)
+    starts = cu_k[:-1].to(torch.int64)
+    lengths = cu_k[1:].to(torch.int64) - starts
+    first = torch.arange(max(-(-int(max_k) // block_size), 1), device=cu_k.device, dtype=torch.int64) * block_size
+    valid = first[None, :] < lengths[:, None]
+    slots = layer_read[torch.where(valid, starts[:, None] + first[None, :], 0)]
+    block_table = torch.where(valid, torch.div(slots, block_size, rounding_mode="floor"), 0).to(torch.int32)
+    pages = (-1, block_size) + tuple(k_cache.shape[1:])
+    return k_cache.view(pages), v_cache.view(pages[:-1] + (v_cache.shape[-1],)), block_table
 
 
 def _check(query: Tensor, key: Tensor, value: Tensor, cu_q, cu_k, max_q, max_k) -> None:
@@ -179,11 +224,17 @@ def ferroattn_paged_attention_forward(
     window_size = _window(sliding_window)
 
     value, crop = value_at_head_dim(value, query.shape[-1])
-    k, v = cache.update(key_states=key, value_states=value, layer_idx=layer_idx,
-                        read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+    pages = _pages(cache, layer_idx, key, value, kwargs["read_index"], kwargs["write_index"], cu_k, max_seqlen_q,
+                   max_k, query.shape[1])
+    paged = {}
+    if pages is not None:
+        k, v, paged["block_table"] = pages
+    else:
+        k, v = cache.update(key_states=key, value_states=value, layer_idx=layer_idx,
+                            read_index=kwargs["read_index"], write_index=kwargs["write_index"])
     scale = scaling if scaling is not None else getattr(module, "scaling", None)
     q = query.transpose(1, 2).squeeze(0)   # (total_q, h, d) view
     out = call_kernel(flash_attn_varlen_func, q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32),
                       max_seqlen_q, max_k, softmax_scale=scale, causal=True, window_size=window_size,
-                      **variant_kwargs(softcap, s_aux, query.dtype))
+                      **paged, **variant_kwargs(softcap, s_aux, query.dtype))
     return crop(out), None
