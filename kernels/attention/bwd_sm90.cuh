@@ -515,17 +515,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
 #pragma unroll
             for (int kk = 0; kk < KQ; ++kk) wgmma_rs<T, HeadDim, 1>(acc_dk, da[kk], desc_at(dq_mn, qoff + kk * 2048), 1);
         };
-        if constexpr (!WithDq) {
-            // dV and dK only: nothing is shared with the other warpgroup.
-            wgmma_fence();
-            issue_dv();
-            issue_dk();
-            wgmma_commit();
-            wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
-            fence_accumulators(acc_dk);
-            fence_accumulators(acc_dv);
-            if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
-        } else if constexpr (DqOverlap) {
+        if constexpr (DqOverlap) {
             // dV, then (dS^T complete) dQ and dK together; dQ's reduction runs under dK.
             wgmma_fence();
             issue_dv();
@@ -552,24 +542,27 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
             fence_accumulators(acc_dv);
             if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
         } else {
+            // (without dQ: dV and dK only, nothing shared with the other warpgroup)
             wgmma_fence();
             issue_dv();
             issue_dk();
             wgmma_commit();
-            store_ds();
+            if constexpr (WithDq) store_ds();
             wgmma_wait<0>();   // dV, dK of it: their 16-bit operands die, the slot is free
             fence_accumulators(acc_dk);
             fence_accumulators(acc_dv);
             if (lane == 0) mbar_arrive(sm.empty(stage));   // Q, dO of this slot are no longer read
-            named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
-            // dQ of tile it (its accumulators do not fit next to S^T, dP^T, dK and dV at head dim 128:
-            // issued with the next tile's scores or with dV, dK it spills; at head dim 64 the former
-            // measured slower, bench/NOTES.md "Hopper backward").
-            if (dq_here(it)) {
-                issue_dq(acc_q, it);
-                wgmma_wait<0>();
-                fence_accumulators(acc_q);
-                reduce_dq(acc_q, dq_off, m_start);
+            if constexpr (WithDq) {
+                named_barrier(1, 256);   // both warpgroups' dS^T rows of tile it are in
+                // dQ of tile it (its accumulators do not fit next to S^T, dP^T, dK and dV at head dim 128:
+                // issued with the next tile's scores or with dV, dK it spills; at head dim 64 the former
+                // measured slower, bench/NOTES.md "Hopper backward").
+                if (dq_here(it)) {
+                    issue_dq(acc_q, it);
+                    wgmma_wait<0>();
+                    fence_accumulators(acc_q);
+                    reduce_dq(acc_q, dq_off, m_start);
+                }
             }
         }
         if (++stage == Stages) {
