@@ -36,8 +36,8 @@ def test_parse_accepts_lists_and_rejects_malformed_ones():
     (["bench", "attention", "--candidate", f"{KNOB}=separate,attn_sm90_fwd_stages=3",
       "--candidate", f"attn_sm90_fwd_stages=03,{KNOB}=separate"], "given twice"),
     # a candidate that changes nothing measures ours against ours
-    (["bench", "attention", "--candidate", "attn_sm90_fwd_persistent=0"], "sets every knob to its current value"),
-    (["bench", "attention", "--backward", "--candidate", f"{KNOB}=together"], "would measure ours again"),
+    (["bench", "attention", "--candidate", "attn_sm90_fwd_persistent=auto"], "sets every knob to its current value"),
+    (["bench", "attention", "--backward", "--candidate", f"{KNOB}=auto"], "would measure ours again"),
     # a comma inside a value that takes none is the knob's own error, naming the value
     (["bench", "attention", "--candidate", f"{KNOB}=separate,3"], '"separate,3"'),
 ])
@@ -120,7 +120,7 @@ def test_forward_point_measures_each_candidate_under_its_knobs(fakes, monkeypatc
     cands = {"sep": {KNOB: "separate"}, "sep3": {KNOB: "separate", "attn_sm90_fwd_stages": "3"}}
     attention.measure_point(p, ours, sdpa, ["math"], None, 1.0, 1.0, candidates=cands)
     assert native.tuning_knobs() == before
-    assert "together" in fakes and "separate" in fakes
+    assert "auto" in fakes and "separate" in fakes
     c, c3 = p["candidates"]["sep"], p["candidates"]["sep3"]
     assert c["ms"] == 1.6 and c["speedup"] == pytest.approx(2.0 / 1.6)
     assert c3["ms"] == 2.5 and c3["speedup"] == pytest.approx(2.0 / 2.5)

@@ -215,7 +215,9 @@ def test_e_measured_ceilings(tmp_path):
     f16 = c.for_dtype("float16")
     _report("e_ceilings", {"copy_gbps": c.bandwidth_gbps, "bf16_tflops": c.peak_tflops,
                            "fp16_tflops": f16.peak_tflops, "label": c.label()})
-    assert 3400 <= c.bandwidth_gbps <= 5200, c.label()
+    # a device-to-device copy on the Hopper cards this runs on: ~3.0 TB/s on an H100 SXM (3.35 TB/s
+    # by its datasheet), ~4.3 TB/s on an H200 (4.8 TB/s)
+    assert 2000 <= c.bandwidth_gbps <= 5200, c.label()
     assert 560 <= c.peak_tflops <= 960, c.label()
     assert dict((d, s) for d, _, s in c.by_dtype).keys() == {"bfloat16", "float16"}, c.by_dtype
     assert abs(f16.peak_tflops - c.peak_tflops) <= 0.2 * c.peak_tflops, c.label()

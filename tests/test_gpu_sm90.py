@@ -173,10 +173,13 @@ def test_knob_rejects_malformed_values():
     assert native.tuning_knobs()["attn_fwd_family"] == "sm90"
 
 
-#: the pipeline forms an A/B run measures against the default (tuning knobs, docs/DEVELOPING.md):
-#: they change when the K/V ring's slots are loaded and freed, never the arithmetic
-FWD_FORMS = [{"attn_sm90_fwd_kv_release": "separate"}, {"attn_sm90_fwd_stages": "3"},
-             {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_stages": "3"},
+#: the pipeline forms an A/B run measures against the default (the form rule's choice; tuning
+#: knobs, docs/DEVELOPING.md): they change when the K/V ring's slots are loaded and freed, never
+#: the arithmetic
+FWD_FORMS = [{"attn_sm90_fwd_kv_release": "together", "attn_sm90_fwd_persistent": "0"},
+             {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_persistent": "0"},
+             {"attn_sm90_fwd_stages": "3", "attn_sm90_fwd_persistent": "0"},
+             {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_stages": "3", "attn_sm90_fwd_persistent": "0"},
              {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_persistent": "1"},
              {"attn_sm90_fwd_persistent": "1"}]
 
@@ -212,6 +215,8 @@ def test_pipeline_forms_give_the_default_forms_bits(form, d, shape, kw):
     assert default and cand, (default, cand)
     if form.get("attn_sm90_fwd_kv_release") == "separate":
         assert all(c.endswith(", true>") for c in cand), cand
+    if form.get("attn_sm90_fwd_kv_release") == "together" and form.get("attn_sm90_fwd_persistent") == "0":
+        assert all(c.endswith("16>") for c in cand), cand     # no form argument rendered
     if form.get("attn_sm90_fwd_stages") == "3" and d in (96, 128):   # 3 slots fit at d 128 (2 by default)
         assert all(c.startswith("ferroattn::attn_fwd_sm90<128, 128, 3,") for c in cand), cand
     if form.get("attn_sm90_fwd_persistent") == "1":

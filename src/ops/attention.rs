@@ -600,14 +600,14 @@ pub fn attn_fwd(
     let sizes = AttnSizes::new(&p, &q.meta, &k.meta);
     let work = |s: BatchSlice| LaunchInfo { op: "ferroattn::attn_fwd", work: sizes.slice(s).fwd(variant.window()) };
     let knobs = crate::tuning::knobs::get()?;
-    let form = crate::tuning::attention_sm90::FwdForm {
+    let policy = crate::tuning::attention_sm90::FwdPolicy {
         kv_release: knobs.attn_sm90_fwd_kv_release,
         stages: knobs.attn_sm90_fwd_stages,
         persistent: knobs.attn_sm90_fwd_persistent,
         varlen: knobs.attn_sm90_fwd_varlen,
         d192: knobs.attn_sm90_fwd_d192,
     };
-    if let Some(launch) = sm90::prepare(&p, kind, arch, knobs.attn_fwd_family, form, q, k, v, out, &prm)? {
+    if let Some(launch) = sm90::prepare(&p, kind, arch, knobs.attn_fwd_family, policy, q, k, v, out, &prm)? {
         // SAFETY: as below; the maps describe the caller's q, k, v and out.
         return unsafe { launch.launch(stream, &work(BatchSlice::first(p.batch))) };
     }

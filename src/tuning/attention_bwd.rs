@@ -384,9 +384,9 @@ pub const SM90_STAGES: u32 = 2;
 /// maps (src/ops/attention_bwd/sm90.rs).
 /// `family`: `Auto` takes the Hopper plan only where it measured faster than the sm80 plan (the
 /// atomic path at kernel head dim 128: 1.07-1.09x at 1k-8k tokens; at 64 it ran 0.60-0.74x,
-/// bench/NOTES.md "Hopper backward"; the deterministic plan is not measured yet, so `Auto` leaves
-/// it to the sm80 plan), `Sm90` wherever the kernel has a specialisation (tests, A/B runs: knob
-/// `attn_bwd_family=sm90`), `Sm80` never.
+/// bench/NOTES.md "Hopper backward"; the deterministic plan at both head dims: 1.14-1.30x at 64,
+/// 1.36-1.44x at 128, "Hopper forward forms measured"), `Sm90` wherever the kernel has a
+/// specialisation (tests, A/B runs: knob `attn_bwd_family=sm90`), `Sm80` never.
 /// `dq_overlap`: the kernel's product order (`BwdKind::DkDvSm90`; knob `attn_sm90_bwd_dq_overlap`;
 /// without dQ there is no order to choose, so the deterministic plan ignores it);
 /// `varlen`: the call's layout (varlen calls reach here only under knob `attn_sm90_bwd_varlen`).
@@ -404,7 +404,7 @@ pub fn bwd_plan_sm90(
     let hd = if head_dim <= 64 { 64 } else { 128 };
     let chosen = match family {
         FamilyChoice::Sm80 => false,
-        FamilyChoice::Auto => hd == 128 && !deterministic,
+        FamilyChoice::Auto => hd == 128 || deterministic,
         FamilyChoice::Sm90 => true,
     };
     if !chosen || arch != Arch::Sm90a || head_dim > 128 {
@@ -588,9 +588,10 @@ mod tests {
             let without = sm90_dkdv_config(hd, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, false, false, false);
             assert_eq!(with.smem_bytes() - without.smem_bytes(), 2 * 128 * 64 * 2 + 2 * 64 * 288);
         }
-        // the dispatcher's choice: the sm80 plan until the Hopper one is measured; the sm80 knob: never
+        // the dispatcher's choice: the Hopper plan at both head dims (measured faster); the sm80 knob: never
         for hd in [64, 128] {
-            assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_none());
+            let auto = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false);
+            assert!(matches!(auto.unwrap()[1].kind, BwdKind::DkDvSm90 { dq: false, .. }));
             assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false).is_none());
         }
         // every production variant, and the default name of the atomic kernel is unchanged

@@ -8,9 +8,9 @@
 
 use crate::arch::Arch;
 use crate::dtype::DType;
-use crate::tuning::variant::VariantKind;
+use crate::tuning::variant::{MaskKind, VariantKind};
 use crate::tuning::attention::{production_variants, AttnFwdConfig, AttnFwdFamily, KvRelease};
-use crate::tuning::knobs::RingStages;
+use crate::tuning::knobs::{Choice, RingStages};
 
 /// Query rows per block (two consumer warpgroups of 64).
 pub const BLOCK_M: u32 = 128;
@@ -45,11 +45,9 @@ pub fn fwd_tile(head_dim: u32, variant: VariantKind) -> (u32, u32) {
     }
 }
 
-/// The choices of the sm90 forward that the tuning knobs set (A/B runs and candidates): the
-/// ring's release (`attn_sm90_fwd_kv_release`), its depth (`attn_sm90_fwd_stages`), the
-/// persistent form (`attn_sm90_fwd_persistent`), whether varlen calls may run on it
-/// (`attn_sm90_fwd_varlen`: the same kernels, which read cu_seqlens at run time) and whether head
-/// dims 129..=192 run on the dedicated 192 kernel (`attn_sm90_fwd_d192`).
+/// The form of an sm90 forward launch: the ring's release, its depth, the persistent form, whether
+/// varlen calls may run on it (the same kernels, which read cu_seqlens at run time) and whether
+/// head dims 129..=192 run on the dedicated 192 kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FwdForm {
     pub kv_release: KvRelease,
@@ -57,6 +55,45 @@ pub struct FwdForm {
     pub persistent: bool,
     pub varlen: bool,
     pub d192: bool,
+}
+
+/// What the tuning knobs say of the sm90 forward's form (`attn_sm90_fwd_kv_release`,
+/// `attn_sm90_fwd_stages`, `attn_sm90_fwd_persistent`, `attn_sm90_fwd_varlen`,
+/// `attn_sm90_fwd_d192`): the release and the persistent form forced or left to `form`'s rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FwdPolicy {
+    pub kv_release: Choice<KvRelease>,
+    pub stages: RingStages,
+    pub persistent: Choice<bool>,
+    pub varlen: bool,
+    pub d192: bool,
+}
+
+/// Key lengths up to which the persistent form runs unmasked calls at kernel head dims <= 128.
+pub const PERSISTENT_MAX_SEQLEN_K: u64 = 2048;
+
+impl FwdPolicy {
+    /// The form of a call of head dim `head_dim`, mask `mask` and `seqlen_k` keys per sequence:
+    /// the knobs' forced choices, the measured rule for the rest (bench/NOTES.md, "Hopper forward
+    /// forms measured"). Persistent where the mask is causal or local (each unit pairs a heavy m
+    /// block with a light one, the heaviest first) and, at kernel head dims up to 128, for key
+    /// lengths up to `PERSISTENT_MAX_SEQLEN_K` (few key tiles per m block: the prologue a block
+    /// pays alone is a large share); each slot's K released after its Q·Kᵀ and V after its P·V at
+    /// kernel head dims >= 128 and in the persistent form (two slots: the next K load is
+    /// otherwise on the critical path once per key tile), K and V together at head dim 64
+    /// otherwise (three slots hide the load).
+    pub fn form(&self, head_dim: u32, mask: MaskKind, seqlen_k: u64) -> FwdForm {
+        let hd = kernel_head_dim(head_dim, self.d192).unwrap_or(256);
+        let persistent = self.persistent.or(mask != MaskKind::None || (hd <= 128 && seqlen_k <= PERSISTENT_MAX_SEQLEN_K));
+        let rule_release = if hd >= 128 || persistent { KvRelease::Separate } else { KvRelease::Together };
+        FwdForm {
+            kv_release: self.kv_release.or(rule_release),
+            stages: self.stages,
+            persistent,
+            varlen: self.varlen,
+            d192: self.d192,
+        }
+    }
 }
 
 /// The sm90 configuration of a call, or None where the kernel has no specialisation (head dim
@@ -87,35 +124,52 @@ pub fn fwd_config(head_dim: u32, variant: VariantKind, dtype: DType, arch: Arch,
     Some(c)
 }
 
-/// Every configuration `precompile` builds for `arch`: the production variants at head dims
-/// 64, 128, 256 in both 16-bit dtypes (none off sm_90a), in the default form.
+/// Every configuration `precompile` builds for `arch`: the forms `FwdPolicy::form`'s rule takes
+/// (short and long keys) for the production variants at head dims 64, 128, 256 in both 16-bit
+/// dtypes (none off sm_90a).
 pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
-    fwd_configs_of_form(arch, FwdForm::default())
+    rule_configs_at(arch, &[64, 128, 256], FwdPolicy::default())
 }
 
-/// The production points in the forms an A/B run measures against the default
-/// (`KvRelease::Separate`, alone and persistent; the dedicated d 192 kernel in the default form):
-/// `precompile` builds them too, so CI holds them to no spills.
+/// The forms an A/B run measures against the rule's (`precompile` builds them too, so CI holds
+/// them to no spills): K and V released together or separately, not persistent, and separately
+/// in the persistent form, at head dims 64, 128, 256, less the production configurations; and
+/// the dedicated d 192 kernel in the rule's forms.
 pub fn fwd_candidate_configs(arch: Arch) -> Vec<AttnFwdConfig> {
-    let separate = FwdForm { kv_release: KvRelease::Separate, ..FwdForm::default() };
-    let mut out = fwd_configs_of_form(arch, separate);
-    out.extend(fwd_configs_of_form(arch, FwdForm { persistent: true, ..separate }));
-    out.extend(configs_at(arch, &[192], FwdForm { d192: true, ..FwdForm::default() }));
+    let production = fwd_production_configs(arch);
+    let mut out = Vec::new();
+    for (kv_release, persistent) in [(KvRelease::Together, false), (KvRelease::Separate, false), (KvRelease::Separate, true)] {
+        let form = FwdForm { kv_release, persistent, ..FwdForm::default() };
+        for &hd in &[64, 128, 256] {
+            for_production_points(|v, dtype| out.extend(fwd_config(hd, v, dtype, arch, form)));
+        }
+    }
+    out.retain(|c| !production.contains(c));
+    out.extend(rule_configs_at(arch, &[192], FwdPolicy { d192: true, ..FwdPolicy::default() }));
     out
 }
 
-fn fwd_configs_of_form(arch: Arch, form: FwdForm) -> Vec<AttnFwdConfig> {
-    configs_at(arch, &[64, 128, 256], form)
+fn for_production_points(mut f: impl FnMut(VariantKind, DType)) {
+    for v in production_variants() {
+        for dtype in [DType::F16, DType::BF16] {
+            f(v, dtype);
+        }
+    }
 }
 
-fn configs_at(arch: Arch, head_dims: &[u32], form: FwdForm) -> Vec<AttnFwdConfig> {
-    let mut out = Vec::new();
+/// The configurations `policy`'s rule takes at `head_dims` for the production points, at key
+/// lengths on either side of `PERSISTENT_MAX_SEQLEN_K` (each configuration once).
+fn rule_configs_at(arch: Arch, head_dims: &[u32], policy: FwdPolicy) -> Vec<AttnFwdConfig> {
+    let mut out: Vec<AttnFwdConfig> = Vec::new();
     for &hd in head_dims {
-        for v in production_variants() {
-            for dtype in [DType::F16, DType::BF16] {
-                out.extend(fwd_config(hd, v, dtype, arch, form));
+        for_production_points(|v, dtype| {
+            for seqlen_k in [PERSISTENT_MAX_SEQLEN_K, PERSISTENT_MAX_SEQLEN_K + 1] {
+                let c = fwd_config(hd, v, dtype, arch, policy.form(hd, v.mask, seqlen_k));
+                if let Some(c) = c.filter(|c| !out.contains(c)) {
+                    out.push(c);
+                }
             }
-        }
+        });
     }
     out
 }
@@ -182,7 +236,11 @@ mod tests {
     #[test]
     fn production_configs_fit_and_respect_the_kernel_rules() {
         let configs = fwd_production_configs(Arch::Sm90a);
-        assert_eq!(configs.len(), 3 * production_variants().len() * 2);
+        // per head dim and point the rule's form at short and long keys: two forms where unmasked
+        // at d 64 and 128, one otherwise
+        let masked = production_variants().iter().filter(|v| v.mask != MaskKind::None).count();
+        let n = production_variants().len();
+        assert_eq!(configs.len(), 2 * (2 * (2 * n - masked) + n));
         assert!(fwd_production_configs(Arch::Sm80).is_empty());
         for c in &configs {
             assert_fits_smem(c);
@@ -223,14 +281,49 @@ mod tests {
         assert_eq!(fwd_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, four).unwrap().stages, 3);
         assert_eq!(fwd_config(256, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, three).unwrap().stages, 2);
         assert_eq!(fwd_config(64, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, four).unwrap().stages, 4);
-        for c in fwd_candidate_configs(Arch::Sm90a) {
-            // the release forms, and the d 192 kernel in the default form
-            assert!(c.kv_release == KvRelease::Separate || (c.head_dim == 192 && !c.persistent), "{c:?}");
-            assert_fits_smem(&c);
+        let production = fwd_production_configs(Arch::Sm90a);
+        let candidates = fwd_candidate_configs(Arch::Sm90a);
+        for c in &candidates {
+            // the three forced forms, and the d 192 kernel in the rule's forms; none twice
+            let forced = [(KvRelease::Together, false), (KvRelease::Separate, false), (KvRelease::Separate, true)];
+            assert!(forced.contains(&(c.kv_release, c.persistent)) || c.head_dim == 192, "{c:?}");
+            assert!(!production.contains(c), "{c:?}");
+            assert_fits_smem(c);
         }
-        let n = fwd_production_configs(Arch::Sm90a).len();
-        assert_eq!(fwd_candidate_configs(Arch::Sm90a).len(), 2 * n + n / 3);
+        // 3 forms x 3 head dims x the points, less the production ones, plus d 192's (one form a point)
+        let points = 2 * production_variants().len();
+        assert_eq!(candidates.len(), 9 * points - production.len() + points);
         assert!(fwd_candidate_configs(Arch::Sm90a).iter().filter(|c| c.head_dim == 192).all(|c| c.block_n % 16 == 0));
+    }
+
+    /// The rule picks, at each point measured (bench/results/sm90_forms_h100_20261207: d 64 / 128 /
+    /// 256, 1k and 8k keys, causal and not), the best form measured there or one within 3 % of it.
+    #[test]
+    fn the_form_rule_takes_the_measured_forms_and_yields_to_forced_knobs() {
+        use KvRelease::{Separate, Together};
+        let auto = FwdPolicy::default();
+        for (hd, mask, s_k, release, persistent) in [
+            (64, MaskKind::None, 1024, Separate, true),
+            (64, MaskKind::None, 8192, Together, false),
+            (64, MaskKind::Causal, 8192, Separate, true),
+            (128, MaskKind::None, 1024, Separate, true),
+            (128, MaskKind::None, 8192, Separate, false),
+            (128, MaskKind::Causal, 1024, Separate, true),
+            (128, MaskKind::Local, 32768, Separate, true),
+            (256, MaskKind::None, 1024, Separate, false),
+            (256, MaskKind::Causal, 8192, Separate, true),
+            (96, MaskKind::None, 8192, Separate, false),
+        ] {
+            let f = auto.form(hd, mask, s_k);
+            assert_eq!((f.kv_release, f.persistent), (release, persistent), "d {hd} {mask:?} s_k {s_k}");
+        }
+        let forced = FwdPolicy { kv_release: Choice::Fixed(Together), persistent: Choice::Fixed(false), ..auto };
+        let f = forced.form(128, MaskKind::Causal, 1024);
+        assert_eq!((f.kv_release, f.persistent), (Together, false));
+        let pers = FwdPolicy { persistent: Choice::Fixed(true), ..auto };
+        assert_eq!(pers.form(64, MaskKind::None, 8192).kv_release, Separate);
+        // the d 192 kernel (opt-in) releases separately
+        assert_eq!(FwdPolicy { d192: true, ..auto }.form(160, MaskKind::None, 8192).kv_release, Separate);
     }
 
     /// Every m block of every head runs once, and under a causal mask (m block m holds m + 1 key

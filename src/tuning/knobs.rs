@@ -18,7 +18,7 @@ use crate::tuning::gemm_sm90::{SchedulePolicy, DEFAULT_FAST_EPILOGUE, DEFAULT_PO
 use crate::tuning::grid::GridPolicy;
 use crate::tuning::sparse24::{FusePolicy, SplitPolicy, StreamKPolicy, Tile, TilePolicy, WgmmaEpilogue, WgmmaMainloop};
 use std::sync::RwLock;
-pub use values::{FamilyChoice, KnobValue, RasterGroup, RingStages};
+pub use values::{Choice, FamilyChoice, KnobValue, RasterGroup, RingStages};
 
 /// The value of knob text `value` (trimmed; empty: `default`); `source` (the variable or the knob
 /// name) and the accepted values are named in the error.
@@ -87,12 +87,13 @@ knobs! {
     attn_fwd_family: FamilyChoice = FamilyChoice::Auto, "FERROATTN_ATTN_FWD_FAMILY";
     /// Attention-backward kernel family.
     attn_bwd_family: FamilyChoice = FamilyChoice::Auto, "FERROATTN_ATTN_BWD_FAMILY";
-    /// How the Hopper attention forward's K/V ring releases its slots.
-    attn_sm90_fwd_kv_release: KvRelease = KvRelease::Together, "FERROATTN_ATTN_SM90_FWD_KV_RELEASE";
+    /// How the Hopper attention forward's K/V ring releases its slots (auto: `FwdPolicy::form`'s rule).
+    attn_sm90_fwd_kv_release: Choice<KvRelease> = Choice::Auto, "FERROATTN_ATTN_SM90_FWD_KV_RELEASE";
     /// A forced K/V ring depth of the Hopper attention forward.
     attn_sm90_fwd_stages: RingStages = RingStages::Auto, "FERROATTN_ATTN_SM90_FWD_STAGES";
-    /// The Hopper attention forward's persistent form (one block per SM over its share of tiles).
-    attn_sm90_fwd_persistent: bool = false, "FERROATTN_ATTN_SM90_FWD_PERSISTENT";
+    /// The Hopper attention forward's persistent form (one block per SM over its share of tiles;
+    /// auto: `FwdPolicy::form`'s rule).
+    attn_sm90_fwd_persistent: Choice<bool> = Choice::Auto, "FERROATTN_ATTN_SM90_FWD_PERSISTENT";
     /// Whether head dims 129..=192 run on the dedicated 192 Hopper attention forward.
     attn_sm90_fwd_d192: bool = false, "FERROATTN_ATTN_SM90_FWD_D192";
     /// Whether varlen attention forwards may run on the Hopper kernel.

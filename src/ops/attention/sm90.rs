@@ -11,7 +11,7 @@ use crate::ops::attention::{launch_shape, AttnFwdParams, Problem, VariantKind, K
 use crate::tensor::TensorView;
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::attention::AttnFwdConfig;
-use crate::tuning::attention_sm90::{fwd_config, FwdForm, BLOCK_M};
+use crate::tuning::attention_sm90::{fwd_config, FwdForm, FwdPolicy, BLOCK_M};
 use crate::tuning::knobs::FamilyChoice;
 
 /// Mirror of `struct AttnFwdSm90Params` in kernels/attention/fwd_sm90.cuh (change both
@@ -27,14 +27,14 @@ pub struct AttnFwdSm90Params {
 }
 
 /// Whether the sm90 kernel takes a call of this shape: sm_90a (and the knob not set to sm80),
-/// the padded layout (or varlen where `form.varlen`), a batch within one grid, a head dim with a
+/// the padded layout (or varlen where `policy.varlen`), a batch within one grid, a head dim with a
 /// specialisation. The tensor maps must also encode (`prepare`).
-pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice, form: FwdForm) -> bool {
+pub fn supports(p: &Problem, arch: Arch, family: FamilyChoice, policy: FwdPolicy) -> bool {
     family != FamilyChoice::Sm80
         && arch == Arch::Sm90a
-        && (!p.varlen || form.varlen)
+        && (!p.varlen || policy.varlen)
         && p.batch <= MAX_LAUNCH_BATCH
-        && crate::tuning::attention_sm90::kernel_head_dim(p.head_dim as u32, form.d192).is_some()
+        && crate::tuning::attention_sm90::kernel_head_dim(p.head_dim as u32, policy.d192).is_some()
 }
 
 /// The output tiles of a call (query tiles of BLOCK_M rows x heads x batch), the grid of the
@@ -93,16 +93,17 @@ pub fn prepare(
     kind: VariantKind,
     arch: Arch,
     family: FamilyChoice,
-    form: FwdForm,
+    policy: FwdPolicy,
     q: &TensorView,
     k: &TensorView,
     v: &TensorView,
     out: &TensorView,
     prm: &AttnFwdParams,
 ) -> Result<Option<Prepared>> {
-    if !supports(p, arch, family, form) {
+    if !supports(p, arch, family, policy) {
         return Ok(None);
     }
+    let form = policy.form(p.head_dim as u32, kind.mask, p.seqlen_k as u64);
     // The persistent kernel numbers its tiles with 32-bit integers.
     let form = FwdForm { persistent: form.persistent && tiles(p) <= i32::MAX as u64, ..form };
     let Some(config) = fwd_config(p.head_dim as u32, kind, p.dtype, arch, form) else { return Ok(None) };
@@ -179,19 +180,19 @@ mod tests {
     #[test]
     fn supports_padded_hopper_calls_within_one_grid() {
         let p = problem(false, 2, 128);
-        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
-        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Sm90, FwdForm::default()));
-        assert!(!supports(&p, Arch::Sm90a, FamilyChoice::Sm80, FwdForm::default()));
-        assert!(!supports(&p, Arch::Sm80, FamilyChoice::Sm90, FwdForm::default()));
-        assert!(!supports(&p, Arch::Sm120, FamilyChoice::Auto, FwdForm::default()));
-        assert!(!supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
+        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Auto, FwdPolicy::default()));
+        assert!(supports(&p, Arch::Sm90a, FamilyChoice::Sm90, FwdPolicy::default()));
+        assert!(!supports(&p, Arch::Sm90a, FamilyChoice::Sm80, FwdPolicy::default()));
+        assert!(!supports(&p, Arch::Sm80, FamilyChoice::Sm90, FwdPolicy::default()));
+        assert!(!supports(&p, Arch::Sm120, FamilyChoice::Auto, FwdPolicy::default()));
+        assert!(!supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Auto, FwdPolicy::default()));
         // varlen: only with the candidate knob (attn_sm90_fwd_varlen)
-        let varlen = FwdForm { varlen: true, ..FwdForm::default() };
+        let varlen = FwdPolicy { varlen: true, ..FwdPolicy::default() };
         assert!(supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Auto, varlen));
         assert!(!supports(&problem(true, 2, 128), Arch::Sm90a, FamilyChoice::Sm80, varlen));
-        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1, 128), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
-        assert!(supports(&problem(false, 1, 8), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
-        assert!(supports(&problem(false, 1, 256), Arch::Sm90a, FamilyChoice::Auto, FwdForm::default()));
+        assert!(!supports(&problem(false, MAX_LAUNCH_BATCH + 1, 128), Arch::Sm90a, FamilyChoice::Auto, FwdPolicy::default()));
+        assert!(supports(&problem(false, 1, 8), Arch::Sm90a, FamilyChoice::Auto, FwdPolicy::default()));
+        assert!(supports(&problem(false, 1, 256), Arch::Sm90a, FamilyChoice::Auto, FwdPolicy::default()));
     }
 
     /// One specialisation per head dim compiles for sm_90a; prints ptxas's report (registers,

@@ -54,10 +54,43 @@ impl Named for FamilyChoice {
         &[(FamilyChoice::Auto, &["auto"]), (FamilyChoice::Sm80, &["sm80"]), (FamilyChoice::Sm90, &["sm90"])];
 }
 
-impl Named for KvRelease {
-    const EXPECTED: &'static str = "one of together, separate";
+/// A choice the dispatcher's measured rule makes (`Auto`) unless a knob forces a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice<T> {
+    Auto,
+    Fixed(T),
+}
+
+impl<T> Default for Choice<T> {
+    fn default() -> Self {
+        Choice::Auto
+    }
+}
+
+impl<T: Copy> Choice<T> {
+    /// The forced value, else the rule's.
+    pub fn or(self, rule: T) -> T {
+        match self {
+            Choice::Auto => rule,
+            Choice::Fixed(v) => v,
+        }
+    }
+}
+
+impl Named for Choice<KvRelease> {
+    const EXPECTED: &'static str = "one of auto, together, separate";
+    const NAMES: &'static [(Self, &'static [&'static str])] = &[
+        (Choice::Auto, &["auto"]),
+        (Choice::Fixed(KvRelease::Together), &["together"]),
+        (Choice::Fixed(KvRelease::Separate), &["separate"]),
+    ];
+}
+
+/// auto, or an on / off switch.
+impl Named for Choice<bool> {
+    const EXPECTED: &'static str = "one of auto, 1, on, 0, off";
     const NAMES: &'static [(Self, &'static [&'static str])] =
-        &[(KvRelease::Together, &["together"]), (KvRelease::Separate, &["separate"])];
+        &[(Choice::Auto, &["auto"]), (Choice::Fixed(true), crate::env_switch::ON), (Choice::Fixed(false), crate::env_switch::OFF)];
 }
 
 /// A ring depth: the tile rule's (`Auto`) or a forced number of slots.
@@ -293,7 +326,8 @@ mod tests {
     fn every_value_type_round_trips_and_rejects_bad_text() {
         round_trip(&[FamilyChoice::Auto, FamilyChoice::Sm80, FamilyChoice::Sm90], &["hopper", "SM80"]);
         round_trip(&[true, false], &["yes", "2", "true"]);
-        round_trip(&[KvRelease::Together, KvRelease::Separate], &["split", "1"]);
+        round_trip(&[Choice::Auto, Choice::Fixed(KvRelease::Together), Choice::Fixed(KvRelease::Separate)], &["split", "1"]);
+        round_trip(&[Choice::Auto, Choice::Fixed(true), Choice::Fixed(false)], &["2", "yes", "separate"]);
         round_trip(&[RingStages::Auto, RingStages::Fixed(2), RingStages::Fixed(8)], &["1", "9", "0", "x"]);
         round_trip(&[RasterGroup(1), RasterGroup(8), RasterGroup(4096)], &["0", "4097", "x", "-1"]);
         round_trip(
@@ -332,6 +366,8 @@ mod tests {
     fn named_values_list_their_names() {
         names_are_listed::<FamilyChoice>();
         names_are_listed::<bool>();
+        names_are_listed::<Choice<KvRelease>>();
+        names_are_listed::<Choice<bool>>();
         names_are_listed::<SchedulePolicy>();
         names_are_listed::<StreamK>();
         names_are_listed::<FusePolicy>();
