@@ -98,3 +98,19 @@ def test_continuous_batching_refuses_a_run_with_missing_tokens(monkeypatch):
     with pytest.raises(RuntimeError, match="'ferroattn': expected 4 tokens per request, got \\[0, 0\\]"):
         generate.measure_continuous(FakeBatchModel(clock, short=True), b=2, prompt=80, new_tokens=10, rounds=1,
                                     vocab=50)
+
+
+def test_generate_batch_runs_inside_the_callers_inference_mode(monkeypatch):
+    """`bench generate` runs under torch.inference_mode(); transformers' generate_batch steps in a
+    thread of its own over tensors created by the call, which must then not be inference tensors
+    (else every request fails: "Inplace update to inference tensor outside InferenceMode")."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    with torch.inference_mode():
+        _, tokens = generate._timed_generate_batch(model, [[3, 4, 5], [6, 7]], 4)
+    assert [len(t) for t in tokens] == [4, 4]

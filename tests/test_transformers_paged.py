@@ -251,3 +251,37 @@ def test_errors_name_the_argument():
     with pytest.raises(NotImplementedError, match="^block_table: "):
         fa_paged.ferroattn_paged_attention_forward(_Layer(), q, k, k, None, cache=object(), read_index=[],
                                                    write_index=[], block_table=torch.zeros(1, 1, 1))
+
+
+def _one_group_cache(allocator, head_dim=16, block_size=4, blocks=3, heads_k=2):
+    from types import SimpleNamespace
+    return SimpleNamespace(layer_index_to_group_indices={0: (0, 0)}, sliding_windows={0: 1}, block_size=block_size,
+                           key_cache=[torch.zeros(blocks * block_size, heads_k, head_dim)],
+                           value_cache=[torch.zeros(blocks * block_size, heads_k, head_dim)],
+                           group_cache_managers=[allocator])
+
+
+def test_pages_declines_what_a_block_table_would_read_wrong_or_copy_whole():
+    """The block-table path takes a full-attention group of transformers' allocator (whole blocks
+    in order) and nothing else: another allocator's slots, a head dim the kernels take only
+    zero-padded (the pad would copy the whole cache), a query count out of range (the gathered
+    path's validation names it) or no kv heads leave the layer to the gathered path, with
+    nothing written."""
+    from transformers.generation.continuous_batching.cache_manager import FullAttentionCacheAllocator
+
+    full = FullAttentionCacheAllocator(0, 4, allow_block_sharing=False)
+    read, write, cu_k = [torch.arange(6)], [torch.tensor([5])], torch.tensor([0, 6], dtype=torch.int32)
+
+    def pages(cache, d=16, max_q=1, heads=4, heads_k=2):
+        key = torch.randn(1, heads_k, 1, d)
+        return fa_paged._pages(cache, 0, key, key, read, write, cu_k, max_q, 6, heads)
+
+    cache = _one_group_cache(full)
+    got = pages(cache)
+    assert got is not None and got[2].tolist() == [[0, 1]]
+    assert cache.key_cache[0][5].abs().sum() > 0                  # the new key in its slot
+    for cache, kw in [(_one_group_cache(object()), {}), (_one_group_cache(full, head_dim=12), dict(d=12)),
+                      (_one_group_cache(full), dict(max_q=-1)), (_one_group_cache(full), dict(max_q=2**63)),
+                      (_one_group_cache(full, heads_k=0), dict(heads_k=0))]:
+        assert pages(cache, **kw) is None, kw
+        assert cache.key_cache[0].abs().sum() == 0, kw            # nothing written

@@ -119,7 +119,7 @@ pub fn kvcache_config(head_dim: u32, paged: bool, variant: VariantKind, dtype: D
 
 /// Blocks of one (batch, kv head) along the packed query rows.
 pub fn row_blocks(seqlen_q: u64, group: u64) -> u64 {
-    (seqlen_q * group).div_ceil(KVCACHE_ROWS as u64)
+    seqlen_q.saturating_mul(group).div_ceil(KVCACHE_ROWS as u64)
 }
 
 /// How many blocks split one sequence's keys (flash_attn's `num_splits`): `requested` >= 1 is
@@ -155,7 +155,7 @@ pub fn blocks_per_sm(config: &AttnKvcacheConfig) -> u32 {
 /// Whether `seqlen_q` queries of a GQA group of `group` heads are few enough for the kv-cache
 /// kernel (at most two blocks of packed rows per kv head): decode and speculative decoding.
 pub fn decode_rows_fit(seqlen_q: u64, group: u64) -> bool {
-    row_blocks(seqlen_q, group) <= 2
+    group >= 1 && row_blocks(seqlen_q, group) <= 2
 }
 
 /// Whether a `flash_attn_func` / varlen call (not a kv-cache call) runs on the kv-cache kernel:
@@ -246,5 +246,8 @@ mod tests {
         // the rows rule alone (paged decode in continuous batching: any key count)
         assert!(decode_rows_fit(1, 8) && decode_rows_fit(4, 8) && decode_rows_fit(32, 1));
         assert!(!decode_rows_fit(5, 8) && !decode_rows_fit(33, 1));
+        // no wrap-around of the row count, and no group of no heads
+        assert!(!decode_rows_fit(1 << 63, 2) && !decode_rows_fit(1 << 62, 4) && !decode_rows_fit(u64::MAX, u64::MAX));
+        assert!(!decode_rows_fit(1, 0));
     }
 }

@@ -111,7 +111,10 @@ def _timed_generate_batch(model: Any, prompts: list[list[int]], new_tokens: int)
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    out = model.generate_batch(inputs=prompts, generation_config=config)
+    # generate_batch steps in a thread of its own, outside the caller's inference mode, over
+    # tensors it creates here: they must be normal tensors
+    with torch.inference_mode(False):
+        out = model.generate_batch(inputs=prompts, generation_config=config)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     tokens = [out[f"req_{i}"].generated_tokens for i in range(len(prompts))]

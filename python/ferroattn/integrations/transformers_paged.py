@@ -101,17 +101,22 @@ def _pages(cache, layer_idx: int, key: Tensor, value: Tensor, read_index, write_
     """The decode path on the cache's pages for this layer: (k_pages, v_pages, block_table), the
     new k / v written into their slots first; None (nothing written) where the layer runs the
     gathered path: a sliding-window group, a step without cache reads, more queries than the
-    kv-cache kernel takes, or a cache without the full-attention layout this reads."""
+    kv-cache kernel takes (also every step padded for CUDA graphs: its max_seqlen_q is the padded
+    query count), a head dim the kernels take only zero-padded, or a cache without the
+    full-attention layout this reads (whole blocks in order: `FullAttentionCacheAllocator`)."""
     try:
+        from transformers.generation.continuous_batching.cache_manager import FullAttentionCacheAllocator
         group_idx, in_group = cache.layer_index_to_group_indices[layer_idx]
-        full = cache.sliding_windows[layer_idx] == 1
+        full = (cache.sliding_windows[layer_idx] == 1
+                and isinstance(cache.group_cache_managers[group_idx], FullAttentionCacheAllocator))
         block_size = int(cache.block_size)
         k_cache, v_cache = cache.key_cache[in_group], cache.value_cache[in_group]
         layer_read, layer_write = read_index[group_idx], write_index[group_idx]
-    except (AttributeError, IndexError, KeyError, TypeError):
+    except (AttributeError, ImportError, IndexError, KeyError, TypeError):
         return None
     heads_k = key.shape[1]
-    if (not full or layer_read.numel() == 0 or block_size < 1 or heads % heads_k
+    if (not full or layer_read.numel() == 0 or block_size < 1 or heads_k < 1 or heads % heads_k
+            or not 0 <= int(max_q) < 2**31 or key.shape[-1] % 8 or value.shape[-1] % 8
             or not _native.attn_decode_rows_fit(int(max_q), heads // heads_k)
             or k_cache.dim() != 3 or v_cache.dim() != 3 or k_cache.shape[0] % block_size
             or tuple(k_cache.shape[1:]) != (heads_k, key.shape[-1])
