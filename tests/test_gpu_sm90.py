@@ -228,6 +228,26 @@ def test_pipeline_forms_give_the_default_forms_bits(form, d, shape, kw):
     assert torch.equal(lse, lse2)
 
 
+@pytest.mark.parametrize("d, s_k, kw, tail", [
+    (64, 4096, dict(), "16>"),                          # long unmasked keys at d 64: together, not persistent
+    (64, 512, dict(), ", true, true>"),                 # short keys: persistent, separate
+    (64, 4096, dict(causal=True), ", true, true>"),     # masked: persistent
+    (128, 4096, dict(), "16, true>"),                   # d >= 128: separate; long unmasked: not persistent
+    (128, 4096, dict(window_size=(256, 0)), ", true, true>"),
+    (256, 512, dict(), "16, true>"),                    # d 256: persistent only when masked
+    (256, 512, dict(causal=True), ", true, true>"),
+])
+def test_the_dispatcher_takes_the_form_rules_form(d, s_k, kw, tail):
+    """With the knobs at auto the sm90 forward runs the form FwdPolicy::form's measured rule names
+    (src/tuning/attention_sm90.rs), and it matches the reference."""
+    q, k, v = _inputs(1, 128, s_k, 2, 2, d, BF16)
+    out, recs = launch_records(lambda: flash_attn_func(q, k, v, **kw))
+    configs = [r["config"] for r in recs if r["kernel"] == "attn_fwd_sm90"]
+    assert configs and all(c.endswith(tail) for c in configs), configs
+    ref = attention_ref(q, k, v, **kw)[0]
+    assert_close_to_ref(out, ref, attention_ref(q, k, v, upcast=False, **kw)[0])
+
+
 @pytest.mark.parametrize("form", [{"attn_sm90_fwd_varlen": "1"},
                                   {"attn_sm90_fwd_varlen": "1", "attn_sm90_fwd_persistent": "1",
                                    "attn_sm90_fwd_kv_release": "separate"}], ids=["varlen", "varlen+persistent"])
