@@ -181,6 +181,7 @@ FWD_FORMS = [{"attn_sm90_fwd_kv_release": "together", "attn_sm90_fwd_persistent"
              {"attn_sm90_fwd_stages": "3", "attn_sm90_fwd_persistent": "0"},
              {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_stages": "3", "attn_sm90_fwd_persistent": "0"},
              {"attn_sm90_fwd_kv_release": "separate", "attn_sm90_fwd_persistent": "1"},
+             {"attn_sm90_fwd_kv_release": "together", "attn_sm90_fwd_persistent": "1"},
              {"attn_sm90_fwd_persistent": "1"}]
 
 

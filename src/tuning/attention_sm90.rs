@@ -131,14 +131,17 @@ pub fn fwd_production_configs(arch: Arch) -> Vec<AttnFwdConfig> {
     rule_configs_at(arch, &[64, 128, 256], FwdPolicy::default())
 }
 
+/// (release, persistent) of every form the knobs can force.
+const FORCED_FORMS: [(KvRelease, bool); 4] =
+    [(KvRelease::Together, false), (KvRelease::Separate, false), (KvRelease::Separate, true), (KvRelease::Together, true)];
+
 /// The forms an A/B run measures against the rule's (`precompile` builds them too, so CI holds
-/// them to no spills): K and V released together or separately, not persistent, and separately
-/// in the persistent form, at head dims 64, 128, 256, less the production configurations; and
-/// the dedicated d 192 kernel in the rule's forms.
+/// them to no spills): every release, persistent or not, at head dims 64, 128, 256, less the
+/// production configurations; and the dedicated d 192 kernel in the rule's forms.
 pub fn fwd_candidate_configs(arch: Arch) -> Vec<AttnFwdConfig> {
     let production = fwd_production_configs(arch);
     let mut out = Vec::new();
-    for (kv_release, persistent) in [(KvRelease::Together, false), (KvRelease::Separate, false), (KvRelease::Separate, true)] {
+    for (kv_release, persistent) in FORCED_FORMS {
         let form = FwdForm { kv_release, persistent, ..FwdForm::default() };
         for &hd in &[64, 128, 256] {
             for_production_points(|v, dtype| out.extend(fwd_config(hd, v, dtype, arch, form)));
@@ -284,15 +287,14 @@ mod tests {
         let production = fwd_production_configs(Arch::Sm90a);
         let candidates = fwd_candidate_configs(Arch::Sm90a);
         for c in &candidates {
-            // the three forced forms, and the d 192 kernel in the rule's forms; none twice
-            let forced = [(KvRelease::Together, false), (KvRelease::Separate, false), (KvRelease::Separate, true)];
-            assert!(forced.contains(&(c.kv_release, c.persistent)) || c.head_dim == 192, "{c:?}");
+            // the forced forms, and the d 192 kernel in the rule's forms; none twice
+            assert!(FORCED_FORMS.contains(&(c.kv_release, c.persistent)) || c.head_dim == 192, "{c:?}");
             assert!(!production.contains(c), "{c:?}");
             assert_fits_smem(c);
         }
-        // 3 forms x 3 head dims x the points, less the production ones, plus d 192's (one form a point)
+        // 4 forms x 3 head dims x the points, less the production ones, plus d 192's (one form a point)
         let points = 2 * production_variants().len();
-        assert_eq!(candidates.len(), 9 * points - production.len() + points);
+        assert_eq!(candidates.len(), 12 * points - production.len() + points);
         assert!(fwd_candidate_configs(Arch::Sm90a).iter().filter(|c| c.head_dim == 192).all(|c| c.block_n % 16 == 0));
     }
 
@@ -322,6 +324,14 @@ mod tests {
         assert_eq!((f.kv_release, f.persistent), (Together, false));
         let pers = FwdPolicy { persistent: Choice::Fixed(true), ..auto };
         assert_eq!(pers.form(64, MaskKind::None, 8192).kv_release, Separate);
+        // a forced release keeps the rule's persistent choice, and the reverse
+        let together = FwdPolicy { kv_release: Choice::Fixed(Together), ..auto }.form(64, MaskKind::Causal, 512);
+        assert_eq!((together.kv_release, together.persistent), (Together, true));
+        let off = FwdPolicy { persistent: Choice::Fixed(false), ..auto }.form(64, MaskKind::Causal, 512);
+        assert_eq!((off.kv_release, off.persistent), (Together, false));
+        // the key-length threshold, unmasked
+        assert!(auto.form(128, MaskKind::None, PERSISTENT_MAX_SEQLEN_K).persistent);
+        assert!(!auto.form(128, MaskKind::None, PERSISTENT_MAX_SEQLEN_K + 1).persistent);
         // the d 192 kernel (opt-in) releases separately
         assert_eq!(FwdPolicy { d192: true, ..auto }.form(160, MaskKind::None, 8192).kv_release, Separate);
     }
