@@ -122,6 +122,8 @@ def parse_sanitizer(text: str, tool: str) -> dict:
     if races:
         out.update(hazards=sum(int(r[0]) for r in races), errors=sum(int(r[1]) for r in races),
                    warnings=sum(int(r[2]) for r in races))
+        # racecheck checks every kernel (gpu_check.sh); the kernels its races were reported in
+        out["race_kernels"] = sorted(set(re.findall(r"Race reported between \w+ access at ([^\s+]+)", text)))
     cases = re.findall(r"(sanitize_(?:attention|gemm)\w*): (\d+)/(\d+) cases passed", text)
     if cases:
         out["cases_passed"] = sum(int(c[1]) for c in cases)
@@ -332,6 +334,8 @@ def format_summary(s: dict) -> str:
             lines.append(f"{tool}: not run{' (' + r['reason'] + ')' if r.get('reason') else ''}")
         else:
             extra = f", hazards {r['hazards']}" if "hazards" in r else ""
+            if r.get("race_kernels"):
+                extra += f" (in {', '.join(r['race_kernels'])})"
             lines.append(f"{tool}: errors {_f(r.get('errors'), 'd')}{extra}, cases {r.get('cases_passed', '?')}/{r.get('cases', '?')} passed")
     d = s.get("demo")
     if d:

@@ -35,6 +35,9 @@ def test_parse_accepts_lists_and_rejects_malformed_ones():
      "given twice (as attn_sm90_fwd_persistent=1)"),
     (["bench", "attention", "--candidate", f"{KNOB}=separate,attn_sm90_fwd_stages=3",
       "--candidate", f"attn_sm90_fwd_stages=03,{KNOB}=separate"], "given twice"),
+    # a knob at its current value changes nothing: the same candidate as without it
+    (["bench", "attention", "--candidate", f"{KNOB}=separate",
+      "--candidate", f"{KNOB}=separate,attn_sm90_fwd_stages=auto"], "given twice (as attn_sm90_fwd_kv_release=separate)"),
     # a candidate that changes nothing measures ours against ours
     (["bench", "attention", "--candidate", "attn_sm90_fwd_persistent=auto"], "sets every knob to its current value"),
     (["bench", "attention", "--backward", "--candidate", f"{KNOB}=auto"], "would measure ours again"),

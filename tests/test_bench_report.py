@@ -250,6 +250,12 @@ def test_gpu_check_summary_parsers():
         {"failed": 2, "passed": 10, "skipped": 1, "deselected": 5}
     r = gcs.parse_sanitizer("========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n", "racecheck")
     assert (r["hazards"], r["errors"], r["warnings"]) == (3, 1, 2)
+    # racecheck checks every kernel: the summary names the kernels its races were reported in
+    log = ("========= Error: Race reported between Read access at nvjet_sm90_tst_64x8+0xb00\n"
+           "=========     and Write access at nvjet_sm90_tst_64x8+0x2820 [128 hazards]\n"
+           "========= Error: Race reported between Write access at attn_fwd_sm90+0x10\n"
+           "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n")
+    assert gcs.parse_sanitizer(log, "racecheck")["race_kernels"] == ["attn_fwd_sm90", "nvjet_sm90_tst_64x8"]
     assert gcs.parse_sanitizer("", "memcheck")["ran"] is False
 
 

@@ -209,7 +209,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     results: list[dict] = []
     errors: list[str] = []
     print(f"compiling the production kernels for {','.join(archs)} on {os.cpu_count() or 1} CPU cores "
-          f"(all production kernels: about 10-15 minutes per two archs on 2 cores, seconds from a warm cache); "
+          f"(all production kernels: about 8-15 minutes per two archs on 2 cores, seconds from a warm cache); "
           f"nothing prints until the table at the end ...", flush=True)
     t0 = time.perf_counter()
     try:  # one call: the extension compiles in parallel across all archs

@@ -130,10 +130,12 @@ def from_args(prog: str, args: Any) -> tuple[int | None, dict[str, dict[str, str
             if knobs == before:
                 raise ValueError(f"--candidate: {text!r} sets every knob to its current value "
                                  f"({', '.join(f'{k}={v}' for k, v in knobs.items())}): it would measure ours again")
-            label = ",".join(f"{k}={v}" for k, v in knobs.items())
+            # a knob left at its current value changes nothing: not part of what is measured
+            changed = {k: v for k, v in knobs.items() if v != before[k]}
+            label = ",".join(f"{k}={v}" for k, v in changed.items())
             if label in out:
                 raise ValueError(f"--candidate: {text!r} given twice (as {label})")
-            out[label] = knobs
+            out[label] = changed
     except ValueError as e:
         print(f"{prog}: --candidate: {e}" if not str(e).startswith("--candidate") else f"{prog}: {e}",
               file=sys.stderr)
