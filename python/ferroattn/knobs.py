@@ -1,6 +1,9 @@
 """Tuning knobs for A/B runs and tests (src/tuning/knobs.rs; the table is in docs/DEVELOPING.md):
 ``override`` sets some for a block and restores them after. Each knob is read from its
-``FERROATTN_*`` environment variable once; changing ``os.environ`` later has no effect.
+``FERROATTN_*`` environment variable once, when the knobs are first read successfully; changing
+``os.environ`` later has no effect. A malformed variable fails every read (naming it) until it is
+fixed in ``os.environ`` or its knob is set; where two or more are malformed, fix them in
+``os.environ`` (setting one knob reads the others' variables).
 
 The knobs are process-wide: while a block runs, every thread's kernel calls see its values.
 ``override`` blocks are serialised by one re-entrant lock, so blocks in different threads run
