@@ -283,6 +283,12 @@ def test_bench_decode_bad_options_exit_2(extra, capsys):
     assert "--pages must be a non-empty list of positive ints" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["0", "129", "x", "8,,16", "-1", "1.5"])
+def test_bench_decode_bad_num_splits_exit_2(value, capsys):
+    assert cli.main(["bench", "decode", "--num-splits", value]) == 2
+    assert f"--num-splits: expected comma-separated ints in 1..128, got {value!r}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra", [["--batch", "0"], ["--batch", "1,x"], ["--batch", ""], ["--batch", "1,,2"],
                                    ["--prompt", "0"], ["--new-tokens", "1"], ["--rounds", "0"]])
 def test_bench_generate_bad_options_exit_2(extra, capsys):

@@ -83,6 +83,8 @@ class AttnVariantLike(Protocol):
 
 ATTN_FWD_PRODUCTS: int
 ATTN_BWD_PRODUCTS: int
+#: the most key splits per sequence of a kv-cache call (flash_attn's ``num_splits``)
+ATTN_KVCACHE_MAX_SPLITS: int
 
 
 def attn_flops(products: int, pairs: int, head_dim: int) -> int:

@@ -738,8 +738,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_interleaved = _check_flag(rotary_interleaved, "rotary_interleaved")
     return_softmax_lse = _check_return_flag(return_softmax_lse, "return_softmax_lse")
     splits = _as_int(num_splits) if not isinstance(num_splits, (bool, np.bool_)) else None
-    if splits is None or not 0 <= splits <= 128:
-        raise ArgumentError(f"num_splits: expected an int in [0, 128] (0 = heuristic), got {num_splits!r}")
+    if splits is None or not 0 <= splits <= _native.ATTN_KVCACHE_MAX_SPLITS:
+        raise ArgumentError(f"num_splits: expected an int in [0, {_native.ATTN_KVCACHE_MAX_SPLITS}] (0 = heuristic), "
+                            f"got {num_splits!r}")
     capacity = _kvcache.cache_capacity(k_cache, block_table)
     s_new = 0 if k is None else k.shape[1]
     if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, (bool, np.bool_)):

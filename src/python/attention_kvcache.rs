@@ -179,6 +179,7 @@ fn kv_append(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("ATTN_KVCACHE_MAX_SPLITS", crate::tuning::attention_kvcache::MAX_SPLITS)?;
     m.add_function(wrap_pyfunction!(attn_kvcache_check, m)?)?;
     m.add_function(wrap_pyfunction!(attn_kvcache_num_splits, m)?)?;
     m.add_function(wrap_pyfunction!(attn_use_kvcache_path, m)?)?;

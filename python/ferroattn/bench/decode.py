@@ -60,10 +60,12 @@ def _pages(k, v, page: int):
     return kp, vp, perm.to(torch.int32).reshape(b, n)
 
 
-def measure_point(p: dict, pages: tuple, rounds: int, rep_ms: float) -> dict[str, Any]:
+def measure_point(p: dict, pages: tuple, rounds: int, rep_ms: float, splits: tuple = ()) -> dict[str, Any]:
+    """One point: ours (contiguous; paged at each page size of ``pages`` dividing L; with each
+    forced ``num_splits`` of ``splits``) and the SDPA peers, timed in paired rounds."""
     import torch
     import torch.nn.functional as F
-    from ferroattn import flash_attn_with_kvcache
+    from ferroattn import _native, flash_attn_with_kvcache
     from . import peers
     from .timing import paired_ms
     b, L, h, h_k, d, s_q = p["b"], p["L"], p["h"], p["h_k"], p["d"], p["s_q"]
@@ -72,6 +74,9 @@ def measure_point(p: dict, pages: tuple, rounds: int, rep_ms: float) -> dict[str
     v = torch.randn_like(k)
     lens = torch.full((b,), L, dtype=torch.int32, device="cuda")
     fns = {"ours": lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True)}
+    for n in splits:
+        fns[f"ours_splits{n}"] = (lambda n=n: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True,
+                                                                      num_splits=n))
     for page in pages:
         if L % page == 0:
             kp, vp, bt = _pages(k, v, page)
@@ -94,6 +99,11 @@ def measure_point(p: dict, pages: tuple, rounds: int, rep_ms: float) -> dict[str
     row["gbps"] = {n: p["kv_bytes"] / (ms * 1e-3) / 1e9 for n, ms in row["ms"].items()}
     row["ratio"] = {n: row["ms"][n] / row["ms"]["ours"] for n in row["ms"] if n in PEERS and "ours" in row["ms"]}
     row["paged_vs_contiguous"] = {n: row["ms"]["ours"] / row["ms"][n] for n in row["ms"] if n.startswith("ours_paged")}
+    if splits:
+        # the heuristic's count (num_splits=0) and each forced count's speed relative to it
+        row["num_splits_auto"] = _native.attn_kvcache_num_splits(torch.cuda.current_device(), b, s_q, h, h_k, L, d,
+                                                                 False, 0)
+        row["splits_vs_auto"] = {n: row["ms"]["ours"] / row["ms"][n] for n in row["ms"] if n.startswith("ours_splits")}
     row["errors"] = {**errors, **{n: peers.error_text(e) for n, e in res.errors.items()}}
     for t in (q, k, v):
         del t
@@ -137,6 +147,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="GQA 32/8, d 128, q of 1 token, caches 1k/8k/32k")
     parser.add_argument("--out", metavar="DIR", default="bench/results", help="directory for the raw JSON")
     parser.add_argument("--pages", default="16,64,256", help="comma-separated page sizes of the paged runs")
+    parser.add_argument("--num-splits", default="",
+                        help="comma-separated num_splits values (1..128) also timed at every point on the contiguous "
+                             "cache, against the heuristic's count (num_splits_auto, splits_vs_auto in the JSON)")
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds per point (default 3)")
     parser.add_argument("--rep-ms", type=float, default=20.0, help="ms of calls per timing window (default 20)")
     parser.add_argument("--time-budget-s", type=float, default=None,
@@ -145,6 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit code: 0 ok, 2 bad arguments, 3 no GPU."""
+    from .. import _native
     prog = "ferroattn bench decode"
     try:
         pages = tuple(int(x) for x in str(args.pages).split(","))   # an empty item is an error
@@ -155,6 +169,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"{prog}: --pages must be a non-empty list of positive ints, --rounds >= 1, --rep-ms and "
               f"--time-budget-s finite numbers > 0", file=sys.stderr)
+        return 2
+    try:
+        splits = tuple(int(x) for x in str(args.num_splits).split(",")) if str(args.num_splits).strip() else ()
+        if any(not 1 <= n <= _native.ATTN_KVCACHE_MAX_SPLITS for n in splits):
+            raise ValueError
+    except ValueError:
+        print(f"{prog}: --num-splits: expected comma-separated ints in 1..{_native.ATTN_KVCACHE_MAX_SPLITS}, "
+              f"got {args.num_splits!r}", file=sys.stderr)
         return 2
     error = out_dir_error(args.out)
     if error is not None:
@@ -172,11 +194,14 @@ def run(args: argparse.Namespace) -> int:
         if args.time_budget_s is not None and time.time() - start > args.time_budget_s:
             skipped.append(p)
             continue
-        row = measure_point(p, pages, args.rounds, args.rep_ms)
+        row = measure_point(p, pages, args.rounds, args.rep_ms, splits)
         row["pct_of_copy"] = {n: 100.0 * g / copy["gbps"] for n, g in row["gbps"].items()} if "gbps" in copy else {}
         rows.append(row)
         peer_txt = " ".join(f"{n} {row['ratio'][n]:.2f}x" for n in PEERS if n in row["ratio"])
         paged_txt = " ".join(f"{n[10:]}:{r:.2f}" for n, r in row["paged_vs_contiguous"].items())
+        if splits:
+            paged_txt += (f" | splits (auto {row['num_splits_auto']}) "
+                          + " ".join(f"{n[11:]}:{r:.2f}" for n, r in row["splits_vs_auto"].items()))
         print(f"b {p['b']:4d} L {p['L']:6d} h {p['h']}/{p['h_k']} d {p['d']} s_q {p['s_q']}: ours "
               f"{row['ms']['ours'] * 1e3:8.1f} us {row['gbps']['ours']:7.0f} GB/s | {peer_txt} | paged/contig {paged_txt}",
               flush=True)
