@@ -11,8 +11,8 @@ use crate::ops::attention::{launch_shape, AttnFwdParams, Problem, VariantKind, K
 use crate::tensor::TensorView;
 use crate::tma::{Swizzle, TensorMap, Tiled};
 use crate::tuning::attention::AttnFwdConfig;
-use crate::tuning::attention_sm90::{fwd_config, FwdForm, FwdPolicy, BLOCK_M};
-use crate::tuning::knobs::FamilyChoice;
+use crate::tuning::attention_sm90::{fwd_config, FwdPolicy, BLOCK_M};
+use crate::tuning::knobs::{Choice, FamilyChoice};
 
 /// Mirror of `struct AttnFwdSm90Params` in kernels/attention/fwd_sm90.cuh (change both
 /// together): the forward's parameters after the four tensor maps.
@@ -103,9 +103,10 @@ pub fn prepare(
     if !supports(p, arch, family, policy) {
         return Ok(None);
     }
+    // The persistent kernel numbers its tiles with 32-bit integers: more tiles take the rule's
+    // non-persistent form.
+    let policy = if tiles(p) > i32::MAX as u64 { FwdPolicy { persistent: Choice::Fixed(false), ..policy } } else { policy };
     let form = policy.form(p.head_dim as u32, kind.mask, p.seqlen_k as u64);
-    // The persistent kernel numbers its tiles with 32-bit integers.
-    let form = FwdForm { persistent: form.persistent && tiles(p) <= i32::MAX as u64, ..form };
     let Some(config) = fwd_config(p.head_dim as u32, kind, p.dtype, arch, form) else { return Ok(None) };
     let maps = (|| -> Result<_> {
         Ok((
@@ -153,6 +154,7 @@ mod tests {
     use super::*;
     use std::mem::{align_of, offset_of, size_of};
     use crate::tuning::attention::KvRelease;
+    use crate::tuning::attention_sm90::FwdForm;
 
     #[test]
     fn params_layout_matches_the_kernel() {
