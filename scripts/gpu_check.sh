@@ -19,9 +19,10 @@
 #   (flash-attention's own tests/test_flash_attn.py run against ferroattn through .fa2suite/run.sh,
 #   a deterministic sample of FA2_CORE / FA2_REST cases per test function; opt-in: runs only when
 #   named in GPU_CHECK_STAGES, and needs .fa2suite carried, made here by
-#   `scripts/fa2suite.sh FA2_GIT_DIR`), memcheck and
-#   racecheck (scripts/sanitize_attention.py, scripts/sanitize_attention_bwd.py, then
-#   scripts/sanitize_gemm.py, the last without a kernel filter, under compute-sanitizer). Every stage has a cap and the
+#   `scripts/fa2suite.sh FA2_GIT_DIR`), memcheck, racecheck and
+#   synccheck (scripts/sanitize_attention.py, scripts/sanitize_kvcache.py,
+#   scripts/sanitize_attention_bwd.py, then scripts/sanitize_gemm.py, the last without a kernel
+#   filter, under compute-sanitizer; racecheck checks every kernel and counts hazards in ours). Every stage has a cap and the
 #   whole run a budget: a stage that would start with < 20 s left is skipped and recorded as
 #   such; notebooks, the bench stages and fa2 size themselves to what is left after keeping time
 #   for the selected stages after them.
@@ -83,7 +84,7 @@ SITE=/tmp/site
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
      /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
 FILTER=${SANITIZER_FILTER-"--kernel-name kns=attn_"}
-ALL_STAGES="install info precompile warm demo profile notebooks train host bench bench_bwd bench_decode bench_generate bench_gemm bench_sparse24 pytest fa2 memcheck racecheck"
+ALL_STAGES="install info precompile warm demo profile notebooks train host bench bench_bwd bench_decode bench_generate bench_gemm bench_sparse24 pytest fa2 memcheck racecheck synccheck"
 OPT_IN_STAGES="fa2"              # run only when named in GPU_CHECK_STAGES (not part of "all")
 STAGES=${GPU_CHECK_STAGES:-all}
 STAGES=${STAGES// /}
@@ -91,9 +92,9 @@ STAGES=${STAGES// /}
 # bench_sparse24, fa2) keeps free for each selected stage after it.
 declare -A CAP=([install]=120 [info]=60 [precompile]=200 [warm]=45 [demo]=120 [profile]=90 [notebooks]=400 [train]=180 [host]=60
                 [bench]=200 [bench_bwd]=330 [bench_decode]=240 [bench_generate]=150 [bench_gemm]=240 [bench_sparse24]=200 [pytest]=300 [fa2]=240
-                [memcheck]=150 [racecheck]=180)
+                [memcheck]=150 [racecheck]=180 [synccheck]=150)
 declare -A KEEP=([train]=120 [bench]=90 [bench_bwd]=200 [bench_decode]=90 [bench_gemm]=90 [bench_sparse24]=90 [pytest]=200 [fa2]=120
-                 [memcheck]=100 [racecheck]=80)
+                 [memcheck]=100 [racecheck]=80 [synccheck]=60)
 # GPU_CHECK_CAP_<STAGE> (upper-case stage name, e.g. GPU_CHECK_CAP_FA2=480) overrides a stage's cap
 for _n in "${!CAP[@]}"; do
     _v="GPU_CHECK_CAP_${_n^^}"
@@ -492,6 +493,7 @@ stage pytest "${CAP[pytest]}" bash "$SELF" __fn pytest
 if selected fa2; then lim=$(elastic_limit fa2); stage fa2 "$lim" bash "$SELF" __fn fa2 "$lim"; fi
 stage memcheck "${CAP[memcheck]}" bash "$SELF" __fn sanitize memcheck
 stage racecheck "${CAP[racecheck]}" bash "$SELF" __fn sanitize racecheck
+stage synccheck "${CAP[synccheck]}" bash "$SELF" __fn sanitize synccheck
 
 # ---- summary (printed last) -------------------------------------------------------------------
 [ "${GPU_CHECK_SAVE_CACHE:-0}" = 1 ] && do_cache_pack "$FERROATTN_CACHE_DIR" "$OUT/kernel-cache"

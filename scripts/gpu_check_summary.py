@@ -8,7 +8,7 @@ Inputs (all optional; a missing one is reported as such, never a crash):
   WORK/logs/precompile.json       cold compile (kernels, spills, errors, jit_stats)
   WORK/logs/first_call.json       warm-cache first-call figures (scripts/first_call.py)
   WORK/logs/junit.xml             pytest -m gpu results (else the pytest log's last line)
-  WORK/logs/{memcheck,racecheck}.log   compute-sanitizer output
+  WORK/logs/{memcheck,racecheck,synccheck}.log   compute-sanitizer output
   OUT/demo.json                   `python -m ferroattn demo --json`
   OUT/attention_*.json            the newest raw forward-benchmark JSON
   OUT/attention_bwd_*.json        the newest raw backward-benchmark JSON (`bench attention --backward`)
@@ -112,7 +112,7 @@ def parse_pytest_log(text: str) -> dict | None:
 
 
 def parse_sanitizer(text: str, tool: str) -> dict:
-    """{ran, errors (memcheck) or hazards/errors/warnings (racecheck), cases_passed, cases,
+    """{ran, errors (memcheck, synccheck) or hazards/errors/warnings (racecheck), cases_passed, cases,
     scripts: {script: [passed, cases]}}, summed over every sanitizer run in the log."""
     out: dict[str, Any] = {"ran": bool(text.strip())}
     errs = [int(x) for x in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
@@ -235,7 +235,7 @@ def build_summary(work: Path, out: Path, elapsed: int | None = None, stages_sele
         "stages_selected": stages_selected,
         "stages": stages,
         "tests": tests,
-        "sanitizer": {t: parse_sanitizer(_read_text(work / "logs" / f"{t}.log"), t) for t in ("memcheck", "racecheck")},
+        "sanitizer": {t: parse_sanitizer(_read_text(work / "logs" / f"{t}.log"), t) for t in ("memcheck", "racecheck", "synccheck")},
     }
     if pre:
         ks = pre.get("kernels", [])

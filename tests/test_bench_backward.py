@@ -363,7 +363,7 @@ def test_gpu_check_stage_selection():
     assert r.stdout.split() == ["install", "info", "precompile", "warm", "demo", "profile", "notebooks", "train", "host",
                                 "bench",
                                 "bench_bwd", "bench_decode", "bench_generate", "bench_gemm", "bench_sparse24", "pytest",
-                                "memcheck", "racecheck"]
+                                "memcheck", "racecheck", "synccheck"]
     r = _list_stages("info, train,bench_bwd,memcheck,racecheck")
     assert r.returncode == 0 and r.stdout.split() == ["install", "info", "train", "bench_bwd", "memcheck", "racecheck"]
     r = _list_stages("bench,benchbwd")
