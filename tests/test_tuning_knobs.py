@@ -58,6 +58,16 @@ def test_malformed_value_names_the_knob_and_changes_nothing(name, value):
     assert native.tuning_knobs() == before
 
 
+@pytest.mark.parametrize("args, match", [(("attn_fwd_family", None), "^value: expected a str, got NoneType"),
+                                         (("attn_fwd_family", 1), "^value: expected a str, got int"),
+                                         ((None, "sm80"), "^name: expected a str, got NoneType")])
+def test_a_name_or_value_that_is_not_a_str_is_named(args, match):
+    before = native.tuning_knobs()
+    with pytest.raises(ArgumentError, match=match):
+        native.set_tuning_knob(*args)
+    assert native.tuning_knobs() == before
+
+
 def test_unknown_knob_is_named():
     with pytest.raises(ArgumentError, match="attn_bwd_family") as e:
         native.set_tuning_knob("attn_family", "sm80")

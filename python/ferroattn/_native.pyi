@@ -38,8 +38,8 @@ def set_tuning_knob(name: str, value: str) -> None:
     """Change one tuning knob for the rest of the process (``value`` in the text form of its
     environment variable, ``""`` for the default; e.g. ``set_tuning_knob("attn_fwd_family", "sm80")``;
     the knobs are listed in docs/DEVELOPING.md). Raises ArgumentError (a ValueError) naming ``name``
-    for an unknown knob or a malformed value (the knobs are then unchanged), or naming the
-    environment variable when one is malformed."""
+    for an unknown knob or a malformed value (the knobs are then unchanged), naming the argument
+    that is not a str, or naming the environment variable when one is malformed."""
 def tuning_knobs() -> dict:
     """{knob name: value in canonical text form} of every tuning knob (the environment's until
     ``set_tuning_knob`` changes one; each value can be passed back to ``set_tuning_knob``). Raises

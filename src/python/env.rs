@@ -55,10 +55,17 @@ fn device_info(py: Python<'_>, ordinal: i32) -> Result<Py<PyDict>> {
 
 /// Change one tuning knob (src/tuning/knobs.rs) for the rest of the process: `value` in its
 /// environment variable's text form ("" for the default). ArgumentError naming `name` for an
-/// unknown knob or a malformed value, naming the variable when the environment's is malformed.
+/// unknown knob or a malformed value, naming the argument that is not a str, naming the variable
+/// when the environment's is malformed.
 #[pyfunction]
-fn set_tuning_knob(name: &str, value: &str) -> Result<()> {
-    crate::tuning::knobs::set(name, value)
+fn set_tuning_knob(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> Result<()> {
+    let text = |arg: &str, v: &Bound<'_, PyAny>| -> Result<String> {
+        v.extract::<String>().map_err(|_| {
+            let ty = v.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
+            crate::error::Error::argument(arg, "a str", ty)
+        })
+    };
+    crate::tuning::knobs::set(&text("name", name)?, &text("value", value)?)
 }
 
 /// {knob name: canonical text of its value} of every tuning knob (the environment's until
