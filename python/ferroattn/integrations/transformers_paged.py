@@ -51,6 +51,7 @@ for the layer (``cache.sliding_windows``), the keys ``cache.update`` gathered. `
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -96,6 +97,17 @@ def _window(sliding_window) -> Tuple[int, int]:
     return (sliding_window - 1, 0)
 
 
+@functools.cache
+def _full_attention_allocator() -> type | tuple:
+    """transformers' allocator of full-attention groups (whole blocks in order), or () where this
+    transformers has none (isinstance of () is False: every layer then takes the gathered path)."""
+    try:
+        from transformers.generation.continuous_batching.cache_manager import FullAttentionCacheAllocator
+    except ImportError:
+        return ()
+    return FullAttentionCacheAllocator
+
+
 def _pages(cache, layer_idx: int, key: Tensor, value: Tensor, read_index, write_index, cu_k: Tensor, max_q: int,
            max_k: int, heads: int):
     """The decode path on the cache's pages for this layer: (k_pages, v_pages, block_table), the
@@ -105,14 +117,13 @@ def _pages(cache, layer_idx: int, key: Tensor, value: Tensor, read_index, write_
     query count), a head dim the kernels take only zero-padded, or a cache without the
     full-attention layout this reads (whole blocks in order: `FullAttentionCacheAllocator`)."""
     try:
-        from transformers.generation.continuous_batching.cache_manager import FullAttentionCacheAllocator
         group_idx, in_group = cache.layer_index_to_group_indices[layer_idx]
         full = (cache.sliding_windows[layer_idx] == 1
-                and isinstance(cache.group_cache_managers[group_idx], FullAttentionCacheAllocator))
+                and isinstance(cache.group_cache_managers[group_idx], _full_attention_allocator()))
         block_size = int(cache.block_size)
         k_cache, v_cache = cache.key_cache[in_group], cache.value_cache[in_group]
         layer_read, layer_write = read_index[group_idx], write_index[group_idx]
-    except (AttributeError, ImportError, IndexError, KeyError, TypeError):
+    except (AttributeError, IndexError, KeyError, TypeError):
         return None
     heads_k = key.shape[1]
     if (not full or layer_read.numel() == 0 or block_size < 1 or heads_k < 1 or heads % heads_k
