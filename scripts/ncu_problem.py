@@ -18,9 +18,8 @@ import argparse
 import sys
 
 
-def run_gemm(args, torch, dt) -> str:
+def run_gemm(args, torch, dt, g) -> str:
     import ferroattn
-    g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(args.m, args.k, device="cuda", dtype=dt, generator=g)
     b = torch.randn(args.k, args.n, device="cuda", dtype=dt, generator=g)
     for _ in range(args.calls):
@@ -30,9 +29,8 @@ def run_gemm(args, torch, dt) -> str:
     return f"ferroattn.matmul(backend={args.backend}) and torch.matmul at {args.m}x{args.n}x{args.k}"
 
 
-def run_attention(args, torch, dt) -> str:
+def run_attention(args, torch, dt, g) -> str:
     import ferroattn
-    g = torch.Generator(device="cuda").manual_seed(0)
     shape = (args.batch, args.seqlen, args.heads, args.head_dim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dt, generator=g).requires_grad_() for _ in range(3))
     dout = torch.randn(shape, device="cuda", dtype=dt, generator=g)
@@ -50,15 +48,16 @@ def run_attention(args, torch, dt) -> str:
 
 
 def main(argv=None) -> int:
+    common = argparse.ArgumentParser(add_help=False)   # the options of both problems
+    common.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    common.add_argument("--calls", type=int, default=2, help="calls of each (>= 1)")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    ap.add_argument("--calls", type=int, default=2, help="calls of each (>= 1)")
     sub = ap.add_subparsers(dest="problem", required=True)
-    gm = sub.add_parser("gemm", help="a dense GEMM: ours and cuBLAS")
+    gm = sub.add_parser("gemm", parents=[common], help="a dense GEMM: ours and cuBLAS")
     gm.add_argument("--backend", default="wmma", help="ferroattn.matmul backend: wmma, sm90 or auto")
     for name in ("m", "n", "k"):
         gm.add_argument(f"--{name}", type=int, default=8192)
-    at = sub.add_parser("attention", help="attention forward + backward: ours and SDPA cuDNN")
+    at = sub.add_parser("attention", parents=[common], help="attention forward + backward: ours and SDPA cuDNN")
     for name, default in (("batch", 2), ("seqlen", 8192), ("heads", 16), ("head-dim", 128)):
         at.add_argument(f"--{name}", type=int, default=default)
     at.add_argument("--causal", action="store_true")
@@ -73,7 +72,8 @@ def main(argv=None) -> int:
         print("no CUDA device: ncu_problem.py needs the GPU machine", file=sys.stderr)
         return 3
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    what = (run_gemm if args.problem == "gemm" else run_attention)(args, torch, dt)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    what = (run_gemm if args.problem == "gemm" else run_attention)(args, torch, dt, g)
     torch.cuda.synchronize()
     print(f"ran {args.calls} x {what} {args.dtype}")
     return 0
