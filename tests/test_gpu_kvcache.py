@@ -171,12 +171,16 @@ def test_batch_index_past_2_31_elements():
     del storage
 
 
-def test_decode_step_in_a_cuda_graph():
+@pytest.mark.parametrize("splits", [0, 16])
+def test_decode_step_in_a_cuda_graph(splits):
+    # splits 16: one split per key tile, most of them empty at these lengths (the combine, a
+    # programmatic dependent launch on sm_90, inside the graph)
     b, s, h, h_k, d = 4, 1024, 16, 4, 128
     kc, vc = torch.zeros(b, s, h_k, d, dtype=BF16, device=DEV), torch.zeros(b, s, h_k, d, dtype=BF16, device=DEV)
     q, k1, v1 = rand(b, 1, h, d), rand(b, 1, h_k, d), rand(b, 1, h_k, d)
     lens = torch.zeros(b, dtype=torch.int32, device=DEV)
-    graph, out = capture_graph(lambda: flash_attn_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=lens, causal=True))
+    graph, out = capture_graph(lambda: flash_attn_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=lens, causal=True,
+                                                               num_splits=splits))
     kc.zero_()
     vc.zero_()
     for step in range(3):
