@@ -57,6 +57,9 @@ PADDED_CASES = [
     ("bwd-deterministic-gqa-causal-d96-fp16", 1, 150, 150, 4, 2, 96, True, "float16", True),
     ("bwd-causal-sq<sk-d256-fp16", 1, 70, 131, 2, 2, 256, True, "float16", False),
     ("bwd-deterministic-causal-d256-bf16", 1, 97, 97, 2, 1, 256, True, "bfloat16", True),
+    # whole 64-row query tiles at head dims 64 / 128: what the tiled dq_accum takes
+    ("bwd-whole-tiles-causal-sq<sk-d128-bf16", 2, 128, 150, 2, 1, 128, True, "bfloat16", False),
+    ("bwd-whole-tiles-full-d64-fp16", 1, 192, 100, 2, 2, 64, False, "float16", False),
 ]
 # (name, q lengths, k lengths, h, h_k, d, causal, dtype, deterministic)
 VARLEN_CASES = [
@@ -361,6 +364,10 @@ CANDIDATE_FORMS = [
     ({"attn_bwd_family": "sm90", "attn_sm90_bwd_varlen": "1"},
      ["bwd-varlen-empty-causal-bf16", "bwd-varlen-window-softcap-bf16",
       "bwd-varlen-deterministic-causal-window-sinks-fp16"]),
+    ({"attn_bwd_family": "sm90", "attn_sm90_bwd_dq_tiled": "1"},
+     ["bwd-whole-tiles-causal-sq<sk-d128-bf16", "bwd-whole-tiles-full-d64-fp16"]),
+    ({"attn_bwd_family": "sm90", "attn_sm90_bwd_dq_tiled": "1", "attn_sm90_bwd_dq_overlap": "1"},
+     ["bwd-whole-tiles-causal-sq<sk-d128-bf16"]),
     # the deterministic plan on the Hopper kernel (without dQ, then the dQ kernel)
     ({"attn_bwd_family": "sm90"},
      ["bwd-deterministic-gqa-causal-d96-fp16", "bwd-deterministic-window-sinks-sq>sk-bf16"]),

@@ -212,6 +212,52 @@ def test_overlapped_product_order_gives_the_default_dk_dv_bits(d, kw):
     assert (g0[0].float() - g1[0].float()).abs().max() <= 1e-2 * (1 + g0[0].float().abs().max()), "dq"
 
 
+CONVERT = "attn_bwd_convert_dq"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(), dict(causal=True, window_size=(100, 0)),
+                                dict(causal=True, dropout_p=0.17), dict(softcap=5.0)],
+                         ids=lambda kw: ",".join(kw) or "full")
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_tiled_dq_accum_gives_the_row_layouts_dk_dv_bits(d, kw, overlap):
+    """The knob attn_sm90_bwd_dq_tiled keeps dq_accum in accumulator-ordered tiles (one bulk
+    reduction per warpgroup and query tile) where s_q is a multiple of 64 and the head dim is 64
+    or 128: the sm90 kernel and the conversion both take their tiled form (config ending in
+    ``, true>``); dK and dV are bitwise the row layout's, dQ within reduction-order noise of it
+    and within the reference's rule. A call it cannot take (s_q = 301) keeps the row layout."""
+    from ferroattn.knobs import override
+
+    b, sq, sk, h, hk = 2, 320, 389, 4, 2
+    torch.manual_seed(d + len(kw))
+    q, k, v = _leaf(b, sq, h, d), _leaf(b, sk, hk, d), _leaf(b, sk, hk, d)
+    dout = torch.randn(b, sq, h, d, device=DEV, dtype=BF16)
+
+    def grads(q=q, k=k, v=v, dout=dout):
+        torch.manual_seed(9)
+        out = flash_attn_func(q, k, v, **kw)
+        return launch_records(lambda: torch.autograd.grad(out, (q, k, v), dout))
+
+    with override(attn_sm90_bwd_dq_overlap=overlap):
+        g0, r0 = grads()
+        with override(attn_sm90_bwd_dq_tiled="1"):
+            poison_allocator(q, k, v, 2 * q.numel() * 4)
+            g1, r1 = grads()
+            if "dropout_p" not in kw:
+                _check(q, k, v, **kw)   # against the reference, under the knob
+            q2 = q[:, :301].detach().clone().requires_grad_(True)
+            _, r2 = grads(q2, k, v, dout[:, :301])
+    configs = lambda rs, name: [r["config"] for r in rs if r["kernel"] == name]
+    assert all(c.endswith(", true>") for c in configs(r1, SM90) + configs(r1, CONVERT)), r1
+    assert configs(r1, SM90) and configs(r1, CONVERT)
+    assert not any(c.endswith(", true>") for c in configs(r0, CONVERT) + configs(r2, CONVERT)), (r0, r2)
+    assert not any(c.endswith(", true, true>") for c in configs(r0, SM90) + configs(r2, SM90)), (r0, r2)
+    assert torch.equal(g0[1], g1[1]), "dk"
+    assert torch.equal(g0[2], g1[2]), "dv"
+    assert torch.isfinite(g1[0]).all(), "dq"
+    assert (g0[0].float() - g1[0].float()).abs().max() <= 1e-2 * (1 + g0[0].float().abs().max()), "dq"
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(), dict(causal=True, window_size=(100, 0)), dict(softcap=5.0)],
                          ids=lambda kw: ",".join(kw) or "full")

@@ -7,7 +7,9 @@
 //                         params.dq_accum != nullptr, dq_accum[i, head, 0..head_dim) = 0 (the
 //                         dK/dV kernel then adds dS·K into it with atomics).
 //   attn_bwd_convert_dq   dq[i, head, c] = T(softmax_scale * dq_accum[i, head, c]) for c < head_dim
-//                         (round to nearest even), the default path's last step.
+//                         (round to nearest even), the default path's last step; Tiled (default
+//                         false): dq_accum in the tile layout of the sm90 backward's DqTiled
+//                         (bwd_sm90.cuh), read back through a shared-memory tile.
 // Layouts (attention/bwd_params.cuh, attention/params.cuh): dout/out/dq like q (padded
 // (b, s_q, h, d), varlen (total_q, h, d)), each with its own strides; softmax_d has lse's shape
 // and strides (fwd.lse_batch_stride / lse_head_stride, row stride 1; varlen: row offset
@@ -64,6 +66,50 @@ __device__ __forceinline__ bool row_block(const AttnBwdParams& params, RowBlock&
     rb.rows_q = min(rb.sc.seqlen_q - rb.m_start, BlockM);
     rb.bo = bwd_query_offsets(params, head, batch);
     return true;
+}
+
+// attn_bwd_convert_dq's Tiled form: dq_accum in the sm90 backward's tile layout (bwd_sm90.cuh,
+// DqTiled: per 64-row tile HeadDim / 64 chunks of 4096 fp32 in wgmma accumulator order), gacc at
+// the block's first tile. Per 64 x 64 chunk: coalesced 16-byte loads of the accumulator order,
+// each float4 scaled and packed to two 4-byte pairs of a bf16/fp16 shared tile in row order (rows
+// of 72 elements: a warp's stores hit 32 different banks), then 16-byte row stores to dq.
+template <int HeadDim, int BlockM, typename T>
+__device__ __forceinline__ void convert_dq_tiled(const float* gacc, T* gdq, long long dq_row_stride, int rows_q,
+                                                 int head_dim, float scale) {
+    using Tr = DTypeTraits<T>;
+    constexpr int kThreads = 256;
+    constexpr int kRow = 72;   // elements per shared row (64 + 8 of padding)
+    static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0, "whole 64 x 64 chunks");
+    __shared__ __align__(16) T tile[64 * kRow];
+    const int tid = threadIdx.x;
+#pragma unroll 1
+    for (int m = 0; m < BlockM / 64; ++m)
+#pragma unroll 1
+        for (int c = 0; c < HeadDim / 64; ++c) {
+            const float4* src = reinterpret_cast<const float4*>(gacc + (static_cast<long long>(m) * (HeadDim / 64) + c) * 4096);
+            float4 x[1024 / kThreads];
+#pragma unroll
+            for (int i = 0; i < 1024 / kThreads; ++i) x[i] = src[tid + i * kThreads];
+            if (m + c > 0) __syncthreads();   // the previous chunk's rows are read
+#pragma unroll
+            for (int i = 0; i < 1024 / kThreads; ++i) {
+                const int q = tid + i * kThreads;   // float4 j = q / 128 of accumulator thread q % 128
+                const int j = q / 128, at = q % 128;
+                const int row = (at / 32) * 16 + (at % 32) / 4, col = 8 * j + 2 * (at % 4);
+                *reinterpret_cast<unsigned*>(tile + row * kRow + col) = Tr::pack2(scale * x[i].x, scale * x[i].y);
+                *reinterpret_cast<unsigned*>(tile + (row + 8) * kRow + col) = Tr::pack2(scale * x[i].z, scale * x[i].w);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < 512 / kThreads; ++i) {
+                const int idx = tid + i * kThreads;
+                const int r = idx / 8, cc = idx % 8;
+                const int row = 64 * m + r, col = 64 * c + 8 * cc;
+                if (row < rows_q && col < head_dim)
+                    *reinterpret_cast<uint4*>(gdq + static_cast<long long>(row) * dq_row_stride + col) =
+                        *reinterpret_cast<const uint4*>(tile + r * kRow + 8 * cc);
+            }
+        }
 }
 
 }  // namespace attn_bwd_detail
@@ -132,7 +178,7 @@ __global__ void __launch_bounds__(256) attn_bwd_preprocess(const AttnBwdParams p
     }
 }
 
-template <int HeadDim, int BlockM, typename T>
+template <int HeadDim, int BlockM, typename T, bool Tiled = false>
 __global__ void __launch_bounds__(256) attn_bwd_convert_dq(const AttnBwdParams params) {
     constexpr int kThreads = 256;
     constexpr int kChunks = HeadDim / 8;
@@ -147,6 +193,10 @@ __global__ void __launch_bounds__(256) attn_bwd_convert_dq(const AttnBwdParams p
     const float scale = params.fwd.softmax_scale;
     const float* gacc = params.dq_accum + rb.bo.dqa_off + static_cast<long long>(m_start) * params.dqa_row_stride;
     T* gdq = static_cast<T*>(params.dq) + rb.bo.dq_off + static_cast<long long>(m_start) * params.dq_row_stride;
+    if constexpr (Tiled) {
+        attn_bwd_detail::convert_dq_tiled<HeadDim, BlockM, T>(gacc, gdq, params.dq_row_stride, rows_q, head_dim, scale);
+        return;
+    }
 
 #pragma unroll
     for (int i = 0; i < kTotal / kThreads; ++i) {

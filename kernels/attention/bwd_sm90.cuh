@@ -37,7 +37,15 @@
 // bwd_dkdv_block.cuh's stores). q, k, v, dout are read only through the tensor maps of
 // AttnBwdSm90Params (src/ops/attention_bwd/sm90.rs builds them): rank 4 (head dim, rows, heads,
 // batch), 128-byte swizzle, boxes of 64 elements x 64 rows (q, dout) or 128 rows (k, v); columns
-// past params.fwd.head_dim load as zero and are not written.
+// past params.fwd.head_dim load as zero and are not written. dq_accum under DqTiled
+// (src/ops/attention_bwd/sm90.rs `dq_accum_tiled_strides`; s_q a multiple of 64 and head_dim ==
+// HeadDim): per (batch, head, 64-row query tile) HeadDim / 64 contiguous chunks of 4096 fp32,
+// chunk c holding columns 64 c .. 64 c + 63 in the wgmma accumulator order: float4 j (j < 8) of
+// consumer thread tid (warp w = tid / 32, g = tid % 32 / 4, t = tid % 4) at float (128 j + tid) * 4,
+// its elements rows (16 w + g, 16 w + g + 8) x columns (8 j + 2 t, 8 j + 2 t + 1), row-major
+// within the float4; tile (b, h, m) starts at b * dqa_batch_stride + h * dqa_head_stride + 64 m *
+// dqa_row_stride (the row layout's formula with the strides of a (b, h, s_q, HeadDim) tensor).
+// The convert kernel reads that order back (bwd_prep.cuh, Tiled).
 //
 // Launch: grid (ceil(s_k / 128), h_k, b) with b <= 65535, 384 threads, dynamic shared memory
 // AttnBwdSm90Smem::kTotal bytes (the formula of AttnBwdConfig::smem_bytes for BwdKind::DkDvSm90
@@ -57,7 +65,9 @@
 // coordinates cost the padded kernels a spill at some variants. WithDq (default true): false
 // leaves dQ out (the deterministic plan, whose dQ kernel writes dq itself): per tile S^T, dP^T,
 // the scores, dV and dK only; no dS^T tile, no barrier between the warpgroups (each runs its keys
-// alone), no dq_accum access; DqOverlap must then be false.
+// alone), no dq_accum access; DqOverlap must then be false. DqTiled (default false; padded
+// layout with dQ only): dq_accum in tiles instead of rows (below), one bulk reduction per
+// warpgroup and tile instead of one per row.
 //
 // Shared memory (1024-aligned base): K, V (HeadDim / 64 chunks of 128 rows x 128 B each), the
 // ring of Q and dO (Stages slots of HeadDim / 64 chunks of 64 rows x 128 B each), all in the
@@ -150,6 +160,10 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gaddr, unsigned saddr
                  :: "l"(__cvta_generic_to_global(gaddr)), "r"(saddr), "r"(bytes) : "memory");
 }
 
+__device__ __forceinline__ void st_shared_v4_f32(unsigned addr, float a, float b, float c, float d) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" :: "r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
 __device__ __forceinline__ void st_shared_f32(unsigned addr, float v) {
     asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(addr), "f"(v) : "memory");
 }
@@ -190,7 +204,7 @@ __device__ __forceinline__ float2 ld_shared_v2_f32(unsigned addr) {
 }  // namespace attn_bwd_detail
 
 template <int HeadDim, int Stages, class V, typename T, bool DqOverlap = false, bool Varlen = false,
-          bool WithDq = true>
+          bool WithDq = true, bool DqTiled = false>
 __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ AttnBwdSm90Params P) {
     using namespace sm90;
     using Sm = AttnBwdSm90Smem<HeadDim, Stages, WithDq>;
@@ -206,10 +220,13 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     // Head dim 128: both warpgroups compute dQ, one 64-column chunk each; 64: one warpgroup the
     // whole tile, alternating by tile.
     constexpr bool kDqSplit = HeadDim == 128;
+    constexpr unsigned kDqChunk = 64u * 64u;   // fp32 of one warpgroup's dQ tile (DqTiled: one chunk)
     constexpr float kLog2e = 1.4426950408889634f;
     static_assert(HeadDim == 64 || HeadDim == 128, "HeadDim is 64 or 128");
     static_assert(Stages >= 2, "Stages >= 2");
     static_assert(WithDq || !DqOverlap, "DqOverlap orders the dQ product: only with WithDq");
+    static_assert(!DqTiled || (WithDq && !Varlen), "DqTiled: the padded layout's dQ only");
+    static_assert(!DqTiled || kDqChunk * 4u <= Sm::kStageBytes, "a fragment-ordered chunk fits the staging tile");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
     static_assert(Sm::kTotal <= 227u * 1024u, "tiles do not fit in 227 KiB of shared memory");
 
@@ -359,31 +376,47 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         wgmma_commit();
     };
     // The completed dQ of query tile (hq, m_start), 64 rows x 64 columns fp32, through this
-    // warpgroup's staging tile into dq_accum (bulk reductions, row by row, rows < seqlen_q).
+    // warpgroup's staging tile into dq_accum. Row layout: staged row by row, then bulk reductions
+    // of a row each (rows < seqlen_q). DqTiled: staged in fragment order (float4 j of thread tid
+    // at (128 j + tid) * 16 B: one warp's store covers 512 contiguous bytes), then ONE 16 KiB bulk
+    // reduction into the tile's chunk, which is laid out the same way.
     auto reduce_dq = [&](const float (&acc_q)[32], long long dq_off, int m_start) {
         const unsigned stg = sm.stage(cw);
         if (warp == 0) bulk_wait_read<0>();   // the previous tile's reductions have read it
         named_barrier(2 + cw, 128);
+        if constexpr (DqTiled) {
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
+            for (int j = 0; j < 8; ++j)
+                attn_bwd_detail::st_shared_v4_f32(stg + (static_cast<unsigned>(j) * 128u + static_cast<unsigned>(tid)) * 16u,
+                                                  acc_q[4 * j], acc_q[4 * j + 1], acc_q[4 * j + 2], acc_q[4 * j + 3]);
+        } else {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const unsigned row = static_cast<unsigned>(warp * 16 + g + 8 * h);
-                st_shared_v2_f32(stg + row * Sm::kStageRow + (8u * jj + 2u * t) * 4u, acc_q[4 * jj + 2 * h],
-                                 acc_q[4 * jj + 2 * h + 1]);
-            }
+            for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const unsigned row = static_cast<unsigned>(warp * 16 + g + 8 * h);
+                    st_shared_v2_f32(stg + row * Sm::kStageRow + (8u * jj + 2u * t) * 4u, acc_q[4 * jj + 2 * h],
+                                     acc_q[4 * jj + 2 * h + 1]);
+                }
+        }
         fence_proxy_async_smem();
         named_barrier(2 + cw, 128);
         if (warp == 0) {
-            const int col0 = kDqSplit ? cw * 64 : 0;
-            const int cols = min(64, fp.head_dim - col0);
-            if (cols > 0) {
-                float* gdq = prm.dq_accum + dq_off + col0;
+            if constexpr (DqTiled) {
+                if (lane == 0)
+                    attn_bwd_detail::bulk_reduce_add_f32(prm.dq_accum + dq_off + (kDqSplit ? cw * kDqChunk : 0), stg,
+                                                         kDqChunk * 4u);
+            } else {
+                const int col0 = kDqSplit ? cw * 64 : 0;
+                const int cols = min(64, fp.head_dim - col0);
+                if (cols > 0) {
+                    float* gdq = prm.dq_accum + dq_off + col0;
 #pragma unroll
-                for (int r = lane; r < BlockM; r += 32)
-                    if (m_start + r < seqlen_q)
-                        attn_bwd_detail::bulk_reduce_add_f32(gdq + static_cast<long long>(r) * prm.dqa_row_stride,
-                                                             stg + r * Sm::kStageRow, static_cast<unsigned>(cols) * 4u);
+                    for (int r = lane; r < BlockM; r += 32)
+                        if (m_start + r < seqlen_q)
+                            attn_bwd_detail::bulk_reduce_add_f32(gdq + static_cast<long long>(r) * prm.dqa_row_stride,
+                                                                 stg + r * Sm::kStageRow, static_cast<unsigned>(cols) * 4u);
+                }
             }
             bulk_commit();
         }

@@ -430,7 +430,7 @@ pub fn attn_bwd(
     let knobs = crate::tuning::knobs::get()?;
     let (plan, maps) =
         match sm90::prepare(&p, t, kind, deterministic, arch, knobs.attn_bwd_family, knobs.attn_sm90_bwd_dq_overlap,
-                            knobs.attn_sm90_bwd_varlen) {
+                            knobs.attn_sm90_bwd_varlen, knobs.attn_sm90_bwd_dq_tiled) {
         Some((plan, maps)) => (plan, Some(maps)),
         None => (bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch), None),
     };
@@ -442,7 +442,12 @@ pub fn attn_bwd(
         shape.check()?;
         kernels.push(KERNELS.get(config, p.device)?);
     }
-    let prm = params(&p, t, t.workspace(deterministic), softmax_scale, variant);
+    let mut prm = params(&p, t, t.workspace(deterministic), softmax_scale, variant);
+    if plan.iter().any(|c| c.kind == BwdKind::ConvertDq { tiled: true }) {
+        // dq_accum in the Hopper kernel's tiles (sm90.rs `dq_tileable`): every kernel of the plan
+        // addresses it with these strides
+        (prm.dqa_batch_stride, prm.dqa_row_stride, prm.dqa_head_stride) = sm90::dq_accum_tiled_strides(&p);
+    }
     let sizes = AttnSizes::new(&p, &t.q.meta, &t.k.meta);
     // One pass of the plan per slice of the batch (batch.rs): a slice's kernels touch only its
     // batch entries, so the passes are independent.

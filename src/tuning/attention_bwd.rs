@@ -30,18 +30,20 @@ pub enum BwdKind {
     /// dQ of one query tile, written directly (deterministic path).
     /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
     Dq,
-    /// `ferroattn::attn_bwd_convert_dq<HeadDim, BlockM, T>`: dq = T(softmax_scale · dq_accum).
-    /// Grid (ceil(seqlen_q / block_m), num_heads, batch).
-    ConvertDq,
-    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap[, Varlen[, WithDq]]]>`
+    /// `ferroattn::attn_bwd_convert_dq<HeadDim, BlockM, T[, Tiled]>`: dq = T(softmax_scale ·
+    /// dq_accum); `tiled`: dq_accum in the tile layout of `DkDvSm90 { dq_tiled: true }` (the
+    /// argument rendered only then). Grid (ceil(seqlen_q / block_m), num_heads, batch).
+    ConvertDq { tiled: bool },
+    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap[, Varlen[, WithDq[, DqTiled]]]]>`
     /// (kernels/attention/bwd_sm90.cuh, sm_90a): dK, dV and (`dq`) the atomic dQ (into dq_accum)
     /// of one 128-key tile with wgmma and TMA; the Hopper plan's middle kernel (`bwd_plan_sm90`).
     /// `dq_overlap` (the kernel's `DqOverlap`): dQ issued with dK and reduced while dK runs, instead
     /// of after dV and dK have completed; `varlen` (`Varlen`): the varlen layout; `dq` (`WithDq`):
-    /// false on the deterministic plan (dK and dV only; the Dq kernel follows). Each template
-    /// argument is rendered only when it or a later one differs from its default. Grid
-    /// (ceil(seqlen_k / 128), num_heads_k, batch).
-    DkDvSm90 { dq_overlap: bool, varlen: bool, dq: bool },
+    /// false on the deterministic plan (dK and dV only; the Dq kernel follows); `dq_tiled`
+    /// (`DqTiled`): dq_accum in tiles, one bulk reduction per warpgroup and query tile (padded
+    /// layout with dQ only). Each template argument is rendered only when it or a later one
+    /// differs from its default. Grid (ceil(seqlen_k / 128), num_heads_k, batch).
+    DkDvSm90 { dq_overlap: bool, varlen: bool, dq: bool, dq_tiled: bool },
 }
 
 /// One specialisation of one backward kernel: template arguments, launch shape, cache key.
@@ -71,7 +73,7 @@ impl AttnBwdConfig {
             BwdKind::Preprocess => "ferroattn::attn_bwd_preprocess",
             BwdKind::DkDv { .. } => "ferroattn::attn_bwd_dkdv_sm80",
             BwdKind::Dq => "ferroattn::attn_bwd_dq_sm80",
-            BwdKind::ConvertDq => "ferroattn::attn_bwd_convert_dq",
+            BwdKind::ConvertDq { .. } => "ferroattn::attn_bwd_convert_dq",
             BwdKind::DkDvSm90 { .. } => "ferroattn::attn_bwd_sm90",
         }
     }
@@ -79,7 +81,7 @@ impl AttnBwdConfig {
     /// The header (under kernels/) that defines the kernel.
     pub fn header(&self) -> &'static str {
         match self.kind {
-            BwdKind::Preprocess | BwdKind::ConvertDq => "attention/bwd_prep.cuh",
+            BwdKind::Preprocess | BwdKind::ConvertDq { .. } => "attention/bwd_prep.cuh",
             BwdKind::DkDv { .. } => "attention/bwd_dkdv_sm80.cuh",
             BwdKind::Dq => "attention/bwd_dq_sm80.cuh",
             BwdKind::DkDvSm90 { .. } => "attention/bwd_sm90.cuh",
@@ -92,17 +94,18 @@ impl AttnBwdConfig {
         let (hd, bm, bn, nw, st, c) =
             (self.head_dim, self.block_m, self.block_n, self.num_warps, self.stages, self.variant.cuda_type());
         match self.kind {
-            BwdKind::Preprocess | BwdKind::ConvertDq => {
+            BwdKind::Preprocess | BwdKind::ConvertDq { tiled: false } => {
                 format!("{}<{hd}, {bm}, {t}>", self.kernel())
             }
+            BwdKind::ConvertDq { tiled: true } => format!("{}<{hd}, {bm}, {t}, true>", self.kernel()),
             BwdKind::DkDv { dk, dv, dq } => {
                 let direct = if self.wide_dq_direct() { ", true" } else { "" };
                 format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}{direct}>", self.kernel())
             }
             BwdKind::Dq => format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {t}>", self.kernel()),
-            BwdKind::DkDvSm90 { dq_overlap, varlen, dq } => {
+            BwdKind::DkDvSm90 { dq_overlap, varlen, dq, dq_tiled } => {
                 // (value, the kernel's default) of the optional arguments, in order
-                let optional = [(dq_overlap, false), (varlen, false), (dq, true)];
+                let optional = [(dq_overlap, false), (varlen, false), (dq, true), (dq_tiled, false)];
                 let n = optional.iter().rposition(|(v, d)| v != d).map_or(0, |i| i + 1);
                 let tail: String = optional[..n].iter().map(|(v, _)| format!(", {v}")).collect();
                 format!("{}<{hd}, {st}, {c}, {t}{tail}>", self.kernel())
@@ -173,7 +176,7 @@ impl AttnBwdConfig {
                 (2 * bn * d + 2 * st * bm * d + dq_tiles * bn * bm) * 2 + dq_tiles * bm * 288 + st * bm * 8 + st * 16
                     + 8 * (1 + 3 * st) + 1024
             }
-            BwdKind::Preprocess | BwdKind::ConvertDq => 0,
+            BwdKind::Preprocess | BwdKind::ConvertDq { .. } => 0,
             BwdKind::DkDv { .. } if self.is_wide() => {
                 let stage = if self.wide_dq_staged() { 8 * 16 * 32 * 4 } else { 0 };
                 (2 * bn * d + 2 * st * bm * d + 2 * bm * bn) * 2 + st * bm * 8 + stage
@@ -197,7 +200,7 @@ impl AttnBwdConfig {
 
     /// Needs the fp32 dq_accum workspace.
     pub fn uses_dq_accum(&self) -> bool {
-        matches!(self.kind, BwdKind::DkDv { dq: true, .. } | BwdKind::ConvertDq | BwdKind::DkDvSm90 { dq: true, .. })
+        matches!(self.kind, BwdKind::DkDv { dq: true, .. } | BwdKind::ConvertDq { .. } | BwdKind::DkDvSm90 { dq: true, .. })
     }
 }
 
@@ -368,7 +371,7 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
     if deterministic {
         plan.push(tiled(BwdKind::Dq, dq_tile(hd, variant)));
     } else {
-        plan.push(elementwise(BwdKind::ConvertDq));
+        plan.push(elementwise(BwdKind::ConvertDq { tiled: false }));
     }
     plan
 }
@@ -389,7 +392,10 @@ pub const SM90_STAGES: u32 = 2;
 /// specialisation (tests, A/B runs: knob `attn_bwd_family=sm90`), `Sm80` never.
 /// `dq_overlap`: the kernel's product order (`BwdKind::DkDvSm90`; knob `attn_sm90_bwd_dq_overlap`;
 /// without dQ there is no order to choose, so the deterministic plan ignores it);
-/// `varlen`: the call's layout (varlen calls reach here only under knob `attn_sm90_bwd_varlen`).
+/// `varlen`: the call's layout (varlen calls reach here only under knob `attn_sm90_bwd_varlen`);
+/// `dq_tiled`: the call's dq_accum may take the tile layout (knob `attn_sm90_bwd_dq_tiled` and
+/// the shape: src/ops/attention_bwd/sm90.rs `dq_tileable`); taken on the atomic path of the padded
+/// layout, where the kernel (`DqTiled`) and the conversion (`ConvertDq { tiled }`) both read it.
 #[allow(clippy::too_many_arguments)]
 pub fn bwd_plan_sm90(
     head_dim: u32,
@@ -400,6 +406,7 @@ pub fn bwd_plan_sm90(
     family: FamilyChoice,
     dq_overlap: bool,
     varlen: bool,
+    dq_tiled: bool,
 ) -> Option<Vec<AttnBwdConfig>> {
     let hd = if head_dim <= 64 { 64 } else { 128 };
     let chosen = match family {
@@ -411,9 +418,16 @@ pub fn bwd_plan_sm90(
         return None;
     }
     let with_dq = !deterministic;
+    let tiled = dq_tiled && with_dq && !varlen;
     let mut plan = bwd_plan(head_dim, variant, deterministic, dtype, arch);
-    let config = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap && with_dq, varlen, with_dq);
+    let mut config = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap && with_dq, varlen, with_dq);
+    if let BwdKind::DkDvSm90 { dq_tiled, .. } = &mut config.kind {
+        *dq_tiled = tiled;
+    }
     plan[1] = config;
+    if tiled {
+        plan[2].kind = BwdKind::ConvertDq { tiled: true };
+    }
     Some(plan)
 }
 
@@ -429,7 +443,7 @@ pub fn sm90_dkdv_config(
     dq: bool,
 ) -> AttnBwdConfig {
     AttnBwdConfig {
-        kind: BwdKind::DkDvSm90 { dq_overlap, varlen, dq },
+        kind: BwdKind::DkDvSm90 { dq_overlap, varlen, dq, dq_tiled: false },
         head_dim: if head_dim <= 64 { 64 } else { 128 },
         block_m: 64,
         block_n: 128,
@@ -450,9 +464,18 @@ pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
     for (hd, variant, dtype) in production_points() {
         for deterministic in [false, true] {
-            let forms = [(false, false), (true, false), (false, true), (true, true)];
-            let hopper = forms.into_iter().flat_map(|(overlap, varlen)| {
-                bwd_plan_sm90(hd, variant, deterministic, dtype, arch, FamilyChoice::Sm90, overlap, varlen).unwrap_or_default()
+            // (dq_overlap, varlen, dq_tiled): the tiled dq_accum is the padded layout's only
+            let forms = [
+                (false, false, false),
+                (true, false, false),
+                (false, true, false),
+                (true, true, false),
+                (false, false, true),
+                (true, false, true),
+            ];
+            let hopper = forms.into_iter().flat_map(|(overlap, varlen, tiled)| {
+                bwd_plan_sm90(hd, variant, deterministic, dtype, arch, FamilyChoice::Sm90, overlap, varlen, tiled)
+                    .unwrap_or_default()
             });
             for c in bwd_plan(hd, variant, deterministic, dtype, arch).into_iter().chain(hopper) {
                 if !out.contains(&c) {
@@ -513,9 +536,9 @@ mod tests {
     fn hopper_plan_takes_the_atomic_path_up_to_head_dim_128() {
         let local = VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN };
         let sm90 = FamilyChoice::Sm90;
-        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false).unwrap();
+        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, false).unwrap();
         let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
-        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen: false, dq: true }, BwdKind::ConvertDq]);
+        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen: false, dq: true, dq_tiled: false }, BwdKind::ConvertDq { tiled: false }]);
         assert_eq!((p[1].head_dim, p[1].block_m, p[1].block_n, p[1].threads()), (128, 64, 128, 384));
         assert_eq!(
             p[1].name_expression(),
@@ -527,14 +550,26 @@ mod tests {
         assert_eq!(p[1].grid(1000, 300, 8, 2, 3), (3, 2, 3));
         assert!(p[1].uses_dq_accum());
         // the overlapped product order: the same kernel with `DqOverlap` rendered, the same memory
-        let o = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, true, false).unwrap();
-        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true, varlen: false, dq: true });
+        let o = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, true, false, false).unwrap();
+        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true, varlen: false, dq: true, dq_tiled: false });
         // varlen: its template argument (after DqOverlap's), every variant in both orders
-        let vl = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true).unwrap();
+        let vl = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true, false).unwrap();
         assert!(vl[1].name_expression().ends_with("__nv_bfloat16, false, true>"), "{}", vl[1].name_expression());
+        // the tiled dq_accum: the kernel's last argument and the conversion's, the same memory;
+        // never on the varlen layout or the deterministic plan
+        let tl = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, true).unwrap();
+        assert!(tl[1].name_expression().ends_with("__nv_bfloat16, false, false, true, true>"), "{}", tl[1].name_expression());
+        assert_eq!(tl[2].kind, BwdKind::ConvertDq { tiled: true });
+        assert_eq!(tl[2].name_expression(), "ferroattn::attn_bwd_convert_dq<128, 64, __nv_bfloat16, true>");
+        assert_eq!(tl[1].smem_bytes(), p[1].smem_bytes());
+        let tv = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true, true).unwrap();
+        assert_eq!(tv[1].kind, BwdKind::DkDvSm90 { dq_overlap: false, varlen: true, dq: true, dq_tiled: false });
+        assert_eq!(tv[2].kind, BwdKind::ConvertDq { tiled: false });
+        let td = bwd_plan_sm90(128, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, true).unwrap();
+        assert!(matches!(td[1].kind, BwdKind::DkDvSm90 { dq: false, dq_tiled: false, .. }));
         let sl = VariantKind { softcap: true, ..local };
         for (overlap, varlen) in [(false, true), (true, true), (false, false)] {
-            assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, overlap, varlen).is_some());
+            assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, overlap, varlen, false).is_some());
         }
         assert!(o[1].name_expression().ends_with("__nv_bfloat16, true>"), "{}", o[1].name_expression());
         assert_eq!(o[1].smem_bytes(), p[1].smem_bytes());
@@ -543,25 +578,25 @@ mod tests {
             let n = prod.iter().filter(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq_overlap, .. } if dq_overlap == overlap)).count();
             assert!(n > 0, "{overlap}");
         }
-        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90, false, false).unwrap()[1].head_dim, 64);
+        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90, false, false, false).unwrap()[1].head_dim, 64);
         // the dispatcher's choice: head dim 128 only (64 measured slower); the sm80 knob: never
-        assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_none());
-        assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false).is_none());
+        assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false).is_none());
+        assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false, false).is_none());
         for (hd, v, det, arch) in [
             (160, VariantKind::CAUSAL, true, Arch::Sm90a),
             (160, VariantKind::CAUSAL, false, Arch::Sm90a),
             (128, VariantKind::CAUSAL, false, Arch::Sm80),
         ] {
-            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90, false, false).is_none(), "{hd} {v:?} {det} {arch:?}");
+            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90, false, false, false).is_none(), "{hd} {v:?} {det} {arch:?}");
         }
         // every variant at both kernel head dims, the d128 local window and dropout with a mask too
         let softcap_local = VariantKind { softcap: true, ..local };
         let dropout_causal = VariantKind { dropout: true, ..VariantKind::CAUSAL };
         for v in [local, softcap_local, dropout_causal, VariantKind { dropout: true, ..VariantKind::PLAIN }] {
             for hd in [64, 128] {
-                assert!(bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, sm90, false, false).is_some(), "{hd} {v:?}");
+                assert!(bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, sm90, false, false, false).is_some(), "{hd} {v:?}");
             }
-            assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false).is_some(), "{v:?}");
+            assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false).is_some(), "{v:?}");
         }
     }
 
@@ -571,10 +606,10 @@ mod tests {
         for hd in [64u32, 96, 128] {
             for overlap in [false, true] {
                 for varlen in [false, true] {
-                    let p = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, sm90, overlap, varlen).unwrap();
+                    let p = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, sm90, overlap, varlen, false).unwrap();
                     let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
                     // dq_overlap has nothing to order without dQ: always the plain kernel order
-                    assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen, dq: false }, BwdKind::Dq]);
+                    assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen, dq: false, dq_tiled: false }, BwdKind::Dq]);
                     assert!(!p.iter().any(|c| c.uses_dq_accum()), "{hd}: no dq_accum on the deterministic path");
                     // the Dq kernel is the sm80 plan's, the same as without the Hopper kernel
                     assert_eq!(p[2], bwd_plan(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a)[2]);
@@ -590,9 +625,9 @@ mod tests {
         }
         // the dispatcher's choice: the Hopper plan at both head dims (measured faster); the sm80 knob: never
         for hd in [64, 128] {
-            let auto = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false);
+            let auto = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false);
             assert!(matches!(auto.unwrap()[1].kind, BwdKind::DkDvSm90 { dq: false, .. }));
-            assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false).is_none());
+            assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false, false).is_none());
         }
         // every production variant, and the default name of the atomic kernel is unchanged
         let prod = bwd_production_configs(Arch::Sm90a);
@@ -608,7 +643,7 @@ mod tests {
         assert_eq!(p.len(), 3);
         assert_eq!(p[0].kind, BwdKind::Preprocess);
         assert_eq!(p[1].kind, BwdKind::DkDv { dk: true, dv: true, dq: true });
-        assert_eq!(p[2].kind, BwdKind::ConvertDq);
+        assert_eq!(p[2].kind, BwdKind::ConvertDq { tiled: false });
         assert!(p.iter().any(|c| c.uses_dq_accum()));
         // d256 on 99 KiB GPUs: split (the wide kernel needs 147 968 B)
         let p = bwd_plan(256, VariantKind::from_causal(false), true, DType::F16, Arch::Sm86);
@@ -694,7 +729,7 @@ mod tests {
                 let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
                 assert_eq!(
                     kinds,
-                    vec![BwdKind::Preprocess, BwdKind::DkDv { dk: true, dv: true, dq: true }, BwdKind::ConvertDq],
+                    vec![BwdKind::Preprocess, BwdKind::DkDv { dk: true, dv: true, dq: true }, BwdKind::ConvertDq { tiled: false }],
                     "{v:?} {arch:?}"
                 );
                 let c = p[1];

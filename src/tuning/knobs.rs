@@ -102,6 +102,9 @@ knobs! {
     attn_sm90_bwd_dq_overlap: bool = false, "FERROATTN_ATTN_SM90_BWD_DQ_OVERLAP";
     /// Whether varlen attention backwards may run on the Hopper kernel.
     attn_sm90_bwd_varlen: bool = false, "FERROATTN_ATTN_SM90_BWD_VARLEN";
+    /// Whether the Hopper attention backward may keep dq_accum in tiles (one bulk reduction per
+    /// warpgroup and query tile) where the call's shape allows it (src/ops/attention_bwd/sm90.rs).
+    attn_sm90_bwd_dq_tiled: bool = false, "FERROATTN_ATTN_SM90_BWD_DQ_TILED";
     /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
     gemm_sm90_schedule: SchedulePolicy = DEFAULT_POLICY, "FERROATTN_GEMM_SM90_SCHEDULE";
     /// The Hopper dense GEMM's branch-free epilogue loop for calls without c and aux.
@@ -208,6 +211,7 @@ mod tests {
         ("attn_sm90_fwd_varlen", "1"),
         ("attn_sm90_bwd_dq_overlap", "1"),
         ("attn_sm90_bwd_varlen", "1"),
+        ("attn_sm90_bwd_dq_tiled", "1"),
         ("gemm_sm90_schedule", "auto"),
         ("gemm_sm90_fast_epilogue", "0"),
         ("gemm_sm90_splitk", "0"),

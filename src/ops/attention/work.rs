@@ -182,7 +182,7 @@ impl AttnSizes {
                 self.product_flops(3, window),
                 inputs + self.row_stat() + self.q_like(),
             ),
-            BwdKind::ConvertDq => self.work(0.0, self.accum() + self.q_like()),
+            BwdKind::ConvertDq { .. } => self.work(0.0, self.accum() + self.q_like()),
         }
     }
 }
@@ -324,7 +324,7 @@ mod tests {
         assert_eq!(dkdv(true, false, false).flops, 6.0 * pairs * d);
         assert_eq!(s.bwd(BwdKind::Dq, causal_window(true), true).flops, 6.0 * pairs * d);
         assert_eq!(s.bwd(BwdKind::Preprocess, causal_window(true), false).flops, 0.0);
-        assert_eq!(s.bwd(BwdKind::ConvertDq, causal_window(true), false).flops, 0.0);
+        assert_eq!(s.bwd(BwdKind::ConvertDq { tiled: false }, causal_window(true), false).flops, 0.0);
         // bytes: inputs q, dout, k, v, lse (+ D with dS); outputs as enabled
         assert_eq!(
             dkdv(true, true, true).bytes,
@@ -343,7 +343,7 @@ mod tests {
             2.0 * q + stat + acc
         );
         assert_eq!(s.bwd(BwdKind::Preprocess, causal_window(true), true).bytes, 2.0 * q + stat);
-        assert_eq!(s.bwd(BwdKind::ConvertDq, causal_window(true), false).bytes, acc + q);
+        assert_eq!(s.bwd(BwdKind::ConvertDq { tiled: false }, causal_window(true), false).bytes, acc + q);
     }
 
     #[test]
@@ -380,6 +380,6 @@ mod tests {
             bytes + 2.0 * 4.0 * 4.0,
             "plus both cu_seqlens (batch + 1 int32 each)"
         );
-        assert!(!s.bwd(BwdKind::ConvertDq, causal_window(true), false).exact);
+        assert!(!s.bwd(BwdKind::ConvertDq { tiled: false }, causal_window(true), false).exact);
     }
 }

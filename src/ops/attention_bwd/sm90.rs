@@ -32,8 +32,27 @@ pub fn supports(p: &Problem, family: FamilyChoice, varlen_ok: bool) -> bool {
     family != FamilyChoice::Sm80 && (!p.varlen || varlen_ok) && p.batch <= MAX_LAUNCH_BATCH
 }
 
+/// Whether a call's dq_accum can take the Hopper kernel's tile layout (kernels/attention/
+/// bwd_sm90.cuh, `DqTiled`): the padded layout, s_q a multiple of the 64-row query tile and a
+/// head dim that is a kernel head dim (64 or 128). Then the tiles cover exactly the elements of
+/// q's shape, so the same dense (b, s_q, h, d) fp32 buffer holds them and the preprocess kernel's
+/// zeroing (through `dq_accum_tiled_strides`) clears every one.
+pub fn dq_tileable(p: &Problem) -> bool {
+    !p.varlen && p.seqlen_q % 64 == 0 && matches!(p.head_dim, 64 | 128)
+}
+
+/// dq_accum's (batch, row, head) strides in the tile layout: those of a contiguous (b, h, s_q,
+/// d) tensor, so that the row layout's offset of row 64 m of head h, batch b is the tile's first
+/// float (bwd_sm90.cuh); the kernels that read dq_accum by rows (preprocess) then touch the same
+/// set of elements.
+pub fn dq_accum_tiled_strides(p: &Problem) -> (i64, i64, i64) {
+    (p.heads * p.seqlen_q * p.head_dim, p.head_dim, p.seqlen_q * p.head_dim)
+}
+
 /// The Hopper plan of a validated call and its tensor maps, or None when the call runs the sm80
-/// plan (`supports`, `bwd_plan_sm90`, or a tensor map the driver rejects).
+/// plan (`supports`, `bwd_plan_sm90`, or a tensor map the driver rejects). `dq_tiled`: knob
+/// `attn_sm90_bwd_dq_tiled` (taken where `dq_tileable`).
+#[allow(clippy::too_many_arguments)]
 pub fn prepare(
     p: &Problem,
     t: &BwdTensors<'_>,
@@ -43,11 +62,13 @@ pub fn prepare(
     family: FamilyChoice,
     dq_overlap: bool,
     varlen_ok: bool,
+    dq_tiled: bool,
 ) -> Option<(Vec<AttnBwdConfig>, [TensorMap; 4])> {
     if !supports(p, family, varlen_ok) {
         return None;
     }
-    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap, p.varlen)?;
+    let tiled = dq_tiled && dq_tileable(p);
+    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap, p.varlen, tiled)?;
     let maps = (|| -> Result<_> {
         Ok([
             map("q", t.q, p.dtype, 64)?,
@@ -92,6 +113,22 @@ mod tests {
             dtype: DType::BF16,
             device: 0,
         }
+    }
+
+    #[test]
+    fn dq_accum_tiles_fill_q_shape_only_at_whole_tiles_and_kernel_head_dims() {
+        let p = problem(false, 2);
+        assert!(dq_tileable(&p));
+        assert!(dq_tileable(&Problem { head_dim: 64, seqlen_q: 64, ..p }));
+        assert!(!dq_tileable(&Problem { seqlen_q: 500, ..p }));
+        assert!(!dq_tileable(&Problem { head_dim: 96, ..p }));
+        assert!(!dq_tileable(&Problem { head_dim: 32, ..p }));
+        assert!(!dq_tileable(&problem(true, 2)));
+        // (b, h, s, d) strides: the last tile of the last head of the last batch ends at b·s·h·d
+        let (bs, rs, hs) = dq_accum_tiled_strides(&p);
+        assert_eq!((bs, rs, hs), (8 * 512 * 128, 128, 512 * 128));
+        let last = (p.batch - 1) * bs + (p.heads - 1) * hs + (p.seqlen_q - 64) * rs + 64 * 128;
+        assert_eq!(last, p.batch * p.seqlen_q * p.heads * p.head_dim);
     }
 
     #[test]
