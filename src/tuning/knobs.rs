@@ -105,6 +105,8 @@ knobs! {
     /// Whether the Hopper attention backward may keep dq_accum in tiles (one bulk reduction per
     /// warpgroup and query tile) where the call's shape allows it (src/ops/attention_bwd/sm90.rs).
     attn_sm90_bwd_dq_tiled: bool = false, "FERROATTN_ATTN_SM90_BWD_DQ_TILED";
+    /// Whether the split decode's combine is a programmatic dependent launch (sm_90 and newer).
+    attn_decode_pdl: bool = false, "FERROATTN_ATTN_DECODE_PDL";
     /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
     gemm_sm90_schedule: SchedulePolicy = DEFAULT_POLICY, "FERROATTN_GEMM_SM90_SCHEDULE";
     /// The Hopper dense GEMM's branch-free epilogue loop for calls without c and aux.
@@ -212,6 +214,7 @@ mod tests {
         ("attn_sm90_bwd_dq_overlap", "1"),
         ("attn_sm90_bwd_varlen", "1"),
         ("attn_sm90_bwd_dq_tiled", "1"),
+        ("attn_decode_pdl", "1"),
         ("gemm_sm90_schedule", "auto"),
         ("gemm_sm90_fast_epilogue", "0"),
         ("gemm_sm90_splitk", "0"),
