@@ -195,25 +195,24 @@ __global__ void __launch_bounds__(256) attn_bwd_convert_dq(const AttnBwdParams p
     T* gdq = static_cast<T*>(params.dq) + rb.bo.dq_off + static_cast<long long>(m_start) * params.dq_row_stride;
     if constexpr (Tiled) {
         attn_bwd_detail::convert_dq_tiled<HeadDim, BlockM, T>(gacc, gdq, params.dq_row_stride, rows_q, head_dim, scale);
-        return;
-    }
-
+    } else {
 #pragma unroll
-    for (int i = 0; i < kTotal / kThreads; ++i) {
-        const int idx = tid + i * kThreads;
-        const int r = idx / kChunks;
-        const int c = idx % kChunks;
-        if (r < rows_q && c * 8 < head_dim) {
-            const float4* src = reinterpret_cast<const float4*>(
-                gacc + static_cast<long long>(r) * params.dqa_row_stride + c * 8);
-            const float4 x0 = src[0];
-            const float4 x1 = src[1];
-            uint4 out;
-            out.x = Tr::pack2(scale * x0.x, scale * x0.y);
-            out.y = Tr::pack2(scale * x0.z, scale * x0.w);
-            out.z = Tr::pack2(scale * x1.x, scale * x1.y);
-            out.w = Tr::pack2(scale * x1.z, scale * x1.w);
-            *reinterpret_cast<uint4*>(gdq + static_cast<long long>(r) * params.dq_row_stride + c * 8) = out;
+        for (int i = 0; i < kTotal / kThreads; ++i) {
+            const int idx = tid + i * kThreads;
+            const int r = idx / kChunks;
+            const int c = idx % kChunks;
+            if (r < rows_q && c * 8 < head_dim) {
+                const float4* src = reinterpret_cast<const float4*>(
+                    gacc + static_cast<long long>(r) * params.dqa_row_stride + c * 8);
+                const float4 x0 = src[0];
+                const float4 x1 = src[1];
+                uint4 out;
+                out.x = Tr::pack2(scale * x0.x, scale * x0.y);
+                out.y = Tr::pack2(scale * x0.z, scale * x0.w);
+                out.z = Tr::pack2(scale * x1.x, scale * x1.y);
+                out.w = Tr::pack2(scale * x1.z, scale * x1.w);
+                *reinterpret_cast<uint4*>(gdq + static_cast<long long>(r) * params.dq_row_stride + c * 8) = out;
+            }
         }
     }
 }

@@ -376,6 +376,13 @@ pub fn bwd_plan(head_dim: u32, variant: VariantKind, deterministic: bool, dtype:
     plan
 }
 
+/// Whether a head dim can take the Hopper backward's tiled dq_accum: it is the kernel head dim
+/// itself (64 or 128), so the tiles' columns are the call's and the conversion kernel, whose head
+/// dim is `kernel_head_dim`'s, reads whole 64-column chunks.
+pub fn dq_tile_head_dim(head_dim: u32) -> bool {
+    matches!(head_dim, 64 | 128)
+}
+
 /// Stages of the Hopper backward's query ring.
 pub const SM90_STAGES: u32 = 2;
 
@@ -418,7 +425,7 @@ pub fn bwd_plan_sm90(
         return None;
     }
     let with_dq = !deterministic;
-    let tiled = dq_tiled && with_dq && !varlen;
+    let tiled = dq_tiled && with_dq && !varlen && dq_tile_head_dim(head_dim);
     let mut plan = bwd_plan(head_dim, variant, deterministic, dtype, arch);
     let mut config = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap && with_dq, varlen, with_dq);
     if let BwdKind::DkDvSm90 { dq_tiled, .. } = &mut config.kind {
@@ -565,6 +572,10 @@ mod tests {
         let tv = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true, true).unwrap();
         assert_eq!(tv[1].kind, BwdKind::DkDvSm90 { dq_overlap: false, varlen: true, dq: true, dq_tiled: false });
         assert_eq!(tv[2].kind, BwdKind::ConvertDq { tiled: false });
+        for hd in [32, 96, 100] {
+            let t = bwd_plan_sm90(hd, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, sm90, false, false, true).unwrap();
+            assert_eq!(t[2].kind, BwdKind::ConvertDq { tiled: false }, "{hd}");
+        }
         let td = bwd_plan_sm90(128, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, true).unwrap();
         assert!(matches!(td[1].kind, BwdKind::DkDvSm90 { dq: false, dq_tiled: false, .. }));
         let sl = VariantKind { softcap: true, ..local };

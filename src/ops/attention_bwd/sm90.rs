@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::ops::attention::sm90::map;
 use crate::ops::attention::{Problem, VariantKind, MAX_LAUNCH_BATCH};
 use crate::tma::TensorMap;
-use crate::tuning::attention_bwd::{bwd_plan_sm90, AttnBwdConfig};
+use crate::tuning::attention_bwd::{bwd_plan_sm90, dq_tile_head_dim, AttnBwdConfig};
 use crate::tuning::knobs::FamilyChoice;
 
 /// Mirror of `struct AttnBwdSm90Params` in kernels/attention/bwd_sm90.cuh (change both
@@ -38,7 +38,7 @@ pub fn supports(p: &Problem, family: FamilyChoice, varlen_ok: bool) -> bool {
 /// q's shape, so the same dense (b, s_q, h, d) fp32 buffer holds them and the preprocess kernel's
 /// zeroing (through `dq_accum_tiled_strides`) clears every one.
 pub fn dq_tileable(p: &Problem) -> bool {
-    !p.varlen && p.seqlen_q % 64 == 0 && matches!(p.head_dim, 64 | 128)
+    !p.varlen && p.seqlen_q % 64 == 0 && u32::try_from(p.head_dim).is_ok_and(dq_tile_head_dim)
 }
 
 /// dq_accum's (batch, row, head) strides in the tile layout: those of a contiguous (b, h, s_q,
