@@ -16,7 +16,8 @@ narrow enough that whole key tiles are skipped, causal + per-batch ALiBi, a
 deterministic window + sinks case with s_q > s_k (rows that see no key), everything at head dim
 256, a batch of 65537 (beyond the grid's 65535: two launches of every kernel of the plan, the
 second over entries 65535 and 65536 with offset pointers), varlen with a window and softcap and a
-deterministic causal window with sinks; with sinks the gradient of ``s_aux`` is checked too.
+deterministic causal window with sinks, and dropout on the Hopper kernel with and without its
+mask warps (bitwise equal, deterministic plan); with sinks the gradient of ``s_aux`` is checked too.
 
 Each autograd case runs forward + backward through ``ferroattn.flash_attn_func`` /
 ``flash_attn_varlen_func`` with a random ``grad_out`` and checks dq, dk, dv against an fp32
@@ -312,6 +313,43 @@ def run_case_variant_varlen(case) -> str:
     return msg
 
 
+# (name, b, s_q, s_k, h, h_k, d, causal): dropout on the Hopper backward with and without the
+# mask warps (knob attn_sm90_bwd_mask_warps), the deterministic plan so all bits compare
+DROPOUT_MASK_WARPS_CASES = [
+    ("bwd-dropout-mask-warps-causal-sq<sk-d128-bf16", 1, 97, 150, 4, 2, 128, True),
+    ("bwd-dropout-mask-warps-full-d64-bf16", 2, 70, 65, 2, 1, 64, False),
+]
+
+
+def run_case_dropout_mask_warps(case) -> str:
+    """Dropout 0.2 under the sm90 family, deterministic: the mask warps' gradients are the
+    consumers' bits (the same keep bits, the same products), every gradient finite."""
+    import torch
+    import ferroattn
+    from ferroattn.knobs import override
+    name, b, sq, sk, h, hk, d, causal = case
+    q = torch.randn(b, sq, h, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device=DEVICE, dtype=torch.bfloat16)
+
+    def grads(mask_warps):
+        with override(attn_bwd_family="sm90", attn_sm90_bwd_mask_warps=mask_warps):
+            torch.manual_seed(3)
+            out = ferroattn.flash_attn_func(q, k, v, dropout_p=0.2, causal=causal, deterministic=True)
+            g = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+        return g
+
+    base, warps = grads("0"), grads("1")
+    for n_, a, b_ in zip(("dq", "dk", "dv"), base, warps):
+        if not torch.isfinite(b_).all():
+            raise AssertionError(f"{name}: {n_} is not finite")
+        if not torch.equal(a, b_):
+            raise AssertionError(f"{name}: {n_} differs with the mask warps")
+    return "mask warps' gradients bitwise equal to the consumers'"
+
+
 def run_case_bogus_cu_seqlens(case) -> str:
     """The native entry point has no value check of cu_seqlens (the Python op does it, except
     during CUDA-graph capture): garbage values must stay inside the tensors (memcheck proves it),
@@ -376,9 +414,11 @@ CANDIDATE_FORMS = [
 
 def all_cases():
     """What the script runs: :func:`cases`, :func:`variant_cases`, then some of them under the
-    candidate forms' knobs (:data:`CANDIDATE_FORMS`)."""
+    candidate forms' knobs (:data:`CANDIDATE_FORMS`), then the mask warps' dropout pairs
+    (:data:`DROPOUT_MASK_WARPS_CASES`)."""
     base = cases() + variant_cases()
-    return base + candidate_cases(base, CANDIDATE_FORMS)
+    return (base + candidate_cases(base, CANDIDATE_FORMS)
+            + [(c[0], run_case_dropout_mask_warps, c) for c in DROPOUT_MASK_WARPS_CASES])
 
 
 def main(argv=None) -> int:

@@ -880,7 +880,9 @@ def test_sanitize_variant_cases_cover_the_variants(sanitize_cpu):
         for needle in ("window-skips-key-tiles", "softcap", "alibi", "sinks", "varlen", "batch-65537"):
             assert needle in names, (mod.__name__, needle)
         base = mod.cases() + mod.variant_cases()
-        assert [n for n, _, _ in mod.all_cases()] == [n for n, _, _ in base + fwd.candidate_cases(base, mod.CANDIDATE_FORMS)]
+        extra = [c[0] for c in getattr(mod, "DROPOUT_MASK_WARPS_CASES", [])]
+        assert [n for n, _, _ in mod.all_cases()] == [n for n, _, _ in base + fwd.candidate_cases(base, mod.CANDIDATE_FORMS)] + extra
+    assert bwd.DROPOUT_MASK_WARPS_CASES
     assert any(v.get("window_size", (-1, -1))[1] == -1 for *_, v in fwd.VARIANT_PADDED_CASES)  # left side only
     assert any(det for *_, det, _ in bwd.VARIANT_PADDED_CASES)
     # a batch split over two launches (the grid holds 65535)

@@ -259,6 +259,43 @@ def test_tiled_dq_accum_gives_the_row_layouts_dk_dv_bits(d, kw, overlap):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(), dict(causal=True, window_size=(100, 0))],
+                         ids=lambda kw: ",".join(kw) or "full")
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_mask_warps_give_the_consumers_dropout_bits(d, kw, deterministic):
+    """The knob attn_sm90_bwd_mask_warps moves the dropout keep bits' Philox calls from the
+    consumer threads to the producer warpgroup's idle warps (the sm90 kernel's config then ends in
+    ``, true>``): the same mask, so dK and dV are bitwise the default's, dQ too on the
+    deterministic plan (within reduction-order noise on the atomic one), with a query tail and
+    several query heads per kv head (the warps step through every slot's head and tile)."""
+    from ferroattn.knobs import override
+
+    b, sq, sk, h, hk = 2, 301, 389, 4, 2
+    torch.manual_seed(d + len(kw))
+    q, k, v = _leaf(b, sq, h, d), _leaf(b, sk, hk, d), _leaf(b, sk, hk, d)
+    dout = torch.randn(b, sq, h, d, device=DEV, dtype=BF16)
+
+    def grads():
+        torch.manual_seed(9)
+        out = flash_attn_func(q, k, v, dropout_p=0.17, deterministic=deterministic, **kw)
+        return launch_records(lambda: torch.autograd.grad(out, (q, k, v), dout))
+
+    g0, r0 = grads()
+    with override(attn_sm90_bwd_mask_warps="1"):
+        poison_allocator(q, k, v, 2 * q.numel() * 4)
+        g1, r1 = grads()
+    c0 = [r["config"] for r in r0 if r["kernel"] == SM90]
+    c1 = [r["config"] for r in r1 if r["kernel"] == SM90]
+    assert c0 and c1 and all(c.endswith(", true>") for c in c1) and not any(c.endswith(", true>") for c in c0), (c0, c1)
+    assert torch.equal(g0[1], g1[1]), "dk"
+    assert torch.equal(g0[2], g1[2]), "dv"
+    if deterministic:
+        assert torch.equal(g0[0], g1[0]), "dq"
+    else:
+        assert (g0[0].float() - g1[0].float()).abs().max() <= 1e-2 * (1 + g0[0].float().abs().max()), "dq"
+
+
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(), dict(causal=True, window_size=(100, 0)), dict(softcap=5.0)],
                          ids=lambda kw: ",".join(kw) or "full")
 @pytest.mark.parametrize("overlap", ["0", "1"])

@@ -67,7 +67,10 @@
 // the scores, dV and dK only; no dS^T tile, no barrier between the warpgroups (each runs its keys
 // alone), no dq_accum access; DqOverlap must then be false. DqTiled (default false; padded
 // layout with dQ only): dq_accum in tiles instead of rows (below), one bulk reduction per
-// warpgroup and tile instead of one per row.
+// warpgroup and tile instead of one per row. MaskWarps (default false; dropout only): the
+// producer warpgroup's idle warps 1..3 form each slot's dropout keep words (the 32 keep bits of
+// each consumer thread, the function the consumers otherwise evaluate themselves: Philox off the
+// consumers' step) into the slot's 1 KiB, and arrive on its full barrier with warp 0.
 //
 // Shared memory (1024-aligned base): K, V (HeadDim / 64 chunks of 128 rows x 128 B each), the
 // ring of Q and dO (Stages slots of HeadDim / 64 chunks of 64 rows x 128 B each), all in the
@@ -75,11 +78,13 @@
 // (128 key rows x 64 queries x 2 B, swizzled likewise) and two dQ staging tiles (one per consumer
 // warpgroup: 64 rows x 64 fp32, rows padded to 288 B); Stages x (LSE * log2(e), D) rows (64 fp32
 // each); Stages x a TileInfo (16 B: the slot's query head, first row and dq_accum offset, written by
-// the producer's lane 0 with the slot); mbarriers kv_full (count 1), full[Stages] (count 32: the producer warp's lanes after
-// their LSE / D stores, lane 0 with the TMA bytes), empty[Stages] (count 8: lane 0 of each
+// the producer's lane 0 with the slot); with MaskWarps, Stages x 256 keep words (consumer thread
+// cw * 128 + tid's at word cw * 128 + tid); mbarriers kv_full (count 1), full[Stages] (count 32:
+// the producer warp's lanes after their LSE / D stores, lane 0 with the TMA bytes; with MaskWarps
+// 128: also warps 1..3 after their keep words), empty[Stages] (count 8: lane 0 of each
 // consumer warp once that slot's four products have completed) and stat_empty[Stages] (count 256:
-// every consumer thread once its LSE / D loads of the slot are done; a thread's release orders its
-// own loads only, so each arrives).
+// every consumer thread once its LSE / D (and keep word) loads of the slot are done; a thread's
+// release orders its own loads only, so each arrives; warps 0..3 wait on it before refilling them).
 // Epilogue: dV and softmax_scale * dK through the K / V tiles (common/swizzle.cuh layout) and
 // store_dv / store_dk of bwd_dkdv_block.cuh.
 //
@@ -109,7 +114,7 @@ struct AttnBwdSm90Params {
 
 // Shared-memory map of attn_bwd_sm90 (offsets from the 1024-aligned base); without dQ
 // (WithDq false) the dS^T and staging tiles take no space.
-template <int HeadDim, int Stages, bool WithDq = true>
+template <int HeadDim, int Stages, bool WithDq = true, bool KeepWords = false>
 struct AttnBwdSm90Smem {
     enum : unsigned {
         kBlockM = 64,
@@ -130,7 +135,8 @@ struct AttnBwdSm90Smem {
         kOffLse = kOffStage + (WithDq ? 2u : 0u) * kStageBytes,
         kOffD = kOffLse + Stages * kBlockM * 4u,
         kOffInfo = kOffD + Stages * kBlockM * 4u,   // per slot: TileInfo (16 B)
-        kBars = kOffInfo + Stages * 16u,
+        kOffKeep = kOffInfo + Stages * 16u,         // KeepWords: per slot 256 keep words (1 KiB)
+        kBars = kOffKeep + (KeepWords ? Stages * 1024u : 0u),
         kTotal = kBars + 8u * (1u + 3u * Stages) + 1024u,
     };
     unsigned base;
@@ -145,6 +151,7 @@ struct AttnBwdSm90Smem {
     __device__ __forceinline__ unsigned lse(int s) const { return base + kOffLse + s * kBlockM * 4u; }
     __device__ __forceinline__ unsigned d(int s) const { return base + kOffD + s * kBlockM * 4u; }
     __device__ __forceinline__ unsigned info(int s) const { return base + kOffInfo + s * 16u; }
+    __device__ __forceinline__ unsigned keep(int s) const { return base + kOffKeep + s * 1024u; }
     __device__ __forceinline__ unsigned kv_full() const { return base + kBars; }
     __device__ __forceinline__ unsigned full(int s) const { return base + kBars + 8u * (1 + s); }
     __device__ __forceinline__ unsigned empty(int s) const { return base + kBars + 8u * (1 + Stages + s); }
@@ -189,6 +196,12 @@ __device__ __forceinline__ int2 ld_shared_v2_s32(unsigned addr) {
     return r;
 }
 
+__device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
+    unsigned r;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r) : "r"(addr) : "memory");
+    return r;
+}
+
 __device__ __forceinline__ long long ld_shared_s64(unsigned addr) {
     long long r;
     asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(r) : "r"(addr) : "memory");
@@ -204,10 +217,10 @@ __device__ __forceinline__ float2 ld_shared_v2_f32(unsigned addr) {
 }  // namespace attn_bwd_detail
 
 template <int HeadDim, int Stages, class V, typename T, bool DqOverlap = false, bool Varlen = false,
-          bool WithDq = true, bool DqTiled = false>
+          bool WithDq = true, bool DqTiled = false, bool MaskWarps = false>
 __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ AttnBwdSm90Params P) {
     using namespace sm90;
-    using Sm = AttnBwdSm90Smem<HeadDim, Stages, WithDq>;
+    using Sm = AttnBwdSm90Smem<HeadDim, Stages, WithDq, MaskWarps>;
     using Tr = DTypeTraits<T>;
     using Drop = attn_variant::DropoutMask<V>;
     constexpr int BlockM = Sm::kBlockM;
@@ -226,6 +239,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     static_assert(Stages >= 2, "Stages >= 2");
     static_assert(WithDq || !DqOverlap, "DqOverlap orders the dQ product: only with WithDq");
     static_assert(!DqTiled || (WithDq && !Varlen), "DqTiled: the padded layout's dQ only");
+    static_assert(!MaskWarps || V::kDropout, "MaskWarps: the dropout mask's keep words");
     static_assert(!DqTiled || kDqChunk * 4u <= Sm::kStageBytes, "a fragment-ordered chunk fits the staging tile");
     static_assert(sizeof(T) == 2, "T must be __half or __nv_bfloat16");
     static_assert(Sm::kTotal <= 227u * 1024u, "tiles do not fit in 227 KiB of shared memory");
@@ -251,7 +265,7 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         mbar_init(sm.kv_full(), 1);
 #pragma unroll
         for (int s = 0; s < Stages; ++s) {
-            mbar_init(sm.full(s), 32);
+            mbar_init(sm.full(s), MaskWarps ? 128 : 32);
             mbar_init(sm.empty(s), 8);
             mbar_init(sm.stat_empty(s), 256);
         }
@@ -262,6 +276,52 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
     if (wg == 0) {
         // ---- producer: the first warp ----
         setmaxnreg_dec<24>();
+        if constexpr (MaskWarps) {
+            if (tid >= 32) {
+                // ---- the dropout mask: warps 1..3 form each slot's keep words ----
+                // Consumer warp j (warpgroup j / 4, warp j % 4) is computed by warp 1 + j % 3, its
+                // lanes as the consumer's lanes (frag_t16 trades bytes between lanes l, l ^ 4).
+                const int mw = tid / 32 - 1, lane = tid % 32;
+                const int g = lane / 4, t = lane % 4;
+                Drop drop(fp, blk.head_k * blk.group, batch);
+                // the slot's query head and tile, stepped (no division per slot)
+                int hq = blk.head_k * blk.group, mt = blk.m_first, in_head = 0;
+                int stage = 0;
+                unsigned phase = 0;
+#pragma unroll 1
+                for (int it = 0; it < n_iter; ++it) {
+                    drop.set_head(fp, hq, batch);
+                    mbar_wait(sm.stat_empty(stage), phase ^ 1u);   // the slot's last keep words read
+                    const unsigned keep_s = sm.keep(stage);
+#pragma unroll 1
+                    for (int j = mw; j < 8; j += 3) {
+                        unsigned keep = 0u;
+                        // One Philox call at a time, its round keys formed inside it (the keys
+                        // made opaque per call): the warpgroup has 24 registers.
+#pragma unroll 1
+                        for (int kk = 0; kk < BlockM / 16; ++kk) {
+                            Drop d = drop;
+                            asm volatile("" : "+r"(d.k0), "+r"(d.k1));
+                            keep |= Drop::tfrag16_bits(d.frag_t16(mt * BlockM + 16 * kk, blk.n0 + (j / 4) * 64 + (j % 4) * 16, t, g))
+                                    << (8 * kk);
+                        }
+                        st_shared_b32(keep_s + static_cast<unsigned>(j * 32 + lane) * 4u, keep);
+                    }
+                    mbar_arrive(sm.full(stage));
+                    ++mt;
+                    if (++in_head == blk.per_head) {
+                        in_head = 0;
+                        mt = blk.m_first;
+                        ++hq;
+                    }
+                    if (++stage == Stages) {
+                        stage = 0;
+                        phase ^= 1u;
+                    }
+                }
+                return;
+            }
+        }
         if (tid < 32) {
             const int lane = tid;
             // The maps' coordinates of a row of the sequence and of the batch entry.
@@ -462,7 +522,9 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
         // Dropout: this lane's keep bits of the tile (variant.cuh frag_t16, one unit per 16
         // queries, 8 bits each in one register), while S^T and dP^T run.
         [[maybe_unused]] unsigned keep = 0u;
-        if constexpr (V::kDropout) {
+        if constexpr (MaskWarps) {
+            keep = attn_bwd_detail::ld_shared_u32(sm.keep(stage) + static_cast<unsigned>(cw * 128 + tid) * 4u);
+        } else if constexpr (V::kDropout) {
 #pragma unroll
             for (int kk = 0; kk < KQ; ++kk)
                 keep |= Drop::tfrag16_bits(drop.frag_t16(m_start + 16 * kk, n0 + cw * 64 + warp * 16, t, g)) << (8 * kk);

@@ -430,7 +430,7 @@ pub fn attn_bwd(
     let knobs = crate::tuning::knobs::get()?;
     let (plan, maps) =
         match sm90::prepare(&p, t, kind, deterministic, arch, knobs.attn_bwd_family, knobs.attn_sm90_bwd_dq_overlap,
-                            knobs.attn_sm90_bwd_varlen, knobs.attn_sm90_bwd_dq_tiled) {
+                            knobs.attn_sm90_bwd_varlen, knobs.attn_sm90_bwd_dq_tiled, knobs.attn_sm90_bwd_mask_warps) {
         Some((plan, maps)) => (plan, Some(maps)),
         None => (bwd_plan(p.head_dim as u32, kind, deterministic, p.dtype, arch), None),
     };

@@ -34,16 +34,19 @@ pub enum BwdKind {
     /// dq_accum); `tiled`: dq_accum in the tile layout of `DkDvSm90 { dq_tiled: true }` (the
     /// argument rendered only then). Grid (ceil(seqlen_q / block_m), num_heads, batch).
     ConvertDq { tiled: bool },
-    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap[, Varlen[, WithDq[, DqTiled]]]]>`
+    /// `ferroattn::attn_bwd_sm90<HeadDim, Stages, V, T[, DqOverlap[, Varlen[, WithDq[, DqTiled[,
+    /// MaskWarps]]]]]>`
     /// (kernels/attention/bwd_sm90.cuh, sm_90a): dK, dV and (`dq`) the atomic dQ (into dq_accum)
     /// of one 128-key tile with wgmma and TMA; the Hopper plan's middle kernel (`bwd_plan_sm90`).
     /// `dq_overlap` (the kernel's `DqOverlap`): dQ issued with dK and reduced while dK runs, instead
     /// of after dV and dK have completed; `varlen` (`Varlen`): the varlen layout; `dq` (`WithDq`):
     /// false on the deterministic plan (dK and dV only; the Dq kernel follows); `dq_tiled`
     /// (`DqTiled`): dq_accum in tiles, one bulk reduction per warpgroup and query tile (padded
-    /// layout with dQ only). Each template argument is rendered only when it or a later one
-    /// differs from its default. Grid (ceil(seqlen_k / 128), num_heads_k, batch).
-    DkDvSm90 { dq_overlap: bool, varlen: bool, dq: bool, dq_tiled: bool },
+    /// layout with dQ only); `mask_warps` (`MaskWarps`): the dropout keep words formed by the
+    /// producer warpgroup's idle warps (dropout variants only). Each template argument is rendered
+    /// only when it or a later one differs from its default. Grid (ceil(seqlen_k / 128),
+    /// num_heads_k, batch).
+    DkDvSm90 { dq_overlap: bool, varlen: bool, dq: bool, dq_tiled: bool, mask_warps: bool },
 }
 
 /// One specialisation of one backward kernel: template arguments, launch shape, cache key.
@@ -103,9 +106,9 @@ impl AttnBwdConfig {
                 format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {dk}, {dv}, {dq}, {t}{direct}>", self.kernel())
             }
             BwdKind::Dq => format!("{}<{hd}, {bm}, {bn}, {nw}, {st}, {c}, {t}>", self.kernel()),
-            BwdKind::DkDvSm90 { dq_overlap, varlen, dq, dq_tiled } => {
+            BwdKind::DkDvSm90 { dq_overlap, varlen, dq, dq_tiled, mask_warps } => {
                 // (value, the kernel's default) of the optional arguments, in order
-                let optional = [(dq_overlap, false), (varlen, false), (dq, true), (dq_tiled, false)];
+                let optional = [(dq_overlap, false), (varlen, false), (dq, true), (dq_tiled, false), (mask_warps, false)];
                 let n = optional.iter().rposition(|(v, d)| v != d).map_or(0, |i| i + 1);
                 let tail: String = optional[..n].iter().map(|(v, _)| format!(", {v}")).collect();
                 format!("{}<{hd}, {st}, {c}, {t}{tail}>", self.kernel())
@@ -165,16 +168,17 @@ impl AttnBwdConfig {
     /// - DkDvSm90 (`AttnBwdSm90Smem` in bwd_sm90.cuh): K and V (block_n × d each), `stages` ×
     ///   (Q and dO, block_m × d each), with dQ two dSᵀ tiles (block_n × block_m), 16-bit; with dQ
     ///   two fp32 dQ staging tiles (block_m rows of 64 fp32 padded to 288 B); `stages` × (LSE, D) rows;
-    ///   `stages` × a 16-byte tile record; (1 + 3 `stages`) mbarriers of 8 B; 1 KiB of alignment
-    ///   slack.
+    ///   `stages` × a 16-byte tile record; with `mask_warps` `stages` × 1 KiB of keep words; (1 + 3
+    ///   `stages`) mbarriers of 8 B; 1 KiB of alignment slack.
     /// - Preprocess / ConvertDq: none.
     pub fn smem_bytes(&self) -> u32 {
         let (d, bm, bn, st) = (self.head_dim, self.block_m, self.block_n, self.stages);
         match self.kind {
-            BwdKind::DkDvSm90 { dq, .. } => {
+            BwdKind::DkDvSm90 { dq, mask_warps, .. } => {
                 let dq_tiles = if dq { 2 } else { 0 };
+                let keep = if mask_warps { st * 1024 } else { 0 };
                 (2 * bn * d + 2 * st * bm * d + dq_tiles * bn * bm) * 2 + dq_tiles * bm * 288 + st * bm * 8 + st * 16
-                    + 8 * (1 + 3 * st) + 1024
+                    + keep + 8 * (1 + 3 * st) + 1024
             }
             BwdKind::Preprocess | BwdKind::ConvertDq { .. } => 0,
             BwdKind::DkDv { .. } if self.is_wide() => {
@@ -402,7 +406,8 @@ pub const SM90_STAGES: u32 = 2;
 /// `varlen`: the call's layout (varlen calls reach here only under knob `attn_sm90_bwd_varlen`);
 /// `dq_tiled`: the call's dq_accum may take the tile layout (knob `attn_sm90_bwd_dq_tiled` and
 /// the shape: src/ops/attention_bwd/sm90.rs `dq_tileable`); taken on the atomic path of the padded
-/// layout, where the kernel (`DqTiled`) and the conversion (`ConvertDq { tiled }`) both read it.
+/// layout, where the kernel (`DqTiled`) and the conversion (`ConvertDq { tiled }`) both read it;
+/// `mask_warps`: knob `attn_sm90_bwd_mask_warps`, taken by the dropout variants (`MaskWarps`).
 #[allow(clippy::too_many_arguments)]
 pub fn bwd_plan_sm90(
     head_dim: u32,
@@ -414,6 +419,7 @@ pub fn bwd_plan_sm90(
     dq_overlap: bool,
     varlen: bool,
     dq_tiled: bool,
+    mask_warps: bool,
 ) -> Option<Vec<AttnBwdConfig>> {
     let hd = if head_dim <= 64 { 64 } else { 128 };
     let chosen = match family {
@@ -428,8 +434,9 @@ pub fn bwd_plan_sm90(
     let tiled = dq_tiled && with_dq && !varlen && dq_tile_head_dim(head_dim);
     let mut plan = bwd_plan(head_dim, variant, deterministic, dtype, arch);
     let mut config = sm90_dkdv_config(head_dim, variant, dtype, arch, dq_overlap && with_dq, varlen, with_dq);
-    if let BwdKind::DkDvSm90 { dq_tiled, .. } = &mut config.kind {
+    if let BwdKind::DkDvSm90 { dq_tiled, mask_warps: mw, .. } = &mut config.kind {
         *dq_tiled = tiled;
+        *mw = mask_warps && config.variant.dropout;
     }
     plan[1] = config;
     if tiled {
@@ -450,7 +457,7 @@ pub fn sm90_dkdv_config(
     dq: bool,
 ) -> AttnBwdConfig {
     AttnBwdConfig {
-        kind: BwdKind::DkDvSm90 { dq_overlap, varlen, dq, dq_tiled: false },
+        kind: BwdKind::DkDvSm90 { dq_overlap, varlen, dq, dq_tiled: false, mask_warps: false },
         head_dim: if head_dim <= 64 { 64 } else { 128 },
         block_m: 64,
         block_n: 128,
@@ -471,7 +478,10 @@ pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
     let mut out: Vec<AttnBwdConfig> = Vec::new();
     for (hd, variant, dtype) in production_points() {
         for deterministic in [false, true] {
-            // (dq_overlap, varlen, dq_tiled): the tiled dq_accum is the padded layout's only
+            // (dq_overlap, varlen, dq_tiled): the tiled dq_accum is the padded layout's only. The
+            // mask warps' forms are not here: compiled on first use (their producer warps spill
+            // at 24 registers: bench/NOTES.md "Hopper backward: the dropout mask from the
+            // producer's idle warps")
             let forms = [
                 (false, false, false),
                 (true, false, false),
@@ -481,7 +491,7 @@ pub fn bwd_production_configs(arch: Arch) -> Vec<AttnBwdConfig> {
                 (true, false, true),
             ];
             let hopper = forms.into_iter().flat_map(|(overlap, varlen, tiled)| {
-                bwd_plan_sm90(hd, variant, deterministic, dtype, arch, FamilyChoice::Sm90, overlap, varlen, tiled)
+                bwd_plan_sm90(hd, variant, deterministic, dtype, arch, FamilyChoice::Sm90, overlap, varlen, tiled, false)
                     .unwrap_or_default()
             });
             for c in bwd_plan(hd, variant, deterministic, dtype, arch).into_iter().chain(hopper) {
@@ -543,9 +553,9 @@ mod tests {
     fn hopper_plan_takes_the_atomic_path_up_to_head_dim_128() {
         let local = VariantKind { mask: MaskKind::Local, ..VariantKind::PLAIN };
         let sm90 = FamilyChoice::Sm90;
-        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, false).unwrap();
+        let p = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, false, false).unwrap();
         let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
-        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen: false, dq: true, dq_tiled: false }, BwdKind::ConvertDq { tiled: false }]);
+        assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen: false, dq: true, dq_tiled: false, mask_warps: false }, BwdKind::ConvertDq { tiled: false }]);
         assert_eq!((p[1].head_dim, p[1].block_m, p[1].block_n, p[1].threads()), (128, 64, 128, 384));
         assert_eq!(
             p[1].name_expression(),
@@ -557,30 +567,38 @@ mod tests {
         assert_eq!(p[1].grid(1000, 300, 8, 2, 3), (3, 2, 3));
         assert!(p[1].uses_dq_accum());
         // the overlapped product order: the same kernel with `DqOverlap` rendered, the same memory
-        let o = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, true, false, false).unwrap();
-        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true, varlen: false, dq: true, dq_tiled: false });
+        let o = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, true, false, false, false).unwrap();
+        assert_eq!(o[1].kind, BwdKind::DkDvSm90 { dq_overlap: true, varlen: false, dq: true, dq_tiled: false, mask_warps: false });
         // varlen: its template argument (after DqOverlap's), every variant in both orders
-        let vl = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true, false).unwrap();
+        let vl = bwd_plan_sm90(96, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true, false, false).unwrap();
         assert!(vl[1].name_expression().ends_with("__nv_bfloat16, false, true>"), "{}", vl[1].name_expression());
         // the tiled dq_accum: the kernel's last argument and the conversion's, the same memory;
         // never on the varlen layout or the deterministic plan
-        let tl = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, true).unwrap();
+        let tl = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, true, false).unwrap();
         assert!(tl[1].name_expression().ends_with("__nv_bfloat16, false, false, true, true>"), "{}", tl[1].name_expression());
         assert_eq!(tl[2].kind, BwdKind::ConvertDq { tiled: true });
         assert_eq!(tl[2].name_expression(), "ferroattn::attn_bwd_convert_dq<128, 64, __nv_bfloat16, true>");
         assert_eq!(tl[1].smem_bytes(), p[1].smem_bytes());
-        let tv = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true, true).unwrap();
-        assert_eq!(tv[1].kind, BwdKind::DkDvSm90 { dq_overlap: false, varlen: true, dq: true, dq_tiled: false });
+        let tv = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, true, true, false).unwrap();
+        assert_eq!(tv[1].kind, BwdKind::DkDvSm90 { dq_overlap: false, varlen: true, dq: true, dq_tiled: false, mask_warps: false });
         assert_eq!(tv[2].kind, BwdKind::ConvertDq { tiled: false });
         for hd in [32, 96, 100] {
-            let t = bwd_plan_sm90(hd, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, sm90, false, false, true).unwrap();
+            let t = bwd_plan_sm90(hd, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, sm90, false, false, true, false).unwrap();
             assert_eq!(t[2].kind, BwdKind::ConvertDq { tiled: false }, "{hd}");
         }
-        let td = bwd_plan_sm90(128, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, true).unwrap();
+        // the mask warps: the dropout variants only, their keep words in the shared-memory formula
+        let dropout = VariantKind { dropout: true, ..VariantKind::CAUSAL };
+        let mw = bwd_plan_sm90(128, dropout, false, DType::BF16, Arch::Sm90a, sm90, false, false, false, true).unwrap();
+        assert!(mw[1].name_expression().ends_with(", true, false, true>"), "{}", mw[1].name_expression());
+        let plain_dropout = bwd_plan_sm90(128, dropout, false, DType::BF16, Arch::Sm90a, sm90, false, false, false, false).unwrap();
+        assert_eq!(mw[1].smem_bytes(), plain_dropout[1].smem_bytes() + 2 * 1024);
+        let no_dropout = bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::BF16, Arch::Sm90a, sm90, false, false, false, true).unwrap();
+        assert_eq!(no_dropout[1].kind, p[1].kind);
+        let td = bwd_plan_sm90(128, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, FamilyChoice::Auto, false, false, true, false).unwrap();
         assert!(matches!(td[1].kind, BwdKind::DkDvSm90 { dq: false, dq_tiled: false, .. }));
         let sl = VariantKind { softcap: true, ..local };
         for (overlap, varlen) in [(false, true), (true, true), (false, false)] {
-            assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, overlap, varlen, false).is_some());
+            assert!(bwd_plan_sm90(128, sl, false, DType::BF16, Arch::Sm90a, sm90, overlap, varlen, false, false).is_some());
         }
         assert!(o[1].name_expression().ends_with("__nv_bfloat16, true>"), "{}", o[1].name_expression());
         assert_eq!(o[1].smem_bytes(), p[1].smem_bytes());
@@ -589,25 +607,25 @@ mod tests {
             let n = prod.iter().filter(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq_overlap, .. } if dq_overlap == overlap)).count();
             assert!(n > 0, "{overlap}");
         }
-        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90, false, false, false).unwrap()[1].head_dim, 64);
+        assert_eq!(bwd_plan_sm90(64, local, false, DType::F16, Arch::Sm90a, sm90, false, false, false, false).unwrap()[1].head_dim, 64);
         // the dispatcher's choice: head dim 128 only (64 measured slower); the sm80 knob: never
-        assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false).is_none());
-        assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false, false).is_none());
+        assert!(bwd_plan_sm90(64, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false, false).is_none());
+        assert!(bwd_plan_sm90(128, VariantKind::CAUSAL, false, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false, false, false).is_none());
         for (hd, v, det, arch) in [
             (160, VariantKind::CAUSAL, true, Arch::Sm90a),
             (160, VariantKind::CAUSAL, false, Arch::Sm90a),
             (128, VariantKind::CAUSAL, false, Arch::Sm80),
         ] {
-            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90, false, false, false).is_none(), "{hd} {v:?} {det} {arch:?}");
+            assert!(bwd_plan_sm90(hd, v, det, DType::BF16, arch, sm90, false, false, false, false).is_none(), "{hd} {v:?} {det} {arch:?}");
         }
         // every variant at both kernel head dims, the d128 local window and dropout with a mask too
         let softcap_local = VariantKind { softcap: true, ..local };
         let dropout_causal = VariantKind { dropout: true, ..VariantKind::CAUSAL };
         for v in [local, softcap_local, dropout_causal, VariantKind { dropout: true, ..VariantKind::PLAIN }] {
             for hd in [64, 128] {
-                assert!(bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, sm90, false, false, false).is_some(), "{hd} {v:?}");
+                assert!(bwd_plan_sm90(hd, v, false, DType::BF16, Arch::Sm90a, sm90, false, false, false, false).is_some(), "{hd} {v:?}");
             }
-            assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false).is_some(), "{v:?}");
+            assert!(bwd_plan_sm90(128, v, false, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false, false).is_some(), "{v:?}");
         }
     }
 
@@ -617,10 +635,10 @@ mod tests {
         for hd in [64u32, 96, 128] {
             for overlap in [false, true] {
                 for varlen in [false, true] {
-                    let p = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, sm90, overlap, varlen, false).unwrap();
+                    let p = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a, sm90, overlap, varlen, false, false).unwrap();
                     let kinds: Vec<_> = p.iter().map(|c| c.kind).collect();
                     // dq_overlap has nothing to order without dQ: always the plain kernel order
-                    assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen, dq: false, dq_tiled: false }, BwdKind::Dq]);
+                    assert_eq!(kinds, vec![BwdKind::Preprocess, BwdKind::DkDvSm90 { dq_overlap: false, varlen, dq: false, dq_tiled: false, mask_warps: false }, BwdKind::Dq]);
                     assert!(!p.iter().any(|c| c.uses_dq_accum()), "{hd}: no dq_accum on the deterministic path");
                     // the Dq kernel is the sm80 plan's, the same as without the Hopper kernel
                     assert_eq!(p[2], bwd_plan(hd, VariantKind::CAUSAL, true, DType::BF16, Arch::Sm90a)[2]);
@@ -636,9 +654,9 @@ mod tests {
         }
         // the dispatcher's choice: the Hopper plan at both head dims (measured faster); the sm80 knob: never
         for hd in [64, 128] {
-            let auto = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false);
+            let auto = bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Auto, false, false, false, false);
             assert!(matches!(auto.unwrap()[1].kind, BwdKind::DkDvSm90 { dq: false, .. }));
-            assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false, false).is_none());
+            assert!(bwd_plan_sm90(hd, VariantKind::CAUSAL, true, DType::F16, Arch::Sm90a, FamilyChoice::Sm80, false, false, false, false).is_none());
         }
         // every production variant, and the default name of the atomic kernel is unchanged
         let prod = bwd_production_configs(Arch::Sm90a);

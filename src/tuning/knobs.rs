@@ -105,6 +105,9 @@ knobs! {
     /// Whether the Hopper attention backward may keep dq_accum in tiles (one bulk reduction per
     /// warpgroup and query tile) where the call's shape allows it (src/ops/attention_bwd/sm90.rs).
     attn_sm90_bwd_dq_tiled: bool = false, "FERROATTN_ATTN_SM90_BWD_DQ_TILED";
+    /// Whether the Hopper attention backward's dropout keep words come from the producer
+    /// warpgroup's idle warps (instead of each consumer thread's own Philox calls).
+    attn_sm90_bwd_mask_warps: bool = false, "FERROATTN_ATTN_SM90_BWD_MASK_WARPS";
     /// Whether the split decode's combine is a programmatic dependent launch (sm_90 and newer).
     attn_decode_pdl: bool = false, "FERROATTN_ATTN_DECODE_PDL";
     /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
@@ -214,6 +217,7 @@ mod tests {
         ("attn_sm90_bwd_dq_overlap", "1"),
         ("attn_sm90_bwd_varlen", "1"),
         ("attn_sm90_bwd_dq_tiled", "1"),
+        ("attn_sm90_bwd_mask_warps", "1"),
         ("attn_decode_pdl", "1"),
         ("gemm_sm90_schedule", "auto"),
         ("gemm_sm90_fast_epilogue", "0"),

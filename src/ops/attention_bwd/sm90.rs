@@ -51,7 +51,8 @@ pub fn dq_accum_tiled_strides(p: &Problem) -> (i64, i64, i64) {
 
 /// The Hopper plan of a validated call and its tensor maps, or None when the call runs the sm80
 /// plan (`supports`, `bwd_plan_sm90`, or a tensor map the driver rejects). `dq_tiled`: knob
-/// `attn_sm90_bwd_dq_tiled` (taken where `dq_tileable`).
+/// `attn_sm90_bwd_dq_tiled` (taken where `dq_tileable`); `mask_warps`: knob
+/// `attn_sm90_bwd_mask_warps`.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare(
     p: &Problem,
@@ -63,12 +64,14 @@ pub fn prepare(
     dq_overlap: bool,
     varlen_ok: bool,
     dq_tiled: bool,
+    mask_warps: bool,
 ) -> Option<(Vec<AttnBwdConfig>, [TensorMap; 4])> {
     if !supports(p, family, varlen_ok) {
         return None;
     }
     let tiled = dq_tiled && dq_tileable(p);
-    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap, p.varlen, tiled)?;
+    let plan = bwd_plan_sm90(p.head_dim as u32, kind, deterministic, p.dtype, arch, family, dq_overlap, p.varlen, tiled,
+                             mask_warps)?;
     let maps = (|| -> Result<_> {
         Ok([
             map("q", t.q, p.dtype, 64)?,
@@ -151,6 +154,7 @@ mod tests {
     #[ignore]
     fn sm90_bwd_compiles() {
         use crate::ops::attention::MaskKind;
+        use crate::tuning::attention_bwd::BwdKind;
         let Some(_) = crate::jit::nvrtc::tests::toolchain() else { return };
         let filter = std::env::var("FERROATTN_TEST_SM90_HD").ok();
         let varlen = std::env::var("FERROATTN_TEST_SM90_VARLEN").is_ok_and(|v| v == "1");
@@ -168,9 +172,17 @@ mod tests {
                 continue;
             }
             // the atomic kernel in both product orders, and the deterministic plan's (no dQ)
+            // (and, under dropout, each with the mask warps)
             for (dq_overlap, dq) in [(false, true), (true, true), (false, false)] {
                 let c = crate::tuning::attention_bwd::sm90_dkdv_config(hd, v, DType::BF16, Arch::Sm90a, dq_overlap, varlen, dq);
                 crate::jit::nvrtc::tests::print_compile(&c, Arch::Sm90a);
+                if v.dropout {
+                    let mut m = c;
+                    if let BwdKind::DkDvSm90 { mask_warps, .. } = &mut m.kind {
+                        *mask_warps = true;
+                    }
+                    crate::jit::nvrtc::tests::print_compile(&m, Arch::Sm90a);
+                }
             }
         }
     }
