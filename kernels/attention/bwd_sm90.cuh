@@ -284,40 +284,30 @@ __global__ void __launch_bounds__(384, 1) attn_bwd_sm90(const __grid_constant__ 
                 const int mw = tid / 32 - 1, lane = tid % 32;
                 const int g = lane / 4, t = lane % 4;
                 Drop drop(fp, blk.head_k * blk.group, batch);
-                // the slot's query head and tile, stepped (no division per slot)
-                int hq = blk.head_k * blk.group, mt = blk.m_first, in_head = 0;
-                int stage = 0;
-                unsigned phase = 0;
 #pragma unroll 1
                 for (int it = 0; it < n_iter; ++it) {
-                    drop.set_head(fp, hq, batch);
+                    // the slot and its phase, the query head and tile, from `it` alone (no loop
+                    // state beyond it: the warpgroup has 24 registers)
+                    const int stage = it % Stages;
+                    const unsigned phase = static_cast<unsigned>(it / Stages) & 1u;
+                    drop.set_head(fp, blk.head_k * blk.group + it / blk.per_head, batch);
+                    const int m_start = (blk.m_first + it % blk.per_head) * BlockM;
                     mbar_wait(sm.stat_empty(stage), phase ^ 1u);   // the slot's last keep words read
-                    const unsigned keep_s = sm.keep(stage);
 #pragma unroll 1
                     for (int j = mw; j < 8; j += 3) {
                         unsigned keep = 0u;
                         // One Philox call at a time, its round keys formed inside it (the keys
-                        // made opaque per call): the warpgroup has 24 registers.
+                        // made opaque per call).
 #pragma unroll 1
                         for (int kk = 0; kk < BlockM / 16; ++kk) {
                             Drop d = drop;
                             asm volatile("" : "+r"(d.k0), "+r"(d.k1));
-                            keep |= Drop::tfrag16_bits(d.frag_t16(mt * BlockM + 16 * kk, blk.n0 + (j / 4) * 64 + (j % 4) * 16, t, g))
+                            keep |= Drop::tfrag16_bits(d.frag_t16(m_start + 16 * kk, blk.n0 + (j / 4) * 64 + (j % 4) * 16, t, g))
                                     << (8 * kk);
                         }
-                        st_shared_b32(keep_s + static_cast<unsigned>(j * 32 + lane) * 4u, keep);
+                        st_shared_b32(sm.keep(stage) + static_cast<unsigned>(j * 32 + lane) * 4u, keep);
                     }
                     mbar_arrive(sm.full(stage));
-                    ++mt;
-                    if (++in_head == blk.per_head) {
-                        in_head = 0;
-                        mt = blk.m_first;
-                        ++hq;
-                    }
-                    if (++stage == Stages) {
-                        stage = 0;
-                        phase ^= 1u;
-                    }
                 }
                 return;
             }
