@@ -52,12 +52,6 @@ impl Arch {
         }
     }
 
-    /// Whether kernels may be launched as programmatic dependents (`griddepcontrol`, compute
-    /// capability 9.0 and newer; PTX ISA "griddepcontrol").
-    pub fn has_programmatic_launch(self) -> bool {
-        !matches!(self, Arch::Sm80 | Arch::Sm86 | Arch::Sm87 | Arch::Sm89)
-    }
-
     /// The NVRTC `--gpu-architecture` value and cache directory name.
     pub fn name(self) -> &'static str {
         match self {

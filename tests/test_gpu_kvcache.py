@@ -171,20 +171,12 @@ def test_batch_index_past_2_31_elements():
     del storage
 
 
-@pytest.mark.parametrize("pdl", ["0", "1"])
-@pytest.mark.parametrize("splits", [0, 16])
-def test_decode_step_in_a_cuda_graph(splits, pdl):
-    # splits 16: one split per key tile, most of them empty at these lengths; pdl 1: the combine
-    # a programmatic dependent launch (sm_90 and newer) inside the graph
-    from ferroattn.knobs import override
-
+def test_decode_step_in_a_cuda_graph():
     b, s, h, h_k, d = 4, 1024, 16, 4, 128
     kc, vc = torch.zeros(b, s, h_k, d, dtype=BF16, device=DEV), torch.zeros(b, s, h_k, d, dtype=BF16, device=DEV)
     q, k1, v1 = rand(b, 1, h, d), rand(b, 1, h_k, d), rand(b, 1, h_k, d)
     lens = torch.zeros(b, dtype=torch.int32, device=DEV)
-    with override(attn_decode_pdl=pdl):
-        graph, out = capture_graph(lambda: flash_attn_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=lens, causal=True,
-                                                                   num_splits=splits))
+    graph, out = capture_graph(lambda: flash_attn_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=lens, causal=True))
     kc.zero_()
     vc.zero_()
     for step in range(3):
@@ -197,41 +189,6 @@ def test_decode_step_in_a_cuda_graph(splits, pdl):
         ref, _, kc_ref, _ = kvcache_ref(q, kc_before, vc_before, k1, v1, cache_seqlens=lens, causal=True)
         assert (out.float() - ref).abs().max().item() < 2e-2
         assert torch.equal(kc, kc_ref)
-
-
-@pytest.mark.parametrize("stream", ["default", "side"])
-@pytest.mark.parametrize("page", [None, 16])
-def test_programmatic_combine_matches_the_stream_ordered_one(stream, page):
-    """Knob attn_decode_pdl: the combine launched as a programmatic dependent of the split forward
-    gives the stream-ordered launch's bits, on torch's legacy default stream and on a side stream,
-    contiguous and paged, for many splits over long caches (the combine waits for every partial),
-    eager calls back to back (each call's forward after the previous call's combine)."""
-    from ferroattn.knobs import override
-
-    torch.manual_seed(5)
-    b, cap, h, h_k, d = 3, 8192, 32, 8, 128
-    kc, vc, bt = _make_cache(b, cap, h_k, d, BF16, page)
-    lens = torch.tensor([8192, 77, 5000], dtype=torch.int32, device=DEV)
-    qs = [rand(b, 1, h, d) for _ in range(4)]
-    side = torch.cuda.Stream()
-
-    def run():
-        ctx = torch.cuda.stream(side) if stream == "side" else torch.cuda.stream(torch.cuda.default_stream())
-        with ctx:
-            outs = [flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=bt, num_splits=32,
-                                            return_softmax_lse=True) for q in qs]
-        torch.cuda.synchronize()
-        return outs
-
-    with override(attn_decode_pdl="0"):
-        ref = run()
-    with override(attn_decode_pdl="1"):
-        got = run()
-    for (o0, l0), (o1, l1) in zip(ref, got):
-        assert torch.equal(o0, o1)
-        assert torch.equal(l0, l1)
-    ref0, _, _, _ = kvcache_ref(qs[0], kc, vc, cache_seqlens=lens, block_table=bt)
-    assert (got[0][0].float() - ref0).abs().max().item() < 2e-2
 
 
 def test_decode_step_compiles_fullgraph():

@@ -17,7 +17,7 @@ from ferroattn.knobs import override
 OTHER = {
     "attn_fwd_family": "sm80", "attn_bwd_family": "sm90", "attn_sm90_fwd_kv_release": "separate",
     "attn_sm90_fwd_stages": "3", "attn_sm90_fwd_persistent": "1", "attn_sm90_fwd_varlen": "1", "attn_sm90_fwd_d192": "1",
-    "attn_sm90_bwd_dq_overlap": "1", "attn_sm90_bwd_varlen": "1", "attn_sm90_bwd_dq_tiled": "1", "attn_decode_pdl": "1",
+    "attn_sm90_bwd_dq_overlap": "1", "attn_sm90_bwd_varlen": "1", "attn_sm90_bwd_dq_tiled": "1",
     "attn_sm90_bwd_mask_warps": "1",
     "gemm_sm90_schedule": "auto",
     "gemm_sm90_fast_epilogue": "0", "gemm_sm90_splitk": "0", "gemm_wmma_group": "16", "gemm_wmma_streamk": "off",

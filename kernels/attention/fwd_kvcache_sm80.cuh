@@ -31,7 +31,7 @@
 //   T        __half or __nv_bfloat16.
 //
 // PTX features: mma.sync.aligned.m16n8k16, ldmatrix.x4(.trans), cp.async.cg (zero fill),
-// ex2.approx, tanh.approx (softcap), griddepcontrol.launch_dependents (sm_90+). Needs sm_80 or newer.
+// ex2.approx, tanh.approx (softcap). Needs sm_80 or newer.
 #pragma once
 #include "common/dtype.cuh"
 #include "common/ptx.cuh"
@@ -120,9 +120,6 @@ __global__ void __launch_bounds__(128, 1) attn_fwd_kvcache_sm80(const AttnKvcach
                   "the block merge must fit in the Q tile and the K/V ring");
     using Tr = DTypeTraits<T>;
     const AttnFwdParams& p = kp.base;
-    // The combine (split_combine.cuh), launched as a programmatic dependent, may start now: it
-    // waits for this grid's completion before it reads the partials.
-    pdl_launch_dependents();
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);

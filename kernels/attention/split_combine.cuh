@@ -12,12 +12,9 @@
 // (num_splits, b, h, s_q) fp32, contiguous (s_q = base.seqlen_q, in varlen the longest sequence;
 // rows past a sequence's length are skipped); out and lse as the forward's (padded or varlen).
 //
-// Launch: grid (ceil(b * h * s_q / 4)), 128 threads (one warp per row), 2 KiB of static shared
-// memory (the weights); on sm_90 as a programmatic dependent launch of the split forward (it
-// waits for that grid before it reads anything).
-// Template: T the output dtype (__half or __nv_bfloat16); kMaxSplits the largest num_splits
-// (MAX_SPLITS of src/tuning/attention_kvcache.rs, a multiple of 32; larger counts are clamped).
-// PTX features: griddepcontrol.wait (sm_90+; compiled out before).
+// Launch: grid (ceil(b * h * s_q / 4)), 128 threads (one warp per row), no shared memory.
+// Template: T the output dtype (__half or __nv_bfloat16).
+// PTX features: none beyond sm_80's.
 #pragma once
 #include "common/dtype.cuh"
 #include "common/ptx.cuh"
@@ -25,18 +22,13 @@
 
 namespace ferroattn {
 
-template <typename T, int kMaxSplits>
+template <typename T>
 __global__ void __launch_bounds__(128) attn_split_combine(const AttnKvcacheParams kp) {
     using Tr = DTypeTraits<T>;
-    static_assert(kMaxSplits % 32 == 0 && kMaxSplits > 0, "kMaxSplits: a positive multiple of 32");
-    __shared__ float s_w[4][kMaxSplits];   // kMaxSplits = 128: 2 KiB
     const AttnFwdParams& p = kp.base;
     const int lane = threadIdx.x % 32;
-    const int wrp = threadIdx.x / 32;
-    const long long row = static_cast<long long>(blockIdx.x) * 4 + wrp;
+    const long long row = static_cast<long long>(blockIdx.x) * 4 + threadIdx.x / 32;
     const long long rows = static_cast<long long>(p.batch) * p.num_heads * p.seqlen_q;
-    // Launched as a programmatic dependent of the split forward: nothing it writes is read before this.
-    pdl_wait();
     if (row >= rows) return;
     const int qi = static_cast<int>(row % p.seqlen_q);
     const int head = static_cast<int>((row / p.seqlen_q) % p.num_heads);
@@ -47,38 +39,20 @@ __global__ void __launch_bounds__(128) attn_split_combine(const AttnKvcacheParam
         const int q1 = min(max(p.cu_seqlens_q[batch + 1], q0), p.total_q);
         if (qi >= q1 - q0) return;
     }
-    const int splits = min(kp.num_splits, kMaxSplits);
+    const int splits = kp.num_splits;
     const long long split_rows = rows;   // rows of one split's partial
-    // This lane's LSE values (splits lane, lane + 32, ...), loaded once, all in flight together.
-    float lse_l[kMaxSplits / 32];
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j) {
-        const int s = lane + 32 * j;
-        lse_l[j] = s < splits ? kp.lse_accum[s * split_rows + row] : -FERROATTN_INF;
-    }
     float m = -FERROATTN_INF;
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j) m = fmaxf(m, lse_l[j]);
+    for (int s = lane; s < splits; s += 32) m = fmaxf(m, kp.lse_accum[s * split_rows + row]);
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float l = 0.f;
     if (m != -FERROATTN_INF) {
-#pragma unroll
-        for (int j = 0; j < kMaxSplits / 32; ++j) {
-            lse_l[j] = __expf(lse_l[j] - m);   // exp(-inf) = 0: an empty split weighs nothing
-            l += lse_l[j];
-        }
+        for (int s = lane; s < splits; s += 32) l += __expf(kp.lse_accum[s * split_rows + row] - m);
     }
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
     const bool empty = !(l > 0.f);
     const float inv_l = empty ? 0.f : 1.f / l;
-    // Each split's weight w_s / L in shared memory: the O loop reads it as a broadcast, so none
-    // of its partial loads waits on another value.
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j)
-        if (lane + 32 * j < splits) s_w[wrp][lane + 32 * j] = empty ? 0.f : lse_l[j] * inv_l;
-    __syncwarp();
 
     const long long o_off = (p.cu_seqlens_q != nullptr ? 0 : static_cast<long long>(batch) * p.o_batch_stride)
                           + static_cast<long long>(q0 + qi) * p.o_row_stride
@@ -87,16 +61,17 @@ __global__ void __launch_bounds__(128) attn_split_combine(const AttnKvcacheParam
     const int d = p.head_dim;
     for (int c = lane * 4; c < d; c += 128) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        const float* src = kp.o_accum + row * d + c;
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) {
-            const float w = s_w[wrp][s];
-            const float4 x = *reinterpret_cast<const float4*>(src + s * split_rows * d);
-            // w = 0 (an empty split, or an empty row) takes nothing, whatever the partial holds
-            acc.x = w != 0.f ? fmaf(w, x.x, acc.x) : acc.x;
-            acc.y = w != 0.f ? fmaf(w, x.y, acc.y) : acc.y;
-            acc.z = w != 0.f ? fmaf(w, x.z, acc.z) : acc.z;
-            acc.w = w != 0.f ? fmaf(w, x.w, acc.w) : acc.w;
+        if (!empty) {
+            for (int s = 0; s < splits; ++s) {
+                const float lse_s = kp.lse_accum[s * split_rows + row];
+                if (lse_s == -FERROATTN_INF) continue;   // an empty split's partial is not read
+                const float w = __expf(lse_s - m) * inv_l;
+                const float4 x = *reinterpret_cast<const float4*>(kp.o_accum + (s * split_rows + row) * d + c);
+                acc.x = fmaf(w, x.x, acc.x);
+                acc.y = fmaf(w, x.y, acc.y);
+                acc.z = fmaf(w, x.z, acc.z);
+                acc.w = fmaf(w, x.w, acc.w);
+            }
         }
         *reinterpret_cast<uint2*>(out + c) = make_uint2(Tr::pack2(acc.x, acc.y), Tr::pack2(acc.z, acc.w));
     }

@@ -11,7 +11,7 @@
 // cp.async sources must be 16-byte aligned global addresses even when predicated off
 // (pass any valid aligned pointer then).
 // PTX features: mma.sync.aligned.m16n8k16 (.f16 sm_80+, .bf16 sm_80+), ldmatrix (sm_75+),
-// cp.async.cg with src-size (sm_80+), ex2.approx.ftz.f32, griddepcontrol (sm_90+, compiled out below).
+// cp.async.cg with src-size (sm_80+), ex2.approx.ftz.f32.
 #pragma once
 #include "common/dtype.cuh"
 
@@ -97,24 +97,6 @@ __device__ __forceinline__ unsigned long long ld_shared_u64_volatile(unsigned ad
     unsigned long long v;
     asm volatile("ld.volatile.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
     return v;
-}
-
-// Programmatic dependent launch (CUDA programming guide, "Programmatic Dependent Launch and
-// Synchronization"; PTX ISA griddepcontrol, sm_90+; no-ops on older targets, where the host
-// launches in stream order). launch_dependents: this block lets the next kernel of the stream,
-// launched with the programmatic attribute (src/launch.rs Dependency::Programmatic), start once
-// every block of this grid has executed it or exited. wait: returns when the kernel before this
-// one in the stream has completed and its memory writes are visible.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 }
 
 // 2^x, approximate (max rel. error ~2^-22), flushes denormals; ex2(-inf) = +0.

@@ -15,8 +15,7 @@ use crate::tuning::attention::kernel_head_dim;
 pub const KVCACHE_BLOCK_N: u32 = 64;
 /// Query rows per block (one m16 tile: query tokens x query heads of one kv head).
 pub const KVCACHE_ROWS: u32 = 16;
-/// At most this many splits per sequence (flash_attn's limit for `num_splits`; a multiple of 32,
-/// the combine's template argument).
+/// At most this many splits per sequence (flash_attn's limit for `num_splits`).
 pub const MAX_SPLITS: u32 = 128;
 
 /// One specialisation of `ferroattn::attn_fwd_kvcache_sm80<HeadDim, BlockN, Stages, Paged, V, T>`.
@@ -59,7 +58,7 @@ impl AttnKvcacheConfig {
     }
 }
 
-/// The merge of split partials (`ferroattn::attn_split_combine<T, MAX_SPLITS>`, kernels/attention/split_combine.cuh).
+/// The merge of split partials (`ferroattn::attn_split_combine<T>`, kernels/attention/split_combine.cuh).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SplitCombineConfig {
     pub dtype: DType,
@@ -70,7 +69,7 @@ impl SplitCombineConfig {
     pub const KERNEL: &'static str = "ferroattn::attn_split_combine";
     pub const HEADER: &'static str = "attention/split_combine.cuh";
     pub fn name_expression(&self) -> String {
-        format!("{}<{}, {}>", Self::KERNEL, self.dtype.cuda_type(), MAX_SPLITS)
+        format!("{}<{}>", Self::KERNEL, self.dtype.cuda_type())
     }
 }
 

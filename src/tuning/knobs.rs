@@ -108,8 +108,6 @@ knobs! {
     /// Whether the Hopper attention backward's dropout keep words come from the producer
     /// warpgroup's idle warps (instead of each consumer thread's own Philox calls).
     attn_sm90_bwd_mask_warps: bool = false, "FERROATTN_ATTN_SM90_BWD_MASK_WARPS";
-    /// Whether the split decode's combine is a programmatic dependent launch (sm_90 and newer).
-    attn_decode_pdl: bool = false, "FERROATTN_ATTN_DECODE_PDL";
     /// Schedule of the Hopper dense GEMM (src/tuning/gemm_sm90.rs).
     gemm_sm90_schedule: SchedulePolicy = DEFAULT_POLICY, "FERROATTN_GEMM_SM90_SCHEDULE";
     /// The Hopper dense GEMM's branch-free epilogue loop for calls without c and aux.
@@ -218,7 +216,6 @@ mod tests {
         ("attn_sm90_bwd_varlen", "1"),
         ("attn_sm90_bwd_dq_tiled", "1"),
         ("attn_sm90_bwd_mask_warps", "1"),
-        ("attn_decode_pdl", "1"),
         ("gemm_sm90_schedule", "auto"),
         ("gemm_sm90_fast_epilogue", "0"),
         ("gemm_sm90_splitk", "0"),

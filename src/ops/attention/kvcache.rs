@@ -20,7 +20,7 @@ use crate::arch::Arch;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::jit::{impl_kernel_spec, KernelMap, KernelSpec};
-use crate::launch::{launch, launch_with, Dependency};
+use crate::launch::launch;
 use crate::launch_record::{LaunchInfo, LaunchShape, Work};
 use crate::ops::attention::{check_dense, check_outputs, check_tile_layout, params, AttnFwdParams, AttnVariant, Problem, VariantKind};
 use crate::ops::validate::{check_device, check_dtype, check_not_null, check_shape, check_strides};
@@ -523,14 +523,8 @@ pub fn attn_fwd_kvcache(q: &TensorView, k: &TensorView, v: &TensorView, out: &Te
             op: "ferroattn::attn_fwd_kvcache",
             work: Work { flops: 0.0, bytes: rows as f64 * (splits as f64 * (b.head_dim as f64 + 1.0) * 4.0 + b.head_dim as f64 * elem + 4.0), exact: true },
         };
-        // From sm_90, under knob attn_decode_pdl, the combine starts while the forward's last
-        // blocks run and waits for its completion inside (griddepcontrol.wait, which returns at
-        // once in a stream-ordered launch): the launch gap between the two is hidden.
-        let pdl = crate::tuning::knobs::get()?.attn_decode_pdl && arch.has_programmatic_launch();
-        let dep = if pdl { Dependency::Programmatic } else { Dependency::Stream };
-        // SAFETY: as above; the combine reads the partials the forward wrote only after it has
-        // completed (stream order, or the kernel's griddepcontrol.wait).
-        unsafe { launch_with(combine, b.device, &cshape, stream, &mut prm, &cinfo, dep)? };
+        // SAFETY: as above; the combine reads the partials the forward wrote in stream order.
+        unsafe { launch(combine, b.device, &cshape, stream, &mut prm, &cinfo)? };
     }
     Ok(())
 }
