@@ -662,6 +662,11 @@ mod tests {
         let prod = bwd_production_configs(Arch::Sm90a);
         assert!(prod.iter().any(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq: false, varlen: false, .. })));
         assert!(prod.iter().any(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq: false, varlen: true, .. })));
+        // the tiled dq_accum's forms are precompiled (padded only); the mask warps' are not (they spill)
+        assert!(prod.iter().any(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq_tiled: true, varlen: false, .. })));
+        assert!(!prod.iter().any(|c| matches!(c.kind, BwdKind::DkDvSm90 { dq_tiled: true, varlen: true, .. })));
+        assert!(prod.iter().any(|c| c.kind == BwdKind::ConvertDq { tiled: true }));
+        assert!(!prod.iter().any(|c| matches!(c.kind, BwdKind::DkDvSm90 { mask_warps: true, .. })));
         let atomic = sm90_dkdv_config(128, VariantKind::CAUSAL, DType::BF16, Arch::Sm90a, false, false, true);
         assert!(atomic.name_expression().ends_with("__nv_bfloat16>"), "{}", atomic.name_expression());
     }
